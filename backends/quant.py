@@ -1,0 +1,426 @@
+"""Block quantization: MXFP4/MXFP8 (E8M0 scales), NVFP4 (E4M3 block + FP32 tensor scale), FP8 per tensor.
+
+Two entry points, bit-identical to each other and tested so:
+
+- ``quantize(x, spec, axis)`` returns a ``QTensor`` (element codes + scale codes + metadata) whose
+  ``dequantize()`` gives the values a GEMM on native hardware would consume;
+- ``fake_quantize(x, spec, axis)`` returns those dequantized values directly, fused in one pass (the
+  training path); on the CPU it runs the C kernel of ``_kernel.py``, elsewhere the torch reference.
+
+``*_reference`` functions are the readable specification: grid search for rounding, ``frexp`` for
+the shared exponent. The rules (DESIGN.md, "Numerics"):
+
+- quantization runs along ``axis`` (a GEMM's reduction dimension) in blocks of ``spec.block``; a
+  ragged last block is zero padded (padding changes no amax and is dropped from the output);
+- elements round to nearest, ties to even, then saturate to +-max; or stochastically (round up with
+  probability equal to the fractional distance, from ``rng.uniform24(key, flat_index)``);
+- a block containing NaN or +-Inf is entirely NaN (E8M0 scale code 255, E4M3 scale code 0x7F); for
+  the tensor-scaled formats (NVFP4, FP8) a non-finite value anywhere makes the whole tensor NaN;
+- an all-zero block gets the smallest scale 2^-127 and zero elements.
+
+Where torchao departs from the OCP MX rules we follow the rules (see ``tests/backends/test_torchao``):
+for blocks whose E8M0 scale is 2^-127 (code 0) torchao divides the elements by 2^-126 (its
+``F32_MIN_NORMAL`` clamp, a Triton work-around it documents as less correct); we divide by 2^-127.
+For RCEIL its eager fallback computes ``ceil(log2(d))`` in float32 ``log2``, which rounds a descale
+just above a power of two (significand < 1 + 2^-22 or so) down to the power; we use the exact ceiling,
+as the ``cvt.rp.satfinite.ue8m0`` instruction does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from . import _kernel
+from .formats import E2M1, E4M3, E5M2, E8M0_NAN, ElementFormat, ScaleMode, decode_e8m0, pack_fp4
+from .rng import uniform24
+
+Rounding = Literal["rne", "sr"]
+ScaleKind = Literal["e8m0", "nv", "tensor"]
+
+PRESCALE = 0.75  # Tseng et al.'s clip-free prescale for stochastic rounding
+_SCALE_KIND_CODES = {"e8m0": 0, "nv": 1, "tensor": 2}
+_MODE_CODES = {ScaleMode.FLOOR: 0, ScaleMode.CEIL: 1, ScaleMode.EVEN: 2, ScaleMode.RCEIL: 3}
+_TENSOR_BLOCK = 256  # loop granularity of the per-tensor formats in the kernel (no block scales)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockFormat:
+    """A quantized format: element type, how it is scaled, default block size."""
+
+    name: str
+    elem: ElementFormat
+    scale: ScaleKind
+    block: int | None  # None: one scale per tensor
+
+    @property
+    def is_fp4(self) -> bool:
+        return self.elem is E2M1
+
+
+FORMATS: dict[str, BlockFormat] = {
+    f.name: f
+    for f in (
+        BlockFormat("mxfp4", E2M1, "e8m0", 32),
+        BlockFormat("mxfp8_e4m3", E4M3, "e8m0", 32),
+        BlockFormat("mxfp8_e5m2", E5M2, "e8m0", 32),
+        BlockFormat("nvfp4", E2M1, "nv", 16),
+        BlockFormat("fp8_e4m3", E4M3, "tensor", None),
+        BlockFormat("fp8_e5m2", E5M2, "tensor", None),
+    )
+}
+BLOCK_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuantSpec:
+    """How one GEMM operand is quantized."""
+
+    format: str
+    """One of ``FORMATS``: mxfp4, mxfp8_e4m3, mxfp8_e5m2, nvfp4, fp8_e4m3, fp8_e5m2."""
+    scale_mode: ScaleMode = ScaleMode.FLOOR
+    """E8M0 shared-exponent rule (MX formats only); see ``ScaleMode``."""
+    rounding: Rounding = "rne"
+    """Element rounding: round-to-nearest-even or stochastic."""
+    prescale: bool = False
+    """Scale by 3/4 before rounding so nothing saturates (compensated on the GEMM output)."""
+    block_size: int | None = None
+    """Override of the format's block size (MX: 32, NVFP4: 16); a power of two up to 1024."""
+    fmt: BlockFormat = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(
+                f"format: unknown format {self.format!r}; allowed: {', '.join(FORMATS)}"
+            )
+        object.__setattr__(self, "fmt", FORMATS[self.format])
+        try:
+            object.__setattr__(self, "scale_mode", ScaleMode(self.scale_mode))
+        except ValueError:
+            allowed = ", ".join(m.value for m in ScaleMode)
+            raise ValueError(
+                f"scale_mode: unknown mode {self.scale_mode!r}; allowed: {allowed}"
+            ) from None
+        if self.rounding not in ("rne", "sr"):
+            raise ValueError(f"rounding: unknown {self.rounding!r}; allowed: rne, sr")
+        if self.block_size is not None:
+            if self.fmt.block is None:
+                raise ValueError(
+                    f"block_size: {self.format} is scaled per tensor and takes no block size"
+                )
+            if self.block_size not in BLOCK_SIZES:
+                raise ValueError(
+                    f"block_size: {self.block_size} is not allowed; allowed: "
+                    f"{', '.join(map(str, BLOCK_SIZES))}"
+                )
+
+    @property
+    def block(self) -> int:
+        """Elements per scale along the quantized axis (0 for per-tensor formats)."""
+        return self.block_size or self.fmt.block or 0
+
+    @property
+    def prescale_factor(self) -> float:
+        return PRESCALE if self.prescale else 1.0
+
+    def short(self) -> str:
+        """Compact label, e.g. ``mxfp4``, ``mxfp4/sr``, ``mxfp4/ceil/sr*0.75``."""
+        s = self.format
+        if self.fmt.scale == "e8m0" and self.scale_mode != ScaleMode.FLOOR:
+            s += f"/{self.scale_mode.value}"
+        if self.block_size is not None:
+            s += f"/b{self.block_size}"
+        if self.rounding == "sr":
+            s += "/sr"
+        if self.prescale:
+            s += "*0.75"
+        return s
+
+
+@dataclass
+class QTensor:
+    """A quantized tensor: codes, scales, and what is needed to dequantize it.
+
+    ``codes``: uint8, one element code per byte (sign in the top bit of the format's width), with the
+    quantized axis moved last and zero-padded to a multiple of the block: shape ``(..., Kp)``.
+    ``scales``: uint8 block scale codes (E8M0, or E4M3 bits for NVFP4), shape ``(..., Kp // block)``;
+    None for per-tensor formats. ``global_dec``: float32 scalar decode scale of NVFP4 (amax / 2688) and
+    of per-tensor FP8 (amax / max), else None.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor | None
+    global_dec: torch.Tensor | None
+    spec: QuantSpec
+    axis: int
+    shape: tuple[int, ...]
+
+    def elements(self) -> torch.Tensor:
+        """Element values (float32, element units), in the codes' layout."""
+        return self.spec.fmt.elem.decode(self.codes)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Values in the original shape and layout (with ``prescale``: 3/4 of the tensor's values)."""
+        q = self.elements()
+        f = self.spec.fmt
+        if f.scale == "tensor":
+            assert self.global_dec is not None
+            out = q * self.global_dec
+        else:
+            assert self.scales is not None
+            B = self.spec.block
+            qb = q.unflatten(-1, (-1, B))
+            if f.scale == "e8m0":
+                out = (qb * decode_e8m0(self.scales).unsqueeze(-1)).flatten(-2)
+            else:
+                assert self.global_dec is not None
+                s8 = self.scales.view(torch.float8_e4m3fn).float().unsqueeze(-1)
+                out = ((qb * s8) * self.global_dec).flatten(-2)
+        out = out[..., : self.shape[self.axis]].movedim(-1, self.axis)
+        return out.to(dtype)
+
+    def packed(self) -> torch.Tensor:
+        """E2M1 codes packed two per byte (``float4_e2m1fn_x2`` layout), FP4 formats only."""
+        if not self.spec.fmt.is_fp4:
+            raise ValueError(f"packed() is for FP4 formats; this tensor is {self.spec.format}")
+        return pack_fp4(self.codes)
+
+
+# ----------------------------------------------------------------------------------------------
+# argument checks shared by every entry point
+
+
+def _check(x: torch.Tensor, spec: QuantSpec, axis: int) -> int:
+    if not isinstance(spec, QuantSpec):
+        raise TypeError(f"spec must be a QuantSpec, got {type(spec).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(
+            f"quantize needs a floating-point tensor (float32, bfloat16, float16, float64), "
+            f"got {x.dtype}"
+        )
+    if x.dim() == 0:
+        raise ValueError("quantize needs a tensor with at least one dimension")
+    if not -x.dim() <= axis < x.dim():
+        raise ValueError(f"axis {axis} is out of range for a tensor of shape {tuple(x.shape)}")
+    return axis % x.dim()
+
+
+def _global_scales(x: torch.Tensor, spec: QuantSpec) -> tuple[float, float, bool]:
+    """(encode, decode, finite) for the tensor-level scale of NVFP4 / per-tensor FP8."""
+    lo, hi = torch.aminmax(x.detach().reshape(-1))
+    amax = torch.maximum(-lo, hi).float()
+    if not bool(torch.isfinite(amax)):
+        return 1.0, 1.0, False
+    top = spec.fmt.elem.max * (E4M3.max if spec.fmt.scale == "nv" else 1.0)  # 448 * 6 for NVFP4
+    if float(amax) == 0.0:
+        enc = torch.ones((), dtype=torch.float32)
+    else:
+        enc = torch.tensor(top, dtype=torch.float32) / amax.cpu()
+        enc = torch.clamp(enc, max=torch.finfo(torch.float32).max)
+    dec = torch.ones((), dtype=torch.float32) / enc
+    return float(enc), float(dec), True
+
+
+# ----------------------------------------------------------------------------------------------
+# reference implementation (pure torch, any device)
+
+
+def _e8m0_exponent_reference(amax: torch.Tensor, elem: ElementFormat, mode: ScaleMode):
+    """Unbiased shared exponent E (int64) of float32 block maxima, clamped to [-127, 127]."""
+    m, e = torch.frexp(amax)  # amax = m * 2^e, m in [0.5, 1)
+    floor_log2 = e.to(torch.int64) - 1
+    if mode == ScaleMode.FLOOR:
+        E = floor_log2 - elem.emax
+    elif mode == ScaleMode.CEIL:
+        E = floor_log2 + (m != 0.5).to(torch.int64) - elem.emax
+    elif mode == ScaleMode.EVEN:
+        carry = (2 * m.double()) >= 2 - 2.0 ** -(elem.mbits + 1)
+        E = floor_log2 + carry.to(torch.int64) - elem.emax
+    else:  # RCEIL
+        d = amax / torch.tensor(elem.max, dtype=torch.float32)
+        md, ed = torch.frexp(d)
+        E = torch.where(md == 0.5, ed - 1, ed).to(torch.int64)
+        E = torch.where(d == 0, -127, E)
+    E = torch.where(amax == 0, -127, E)
+    return E.clamp(-127, 127)
+
+
+def _round_reference(v: torch.Tensor, elem: ElementFormat, u: torch.Tensor | None) -> torch.Tensor:
+    """Round float32 ``v`` (element units) to the grid by search: nearest, ties to the even code,
+    saturate at max; or stochastically between the two neighbours when ``u`` is given."""
+    grid = elem.grid().to(v.device)  # float64, ascending, index == magnitude code
+    n = grid.numel()
+    a = v.abs().double()
+    lo_i = (torch.searchsorted(grid, a, right=True) - 1).clamp(0, n - 1)
+    hi_i = (lo_i + 1).clamp(max=n - 1)
+    lo, hi = grid[lo_i], grid[hi_i]
+    if u is None:
+        d_lo, d_hi = a - lo, hi - a
+        pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (hi_i % 2 == 0))
+    else:
+        pick_hi = u.double() < (a - lo) / (hi - lo).clamp(min=1e-300)
+    q = torch.where(pick_hi, hi, lo)
+    q = torch.where(a >= elem.max, elem.max, q).float()
+    return torch.copysign(q, v)
+
+
+def quantize_reference(x: torch.Tensor, spec: QuantSpec, axis: int = -1, key: int = 0) -> QTensor:
+    """The specification of ``quantize``: slow, readable, pure torch."""
+    axis = _check(x, spec, axis)
+    f, elem = spec.fmt, spec.fmt.elem
+    xm = x.detach().float().movedim(axis, -1)
+    K = xm.shape[-1]
+    index = torch.arange(x.numel(), device=x.device).view(x.shape).movedim(axis, -1)
+    B = spec.block or K
+    Kp = -(-K // B) * B
+    xm = torch.nn.functional.pad(xm, (0, Kp - K))
+    index = torch.nn.functional.pad(index, (0, Kp - K))
+    u = uniform24(spec_key(key), index) if spec.rounding == "sr" else None
+    xb = xm.unflatten(-1, (-1, B))  # (..., nb, B)
+    nonfinite = (~torch.isfinite(xb)).any(-1)  # (..., nb)
+    amax = xb.abs().amax(-1)
+    global_dec = None
+    scales: torch.Tensor | None
+    if f.scale == "e8m0":
+        E = _e8m0_exponent_reference(amax, elem, spec.scale_mode)
+        enc = torch.ldexp(torch.ones_like(amax), -E)
+        scales = torch.where(nonfinite, E8M0_NAN, E + 127).to(torch.uint8)
+    else:
+        genc, gdec, finite = _global_scales(x, spec)
+        global_dec = torch.tensor(gdec, dtype=torch.float32)
+        if not finite:
+            nonfinite = torch.ones_like(nonfinite)
+        if f.scale == "nv":
+            s = (amax / elem.max) * genc
+            s8 = s.clamp(max=E4M3.max).to(torch.float8_e4m3fn)
+            scales = torch.where(nonfinite, 0x7F, s8.view(torch.uint8)).to(torch.uint8)
+            s8f = s8.float()
+            enc = torch.where(s8f == 0, 0.0, genc / s8f)
+        else:
+            scales = None
+            enc = torch.full_like(amax, genc)
+    mul = (enc * spec.prescale_factor).unsqueeze(-1)
+    v = xb * mul
+    ub = None if u is None else u.unflatten(-1, (-1, B))
+    q = _round_reference(v, elem, ub)
+    q = torch.where(nonfinite.unsqueeze(-1), torch.nan, q).flatten(-2)
+    return QTensor(elem.encode(q), scales, global_dec, spec, axis, tuple(x.shape))
+
+
+# ----------------------------------------------------------------------------------------------
+# fused path (C kernel on the CPU)
+
+
+def spec_key(key: int) -> int:
+    return key & 0xFFFFFFFF
+
+
+def _kernel_ok(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype in _kernel.DTYPE_CODES and _kernel.available()
+
+
+def _run_kernel(
+    x: torch.Tensor, spec: QuantSpec, axis: int, key: int, out_dtype: torch.dtype, elements: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
+    """Returns (output in x's shape, block scale codes (outer, nb, inner) or None, global decode)."""
+    f = spec.fmt
+    base = x.detach()
+    if not base.is_contiguous():
+        base = base.contiguous()
+    shape = base.shape
+    outer = math.prod(shape[:axis])
+    K = shape[axis]
+    inner = math.prod(shape[axis + 1 :])
+    genc = gdec = 1.0
+    gdec_out: float | None = None
+    if f.scale != "e8m0":
+        genc, gdec, finite = _global_scales(base, spec)
+        gdec_out = gdec
+        if not finite:
+            out = torch.full(shape, torch.nan, dtype=torch.float32 if elements else out_dtype)
+            sc = None
+            if f.scale == "nv":
+                nb = -(-K // spec.block)
+                sc = torch.full((outer, nb, inner), 0x7F, dtype=torch.uint8)
+            return out, sc, gdec_out
+    block = spec.block if f.scale != "tensor" else _TENSOR_BLOCK
+    out = torch.empty(shape, dtype=torch.float32 if elements else out_dtype)
+    scales = None
+    if f.scale != "tensor":
+        scales = torch.empty((outer, -(-K // block), inner), dtype=torch.uint8)
+    p = _kernel.QParams(
+        outer=outer,
+        K=K,
+        inner=inner,
+        block=block,
+        in_dtype=_kernel.DTYPE_CODES[base.dtype],
+        out_dtype=_kernel.DTYPE_CODES[out.dtype],
+        out_kind=1 if elements else 0,
+        mbits=f.elem.mbits,
+        emin=f.elem.emin,
+        emax=f.elem.emax,
+        maxval=f.elem.max,
+        scale_kind=_SCALE_KIND_CODES[f.scale],
+        scale_mode=_MODE_CODES[spec.scale_mode],
+        global_enc=genc,
+        global_dec=gdec,
+        prescale=spec.prescale_factor,
+        sr=1 if spec.rounding == "sr" else 0,
+        key=spec_key(key),
+        nthreads=torch.get_num_threads(),
+        x=base.data_ptr(),
+        out=out.data_ptr(),
+        scales=scales.data_ptr() if scales is not None else None,
+    )
+    _kernel.run(p)
+    return out, scales, gdec_out
+
+
+def quantize(x: torch.Tensor, spec: QuantSpec, axis: int = -1, key: int = 0) -> QTensor:
+    """Quantize ``x`` along ``axis``; ``key`` seeds stochastic rounding (see ``rng.derive_key``)."""
+    axis = _check(x, spec, axis)
+    if not _kernel_ok(x):
+        return quantize_reference(x, spec, axis, key)
+    q, sc, gdec = _run_kernel(x, spec, axis, key, torch.float32, elements=True)
+    B = spec.block or x.shape[axis]
+    qm = q.movedim(axis, -1)
+    K = qm.shape[-1]
+    qm = torch.nn.functional.pad(qm, (0, -(-K // B) * B - K))
+    scales = None
+    if sc is not None:
+        lead, trail = x.shape[:axis], x.shape[axis + 1 :]
+        scales = sc.reshape(*lead, sc.shape[1], *trail).movedim(axis, -1).contiguous()
+    g = None if gdec is None else torch.tensor(gdec, dtype=torch.float32)
+    return QTensor(spec.fmt.elem.encode(qm), scales, g, spec, axis, tuple(x.shape))
+
+
+def fake_quantize_reference(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int = -1,
+    key: int = 0,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``quantize_reference(...).dequantize()`` in ``out_dtype`` (default: x's dtype)."""
+    return quantize_reference(x, spec, axis, key).dequantize(out_dtype or x.dtype)
+
+
+def fake_quantize(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int = -1,
+    key: int = 0,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Quantize-dequantize in one fused pass: the values the GEMM sees (training path).
+
+    Output dtype defaults to x's; MX dequantized values are exact in bfloat16 and float32.
+    """
+    axis = _check(x, spec, axis)
+    od = out_dtype or x.dtype
+    if _kernel_ok(x) and od in _kernel.DTYPE_CODES:
+        return _run_kernel(x, spec, axis, key, od, elements=False)[0]
+    return fake_quantize_reference(x, spec, axis, key, od)

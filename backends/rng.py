@@ -1,0 +1,60 @@
+"""Counter-based random bits for stochastic rounding and random Hadamard signs.
+
+A random stream here is a pure function of a 32-bit key and an element index, so the same
+(seed, layer, GEMM, operand, step) gives the same bits on every device and in every code path (the C
+kernel in ``csrc/quant.c`` computes the identical hash). ``mix32`` is the "lowbias32" integer hash
+from Wellons' hash-prospector (constants 0x21f0aaad, 0x735a2d97, shifts 16/15/15); both constants are
+below 2^31 so the torch version can use int64 arithmetic without overflow.
+"""
+
+from __future__ import annotations
+
+import torch
+
+M32 = 0xFFFFFFFF
+_C1 = 0x21F0AAAD
+_C2 = 0x735A2D97
+
+GEMM_IDS = {"fprop": 1, "dgrad": 2, "wgrad": 3}
+OPERAND_IDS = {"x": 1, "w": 2, "dy": 3}
+
+
+def mix32(x: int) -> int:
+    """The hash on Python ints (for deriving keys)."""
+    x &= M32
+    x ^= x >> 16
+    x = (x * _C1) & M32
+    x ^= x >> 15
+    x = (x * _C2) & M32
+    x ^= x >> 15
+    return x
+
+
+def derive_key(*parts: int) -> int:
+    """A 32-bit stream key from integers, e.g. ``derive_key(seed, layer, gemm, operand, step)``."""
+    k = 0x9E3779B9
+    for p in parts:
+        if p < 0:
+            raise ValueError(f"key parts must be non-negative integers, got {p}")
+        k = mix32(k ^ mix32(p & M32) ^ mix32((p >> 32) + 0x85EBCA6B))
+    return k
+
+
+def _mix32_t(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = (x * _C1) & M32
+    x = x ^ (x >> 15)
+    x = (x * _C2) & M32
+    return x ^ (x >> 15)
+
+
+def random_bits(key: int, index: torch.Tensor) -> torch.Tensor:
+    """32 random bits (in int64) per element index: ``mix32(mix32(lo ^ key) ^ hi)``."""
+    lo = index & M32
+    hi = index >> 32
+    return _mix32_t(_mix32_t(lo ^ (key & M32)) ^ hi)
+
+
+def uniform24(key: int, index: torch.Tensor) -> torch.Tensor:
+    """Uniform float32 in [0, 1) on the 2^-24 grid (exact), one per element index."""
+    return (random_bits(key, index) >> 8).to(torch.float32) * 2.0**-24
