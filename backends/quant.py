@@ -20,7 +20,9 @@ the shared exponent. The rules (DESIGN.md, "Numerics"):
 
 Where torchao departs from the OCP MX rules we follow the rules (see ``tests/backends/test_torchao``):
 for blocks whose E8M0 scale is 2^-127 (code 0) torchao divides the elements by 2^-126 (its
-``F32_MIN_NORMAL`` clamp, a Triton work-around it documents as less correct); we divide by 2^-127.
+``F32_MIN_NORMAL`` clamp, a Triton work-around it documents as less correct), and under RCEIL it
+multiplies by 1.0 (TransformerEngine's ``exp2f_rcp`` convention), flushing the block; we divide by
+2^-127 as the OCP rules say.
 For RCEIL its eager fallback computes ``ceil(log2(d))`` in float32 ``log2``, which rounds a descale
 just above a power of two (significand < 1 + 2^-22 or so) down to the power; we use the exact ceiling,
 as the ``cvt.rp.satfinite.ue8m0`` instruction does.
@@ -253,7 +255,7 @@ def _round_reference(v: torch.Tensor, elem: ElementFormat, u: torch.Tensor | Non
     saturate at max; or stochastically between the two neighbours when ``u`` is given."""
     grid = elem.grid().to(v.device)  # float64, ascending, index == magnitude code
     n = grid.numel()
-    a = v.abs().double()
+    a = v.abs().double().contiguous()
     lo_i = (torch.searchsorted(grid, a, right=True) - 1).clamp(0, n - 1)
     hi_i = (lo_i + 1).clamp(max=n - 1)
     lo, hi = grid[lo_i], grid[hi_i]
@@ -273,7 +275,8 @@ def quantize_reference(x: torch.Tensor, spec: QuantSpec, axis: int = -1, key: in
     f, elem = spec.fmt, spec.fmt.elem
     xm = x.detach().float().movedim(axis, -1)
     K = xm.shape[-1]
-    index = torch.arange(x.numel(), device=x.device).view(x.shape).movedim(axis, -1)
+    # the random stream is indexed in the axis-last row-major order, whatever x's memory layout
+    index = torch.arange(x.numel(), device=x.device).view(xm.shape)
     B = spec.block or K
     Kp = -(-K // B) * B
     xm = torch.nn.functional.pad(xm, (0, Kp - K))
@@ -325,57 +328,65 @@ def _kernel_ok(x: torch.Tensor) -> bool:
 def _run_kernel(
     x: torch.Tensor, spec: QuantSpec, axis: int, key: int, out_dtype: torch.dtype, elements: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
-    """Returns (output in x's shape, block scale codes (outer, nb, inner) or None, global decode)."""
+    """Returns (output in x's shape, block scale codes ``(..., nb)`` with the axis last or None,
+    global decode scale or None)."""
     f = spec.fmt
+    nd = x.dim()
     base = x.detach()
-    if not base.is_contiguous():
-        base = base.contiguous()
+    moved = base.movedim(axis, -1)
+    if axis != nd - 1 and moved.is_contiguous():
+        base, kaxis = moved, nd - 1  # e.g. a Hadamard output along axis 0: contiguous, axis last
+    else:
+        base, kaxis = base.contiguous(), axis
     shape = base.shape
-    outer = math.prod(shape[:axis])
-    K = shape[axis]
-    inner = math.prod(shape[axis + 1 :])
+    outer, K, inner = math.prod(shape[:kaxis]), shape[kaxis], math.prod(shape[kaxis + 1 :])
+    block = spec.block if f.scale != "tensor" else _TENSOR_BLOCK
+    nb = -(-K // block)
+    out_dt = torch.float32 if elements else out_dtype
     genc = gdec = 1.0
     gdec_out: float | None = None
+    scales: torch.Tensor | None = None
     if f.scale != "e8m0":
         genc, gdec, finite = _global_scales(base, spec)
         gdec_out = gdec
-        if not finite:
-            out = torch.full(shape, torch.nan, dtype=torch.float32 if elements else out_dtype)
-            sc = None
-            if f.scale == "nv":
-                nb = -(-K // spec.block)
-                sc = torch.full((outer, nb, inner), 0x7F, dtype=torch.uint8)
-            return out, sc, gdec_out
-    block = spec.block if f.scale != "tensor" else _TENSOR_BLOCK
-    out = torch.empty(shape, dtype=torch.float32 if elements else out_dtype)
-    scales = None
-    if f.scale != "tensor":
-        scales = torch.empty((outer, -(-K // block), inner), dtype=torch.uint8)
-    p = _kernel.QParams(
-        outer=outer,
-        K=K,
-        inner=inner,
-        block=block,
-        in_dtype=_kernel.DTYPE_CODES[base.dtype],
-        out_dtype=_kernel.DTYPE_CODES[out.dtype],
-        out_kind=1 if elements else 0,
-        mbits=f.elem.mbits,
-        emin=f.elem.emin,
-        emax=f.elem.emax,
-        maxval=f.elem.max,
-        scale_kind=_SCALE_KIND_CODES[f.scale],
-        scale_mode=_MODE_CODES[spec.scale_mode],
-        global_enc=genc,
-        global_dec=gdec,
-        prescale=spec.prescale_factor,
-        sr=1 if spec.rounding == "sr" else 0,
-        key=spec_key(key),
-        nthreads=torch.get_num_threads(),
-        x=base.data_ptr(),
-        out=out.data_ptr(),
-        scales=scales.data_ptr() if scales is not None else None,
-    )
-    _kernel.run(p)
+    if f.scale != "e8m0" and not finite:
+        out = torch.full(shape, torch.nan, dtype=out_dt)
+        if f.scale == "nv":
+            scales = torch.full((outer, nb, inner), 0x7F, dtype=torch.uint8)
+    else:
+        out = torch.empty(shape, dtype=out_dt)
+        if f.scale != "tensor":
+            scales = torch.empty((outer, nb, inner), dtype=torch.uint8)
+        p = _kernel.QParams(
+            outer=outer,
+            K=K,
+            inner=inner,
+            block=block,
+            in_dtype=_kernel.DTYPE_CODES[base.dtype],
+            out_dtype=_kernel.DTYPE_CODES[out.dtype],
+            out_kind=1 if elements else 0,
+            mbits=f.elem.mbits,
+            emin=f.elem.emin,
+            emax=f.elem.emax,
+            maxval=f.elem.max,
+            scale_kind=_SCALE_KIND_CODES[f.scale],
+            scale_mode=_MODE_CODES[spec.scale_mode],
+            global_enc=genc,
+            global_dec=gdec,
+            prescale=spec.prescale_factor,
+            sr=1 if spec.rounding == "sr" else 0,
+            key=spec_key(key),
+            nthreads=torch.get_num_threads(),
+            x=base.data_ptr(),
+            out=out.data_ptr(),
+            scales=scales.data_ptr() if scales is not None else None,
+        )
+        _kernel.run(p)
+    if kaxis != axis:
+        out = out.movedim(-1, axis)
+    if scales is not None:
+        lead, trail = shape[:kaxis], shape[kaxis + 1 :]
+        scales = scales.reshape(*lead, nb, *trail).movedim(len(lead), -1)
     return out, scales, gdec_out
 
 
@@ -384,15 +395,12 @@ def quantize(x: torch.Tensor, spec: QuantSpec, axis: int = -1, key: int = 0) -> 
     axis = _check(x, spec, axis)
     if not _kernel_ok(x):
         return quantize_reference(x, spec, axis, key)
-    q, sc, gdec = _run_kernel(x, spec, axis, key, torch.float32, elements=True)
+    q, scales, gdec = _run_kernel(x, spec, axis, key, torch.float32, elements=True)
     B = spec.block or x.shape[axis]
     qm = q.movedim(axis, -1)
     K = qm.shape[-1]
     qm = torch.nn.functional.pad(qm, (0, -(-K // B) * B - K))
-    scales = None
-    if sc is not None:
-        lead, trail = x.shape[:axis], x.shape[axis + 1 :]
-        scales = sc.reshape(*lead, sc.shape[1], *trail).movedim(axis, -1).contiguous()
+    scales = None if scales is None else scales.contiguous()
     g = None if gdec is None else torch.tensor(gdec, dtype=torch.float32)
     return QTensor(spec.fmt.elem.encode(qm), scales, g, spec, axis, tuple(x.shape))
 

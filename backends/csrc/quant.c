@@ -242,7 +242,8 @@ static void run_strided(const qparams *p) {
                 if (!ok[j]) {
                     r = NAN;
                 } else {
-                    float u = p->sr ? sr_uniform(p->key, idx) : 0.0f;
+                    /* random stream index: position in the axis-last (outer, inner, K) order */
+                    float u = p->sr ? sr_uniform(p->key, (o * I + j0 + j) * K + k0 + i) : 0.0f;
                     float v = load(p->x, p->in_dtype, idx) * enc[j];
                     r = finish(round_elem(v, p->mbits, p->emin, p->maxval, p->sr, u), p, dec[j]);
                 }
