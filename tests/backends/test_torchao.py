@@ -120,6 +120,6 @@ def test_rceil_uses_exact_ceiling():
     x[0, 0] = amax
     q = quantize(x, QuantSpec(format="mxfp4", scale_mode=ScaleMode.RCEIL))
     assert q.scales is not None and int(q.scales[0, 0]) == 127 + 4
-    assert int(q.codes[0, 0]) == 0b0100  # 48/16 = 3.0000x -> 3.0
+    assert int(q.codes[0, 0]) == 0b0101  # 48.00001 / 16 = 3.0000x -> 3.0 (grid index 5)
     _, ao_scales = _torchao(x, "mxfp4", ScaleMode.RCEIL)
     assert int(ao_scales[0, 0]) == 127 + 3  # torchao's float log2 departs here
