@@ -23,9 +23,9 @@ for blocks whose E8M0 scale is 2^-127 (code 0) torchao divides the elements by 2
 ``F32_MIN_NORMAL`` clamp, a Triton work-around it documents as less correct), and under RCEIL it
 multiplies by 1.0 (TransformerEngine's ``exp2f_rcp`` convention), flushing the block; we divide by
 2^-127 as the OCP rules say.
-For RCEIL its eager fallback computes ``ceil(log2(d))`` in float32 ``log2``, which rounds a descale
-just above a power of two (significand < 1 + 2^-22 or so) down to the power; we use the exact ceiling,
-as the ``cvt.rp.satfinite.ue8m0`` instruction does.
+For RCEIL its eager fallback computes ``ceil(log2(d))`` with float32 ``log2``, which returns exactly
+``k`` for a descale just above ``2^k`` when the float32 spacing at ``k`` is coarse (e.g. k = 100); we use
+the exact ceiling, as the ``cvt.rp.satfinite.ue8m0`` instruction does.
 """
 
 from __future__ import annotations

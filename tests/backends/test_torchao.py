@@ -111,15 +111,15 @@ def test_smallest_scale_follows_ocp_not_torchao(mode):
 
 
 def test_rceil_uses_exact_ceiling():
-    # amax = 6 * 2^3 * (1 + 2^-23): descale = fp32(amax / 6) = 8 * (1 + 2^-23), just above 2^3.
-    # cvt.rp.satfinite.ue8m0 (exact ceiling) gives E = 4; float32 log2 rounds to exactly 3.0.
-    amax = torch.tensor(48.0).nextafter(torch.tensor(100.0))
-    d = amax / 6.0
-    assert float(d) > 8.0
+    # amax = nextafter(6 * 2^100): descale = fp32(amax / 6) = 2^100 + 2^77, just above 2^100.
+    # cvt.rp.satfinite.ue8m0 (the exact ceiling) gives E = 101. float32 log2 returns 100 + 1.7e-7,
+    # which rounds to exactly 100.0 (the float32 spacing at 100 is 7.6e-6), so torchao gets E = 100.
+    amax = torch.tensor(6.0 * 2.0**100).nextafter(torch.tensor(float("inf")))
+    assert float(amax / 6.0) > 2.0**100
     x = torch.zeros(1, 32)
     x[0, 0] = amax
     q = quantize(x, QuantSpec(format="mxfp4", scale_mode=ScaleMode.RCEIL))
-    assert q.scales is not None and int(q.scales[0, 0]) == 127 + 4
-    assert int(q.codes[0, 0]) == 0b0101  # 48.00001 / 16 = 3.0000x -> 3.0 (grid index 5)
+    assert q.scales is not None and int(q.scales[0, 0]) == 127 + 101
+    assert int(q.codes[0, 0]) == 0b0101  # amax / 2^101 = 3.0000x -> 3.0 (grid index 5)
     _, ao_scales = _torchao(x, "mxfp4", ScaleMode.RCEIL)
-    assert int(ao_scales[0, 0]) == 127 + 3  # torchao's float log2 departs here
+    assert int(ao_scales[0, 0]) == 127 + 100  # torchao's float32 log2 departs here
