@@ -334,8 +334,11 @@ def _run_kernel(
     nd = x.dim()
     base = x.detach()
     moved = base.movedim(axis, -1)
+    transposed = False
     if axis != nd - 1 and moved.is_contiguous():
         base, kaxis = moved, nd - 1  # e.g. a Hadamard output along axis 0: contiguous, axis last
+    elif not base.is_contiguous() and nd == 2 and base.t().is_contiguous():
+        base, kaxis, transposed = base.t(), 1 - axis, True  # e.g. dY^T of the Wgrad GEMM
     else:
         base, kaxis = base.contiguous(), axis
     shape = base.shape
@@ -382,11 +385,13 @@ def _run_kernel(
             scales=scales.data_ptr() if scales is not None else None,
         )
         _kernel.run(p)
-    if kaxis != axis:
-        out = out.movedim(-1, axis)
     if scales is not None:
         lead, trail = shape[:kaxis], shape[kaxis + 1 :]
         scales = scales.reshape(*lead, nb, *trail).movedim(len(lead), -1)
+    if transposed:  # scales need nothing: base's non-K dimension is x's
+        out = out.t()
+    elif kaxis != axis:
+        out = out.movedim(-1, axis)
     return out, scales, gdec_out
 
 

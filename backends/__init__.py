@@ -1,0 +1,62 @@
+"""backends: the numerics of ablate, usable on their own (they import only torch).
+
+Formats and quantizers (``formats``, ``quant``), Hadamard transforms (``hadamard``), per-GEMM recipes
+(``recipe``), the quantized linear layer and model conversion (``linear``), and the GEMM backends
+(``registry``, ``emulated``). Typical use::
+
+    from backends import Recipe, convert_model
+    convert_model(model, Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "dht", base="fp8"))
+"""
+
+from .formats import E2M1, E4M3, E5M2, ElementFormat, ScaleMode, pack_fp4, unpack_fp4
+from .hadamard import hadamard_matrix, hadamard_transform, sign_vector
+from .linear import QuantLinear, convert_model
+from .quant import (
+    FORMATS,
+    QTensor,
+    QuantSpec,
+    fake_quantize,
+    fake_quantize_reference,
+    quantize,
+    quantize_reference,
+)
+from .recipe import GEMMS, GemmRecipe, HadamardSpec, Recipe, parse_intervention
+from .registry import (
+    GemmBackend,
+    UnsupportedFormatError,
+    available_backends,
+    get_backend,
+    register_backend,
+)
+
+__all__ = [
+    "E2M1",
+    "E4M3",
+    "E5M2",
+    "FORMATS",
+    "GEMMS",
+    "ElementFormat",
+    "GemmBackend",
+    "GemmRecipe",
+    "HadamardSpec",
+    "QTensor",
+    "QuantLinear",
+    "QuantSpec",
+    "Recipe",
+    "ScaleMode",
+    "UnsupportedFormatError",
+    "available_backends",
+    "convert_model",
+    "fake_quantize",
+    "fake_quantize_reference",
+    "get_backend",
+    "hadamard_matrix",
+    "hadamard_transform",
+    "pack_fp4",
+    "parse_intervention",
+    "quantize",
+    "quantize_reference",
+    "register_backend",
+    "sign_vector",
+    "unpack_fp4",
+]

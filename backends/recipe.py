@@ -1,0 +1,301 @@
+"""Recipes: which format, rounding and Hadamard transform each operand of each GEMM uses.
+
+A linear layer runs three GEMMs, each computing ``a @ b^T`` reduced over its own dimension:
+
+    fprop  Y  = X  @ W^T   a = X  (tokens, in),  b = W    (out, in)     reduce over in_features
+    dgrad  dX = dY @ W     a = dY (tokens, out), b = W^T  (in, out)     reduce over out_features
+    wgrad  dW = dY^T @ X   a = dY^T (out, tokens), b = X^T (in, tokens) reduce over tokens
+
+``GemmRecipe`` says how ``a`` and ``b`` of one GEMM are quantized (``None``: high precision) and which
+Hadamard transform precedes the quantization; ``Recipe`` holds the three and the exemption of the
+first/last transformer blocks. ``Recipe.from_shorthand`` builds the study vocabulary:
+
+    fp4_gemms     which GEMMs run in FP4 (the rest run in ``base``: bf16, fp8, mxfp8)
+    intervention  none | sr | rht[N] | dht[N] | fht[N] | sr+rht[N] | sr+dht[N] ... (N defaults to 16)
+                  sr:  stochastic rounding with the 3/4 clip-free prescale on both operands
+                  rht: random-sign Hadamard redrawn at every call (Tseng et al.)
+                  dht: deterministic Hadamard, no signs (the H16 of the MXFP4 paper)
+                  fht: Hadamard with one fixed seeded sign vector per layer and GEMM
+
+Its short string form, e.g. ``mxfp4[fprop,dgrad,wgrad]+dht16/fp8``, names runs and labels.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .formats import ScaleMode
+from .hadamard import SIGN_POLICIES, SignPolicy, check_size
+from .quant import FORMATS, QuantSpec
+
+GEMMS = ("fprop", "dgrad", "wgrad")
+OPERANDS = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("dy", "x")}
+BASE_FORMATS = ("bf16", "fp8", "mxfp8")
+FP4_FORMATS = ("mxfp4", "nvfp4")
+_INTERVENTION_RE = re.compile(r"^(sr|rht|dht|fht)(\d+)?$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HadamardSpec:
+    """A block-diagonal Hadamard transform along the GEMM's reduction dimension."""
+
+    size: int = 16
+    """Block size g: 16, 32, 64, 128 or 256."""
+    signs: SignPolicy = "none"
+    """none: deterministic H; fixed: one seeded sign vector per layer/GEMM; random: redrawn per call."""
+
+    def __post_init__(self) -> None:
+        check_size(self.size)
+        if self.signs not in SIGN_POLICIES:
+            raise ValueError(
+                f"signs: unknown policy {self.signs!r}; allowed: {', '.join(SIGN_POLICIES)}"
+            )
+
+    def short(self) -> str:
+        return {"none": "dht", "fixed": "fht", "random": "rht"}[self.signs] + str(self.size)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GemmRecipe:
+    """Quantization of one GEMM's two operands (``None``: high precision, no quantization)."""
+
+    a: QuantSpec | None = None
+    b: QuantSpec | None = None
+    hadamard: HadamardSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.hadamard is not None and (self.a is None or self.b is None):
+            raise ValueError("hadamard: a Hadamard transform needs both operands quantized")
+
+    @property
+    def high_precision(self) -> bool:
+        return self.a is None and self.b is None and self.hadamard is None
+
+    @property
+    def is_fp4(self) -> bool:
+        return any(s is not None and s.fmt.is_fp4 for s in (self.a, self.b))
+
+    def short(self) -> str:
+        if self.high_precision:
+            return "bf16"
+        a = self.a.short() if self.a else "bf16"
+        b = self.b.short() if self.b else "bf16"
+        s = a if a == b else f"{a}|{b}"
+        return s + (f"+{self.hadamard.short()}" if self.hadamard else "")
+
+
+_BF16 = GemmRecipe()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recipe:
+    """The numerics of every quantized linear layer of a model."""
+
+    fprop: GemmRecipe = _BF16
+    dgrad: GemmRecipe = _BF16
+    wgrad: GemmRecipe = _BF16
+    keep_first: int = 0
+    """The first N transformer blocks stay in high precision."""
+    keep_last: int = 0
+    """The last N transformer blocks stay in high precision."""
+    label: str | None = field(default=None, compare=False)
+    """Short name (set by ``from_shorthand``); derived from the GEMMs when None."""
+
+    def __post_init__(self) -> None:
+        for name in ("keep_first", "keep_last"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+
+    def gemm(self, name: str) -> GemmRecipe:
+        if name not in GEMMS:
+            raise ValueError(f"unknown GEMM {name!r}; allowed: {', '.join(GEMMS)}")
+        g: GemmRecipe = getattr(self, name)
+        return g
+
+    @property
+    def high_precision(self) -> bool:
+        return all(self.gemm(g).high_precision for g in GEMMS)
+
+    def for_block(self, index: int | None, n_blocks: int | None) -> Recipe:
+        """This recipe, or all-high-precision where block ``index`` of ``n_blocks`` is exempt."""
+        if index is None or n_blocks is None:
+            return self
+        if index < self.keep_first or index >= n_blocks - self.keep_last:
+            return Recipe(label="bf16")
+        return self
+
+    def short(self) -> str:
+        if self.label is not None:
+            return self.label
+        if self.high_precision:
+            return "bf16"
+        return " ".join(f"{g}={self.gemm(g).short()}" for g in GEMMS)
+
+    @classmethod
+    def bf16(cls) -> Recipe:
+        return cls(label="bf16")
+
+    @classmethod
+    def from_shorthand(
+        cls,
+        fp4_gemms: Iterable[str] = (),
+        intervention: str = "none",
+        *,
+        fp4_format: str = "mxfp4",
+        base: str = "bf16",
+        scale_mode: ScaleMode | str = ScaleMode.FLOOR,
+        apply_to: Iterable[str] | None = None,
+        keep_first: int = 0,
+        keep_last: int = 0,
+    ) -> Recipe:
+        """The study vocabulary: FP4 on ``fp4_gemms``, ``intervention`` on those (or ``apply_to``),
+        every other GEMM in ``base``."""
+        fp4 = tuple(fp4_gemms)
+        for g in fp4:
+            if g not in GEMMS:
+                raise ValueError(f"fp4_gemms: unknown GEMM {g!r}; allowed: {', '.join(GEMMS)}")
+        if fp4_format not in FP4_FORMATS:
+            raise ValueError(
+                f"fp4_format: {fp4_format!r} is not an FP4 format; allowed: {', '.join(FP4_FORMATS)}"
+            )
+        if base not in BASE_FORMATS:
+            raise ValueError(f"base: unknown {base!r}; allowed: {', '.join(BASE_FORMATS)}")
+        sr, had = parse_intervention(intervention)
+        targets = tuple(apply_to) if apply_to is not None else fp4
+        for g in targets:
+            if g not in GEMMS:
+                raise ValueError(f"apply_to: unknown GEMM {g!r}; allowed: {', '.join(GEMMS)}")
+        gemms: dict[str, GemmRecipe] = {}
+        for g in GEMMS:
+            if g in fp4:
+                spec = QuantSpec(format=fp4_format, scale_mode=ScaleMode(scale_mode))
+                r = GemmRecipe(a=spec, b=spec)
+            else:
+                r = _base_gemm(g, base)
+            if g in targets and (sr or had):
+                if r.high_precision:
+                    raise ValueError(
+                        f"intervention: {intervention!r} applies to {g}, which runs in {base} "
+                        "(high precision); apply interventions to quantized GEMMs only"
+                    )
+                a, b = r.a, r.b
+                if sr:
+                    a = replace(a, rounding="sr", prescale=True) if a else a
+                    b = replace(b, rounding="sr", prescale=True) if b else b
+                r = GemmRecipe(a=a, b=b, hadamard=had)
+            gemms[g] = r
+        label = f"{fp4_format}[{','.join(g for g in GEMMS if g in fp4)}]" if fp4 else base
+        if sr or had:
+            label += "+" + intervention_label(sr, had)
+            if apply_to is not None:
+                label += f"@{','.join(targets)}"
+        if fp4:
+            label += f"/{base}"
+        if keep_first or keep_last:
+            label += f"/keep{keep_first},{keep_last}"
+        return cls(**gemms, keep_first=keep_first, keep_last=keep_last, label=label)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (for configs, params and hashing)."""
+
+        def spec(s: QuantSpec | None) -> dict[str, Any] | None:
+            if s is None:
+                return None
+            return {
+                "format": s.format,
+                "scale_mode": s.scale_mode.value,
+                "rounding": s.rounding,
+                "prescale": s.prescale,
+                "block_size": s.block_size,
+            }
+
+        out: dict[str, Any] = {}
+        for g in GEMMS:
+            r = self.gemm(g)
+            h = r.hadamard
+            out[g] = {
+                "a": spec(r.a),
+                "b": spec(r.b),
+                "hadamard": None if h is None else {"size": h.size, "signs": h.signs},
+            }
+        out["keep_first"], out["keep_last"], out["label"] = self.keep_first, self.keep_last, self.label
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Recipe:
+        def spec(s: Mapping[str, Any] | None) -> QuantSpec | None:
+            return None if s is None else QuantSpec(**s)
+
+        gemms = {}
+        for g in GEMMS:
+            r = d.get(g) or {}
+            h = r.get("hadamard")
+            gemms[g] = GemmRecipe(
+                a=spec(r.get("a")),
+                b=spec(r.get("b")),
+                hadamard=None if h is None else HadamardSpec(**h),
+            )
+        return cls(
+            **gemms,
+            keep_first=int(d.get("keep_first", 0)),
+            keep_last=int(d.get("keep_last", 0)),
+            label=d.get("label"),
+        )
+
+
+def _base_gemm(gemm: str, base: str) -> GemmRecipe:
+    if base == "bf16":
+        return _BF16
+    if base == "fp8":  # the usual FP8 recipe: E4M3 for X and W, E5M2 for gradients
+        e4, e5 = QuantSpec(format="fp8_e4m3"), QuantSpec(format="fp8_e5m2")
+    else:
+        e4 = e5 = QuantSpec(format="mxfp8_e4m3")
+    a_op, b_op = OPERANDS[gemm]
+    return GemmRecipe(a=e5 if a_op == "dy" else e4, b=e5 if b_op == "dy" else e4)
+
+
+def parse_intervention(text: str) -> tuple[bool, HadamardSpec | None]:
+    """``"sr+rht64"`` -> (True, HadamardSpec(size=64, signs="random"))."""
+    if text in ("none", ""):
+        return False, None
+    sr = False
+    had: HadamardSpec | None = None
+    for tok in text.split("+"):
+        m = _INTERVENTION_RE.match(tok.strip())
+        if m is None or (m.group(1) == "sr" and m.group(2)):
+            raise ValueError(
+                f"intervention: unknown {text!r}; allowed: none, sr, rht, dht, fht and their "
+                "combinations with '+' (e.g. sr+rht), Hadamard size as a suffix (rht64, dht16)"
+            )
+        kind, size = m.group(1), m.group(2)
+        if kind == "sr":
+            if sr:
+                raise ValueError(f"intervention: 'sr' given twice in {text!r}")
+            sr = True
+            continue
+        if had is not None:
+            raise ValueError(f"intervention: only one Hadamard transform allowed in {text!r}")
+        policy: SignPolicy = {"rht": "random", "dht": "none", "fht": "fixed"}[kind]  # type: ignore[assignment]
+        had = HadamardSpec(size=int(size) if size else 16, signs=policy)
+    return sr, had
+
+
+def intervention_label(sr: bool, had: HadamardSpec | None) -> str:
+    parts = (["sr"] if sr else []) + ([had.short()] if had else [])
+    return "+".join(parts) or "none"
+
+
+__all__ = [
+    "BASE_FORMATS",
+    "FORMATS",
+    "FP4_FORMATS",
+    "GEMMS",
+    "OPERANDS",
+    "GemmRecipe",
+    "HadamardSpec",
+    "Recipe",
+    "parse_intervention",
+]
