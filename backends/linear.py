@@ -43,7 +43,7 @@ DEFAULT_EXCLUDE = ("lm_head", "output", "head")
 
 class _QuantLinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         weight: torch.Tensor,
@@ -61,7 +61,7 @@ class _QuantLinearFn(torch.autograd.Function):
         return y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x2, weight = ctx.saved_tensors
         layer: QuantLinear = ctx.layer
         dy2 = dy.reshape(-1, dy.shape[-1])  # (T, out)
@@ -80,6 +80,10 @@ class _QuantLinearFn(torch.autograd.Function):
 
 class QuantLinear(nn.Linear):
     """``nn.Linear`` with per-GEMM quantization (see the module docstring)."""
+
+    sr_seed: torch.Tensor  # () int64: seed of the layer's random streams
+    calls: torch.Tensor  # () int64: training forwards so far (the "step" of the streams)
+    hadamard_signs: torch.Tensor  # (3, 256) +-1: fixed sign vectors for fprop, dgrad, wgrad
 
     def __init__(
         self,
@@ -153,7 +157,8 @@ class QuantLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recipe.high_precision:
             return F.linear(x, self.weight, self.bias)
-        weight, bias = self.weight, self.bias
+        weight: torch.Tensor = self.weight
+        bias: torch.Tensor | None = self.bias
         if torch.is_autocast_enabled(x.device.type):
             dt = torch.get_autocast_dtype(x.device.type)
             x, weight = x.to(dt), weight.to(dt)

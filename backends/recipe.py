@@ -221,7 +221,11 @@ class Recipe:
                 "b": spec(r.b),
                 "hadamard": None if h is None else {"size": h.size, "signs": h.signs},
             }
-        out["keep_first"], out["keep_last"], out["label"] = self.keep_first, self.keep_last, self.label
+        out["keep_first"], out["keep_last"], out["label"] = (
+            self.keep_first,
+            self.keep_last,
+            self.label,
+        )
         return out
 
     @classmethod
