@@ -73,11 +73,16 @@ class ElementFormat:
         return torch.where(e > 0, normal, sub)
 
     def encode(self, q: torch.Tensor) -> torch.Tensor:
-        """Codes (uint8, sign in bit ``bits-1``) of values already on this grid (NaN -> NaN code)."""
+        """Codes (uint8, sign in bit ``bits-1``) of values already on this grid.
+
+        NaN (the elements of a non-finite block, whose scale carries the NaN) encodes canonically:
+        0x7F for the FP8 types, 0 for E2M1, which has no NaN.
+        """
+        nan = q.isnan()
         if self.torch_dtype is not None and self.torch_dtype != torch.float4_e2m1fn_x2:
-            return q.to(self.torch_dtype).view(torch.uint8)
+            return torch.where(nan, torch.nan, q).to(self.torch_dtype).view(torch.uint8)
         # E2M1: the magnitude code is the index in the grid; -0 keeps its sign bit as in hardware.
-        q = q.float()
+        q = torch.where(nan, 0.0, q.float())
         sign = torch.signbit(q).to(torch.uint8) << (self.bits - 1)
         mag = torch.bucketize(q.abs(), self.grid().float().to(q.device))
         return sign | mag.to(torch.uint8)

@@ -242,7 +242,7 @@ def _e8m0_exponent_reference(amax: torch.Tensor, elem: ElementFormat, mode: Scal
         carry = (2 * m.double()) >= 2 - 2.0 ** -(elem.mbits + 1)
         E = floor_log2 + carry.to(torch.int64) - elem.emax
     else:  # RCEIL
-        d = amax / torch.tensor(elem.max, dtype=torch.float32)
+        d = amax / torch.tensor(elem.max, dtype=torch.float32, device=amax.device)
         md, ed = torch.frexp(d)
         E = torch.where(md == 0.5, ed - 1, ed).to(torch.int64)
         E = torch.where(d == 0, -127, E)
@@ -297,11 +297,15 @@ def quantize_reference(x: torch.Tensor, spec: QuantSpec, axis: int = -1, key: in
         if not finite:
             nonfinite = torch.ones_like(nonfinite)
         if f.scale == "nv":
-            s = (amax / elem.max) * genc
+            # float32 tensors on both sides: a Python-float divisor would be divided in double and
+            # rounded twice, which differs from the float32 division of the kernel and of hardware
+            genc_t = torch.tensor(genc, dtype=torch.float32, device=x.device)
+            six = torch.tensor(elem.max, dtype=torch.float32, device=x.device)
+            s = (amax / six) * genc_t
             s8 = s.clamp(max=E4M3.max).to(torch.float8_e4m3fn)
             scales = torch.where(nonfinite, 0x7F, s8.view(torch.uint8)).to(torch.uint8)
             s8f = s8.float()
-            enc = torch.where(s8f == 0, 0.0, genc / s8f)
+            enc = torch.where(s8f == 0, 0.0, genc_t / s8f)
         else:
             scales = None
             enc = torch.full_like(amax, genc)

@@ -49,6 +49,19 @@ static inline float load(const void *p, int dt, int64_t i) {
     return (float)((const _Float16 *)p)[i];
 }
 
+static inline void load_row(const void *p, int dt, int64_t i0, int64_t n, float *dst) {
+    if (dt == DT_F32) {
+        const float *s = (const float *)p + i0;
+        for (int64_t i = 0; i < n; i++) dst[i] = s[i];
+    } else if (dt == DT_BF16) {
+        const uint16_t *s = (const uint16_t *)p + i0;
+        for (int64_t i = 0; i < n; i++) dst[i] = u2f(((uint32_t)s[i]) << 16);
+    } else {
+        const _Float16 *s = (const _Float16 *)p + i0;
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
+    }
+}
+
 static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
     uint32_t u = f2u(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
@@ -59,6 +72,19 @@ static inline void store(void *p, int dt, int64_t i, float v) {
     if (dt == DT_F32) ((float *)p)[i] = v;
     else if (dt == DT_BF16) ((uint16_t *)p)[i] = f32_to_bf16(v);
     else ((_Float16 *)p)[i] = (_Float16)v;
+}
+
+static inline void store_row(void *p, int dt, int64_t i0, int64_t n, const float *src) {
+    if (dt == DT_F32) {
+        float *d = (float *)p + i0;
+        for (int64_t i = 0; i < n; i++) d[i] = src[i];
+    } else if (dt == DT_BF16) {
+        uint16_t *d = (uint16_t *)p + i0;
+        for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+    } else {
+        _Float16 *d = (_Float16 *)p + i0;
+        for (int64_t i = 0; i < n; i++) d[i] = (_Float16)src[i];
+    }
 }
 
 /* 2^e as float for e in [-149, 127]. */
@@ -143,7 +169,7 @@ static inline int block_scale(uint32_t amax_bits, const qparams *p, float *enc, 
 
 static inline float sr_uniform(uint32_t key, int64_t idx) {
     uint32_t h = mix32(mix32((uint32_t)idx ^ key) ^ (uint32_t)((uint64_t)idx >> 32));
-    return (float)(h >> 8) * 5.9604644775390625e-08f; /* 2^-24 */
+    return (float)(int32_t)(h >> 8) * 5.9604644775390625e-08f; /* 2^-24, exact */
 }
 
 static inline float finish(float q, const qparams *p, float dec) {
@@ -168,10 +194,9 @@ static void run_inner1(const qparams *p) {
         const int64_t base = row * K + k0;
         float buf[MAXB];
         uint32_t amax = 0;
+        load_row(p->x, p->in_dtype, base, n, buf);
         for (int64_t i = 0; i < n; i++) {
-            float v = load(p->x, p->in_dtype, base + i);
-            buf[i] = v;
-            uint32_t ab = f2u(v) & 0x7fffffffu;
+            uint32_t ab = f2u(buf[i]) & 0x7fffffffu;
             amax = ab > amax ? ab : amax;
         }
         float enc = 0, dec = 0;
@@ -184,30 +209,25 @@ static void run_inner1(const qparams *p) {
             continue;
         }
         const float mul = enc * p->prescale;
-        if (p->out_kind == OUT_ELEMENTS) {
-            float *o = (float *)p->out;
-            for (int64_t i = 0; i < n; i++) {
-                float u = p->sr ? sr_uniform(p->key, base + i) : 0.0f;
-                o[base + i] = round_elem(buf[i] * mul, p->mbits, p->emin, p->maxval, p->sr, u);
-            }
-        } else if (!p->sr && p->scale_kind == SC_E8M0 && p->prescale == 1.0f) {
+        if (!p->sr && p->scale_kind == SC_E8M0 && p->prescale == 1.0f && p->out_kind == OUT_DEQUANT) {
             /* the hot path: MX round-to-nearest-even fake-quantize */
             for (int64_t i = 0; i < n; i++)
                 buf[i] = round_elem(buf[i] * enc, p->mbits, p->emin, p->maxval, 0, 0.0f) * dec;
-            for (int64_t i = 0; i < n; i++) store(p->out, p->out_dtype, base + i, buf[i]);
-        } else {
+        } else if (p->sr) {
             for (int64_t i = 0; i < n; i++) {
-                float u = p->sr ? sr_uniform(p->key, base + i) : 0.0f;
-                float q = round_elem(buf[i] * mul, p->mbits, p->emin, p->maxval, p->sr, u);
-                buf[i] = finish(q, p, dec);
+                float u = sr_uniform(p->key, base + i);
+                buf[i] = finish(round_elem(buf[i] * mul, p->mbits, p->emin, p->maxval, 1, u), p, dec);
             }
-            for (int64_t i = 0; i < n; i++) store(p->out, p->out_dtype, base + i, buf[i]);
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                buf[i] = finish(round_elem(buf[i] * mul, p->mbits, p->emin, p->maxval, 0, 0.0f), p, dec);
         }
+        store_row(p->out, p->out_kind == OUT_ELEMENTS ? DT_F32 : p->out_dtype, base, n, buf);
     }
 }
 
 /* Strided blocks (inner > 1): a block is `block` consecutive rows of one column. Columns are handled
- * CHUNK at a time so the per-column amax and scales stay in registers/L1. */
+ * CHUNK at a time so the per-column amax and scales stay in L1; rows are loaded contiguously. */
 static void run_strided(const qparams *p) {
     const int64_t K = p->K, B = p->block, I = p->inner;
     const int64_t nb = (K + B - 1) / B;
@@ -221,34 +241,42 @@ static void run_strided(const qparams *p) {
         const int64_t j0 = c * CHUNK, m = (I - j0 < CHUNK) ? I - j0 : CHUNK;
         const int64_t base = (o * K + k0) * I + j0;
         uint32_t amax[CHUNK];
-        float enc[CHUNK], dec[CHUNK];
-        int ok[CHUNK];
+        float enc[CHUNK], dec[CHUNK], row[CHUNK];
         for (int64_t j = 0; j < m; j++) amax[j] = 0;
-        for (int64_t i = 0; i < n; i++)
+        for (int64_t i = 0; i < n; i++) {
+            load_row(p->x, p->in_dtype, base + i * I, m, row);
             for (int64_t j = 0; j < m; j++) {
-                uint32_t ab = f2u(load(p->x, p->in_dtype, base + i * I + j)) & 0x7fffffffu;
+                uint32_t ab = f2u(row[j]) & 0x7fffffffu;
                 amax[j] = ab > amax[j] ? ab : amax[j];
             }
+        }
         for (int64_t j = 0; j < m; j++) {
             uint8_t code;
-            ok[j] = block_scale(amax[j], p, &enc[j], &dec[j], &code);
-            enc[j] *= p->prescale;
+            if (block_scale(amax[j], p, &enc[j], &dec[j], &code)) {
+                enc[j] *= p->prescale;
+            } else { /* non-finite block: NaN propagates through the rounding to every element */
+                enc[j] = NAN;
+                dec[j] = NAN;
+            }
             if (p->scales) p->scales[(o * nb + kb) * I + j0 + j] = code;
         }
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t j = 0; j < m; j++) {
-                const int64_t idx = base + i * I + j;
-                float r;
-                if (!ok[j]) {
-                    r = NAN;
-                } else {
-                    /* random stream index: position in the axis-last (outer, inner, K) order */
-                    float u = p->sr ? sr_uniform(p->key, (o * I + j0 + j) * K + k0 + i) : 0.0f;
-                    float v = load(p->x, p->in_dtype, idx) * enc[j];
-                    r = finish(round_elem(v, p->mbits, p->emin, p->maxval, p->sr, u), p, dec[j]);
+        for (int64_t i = 0; i < n; i++) {
+            load_row(p->x, p->in_dtype, base + i * I, m, row);
+            if (p->sr) {
+                /* random stream index: position in the axis-last (outer, inner, K) order */
+                const int64_t idx0 = (o * I + j0) * K + k0 + i;
+                for (int64_t j = 0; j < m; j++) {
+                    float u = sr_uniform(p->key, idx0 + j * K);
+                    row[j] = finish(round_elem(row[j] * enc[j], p->mbits, p->emin, p->maxval, 1, u),
+                                    p, dec[j]);
                 }
-                store(p->out, out_dt, idx, r);
+            } else {
+                for (int64_t j = 0; j < m; j++)
+                    row[j] = finish(round_elem(row[j] * enc[j], p->mbits, p->emin, p->maxval, 0, 0.0f),
+                                    p, dec[j]);
             }
+            store_row(p->out, out_dt, base + i * I, m, row);
+        }
     }
 }
 
