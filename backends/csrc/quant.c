@@ -43,12 +43,6 @@ static inline uint32_t mix32(uint32_t x) {
     return x;
 }
 
-static inline float load(const void *p, int dt, int64_t i) {
-    if (dt == DT_F32) return ((const float *)p)[i];
-    if (dt == DT_BF16) return u2f(((uint32_t)((const uint16_t *)p)[i]) << 16);
-    return (float)((const _Float16 *)p)[i];
-}
-
 static inline void load_row(const void *p, int dt, int64_t i0, int64_t n, float *dst) {
     if (dt == DT_F32) {
         const float *s = (const float *)p + i0;
@@ -104,7 +98,7 @@ static inline float round_elem(float v, int mbits, int emin, float maxval, int s
     float t = a * exp2i(-k);                    /* exact: t < 2^(mbits+2) */
     float q;
     if (sr) {
-        float fl = floorf(t);
+        float fl = (float)(int32_t)t;           /* floor: t >= 0 and small */
         q = fl + ((u < t - fl) ? 1.0f : 0.0f);
     } else {
         q = (t + 8388608.0f) - 8388608.0f;     /* round half to even (t < 2^22) */
@@ -172,12 +166,6 @@ static inline float sr_uniform(uint32_t key, int64_t idx) {
     return (float)(int32_t)(h >> 8) * 5.9604644775390625e-08f; /* 2^-24, exact */
 }
 
-static inline float finish(float q, const qparams *p, float dec) {
-    if (p->out_kind == OUT_ELEMENTS) return q;
-    if (p->scale_kind == SC_NV) return (q * dec) * p->global_dec;
-    return q * dec;
-}
-
 #define MAXB 1024
 #define CHUNK 64
 
@@ -213,14 +201,34 @@ static void run_inner1(const qparams *p) {
             /* the hot path: MX round-to-nearest-even fake-quantize */
             for (int64_t i = 0; i < n; i++)
                 buf[i] = round_elem(buf[i] * enc, p->mbits, p->emin, p->maxval, 0, 0.0f) * dec;
-        } else if (p->sr) {
-            for (int64_t i = 0; i < n; i++) {
-                float u = sr_uniform(p->key, base + i);
-                buf[i] = finish(round_elem(buf[i] * mul, p->mbits, p->emin, p->maxval, 1, u), p, dec);
-            }
         } else {
-            for (int64_t i = 0; i < n; i++)
-                buf[i] = finish(round_elem(buf[i] * mul, p->mbits, p->emin, p->maxval, 0, 0.0f), p, dec);
+            /* output = (q * d1) * d2: dequantized (NVFP4: (q * s8) * global_dec) or element units */
+            const int elems = p->out_kind == OUT_ELEMENTS;
+            const float d1 = elems ? 1.0f : dec;
+            const float d2 = (elems || p->scale_kind != SC_NV) ? 1.0f : p->global_dec;
+            const int mbits = p->mbits, emin = p->emin;
+            const float maxval = p->maxval;
+            const uint32_t key = p->key;
+            if (p->sr) {
+                /* the block's indices share their high 32 bits unless it straddles 2^32 */
+                const uint32_t hi = (uint32_t)((uint64_t)base >> 32);
+                const uint32_t lo0 = (uint32_t)base;
+                if ((uint32_t)((uint64_t)(base + n - 1) >> 32) == hi) {
+                    for (int64_t i = 0; i < n; i++) {
+                        const uint32_t h = mix32(mix32((lo0 + (uint32_t)i) ^ key) ^ hi);
+                        const float u = (float)(int32_t)(h >> 8) * 5.9604644775390625e-08f;
+                        buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1) * d2;
+                    }
+                } else {
+                    for (int64_t i = 0; i < n; i++) {
+                        const float u = sr_uniform(key, base + i);
+                        buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1) * d2;
+                    }
+                }
+            } else {
+                for (int64_t i = 0; i < n; i++)
+                    buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 0, 0.0f) * d1) * d2;
+            }
         }
         store_row(p->out, p->out_kind == OUT_ELEMENTS ? DT_F32 : p->out_dtype, base, n, buf);
     }
@@ -260,20 +268,26 @@ static void run_strided(const qparams *p) {
             }
             if (p->scales) p->scales[(o * nb + kb) * I + j0 + j] = code;
         }
+        /* output = (q * d1) * d2, as in run_inner1 */
+        const int elems = p->out_kind == OUT_ELEMENTS;
+        const float d2 = (elems || p->scale_kind != SC_NV) ? 1.0f : p->global_dec;
+        const int mbits = p->mbits, emin = p->emin;
+        const float maxval = p->maxval;
+        const uint32_t key = p->key;
+        if (elems)
+            for (int64_t j = 0; j < m; j++) dec[j] = dec[j] == dec[j] ? 1.0f : dec[j];
         for (int64_t i = 0; i < n; i++) {
             load_row(p->x, p->in_dtype, base + i * I, m, row);
             if (p->sr) {
                 /* random stream index: position in the axis-last (outer, inner, K) order */
                 const int64_t idx0 = (o * I + j0) * K + k0 + i;
                 for (int64_t j = 0; j < m; j++) {
-                    float u = sr_uniform(p->key, idx0 + j * K);
-                    row[j] = finish(round_elem(row[j] * enc[j], p->mbits, p->emin, p->maxval, 1, u),
-                                    p, dec[j]);
+                    const float u = sr_uniform(key, idx0 + j * K);
+                    row[j] = (round_elem(row[j] * enc[j], mbits, emin, maxval, 1, u) * dec[j]) * d2;
                 }
             } else {
                 for (int64_t j = 0; j < m; j++)
-                    row[j] = finish(round_elem(row[j] * enc[j], p->mbits, p->emin, p->maxval, 0, 0.0f),
-                                    p, dec[j]);
+                    row[j] = (round_elem(row[j] * enc[j], mbits, emin, maxval, 0, 0.0f) * dec[j]) * d2;
             }
             store_row(p->out, out_dt, base + i * I, m, row);
         }
