@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 _SRC = Path(__file__).with_name("csrc") / "quant.c"
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
+# -ffp-contract=off: no fused multiply-adds, so every operation rounds as the torch reference does
+_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _failed: str | None = None
@@ -53,6 +54,21 @@ class QParams(ctypes.Structure):
         ("x", ctypes.c_void_p),
         ("out", ctypes.c_void_p),
         ("scales", ctypes.c_void_p),
+    ]
+
+
+class HParams(ctypes.Structure):
+    _fields_ = [
+        ("outer", ctypes.c_int64),
+        ("K", ctypes.c_int64),
+        ("inner", ctypes.c_int64),
+        ("g", ctypes.c_int32),
+        ("in_dtype", ctypes.c_int32),
+        ("nthreads", ctypes.c_int32),
+        ("norm", ctypes.c_float),
+        ("signs", ctypes.c_void_p),
+        ("x", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
     ]
 
 
@@ -92,6 +108,8 @@ def _build() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(out))
     lib.ablate_quantize.argtypes = [ctypes.POINTER(QParams)]
     lib.ablate_quantize.restype = ctypes.c_int
+    lib.ablate_hadamard.argtypes = [ctypes.POINTER(HParams)]
+    lib.ablate_hadamard.restype = ctypes.c_int
     return lib
 
 
@@ -128,3 +146,33 @@ def run(params: QParams) -> None:
     rc = lib.ablate_quantize(ctypes.byref(params))
     if rc != 0:
         raise ValueError(f"quantize kernel rejected its arguments (block={params.block})")
+
+
+def run_hadamard(params: HParams) -> None:
+    lib = library()
+    assert lib is not None
+    rc = lib.ablate_hadamard(ctypes.byref(params))
+    if rc != 0:
+        raise ValueError(f"hadamard kernel rejected its arguments (g={params.g}, K={params.K})")
+
+
+def layout(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, int, str]:
+    """A C-contiguous tensor holding ``x`` for a kernel working along ``axis``, the axis in it, and
+    how to map the kernel's output back: "moved" (axis last; ``movedim(-1, axis)``), "t" (2-D
+    transpose; ``.t()``) or "" (same layout)."""
+    nd = x.dim()
+    moved = x.movedim(axis, -1)
+    if axis != nd - 1 and moved.is_contiguous():
+        return moved, nd - 1, "moved"  # e.g. a Hadamard output along axis 0
+    if not x.is_contiguous() and nd == 2 and x.t().is_contiguous():
+        return x.t(), 1 - axis, "t"  # e.g. dY^T of the Wgrad GEMM
+    return x.contiguous(), axis, ""
+
+
+def restore(out: torch.Tensor, axis: int, how: str) -> torch.Tensor:
+    """Inverse of ``layout`` for a kernel output shaped like the base tensor."""
+    if how == "moved":
+        return out.movedim(-1, axis)
+    if how == "t":
+        return out.t()
+    return out

@@ -20,6 +20,7 @@ from typing import Literal
 
 import torch
 
+from . import _kernel
 from .rng import random_bits
 
 SIZES = (16, 32, 64, 128, 256)
@@ -58,29 +59,81 @@ def sign_vector(size: int, key: int, device: torch.device | str | None = None) -
     return torch.where((bits >> 31) == 1, -1.0, 1.0)
 
 
+def _butterfly(y: torch.Tensor, size: int, signs: torch.Tensor | None) -> torch.Tensor:
+    """The canonical transform of rows of ``size`` elements: signs, butterfly stages, norm."""
+    y = y.reshape(-1, size)
+    if signs is not None:
+        y = y * signs.to(y.dtype)
+    h = 1
+    while h < size:
+        v = y.view(-1, size // (2 * h), 2, h)
+        a, b = v[:, :, 0], v[:, :, 1]
+        y = torch.stack((a + b, a - b), dim=2).reshape(-1, size)
+        h *= 2
+    # a tensor of the working dtype: a Python float would multiply in double and round differently
+    return y * torch.tensor(1 / math.sqrt(size), dtype=y.dtype, device=y.device)
+
+
 def hadamard_transform(
     x: torch.Tensor, axis: int, size: int, signs: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Apply the block-diagonal ``diag(signs) H / sqrt(size)`` along ``axis``.
 
-    Computed in float32 for 16-bit inputs (float64 stays float64); the result is float32/float64 and
-    contiguous with ``axis`` moved back in place.
+    Computed as the fast Walsh-Hadamard butterfly in float32 (float64 stays float64), the same
+    operations in the same order on every path (the fused C kernel on the CPU, torch elsewhere), so
+    results are reproducible bit for bit; matches ``x @ diag(signs) @ hadamard_matrix(size)`` up to
+    float32 rounding. Returns float32 (float64 for float64 input) in x's shape, with the axis padded
+    to a multiple of ``size``. Not differentiable: the quantized layer calls it inside its own
+    autograd function, on the operands of each GEMM.
     """
     check_size(size)
     if not x.is_floating_point():
         raise TypeError(f"hadamard_transform needs a floating-point tensor, got {x.dtype}")
     if not -x.dim() <= axis < x.dim():
         raise ValueError(f"axis {axis} is out of range for a tensor of shape {tuple(x.shape)}")
+    axis %= x.dim()
+    if signs is not None and signs.shape != (size,):
+        raise ValueError(f"signs must have shape ({size},), got {tuple(signs.shape)}")
+    pad = -x.shape[axis] % size
+    if pad:
+        x = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 1 - axis) + [0, pad])
+    if x.device.type == "cpu" and x.dtype in _kernel.DTYPE_CODES and _kernel.available():
+        return _hadamard_kernel(x, axis, size, signs)
+    return hadamard_transform_reference(x, axis, size, signs)
+
+
+def hadamard_transform_reference(
+    x: torch.Tensor, axis: int, size: int, signs: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``hadamard_transform`` in torch operations (any device); same bits as the kernel."""
+    check_size(size)
+    axis %= x.dim()
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    m = hadamard_matrix(size, dtype, x.device)
-    if signs is not None:
-        if signs.shape != (size,):
-            raise ValueError(f"signs must have shape ({size},), got {tuple(signs.shape)}")
-        m = signs.to(dtype).unsqueeze(1) * m  # diag(signs) @ H
     xm = x.movedim(axis, -1).to(dtype)
-    K = xm.shape[-1]
-    pad = -K % size
+    pad = -xm.shape[-1] % size
     if pad:
         xm = torch.nn.functional.pad(xm, (0, pad))
-    y = (xm.reshape(-1, size) @ m).reshape(xm.shape)  # (..., Kp)
-    return y.movedim(-1, axis)
+    return _butterfly(xm, size, signs).reshape(xm.shape).movedim(-1, axis)
+
+
+def _hadamard_kernel(
+    x: torch.Tensor, axis: int, size: int, signs: torch.Tensor | None
+) -> torch.Tensor:
+    base, kaxis, how = _kernel.layout(x.detach(), axis)
+    shape = base.shape
+    out = torch.empty(shape, dtype=torch.float32)
+    s = None if signs is None else signs.detach().to(torch.float32).contiguous()
+    p = _kernel.HParams(
+        outer=math.prod(shape[:kaxis]),
+        K=shape[kaxis],
+        inner=math.prod(shape[kaxis + 1 :]),
+        g=size,
+        in_dtype=_kernel.DTYPE_CODES[base.dtype],
+        nthreads=torch.get_num_threads(),
+        norm=1 / math.sqrt(size),
+        signs=None if s is None else s.data_ptr(),
+        x=base.data_ptr(),
+        out=out.data_ptr(),
+    )
+    _kernel.run_hadamard(p)
+    return _kernel.restore(out, axis, how)

@@ -335,16 +335,7 @@ def _run_kernel(
     """Returns (output in x's shape, block scale codes ``(..., nb)`` with the axis last or None,
     global decode scale or None)."""
     f = spec.fmt
-    nd = x.dim()
-    base = x.detach()
-    moved = base.movedim(axis, -1)
-    transposed = False
-    if axis != nd - 1 and moved.is_contiguous():
-        base, kaxis = moved, nd - 1  # e.g. a Hadamard output along axis 0: contiguous, axis last
-    elif not base.is_contiguous() and nd == 2 and base.t().is_contiguous():
-        base, kaxis, transposed = base.t(), 1 - axis, True  # e.g. dY^T of the Wgrad GEMM
-    else:
-        base, kaxis = base.contiguous(), axis
+    base, kaxis, how = _kernel.layout(x.detach(), axis)
     shape = base.shape
     outer, K, inner = math.prod(shape[:kaxis]), shape[kaxis], math.prod(shape[kaxis + 1 :])
     block = spec.block if f.scale != "tensor" else _TENSOR_BLOCK
@@ -392,11 +383,8 @@ def _run_kernel(
     if scales is not None:
         lead, trail = shape[:kaxis], shape[kaxis + 1 :]
         scales = scales.reshape(*lead, nb, *trail).movedim(len(lead), -1)
-    if transposed:  # scales need nothing: base's non-K dimension is x's
-        out = out.t()
-    elif kaxis != axis:
-        out = out.movedim(-1, axis)
-    return out, scales, gdec_out
+    # the scales are (..., nb) over base's non-K dimensions, which are x's in the same order
+    return _kernel.restore(out, axis, how), scales, gdec_out
 
 
 def quantize(x: torch.Tensor, spec: QuantSpec, axis: int = -1, key: int = 0) -> QTensor:

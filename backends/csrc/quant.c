@@ -309,3 +309,71 @@ int ablate_num_threads(void) {
     return 1;
 #endif
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Block-diagonal Hadamard transform along K (K a multiple of g): y = (x * signs) @ H_g * norm, as
+ * the in-place fast Walsh-Hadamard butterfly (stages h = 1, 2, 4, ...: a, b -> a + b, a - b) in
+ * float32, then one multiplication by norm = fp32(1/sqrt(g)). backends/hadamard.py runs the same
+ * butterfly in torch, so both give identical bits. Output is float32 in the input's layout. */
+typedef struct {
+    int64_t outer, K, inner;
+    int32_t g, in_dtype, nthreads;
+    float norm;
+    const float *signs; /* g entries of +-1, or NULL */
+    const void *x;
+    float *out;
+} hparams;
+
+int ablate_hadamard(const hparams *p) {
+    const int64_t K = p->K, I = p->inner, g = p->g;
+    if (g <= 0 || g > 256 || (g & (g - 1)) || K % g) return 1;
+    const int64_t ng = K / g;
+    if (I == 1) {
+        const int64_t total = p->outer * ng;
+#pragma omp parallel for schedule(static) num_threads(p->nthreads)
+        for (int64_t t = 0; t < total; t++) {
+            float v[256];
+            load_row(p->x, p->in_dtype, t * g, g, v);
+            if (p->signs)
+                for (int64_t i = 0; i < g; i++) v[i] *= p->signs[i];
+            for (int64_t h = 1; h < g; h *= 2)
+                for (int64_t b = 0; b < g; b += 2 * h)
+                    for (int64_t j = b; j < b + h; j++) {
+                        const float a = v[j], c = v[j + h];
+                        v[j] = a + c;
+                        v[j + h] = a - c;
+                    }
+            float *o = p->out + t * g;
+            for (int64_t i = 0; i < g; i++) o[i] = v[i] * p->norm;
+        }
+        return 0;
+    }
+    /* strided: a group is g rows of CHUNK columns; the butterflies combine whole rows */
+    const int64_t nc = (I + CHUNK - 1) / CHUNK;
+    const int64_t total = p->outer * ng * nc;
+#pragma omp parallel for schedule(static) num_threads(p->nthreads)
+    for (int64_t t = 0; t < total; t++) {
+        const int64_t o = t / (ng * nc), kg = (t / nc) % ng, c = t % nc;
+        const int64_t j0 = c * CHUNK, m = (I - j0 < CHUNK) ? I - j0 : CHUNK;
+        const int64_t base = (o * K + kg * g) * I + j0;
+        float v[256][CHUNK];
+        for (int64_t i = 0; i < g; i++) {
+            load_row(p->x, p->in_dtype, base + i * I, m, v[i]);
+            if (p->signs)
+                for (int64_t j = 0; j < m; j++) v[i][j] *= p->signs[i];
+        }
+        for (int64_t h = 1; h < g; h *= 2)
+            for (int64_t b = 0; b < g; b += 2 * h)
+                for (int64_t r = b; r < b + h; r++)
+                    for (int64_t j = 0; j < m; j++) {
+                        const float a = v[r][j], d = v[r + h][j];
+                        v[r][j] = a + d;
+                        v[r + h][j] = a - d;
+                    }
+        for (int64_t i = 0; i < g; i++) {
+            float *orow = p->out + base + i * I;
+            for (int64_t j = 0; j < m; j++) orow[j] = v[i][j] * p->norm;
+        }
+    }
+    return 0;
+}
