@@ -84,7 +84,7 @@ class ElementFormat:
         # E2M1: the magnitude code is the index in the grid; -0 keeps its sign bit as in hardware.
         q = torch.where(nan, 0.0, q.float())
         sign = torch.signbit(q).to(torch.uint8) << (self.bits - 1)
-        mag = torch.bucketize(q.abs(), self.grid().float().to(q.device))
+        mag = torch.bucketize(q.abs().contiguous(), self.grid().float().to(q.device))
         return sign | mag.to(torch.uint8)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:

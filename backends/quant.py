@@ -305,7 +305,8 @@ def quantize_reference(x: torch.Tensor, spec: QuantSpec, axis: int = -1, key: in
             s8 = s.clamp(max=E4M3.max).to(torch.float8_e4m3fn)
             scales = torch.where(nonfinite, 0x7F, s8.view(torch.uint8)).to(torch.uint8)
             s8f = s8.float()
-            enc = torch.where(s8f == 0, 0.0, genc_t / s8f)
+            fmax = torch.finfo(torch.float32).max  # S / s8 overflows when amax < ~1e-32
+            enc = torch.where(s8f == 0, 0.0, torch.clamp(genc_t / s8f, max=fmax))
         else:
             scales = None
             enc = torch.full_like(amax, genc)

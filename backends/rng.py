@@ -50,6 +50,7 @@ def _mix32_t(x: torch.Tensor) -> torch.Tensor:
 
 def random_bits(key: int, index: torch.Tensor) -> torch.Tensor:
     """32 random bits (in int64) per element index: ``mix32(mix32(lo ^ key) ^ hi)``."""
+    index = index.to(torch.int64)  # the arithmetic below needs 64 bits whatever the index dtype
     lo = index & M32
     hi = index >> 32
     return _mix32_t(_mix32_t(lo ^ (key & M32)) ^ hi)

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <float.h>
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 enum { SC_E8M0 = 0, SC_NV = 1, SC_TENSOR = 2 };
@@ -151,7 +152,9 @@ static inline int block_scale(uint32_t amax_bits, const qparams *p, float *enc, 
         int mant = (int)((sb >> 20) & 7);
         *code = (s8 == 0.0f) ? 0 : (sex >= -6 ? (uint8_t)(((sex + 7) << 3) | mant)
                                                : (uint8_t)(s8 * 512.0f));
-        *enc = (s8 == 0.0f) ? 0.0f : p->global_enc / s8;
+        /* S / s8 overflows for tensors whose amax is below ~1e-32: saturate instead of inf, so
+         * zeros stay zeros (quant.py does the same) */
+        *enc = (s8 == 0.0f) ? 0.0f : fminf(p->global_enc / s8, FLT_MAX);
         *dec = s8; /* dequantized element = (q * s8) * global_dec, see quant.py */
     } else {
         *enc = p->global_enc;
@@ -167,6 +170,7 @@ static inline float sr_uniform(uint32_t key, int64_t idx) {
 }
 
 #define MAXB 1024
+#define PARALLEL_MIN 32768 /* elements: below this an OpenMP team costs more than it saves */
 #define CHUNK 64
 
 /* Contiguous blocks (inner == 1). */
@@ -174,7 +178,7 @@ static void run_inner1(const qparams *p) {
     const int64_t K = p->K, B = p->block;
     const int64_t nb = (K + B - 1) / B;
     const int64_t total = p->outer * nb;
-#pragma omp parallel for schedule(static) num_threads(p->nthreads)
+#pragma omp parallel for schedule(static) num_threads(p->nthreads) if (p->K * p->outer * p->inner >= PARALLEL_MIN)
     for (int64_t t = 0; t < total; t++) {
         const int64_t row = t / nb, kb = t % nb;
         const int64_t k0 = kb * B;
@@ -242,7 +246,7 @@ static void run_strided(const qparams *p) {
     const int64_t nc = (I + CHUNK - 1) / CHUNK;
     const int64_t total = p->outer * nb * nc;
     const int out_dt = p->out_kind == OUT_ELEMENTS ? DT_F32 : p->out_dtype;
-#pragma omp parallel for schedule(static) num_threads(p->nthreads)
+#pragma omp parallel for schedule(static) num_threads(p->nthreads) if (p->K * p->outer * p->inner >= PARALLEL_MIN)
     for (int64_t t = 0; t < total; t++) {
         const int64_t o = t / (nb * nc), kb = (t / nc) % nb, c = t % nc;
         const int64_t k0 = kb * B, n = (K - k0 < B) ? K - k0 : B;
@@ -330,7 +334,7 @@ int ablate_hadamard(const hparams *p) {
     const int64_t ng = K / g;
     if (I == 1) {
         const int64_t total = p->outer * ng;
-#pragma omp parallel for schedule(static) num_threads(p->nthreads)
+#pragma omp parallel for schedule(static) num_threads(p->nthreads) if (p->K * p->outer * p->inner >= PARALLEL_MIN)
         for (int64_t t = 0; t < total; t++) {
             float v[256];
             load_row(p->x, p->in_dtype, t * g, g, v);
@@ -351,7 +355,7 @@ int ablate_hadamard(const hparams *p) {
     /* strided: a group is g rows of CHUNK columns; the butterflies combine whole rows */
     const int64_t nc = (I + CHUNK - 1) / CHUNK;
     const int64_t total = p->outer * ng * nc;
-#pragma omp parallel for schedule(static) num_threads(p->nthreads)
+#pragma omp parallel for schedule(static) num_threads(p->nthreads) if (p->K * p->outer * p->inner >= PARALLEL_MIN)
     for (int64_t t = 0; t < total; t++) {
         const int64_t o = t / (ng * nc), kg = (t / nc) % ng, c = t % nc;
         const int64_t j0 = c * CHUNK, m = (I - j0 < CHUNK) ? I - j0 : CHUNK;
