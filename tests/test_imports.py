@@ -23,3 +23,10 @@ def test_backends_imports_only_torch_and_stdlib():
     for path in (ROOT / "backends").rglob("*.py"):
         extra = _imports(path) - allowed - (optional if path.name == "bench.py" else set())
         assert not extra, f"{path.relative_to(ROOT)} imports {sorted(extra)}"
+
+
+def test_trainer_never_imports_tracking_or_cluster_libraries():
+    forbidden = {"ray", "mlflow", "optuna", "pandas", "matplotlib", "click"}
+    for path in (ROOT / "ablate" / "train").rglob("*.py"):
+        bad = _imports(path) & forbidden
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"

@@ -1,0 +1,194 @@
+"""Typed run configuration: what one cell of a study trains (``RunConfig``), and what it returns.
+
+``RunConfig`` = model + data + training loop + recipe + backend + seed. Every field is documented;
+``__post_init__`` validation raises ``ValueError`` naming the field (as its dotted path in a study,
+e.g. ``train.grad_accum``) and what would be right. ``to_dict``/``from_dict`` give the plain nested
+form that the study spec resolves into, MLflow records as params, and a cell's key hashes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from backends.recipe import Recipe
+
+from .data import DataConfig
+from .model import PRESETS, ModelConfig
+
+Precision = Literal["auto", "bf16", "fp32"]
+Status = Literal["finished", "diverged", "stopped"]
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """The optimization loop."""
+
+    steps: int = 200
+    """Optimizer steps."""
+    batch_size: int = 16
+    """Sequences per optimizer step (tokens per step = batch_size * seq_len)."""
+    grad_accum: int = 1
+    """Micro-batches per step; must divide batch_size."""
+    seq_len: int = 128
+    """Tokens per sequence; at most the model's max_seq_len."""
+    lr: float = 3e-3
+    """Peak learning rate (AdamW)."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay floor as a fraction of lr."""
+    warmup_steps: int = 20
+    """Linear warmup steps (then cosine decay to min_lr_ratio * lr at the last step)."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay on matrices (not on norms and biases)."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0: no clipping)."""
+    eval_every: int = 20
+    """Evaluate validation loss every N steps (also at step 0 and at the end)."""
+    eval_batches: int = 0
+    """Validation batches per evaluation (0: the whole held-out set)."""
+    checkpoint_every: int = 0
+    """Checkpoint every N steps (0: only at the end); needs RunConfig.checkpoint_dir."""
+    precision: Precision = "auto"
+    """bf16: autocast to bfloat16; fp32: none; auto: bf16 on CUDA devices that support it, else fp32."""
+    divergence_factor: float = 2.0
+    """Diverged when the smoothed training loss exceeds this multiple of its best value."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum", "seq_len", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "checkpoint_every", "eval_batches"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name}: must be >= 0, got {getattr(self, name)}")
+        if self.batch_size % self.grad_accum:
+            raise ValueError(
+                f"train.grad_accum: {self.grad_accum} does not divide train.batch_size "
+                f"{self.batch_size}; use a divisor of the batch size"
+            )
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"train.lr: must be a positive finite number, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"train.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(
+                f"train.precision: unknown {self.precision!r}; allowed: auto, bf16, fp32"
+            )
+        if self.divergence_factor <= 1:
+            raise ValueError(f"train.divergence_factor: must be > 1, got {self.divergence_factor}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """Everything one training run depends on."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    recipe: Recipe = field(default_factory=Recipe.bf16)
+    """Numerics of every block linear (see backends.recipe)."""
+    backend: str = "emulated"
+    """GEMM backend: emulated (any device) or native (a later issue)."""
+    seed: int = 0
+    """Model initialization and stochastic-rounding seed (data order has its own data.data_seed)."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N, or auto (cuda when available)."""
+    checkpoint_dir: str | None = None
+    """Where checkpoints go; a run finding one there resumes from it."""
+
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise ValueError(f"seed: must be >= 0, got {self.seed}")
+        max_len = self.model.max_seq_len
+        if max_len is None and self.model.preset is not None and self.model.preset in PRESETS:
+            max_len = PRESETS[self.model.preset].max_seq_len
+        if max_len is not None and self.train.seq_len > max_len:
+            raise ValueError(
+                f"train.seq_len: {self.train.seq_len} is longer than the model supports "
+                f"(model.max_seq_len = {max_len}); shorten it or raise model.max_seq_len"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (JSON-able); ``from_dict`` inverts it."""
+        return {
+            "model": dataclasses.asdict(self.model),
+            "data": dataclasses.asdict(self.data),
+            "train": dataclasses.asdict(self.train),
+            "recipe": self.recipe.to_dict(),
+            "backend": self.backend,
+            "seed": self.seed,
+            "device": self.device,
+            "checkpoint_dir": self.checkpoint_dir,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        known = {"model", "data", "train", "recipe", "backend", "seed", "device", "checkpoint_dir"}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(
+                f"unknown run config key(s) {sorted(unknown)}; allowed: {', '.join(sorted(known))}"
+            )
+        return cls(
+            model=ModelConfig(**d.get("model", {})),
+            data=DataConfig(**d.get("data", {})),
+            train=TrainConfig(**d.get("train", {})),
+            recipe=Recipe.from_dict(d["recipe"]) if "recipe" in d else Recipe.bf16(),
+            backend=d.get("backend", "emulated"),
+            seed=d.get("seed", 0),
+            device=d.get("device", "auto"),
+            checkpoint_dir=d.get("checkpoint_dir"),
+        )
+
+
+@dataclass(kw_only=True)
+class EvalPoint:
+    step: int
+    tokens: int
+    val_loss: float
+
+    @property
+    def val_ppl(self) -> float:
+        return math.exp(min(self.val_loss, 700.0))
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    """What a run returns (and what a study records per cell)."""
+
+    status: Status
+    steps: int
+    """Optimizer steps completed."""
+    tokens: int
+    """Training tokens seen."""
+    evals: list[EvalPoint]
+    """Validation history (step 0, every eval_every steps, and the end)."""
+    tokens_per_s: float
+    """Training throughput (evaluation excluded)."""
+    fingerprint: str
+    """Data fingerprint: corpus and tokenizer identity."""
+    diverged_at: int | None = None
+    """Step at which the divergence guard fired."""
+    reason: str = ""
+    wall_time_s: float = 0.0
+    n_params: int = 0
+
+    @property
+    def final_val_loss(self) -> float:
+        return self.evals[-1].val_loss if self.evals else math.nan
+
+    @property
+    def final_val_ppl(self) -> float:
+        return self.evals[-1].val_ppl if self.evals else math.nan
+
+    @property
+    def best_val_loss(self) -> float:
+        return min((e.val_loss for e in self.evals), default=math.nan)

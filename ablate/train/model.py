@@ -1,0 +1,488 @@
+"""The Llama-style decoder the trainer runs: config, presets, model, builder and counting helpers.
+
+Shapes follow the Llama 3 architecture as torchtitan writes it (``models/llama3/model.py``):
+
+    tokens (B, T) -> tok_embeddings -> (B, T, C)
+      -> n_layers x Block:  h = x + attention(attention_norm(x))      grouped-query attention, RoPE
+                            out = h + feed_forward(ffn_norm(h))        SwiGLU: w2(silu(w1 x) * w3 x)
+      -> norm -> lm_head -> logits (B, T, V)
+
+Every linear inside a block is a bias-free ``nn.Linear`` at ``layers.{i}.attention.wq/wk/wv/wo`` and
+``layers.{i}.feed_forward.w1/w2/w3``, so ``backends.convert_model`` finds them by path (and knows the
+block index from ``i``). The token embedding is not a linear and the LM head is excluded by its name
+``lm_head``: both stay in high precision, as every published FP4 recipe keeps them.
+
+Weights are created on the meta device and then materialized and initialized on the target device
+from a ``torch.Generator`` seeded by the caller (``build_model(..., seed=...)``): the same seed on the
+same device type gives bit-identical weights, and nothing depends on the global RNG state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backends import Recipe, convert_model
+
+_SHAPE_FIELDS = ("dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len")
+# used when ``preset`` is None and the field is not given
+_FALLBACKS: dict[str, float] = {"rope_theta": 10_000.0, "norm_eps": 1e-5}
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    """Shape of the decoder. Every field but ``preset`` defaults to None: "take it from the preset"."""
+
+    preset: str | None = "tiny"
+    """One of ``PRESETS`` (tiny, small, 125m, 1b, llama3_8b), or None to give every shape field."""
+    dim: int | None = None
+    """Model width C (embedding and residual stream)."""
+    n_layers: int | None = None
+    """Number of transformer blocks."""
+    n_heads: int | None = None
+    """Query heads; must divide ``dim``, and head_dim = dim / n_heads must be even (RoPE)."""
+    n_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); must divide ``n_heads``. None: the preset's, else
+    ``n_heads`` (multi-head attention)."""
+    ffn_dim: int | None = None
+    """Hidden width of the SwiGLU feed-forward (w1, w3: C -> ffn_dim; w2: ffn_dim -> C)."""
+    vocab_size: int | None = None
+    """Embedding rows. None: the tokenizer's vocabulary at build time (the preset's default only when
+    no tokenizer is given, e.g. to count parameters). Must be >= the tokenizer's vocabulary."""
+    max_seq_len: int | None = None
+    """Longest sequence; RoPE tables are precomputed for it."""
+    rope_theta: float | None = None
+    """RoPE base frequency (10000 for Llama 2 style, 500000 for Llama 3)."""
+    norm_eps: float | None = None
+    """RMSNorm epsilon."""
+    tie_embeddings: bool | None = None
+    """Share the LM head's weight with the token embedding. None: the preset's, else False."""
+
+    def __post_init__(self) -> None:
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ValueError(
+                f"model.preset: unknown preset {self.preset!r}; allowed: {', '.join(PRESETS)}"
+            )
+        self._merged()._validate(check_required=self.preset is None)
+
+    def _merged(self) -> ModelConfig:
+        """Explicit fields over the preset's, without validation or vocabulary resolution."""
+        base = PRESETS[self.preset] if self.preset is not None else None
+        values = {}
+        for f in fields(self):
+            mine = getattr(self, f.name)
+            values[f.name] = mine if mine is not None or base is None else getattr(base, f.name)
+        values["preset"] = None
+        out = object.__new__(ModelConfig)  # skips __post_init__: a partial config is allowed here
+        for k, v in values.items():
+            object.__setattr__(out, k, v)
+        return out
+
+    def _validate(self, *, check_required: bool) -> None:
+        """Check the fields present (all shape fields when ``check_required``)."""
+        if check_required:
+            missing = [n for n in _SHAPE_FIELDS if getattr(self, n) is None]
+            if missing:
+                raise ValueError(
+                    f"model.{missing[0]}: required when model.preset is null (missing: "
+                    f"{', '.join(missing)}); set it or pick a preset ({', '.join(PRESETS)})"
+                )
+        for name in (*_SHAPE_FIELDS, "n_kv_heads", "vocab_size"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                raise ValueError(f"model.{name}: must be a positive integer, got {v!r}")
+        for name in ("rope_theta", "norm_eps"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"model.{name}: must be > 0, got {v!r}")
+        dim, n_heads, n_kv = self.dim, self.n_heads, self.n_kv_heads
+        if dim is not None and n_heads is not None:
+            if dim % n_heads:
+                divisors = [h for h in range(1, dim + 1) if dim % h == 0 and (dim // h) % 2 == 0]
+                raise ValueError(
+                    f"model.n_heads: {n_heads} does not divide model.dim {dim}; allowed for this "
+                    f"dim: {', '.join(map(str, divisors[:12]))}{' ...' if len(divisors) > 12 else ''}"
+                )
+            if (dim // n_heads) % 2:
+                raise ValueError(
+                    f"model.n_heads: head_dim = model.dim / model.n_heads = {dim // n_heads} must "
+                    "be even (RoPE rotates pairs of channels); change model.dim or model.n_heads"
+                )
+        if n_heads is not None and n_kv is not None and n_heads % n_kv:
+            allowed = [k for k in range(1, n_heads + 1) if n_heads % k == 0]
+            raise ValueError(
+                f"model.n_kv_heads: {n_kv} does not divide model.n_heads {n_heads}; allowed: "
+                f"{', '.join(map(str, allowed))}"
+            )
+
+    def resolved(self, vocab_size: int | None = None) -> ModelConfig:
+        """A fully specified copy (``preset=None``, every field set) for a tokenizer of
+        ``vocab_size`` tokens. Precedence: explicit field > tokenizer > preset default."""
+        m = self._merged()
+        explicit_vocab = self.vocab_size
+        if explicit_vocab is not None:
+            if vocab_size is not None and explicit_vocab < vocab_size:
+                raise ValueError(
+                    f"model.vocab_size: {explicit_vocab} is smaller than the tokenizer's "
+                    f"vocabulary ({vocab_size}); set it >= {vocab_size} or leave it null"
+                )
+            vocab = explicit_vocab
+        elif vocab_size is not None:
+            if vocab_size <= 0:
+                raise ValueError(f"vocab_size: must be a positive integer, got {vocab_size}")
+            vocab = vocab_size
+        elif m.vocab_size is not None:
+            vocab = m.vocab_size
+        else:
+            raise ValueError(
+                "model.vocab_size: not set and no tokenizer vocabulary given; "
+                "pass vocab_size or set model.vocab_size"
+            )
+        return replace(
+            m,
+            vocab_size=vocab,
+            n_kv_heads=m.n_kv_heads if m.n_kv_heads is not None else m.n_heads,
+            rope_theta=float(
+                m.rope_theta if m.rope_theta is not None else _FALLBACKS["rope_theta"]
+            ),
+            norm_eps=float(m.norm_eps if m.norm_eps is not None else _FALLBACKS["norm_eps"]),
+            tie_embeddings=bool(m.tie_embeddings),
+        )
+
+    @property
+    def head_dim(self) -> int:
+        m = self._merged()
+        assert m.dim is not None and m.n_heads is not None
+        return m.dim // m.n_heads
+
+
+def _preset(**kw: int | float | bool) -> ModelConfig:
+    cfg = object.__new__(ModelConfig)  # PRESETS is not defined yet: skip __post_init__
+    for f in fields(ModelConfig):
+        object.__setattr__(cfg, f.name, kw.get(f.name))
+    cfg._validate(check_required=True)
+    return cfg
+
+
+# fmt: off
+PRESETS: dict[str, ModelConfig] = {
+    # trains on a 2-core CPU in seconds; byte vocabulary by default
+    "tiny": _preset(
+        dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=384, vocab_size=256,
+        max_seq_len=256, rope_theta=10_000.0, norm_eps=1e-5, tie_embeddings=True,
+    ),
+    # ~9.4M non-embedding parameters: a laptop CPU or one small GPU
+    "small": _preset(
+        dim=384, n_layers=6, n_heads=6, n_kv_heads=2, ffn_dim=1024, vocab_size=256,
+        max_seq_len=512, rope_theta=10_000.0, norm_eps=1e-5, tie_embeddings=True,
+    ),
+    # GPT-3 125M width/depth with Llama blocks (SwiGLU 8/3 C, untied head), 32k vocabulary default
+    "125m": _preset(
+        dim=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2048, vocab_size=32_000,
+        max_seq_len=2048, rope_theta=10_000.0, norm_eps=1e-5, tie_embeddings=False,
+    ),
+    # the Llama 3.2-1B shape (without its long-context RoPE scaling)
+    "1b": _preset(
+        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab_size=128_256,
+        max_seq_len=8192, rope_theta=500_000.0, norm_eps=1e-5, tie_embeddings=True,
+    ),
+    # the Llama 3.1-8B shape: 8,030,261,248 parameters with its 128,256-token vocabulary
+    "llama3_8b": _preset(
+        dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14_336, vocab_size=128_256,
+        max_seq_len=8192, rope_theta=500_000.0, norm_eps=1e-5, tie_embeddings=False,
+    ),
+}
+# fmt: on
+
+
+def _need(v: int | float | bool | None) -> int:
+    """A field of a resolved config (narrows ``int | None`` for the type checker)."""
+    if v is None:
+        raise ValueError("ModelConfig is not resolved; call cfg.resolved(vocab_size) first")
+    return int(v)
+
+
+def _need_f(v: float | None) -> float:
+    if v is None:
+        raise ValueError("ModelConfig is not resolved; call cfg.resolved(vocab_size) first")
+    return float(v)
+
+
+# ---------------------------------------------------------------------------------------------------
+# modules
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 (as Llama does) and cast back to x's dtype."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * self.weight.float()).to(x.dtype)
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (max_seq_len, head_dim // 2): angle t * theta^(-2i / head_dim)."""
+    inv_freq = theta ** -(torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (hd/2,)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)  # (T, hd/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (2i, 2i+1) of x (B, T, H, hd) by the angles of cos/sin (T, hd/2).
+
+    The interleaved-pair convention of Meta's Llama (``torch.view_as_complex`` in torchtitan),
+    written with real tensors so it runs on every device and dtype, meta included.
+    """
+    xf = x.float().unflatten(-1, (-1, 2))  # (B, T, H, hd/2, 2)
+    x0, x1 = xf[..., 0], xf[..., 1]  # (B, T, H, hd/2)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]  # (1, T, 1, hd/2)
+    out = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)  # (B, T, H, hd/2, 2)
+    return out.flatten(-2).to(x.dtype)  # (B, T, H, hd)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, T, KV, hd) -> (B, T, KV * n_rep, hd): each key/value head serves n_rep query heads."""
+    if n_rep == 1:
+        return x
+    b, t, kv, hd = x.shape
+    return x[:, :, :, None, :].expand(b, t, kv, n_rep, hd).reshape(b, t, kv * n_rep, hd)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query attention with RoPE on queries and keys."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        dim, self.n_heads, self.n_kv_heads = (
+            _need(cfg.dim),
+            _need(cfg.n_heads),
+            _need(cfg.n_kv_heads),
+        )
+        self.head_dim = dim // self.n_heads
+        self.wq = nn.Linear(dim, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape  # (B, T, C)
+        q = self.wq(x).view(b, t, self.n_heads, self.head_dim)  # (B, T, H, hd)
+        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim)  # (B, T, KV, hd)
+        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim)  # (B, T, KV, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        n_rep = self.n_heads // self.n_kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, T, H, hd)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (B, H, T, hd)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, C)
+        out: torch.Tensor = self.wo(y)
+        return out
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)  # gate
+        self.w3 = nn.Linear(dim, hidden, bias=False)  # up
+        self.w2 = nn.Linear(hidden, dim, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, F) -> (B, T, C)
+        return out
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attention(norm(x)), then h + feed_forward(norm(h))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        dim, eps = _need(cfg.dim), _need_f(cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.feed_forward = FeedForward(dim, _need(cfg.ffn_dim))
+        self.attention_norm = RMSNorm(dim, eps)
+        self.ffn_norm = RMSNorm(dim, eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)  # (B, T, C)
+        return h + self.feed_forward(self.ffn_norm(h))  # (B, T, C)
+
+
+class Transformer(nn.Module):
+    """The decoder. Build it with ``build_model``; a ``cfg`` that is not resolved is resolved here
+    with the preset's default vocabulary (``cfg.resolved()``). Constructed directly it keeps
+    PyTorch's default init: call ``init_weights(generator)`` for the documented one."""
+
+    rope_cos: torch.Tensor  # (max_seq_len, head_dim / 2) float32, not saved (recomputed)
+    rope_sin: torch.Tensor  # (max_seq_len, head_dim / 2) float32, not saved (recomputed)
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        cfg = self.cfg = cfg.resolved()  # a no-op copy when already resolved
+        dim, vocab = _need(cfg.dim), _need(cfg.vocab_size)
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(_need(cfg.n_layers)))
+        self.norm = RMSNorm(dim, _need_f(cfg.norm_eps))
+        # high precision by its name: convert_model excludes "lm_head" (logits feed the softmax)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.tie_weights()
+        cos, sin = self._rope()
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the LM head when ``tie_embeddings`` (again after ``to_empty``,
+        which materializes each module's parameters separately)."""
+        if self.cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_embeddings.weight
+
+    def _rope(self) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.cfg
+        return rope_tables(
+            _need(c.dim) // _need(c.n_heads), _need(c.max_seq_len), _need_f(c.rope_theta)
+        )
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """Initialize every parameter (and recompute the RoPE tables) in a fixed order.
+
+        Linears and the embedding: normal(0, 0.02); the output projections of each residual branch
+        (``wo``, ``w2``) additionally scaled by 1/sqrt(2 * n_layers) so the residual stream's variance
+        does not grow with depth (GPT-2); RMSNorm weights: ones. Draws come from ``generator`` (on the
+        parameters' device), or from the global RNG when None.
+        """
+        std, n_layers = 0.02, _need(self.cfg.n_layers)
+        out_std = std / math.sqrt(2 * n_layers)
+        nn.init.normal_(self.tok_embeddings.weight, 0.0, std, generator=generator)
+        for layer in self.layers:
+            assert isinstance(layer, Block)
+            a, f = layer.attention, layer.feed_forward
+            for lin, s in ((a.wq, std), (a.wk, std), (a.wv, std), (a.wo, out_std)):
+                nn.init.normal_(lin.weight, 0.0, s, generator=generator)
+            for lin, s in ((f.w1, std), (f.w3, std), (f.w2, out_std)):
+                nn.init.normal_(lin.weight, 0.0, s, generator=generator)
+            layer.attention_norm.reset_parameters()
+            layer.ffn_norm.reset_parameters()
+        self.norm.reset_parameters()
+        if not self.cfg.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, 0.0, std, generator=generator)
+        cos, sin = self._rope()
+        self.rope_cos = cos.to(self.rope_cos.device)
+        self.rope_sin = sin.to(self.rope_sin.device)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, V) for ``tokens`` (B, T) int64; with ``targets`` (B, T), the mean
+        cross-entropy in float32 instead (targets equal to -100 are ignored)."""
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens: expected shape (batch, seq_len), got {tuple(tokens.shape)}")
+        t = tokens.shape[1]
+        max_len = _need(self.cfg.max_seq_len)
+        if t > max_len:
+            raise ValueError(
+                f"seq_len: {t} exceeds model.max_seq_len {max_len}; shorten the sequences "
+                "(data.seq_len) or raise model.max_seq_len"
+            )
+        cos, sin = self.rope_cos[:t], self.rope_sin[:t]  # (T, hd/2)
+        h = self.tok_embeddings(tokens)  # (B, T, C)
+        for layer in self.layers:
+            h = layer(h, cos, sin)  # (B, T, C)
+        logits: torch.Tensor = self.lm_head(self.norm(h))  # (B, T, V)
+        if targets is None:
+            return logits
+        # float32 softmax: bf16 logits lose the small differences the loss is made of
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
+
+
+# ---------------------------------------------------------------------------------------------------
+# building and counting
+
+
+def build_model(
+    cfg: ModelConfig,
+    vocab_size: int,
+    recipe: Recipe | None = None,
+    backend: str = "emulated",
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> Transformer:
+    """The model for ``cfg`` and a tokenizer of ``vocab_size`` tokens, on ``device``.
+
+    Created on the meta device, then (unless ``device`` is meta) materialized on ``device`` and
+    initialized from ``torch.Generator(device).manual_seed(seed)``: same seed, same device type ->
+    identical weights. With a ``recipe`` that quantizes anything, every block linear becomes a
+    ``backends.QuantLinear`` (``convert_model`` with the same ``seed`` for its random streams); the
+    embedding and ``lm_head`` stay high precision. A meta model has shapes only (for counting).
+    """
+    dev = torch.device(device)
+    with torch.device("meta"):
+        model = Transformer(cfg.resolved(vocab_size))
+    if dev.type != "meta":
+        model = model.to_empty(device=dev)
+        model.tie_weights()
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        model.init_weights(gen)
+    if recipe is not None and not recipe.high_precision:
+        convert_model(model, recipe, backend=backend, seed=seed)
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of parameters, each shared tensor (tied embedding and LM head) counted once."""
+    return sum(p.numel() for p in model.parameters())  # parameters() yields shared ones once
+
+
+def num_params(cfg: ModelConfig, vocab_size: int | None = None) -> int:
+    """Parameters of ``cfg`` (tokenizer vocabulary ``vocab_size``, else the config's or preset's),
+    counted on the meta device: nothing is allocated, so the 8B shape counts in milliseconds."""
+    with torch.device("meta"):
+        return count_parameters(Transformer(cfg.resolved(vocab_size)))
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> float:
+    """Training FLOPs per token (forward + backward): 6 N + 12 L C T (PaLM, appendix B).
+
+    N counts the matmul weights: the block linears and the LM head (the embedding is a lookup, not
+    a matmul; a tied head still costs its matmul). 12 L C T is the attention score and value
+    matmuls for a context of T = ``seq_len`` (default ``max_seq_len``), counted over the full T x T
+    square as is conventional (a causal kernel does about half). ``cfg`` with ``vocab_size`` unset
+    uses the preset default; pass ``cfg.resolved(tokenizer_vocab)`` for the exact figure.
+    """
+    c = cfg.resolved()
+    dim, n_layers, ffn = _need(c.dim), _need(c.n_layers), _need(c.ffn_dim)
+    kv_dim = _need(c.n_kv_heads) * (dim // _need(c.n_heads))
+    per_layer = 2 * dim * dim + 2 * dim * kv_dim + 3 * dim * ffn  # wq, wo, wk, wv, w1, w2, w3
+    n = n_layers * per_layer + _need(c.vocab_size) * dim
+    t = seq_len if seq_len is not None else _need(c.max_seq_len)
+    return float(6 * n + 12 * n_layers * dim * t)
+
+
+__all__ = [
+    "PRESETS",
+    "Attention",
+    "Block",
+    "FeedForward",
+    "ModelConfig",
+    "RMSNorm",
+    "Transformer",
+    "build_model",
+    "count_parameters",
+    "flops_per_token",
+    "num_params",
+]

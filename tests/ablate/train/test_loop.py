@@ -1,0 +1,177 @@
+"""The training loop: it learns, resumes bit-exactly, reports every step once, ends diverged runs
+as ``diverged``, and refuses bad configuration before training."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ablate.train import DataConfig, MemoryLogger, ModelConfig, RunConfig, TrainConfig, train
+from ablate.train.loop import CHECKPOINT, lr_at
+from ablate.train.model import build_model
+from backends import QuantLinear, Recipe, convert_model
+
+FAST = TrainConfig(
+    steps=12, batch_size=8, seq_len=64, lr=3e-3, warmup_steps=3, eval_every=4, eval_batches=2
+)
+
+
+def _cfg(tmp_path=None, **kw) -> RunConfig:
+    base = {"train": FAST, "data": DataConfig(val_tokens=4096)}
+    if tmp_path is not None:
+        base["checkpoint_dir"] = str(tmp_path / "ckpt")
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def _weights(path) -> dict[str, torch.Tensor]:
+    return torch.load(path / "ckpt" / CHECKPOINT, weights_only=False)["model"]
+
+
+def test_tiny_preset_learns_the_builtin_corpus_in_seconds():
+    cfg = _cfg(
+        train=TrainConfig(
+            steps=60,
+            batch_size=16,
+            seq_len=64,
+            lr=1e-2,
+            warmup_steps=5,
+            eval_every=20,
+            eval_batches=4,
+        )
+    )
+    res = train(cfg)
+    assert res.status == "finished" and res.steps == 60 and res.tokens == 60 * 16 * 64
+    assert [e.step for e in res.evals] == [0, 20, 40, 60]
+    first, last = res.evals[0].val_loss, res.evals[-1].val_loss
+    assert first == pytest.approx(math.log(257), abs=0.3)  # uniform over the byte vocab at init
+    assert last < 0.6 * first  # well below: bytes of English are far from uniform
+    assert res.tokens_per_s > 0 and res.fingerprint
+
+
+def test_resume_is_bit_exact_and_reports_every_step_once(tmp_path):
+    whole = MemoryLogger()
+    res_a = train(_cfg(tmp_path / "a", recipe=Recipe.from_shorthand(["wgrad"], "sr+rht")), whole)
+    cfg_b = _cfg(tmp_path / "b", recipe=Recipe.from_shorthand(["wgrad"], "sr+rht"))
+    parts = MemoryLogger()
+    stopped = train(cfg_b, parts, stop_after=5)
+    assert stopped.status == "stopped" and stopped.steps == 5
+    res_b = train(cfg_b, parts)
+    assert res_b.status == "finished"
+    steps = [s for s, _ in parts.metrics]
+    assert steps == list(range(0, 13))  # step 0 (initial eval) then 1..12, each exactly once
+    assert parts.series("train_loss") == whole.series("train_loss")
+    assert parts.series("val_loss") == whole.series("val_loss")
+    wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert [e.val_loss for e in res_a.evals] == [e.val_loss for e in res_b.evals]
+
+
+def test_a_finished_run_is_not_trained_again(tmp_path):
+    cfg = _cfg(tmp_path)
+    first = train(cfg)
+    again = MemoryLogger()
+    second = train(cfg, again)
+    assert second.status == "finished" and second.steps == first.steps
+    assert again.metrics == [] and second.final_val_loss == first.final_val_loss
+
+
+def test_checkpoint_of_another_config_is_refused(tmp_path):
+    train(_cfg(tmp_path), stop_after=2)
+    other = _cfg(tmp_path, seed=1)
+    with pytest.raises(ValueError, match="checkpoint_dir: .* different configuration"):
+        train(other)
+
+
+def test_mxfp4_changes_the_numbers():
+    bf16 = train(_cfg())
+    fp4 = train(_cfg(recipe=Recipe.from_shorthand(["fprop", "dgrad", "wgrad"])))
+    assert fp4.status == "finished"
+    assert fp4.final_val_loss != bf16.final_val_loss
+    assert abs(fp4.final_val_loss - bf16.final_val_loss) < 0.5  # different, not broken
+
+
+def test_bf16_through_quantized_layers_trains_exactly_like_nn_linear():
+    torch.manual_seed(0)
+    cfg = ModelConfig(preset="tiny")
+    plain = build_model(cfg, 257, seed=3)
+    conv = build_model(cfg, 257, seed=3)
+    convert_model(conv, Recipe.bf16())
+    assert sum(isinstance(m, QuantLinear) for m in conv.modules()) == 7 * 4
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (plain, conv)]
+    x = torch.randint(0, 257, (4, 33))
+    for _ in range(3):
+        for m, o in zip((plain, conv), opts, strict=True):
+            o.zero_grad()
+            m(x[:, :-1], x[:, 1:]).backward()
+            o.step()
+    conv_state = conv.state_dict()
+    for n, a in plain.state_dict().items():
+        assert torch.equal(a, conv_state[n]), n
+
+
+def test_huge_learning_rate_ends_as_diverged_with_the_step():
+    log = MemoryLogger()
+    cfg = _cfg(
+        train=TrainConfig(
+            steps=40,
+            batch_size=8,
+            seq_len=64,
+            lr=50.0,
+            warmup_steps=0,
+            eval_every=40,
+            eval_batches=1,
+            grad_clip=0.0,
+        )
+    )
+    res = train(cfg, log)
+    assert res.status == "diverged"
+    assert res.diverged_at is not None and 1 <= res.diverged_at < 40
+    assert res.reason
+    assert log.status is not None and log.status[0] == "diverged"
+    assert log.metrics[-1][0] == res.diverged_at
+
+
+def test_learning_rate_warms_up_then_decays_to_the_floor():
+    cfg = _cfg(train=TrainConfig(steps=100, lr=1.0, warmup_steps=10, min_lr_ratio=0.1))
+    assert lr_at(0, cfg) == pytest.approx(0.1)
+    assert lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(100, cfg) == pytest.approx(0.1)
+    assert lr_at(55, cfg) == pytest.approx(0.55)
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: ModelConfig(preset="gigantic"), "model.preset"),
+        (lambda: ModelConfig(preset="tiny", dim=130), "model"),
+        (lambda: ModelConfig(preset="tiny", n_heads=4, n_kv_heads=3), "model.n_kv_heads"),
+        (lambda: TrainConfig(batch_size=10, grad_accum=3), "train.grad_accum"),
+        (lambda: RunConfig(train=TrainConfig(seq_len=4096)), "train.seq_len"),
+        (lambda: TrainConfig(precision="fp16"), "train.precision"),
+        (lambda: RunConfig(seed=-1), "seed"),
+    ],
+)
+def test_bad_config_is_refused_naming_the_field(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_missing_data_file_is_refused_before_training(tmp_path):
+    cfg = _cfg(data=DataConfig(corpus="text", path=str(tmp_path / "nope.txt")))
+    with pytest.raises(FileNotFoundError, match="data.path"):
+        train(cfg)
+
+
+def test_gradient_accumulation_matches_the_full_batch():
+    full = train(_cfg())
+    acc = train(_cfg(train=TrainConfig(**{**_fields(FAST), "grad_accum": 4})))
+    assert acc.final_val_loss == pytest.approx(full.final_val_loss, rel=1e-3)
+
+
+def _fields(t: TrainConfig) -> dict:
+    return {f: getattr(t, f) for f in t.__slots__}
