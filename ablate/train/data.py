@@ -200,6 +200,17 @@ def _hf_documents(cfg: DataConfig) -> Iterator[str]:
                     f"data.hf_split: {name} has no split {cfg.hf_split!r} (has {sorted(ds)})"
                 )
             ds = ds[cfg.hf_split]
+    elif cfg.max_documents is not None:
+        # stream: a limited read of a hub dataset (C4 is hundreds of GB) fetches only what it uses
+        stream = datasets.load_dataset(name, cfg.hf_config, split=cfg.hf_split, streaming=True)
+        for row in islice(stream, cfg.max_documents):
+            if cfg.text_field not in row:
+                raise ValueError(
+                    f"data.text_field: {name} has no column {cfg.text_field!r} (has {sorted(row)})"
+                )
+            if row[cfg.text_field] is not None:
+                yield row[cfg.text_field]
+        return
     else:
         ds = datasets.load_dataset(name, cfg.hf_config, split=cfg.hf_split, streaming=False)
     if cfg.text_field not in ds.column_names:
