@@ -50,14 +50,10 @@ def _device() -> str:
 
 
 def _hadamard_fn(x: torch.Tensor, spec: QuantSpec) -> tuple[Fn | None, str]:
-    try:
-        from .hadamard import hadamard_transform
-    except ImportError as e:
-        return None, f"H16 + MXFP4 RNE: unavailable ({e})"
+    """H16 then MXFP4 RNE, as the emulated GEMM runs it (fused into one pass on the CPU)."""
 
     def fn() -> torch.Tensor:
-        h = hadamard_transform(x, axis=-1, size=16)
-        return fake_quantize(h, spec, axis=-1, out_dtype=torch.bfloat16)
+        return fake_quantize(x, spec, axis=-1, out_dtype=torch.bfloat16, hadamard=(16, None))
 
     return fn, "H16 + MXFP4 RNE (axis -1)"
 

@@ -18,11 +18,11 @@ from .registry import GemmKeys
 def _operand(
     t: torch.Tensor, spec: QuantSpec | None, key: int, gemm: GemmRecipe, signs: torch.Tensor | None
 ) -> torch.Tensor:
-    if gemm.hadamard is not None:
-        t = hadamard_transform(t, 1, gemm.hadamard.size, signs)
+    h = gemm.hadamard
     if spec is None:
-        return t.float()
-    return fake_quantize(t, spec, axis=1, key=key, out_dtype=torch.float32)
+        return (t if h is None else hadamard_transform(t, 1, h.size, signs)).float()
+    had = None if h is None else (h.size, signs)  # fused into the quantizer where it can be
+    return fake_quantize(t, spec, axis=1, key=key, out_dtype=torch.float32, hadamard=had)
 
 
 class EmulatedBackend:

@@ -38,6 +38,7 @@ import torch
 
 from . import _kernel
 from .formats import E2M1, E4M3, E5M2, E8M0_NAN, ElementFormat, ScaleMode, decode_e8m0, pack_fp4
+from .hadamard import check_size, hadamard_transform
 from .rng import uniform24
 
 Rounding = Literal["rne", "sr"]
@@ -331,13 +332,22 @@ def _kernel_ok(x: torch.Tensor) -> bool:
 
 
 def _run_kernel(
-    x: torch.Tensor, spec: QuantSpec, axis: int, key: int, out_dtype: torch.dtype, elements: bool
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int,
+    key: int,
+    out_dtype: torch.dtype,
+    elements: bool,
+    hadamard: tuple[int, torch.Tensor | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
     """Returns (output in x's shape, block scale codes ``(..., nb)`` with the axis last or None,
     global decode scale or None)."""
     f = spec.fmt
     base, kaxis, how = _kernel.layout(x.detach(), axis)
     shape = base.shape
+    signs = None
+    if hadamard is not None and hadamard[1] is not None:
+        signs = hadamard[1].detach().to(torch.float32).contiguous()
     outer, K, inner = math.prod(shape[:kaxis]), shape[kaxis], math.prod(shape[kaxis + 1 :])
     block = spec.block if f.scale != "tensor" else _TENSOR_BLOCK
     nb = -(-K // block)
@@ -376,6 +386,9 @@ def _run_kernel(
             sr=1 if spec.rounding == "sr" else 0,
             key=spec_key(key),
             nthreads=torch.get_num_threads(),
+            had_g=hadamard[0] if hadamard else 0,
+            had_norm=1 / math.sqrt(hadamard[0]) if hadamard else 1.0,
+            had_signs=signs.data_ptr() if signs is not None else None,
             x=base.data_ptr(),
             out=out.data_ptr(),
             scales=scales.data_ptr() if scales is not None else None,
@@ -420,12 +433,31 @@ def fake_quantize(
     axis: int = -1,
     key: int = 0,
     out_dtype: torch.dtype | None = None,
+    hadamard: tuple[int, torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """Quantize-dequantize in one fused pass: the values the GEMM sees (training path).
 
     Output dtype defaults to x's; MX dequantized values are exact in bfloat16 and float32.
+    ``hadamard=(size, signs)`` first applies ``hadamard_transform(x, axis, size, signs)`` (output
+    padded along ``axis`` to a multiple of ``size``, float32 by default); on the CPU, for a
+    contiguous ``axis`` whose length is a multiple of the block and the size, the transform is
+    fused into the same pass, with the same bits as the two steps.
     """
     axis = _check(x, spec, axis)
+    if hadamard is not None:
+        od = out_dtype or torch.float32
+        size, signs = hadamard
+        check_size(size)
+        unit = max(size, spec.block)
+        fusable = (
+            spec.fmt.scale != "tensor"
+            and x.shape[axis] % unit == 0
+            and x.movedim(axis, -1).is_contiguous()
+            and unit <= 1024
+        )
+        if fusable and _kernel_ok(x) and od in _kernel.DTYPE_CODES:
+            return _run_kernel(x, spec, axis, key, od, elements=False, hadamard=hadamard)[0]
+        x = hadamard_transform(x, axis, size, signs)
     od = out_dtype or x.dtype
     if _kernel_ok(x) and od in _kernel.DTYPE_CODES:
         return _run_kernel(x, spec, axis, key, od, elements=False)[0]

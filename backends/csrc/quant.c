@@ -31,6 +31,9 @@ typedef struct {
     int32_t sr;
     uint32_t key;
     int32_t nthreads;
+    int32_t had_g;            /* > 0: fused Hadamard of this size before quantizing (inner == 1) */
+    float had_norm;           /* fp32(1/sqrt(had_g)) */
+    const float *had_signs;   /* had_g entries of +-1, or NULL */
     const void *x;
     void *out;
     uint8_t *scales;
@@ -173,68 +176,94 @@ static inline float sr_uniform(uint32_t key, int64_t idx) {
 #define PARALLEL_MIN 32768 /* elements: below this an OpenMP team costs more than it saves */
 #define CHUNK 64
 
+/* Hadamard of one contiguous group of g elements in place: signs, butterfly stages h = 1, 2, 4, ...
+ * (a, b -> a + b, a - b), then the norm. The one definition used by both the fused quantizer and
+ * ablate_hadamard; backends/hadamard.py runs the same operations in torch. */
+static inline void fwht(float *v, int64_t g, const float *signs, float norm) {
+    if (signs)
+        for (int64_t i = 0; i < g; i++) v[i] *= signs[i];
+    for (int64_t h = 1; h < g; h *= 2)
+        for (int64_t b = 0; b < g; b += 2 * h)
+            for (int64_t j = b; j < b + h; j++) {
+                const float a = v[j], c = v[j + h];
+                v[j] = a + c;
+                v[j + h] = a - c;
+            }
+    for (int64_t i = 0; i < g; i++) v[i] *= norm;
+}
+
 /* Contiguous blocks (inner == 1). */
-static void run_inner1(const qparams *p) {
-    const int64_t K = p->K, B = p->block;
-    const int64_t nb = (K + B - 1) / B;
-    const int64_t total = p->outer * nb;
-#pragma omp parallel for schedule(static) num_threads(p->nthreads) if (p->K * p->outer * p->inner >= PARALLEL_MIN)
-    for (int64_t t = 0; t < total; t++) {
-        const int64_t row = t / nb, kb = t % nb;
-        const int64_t k0 = kb * B;
-        const int64_t n = (K - k0 < B) ? K - k0 : B;
-        const int64_t base = row * K + k0;
-        float buf[MAXB];
-        uint32_t amax = 0;
-        load_row(p->x, p->in_dtype, base, n, buf);
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t ab = f2u(buf[i]) & 0x7fffffffu;
-            amax = ab > amax ? ab : amax;
-        }
-        float enc = 0, dec = 0;
-        uint8_t code;
-        int ok = block_scale(amax, p, &enc, &dec, &code);
-        if (p->scales) p->scales[t] = code;
-        if (!ok) {
-            const int dt = p->out_kind == OUT_ELEMENTS ? DT_F32 : p->out_dtype;
-            for (int64_t i = 0; i < n; i++) store(p->out, dt, base + i, NAN);
-            continue;
-        }
-        const float mul = enc * p->prescale;
-        if (!p->sr && p->scale_kind == SC_E8M0 && p->prescale == 1.0f && p->out_kind == OUT_DEQUANT) {
-            /* the hot path: MX round-to-nearest-even fake-quantize */
-            for (int64_t i = 0; i < n; i++)
-                buf[i] = round_elem(buf[i] * enc, p->mbits, p->emin, p->maxval, 0, 0.0f) * dec;
-        } else {
-            /* output = (q * d1) * d2: dequantized (NVFP4: (q * s8) * global_dec) or element units */
-            const int elems = p->out_kind == OUT_ELEMENTS;
-            const float d1 = elems ? 1.0f : dec;
-            const float d2 = (elems || p->scale_kind != SC_NV) ? 1.0f : p->global_dec;
-            const int mbits = p->mbits, emin = p->emin;
-            const float maxval = p->maxval;
-            const uint32_t key = p->key;
-            if (p->sr) {
-                /* the block's indices share their high 32 bits unless it straddles 2^32 */
-                const uint32_t hi = (uint32_t)((uint64_t)base >> 32);
-                const uint32_t lo0 = (uint32_t)base;
-                if ((uint32_t)((uint64_t)(base + n - 1) >> 32) == hi) {
-                    for (int64_t i = 0; i < n; i++) {
-                        const uint32_t h = mix32(mix32((lo0 + (uint32_t)i) ^ key) ^ hi);
-                        const float u = (float)(int32_t)(h >> 8) * 5.9604644775390625e-08f;
-                        buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1) * d2;
-                    }
-                } else {
-                    for (int64_t i = 0; i < n; i++) {
-                        const float u = sr_uniform(key, base + i);
-                        buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1) * d2;
-                    }
+/* Quantize one block already in buf (float32): amax, scale, round, store. */
+static inline void quant_block(const qparams *p, float *buf, int64_t n, int64_t base, int64_t sidx) {
+    uint32_t amax = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t ab = f2u(buf[i]) & 0x7fffffffu;
+        amax = ab > amax ? ab : amax;
+    }
+    float enc = 0, dec = 0;
+    uint8_t code;
+    int ok = block_scale(amax, p, &enc, &dec, &code);
+    if (p->scales) p->scales[sidx] = code;
+    if (!ok) {
+        const int dt = p->out_kind == OUT_ELEMENTS ? DT_F32 : p->out_dtype;
+        for (int64_t i = 0; i < n; i++) store(p->out, dt, base + i, NAN);
+        return;
+    }
+    const float mul = enc * p->prescale;
+    if (!p->sr && p->scale_kind == SC_E8M0 && p->prescale == 1.0f && p->out_kind == OUT_DEQUANT) {
+        /* the hot path: MX round-to-nearest-even fake-quantize */
+        for (int64_t i = 0; i < n; i++)
+            buf[i] = round_elem(buf[i] * enc, p->mbits, p->emin, p->maxval, 0, 0.0f) * dec;
+    } else {
+        /* output = (q * d1) * d2: dequantized (NVFP4: (q * s8) * global_dec) or element units */
+        const int elems = p->out_kind == OUT_ELEMENTS;
+        const float d1 = elems ? 1.0f : dec;
+        const float d2 = (elems || p->scale_kind != SC_NV) ? 1.0f : p->global_dec;
+        const int mbits = p->mbits, emin = p->emin;
+        const float maxval = p->maxval;
+        const uint32_t key = p->key;
+        if (p->sr) {
+            /* the block's indices share their high 32 bits unless it straddles 2^32 */
+            const uint32_t hi = (uint32_t)((uint64_t)base >> 32);
+            const uint32_t lo0 = (uint32_t)base;
+            if ((uint32_t)((uint64_t)(base + n - 1) >> 32) == hi) {
+                for (int64_t i = 0; i < n; i++) {
+                    const uint32_t h = mix32(mix32((lo0 + (uint32_t)i) ^ key) ^ hi);
+                    const float u = (float)(int32_t)(h >> 8) * 5.9604644775390625e-08f;
+                    buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1) * d2;
                 }
             } else {
-                for (int64_t i = 0; i < n; i++)
-                    buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 0, 0.0f) * d1) * d2;
+                for (int64_t i = 0; i < n; i++) {
+                    const float u = sr_uniform(key, base + i);
+                    buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1) * d2;
+                }
             }
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 0, 0.0f) * d1) * d2;
         }
-        store_row(p->out, p->out_kind == OUT_ELEMENTS ? DT_F32 : p->out_dtype, base, n, buf);
+    }
+    store_row(p->out, p->out_kind == OUT_ELEMENTS ? DT_F32 : p->out_dtype, base, n, buf);
+}
+
+/* Contiguous blocks (inner == 1), in work units of max(block, had_g) elements (with a fused
+ * Hadamard the caller guarantees K is a multiple of the unit). */
+static void run_inner1(const qparams *p) {
+    const int64_t K = p->K, B = p->block, G = p->had_g;
+    const int64_t L = G > B ? G : B;
+    const int64_t nu = (K + L - 1) / L, nb = (K + B - 1) / B;
+    const int64_t total = p->outer * nu;
+#pragma omp parallel for schedule(static) num_threads(p->nthreads) if (p->K * p->outer * p->inner >= PARALLEL_MIN)
+    for (int64_t t = 0; t < total; t++) {
+        const int64_t row = t / nu, k0 = (t % nu) * L;
+        const int64_t n = (K - k0 < L) ? K - k0 : L;
+        const int64_t base = row * K + k0;
+        float buf[MAXB];
+        load_row(p->x, p->in_dtype, base, n, buf);
+        if (G)
+            for (int64_t g0 = 0; g0 < n; g0 += G) fwht(buf + g0, G, p->had_signs, p->had_norm);
+        for (int64_t b0 = 0; b0 < n; b0 += B)
+            quant_block(p, buf + b0, (n - b0 < B) ? n - b0 : B, base + b0, row * nb + (k0 + b0) / B);
     }
 }
 
@@ -300,6 +329,7 @@ static void run_strided(const qparams *p) {
 
 int ablate_quantize(const qparams *p) {
     if (p->block <= 0 || p->block > MAXB) return 1;
+    if (p->had_g && (p->inner != 1 || p->had_g > 256 || p->K % (p->had_g > p->block ? p->had_g : p->block))) return 2;
     if (p->inner == 1) run_inner1(p);
     else run_strided(p);
     return 0;
@@ -338,17 +368,9 @@ int ablate_hadamard(const hparams *p) {
         for (int64_t t = 0; t < total; t++) {
             float v[256];
             load_row(p->x, p->in_dtype, t * g, g, v);
-            if (p->signs)
-                for (int64_t i = 0; i < g; i++) v[i] *= p->signs[i];
-            for (int64_t h = 1; h < g; h *= 2)
-                for (int64_t b = 0; b < g; b += 2 * h)
-                    for (int64_t j = b; j < b + h; j++) {
-                        const float a = v[j], c = v[j + h];
-                        v[j] = a + c;
-                        v[j + h] = a - c;
-                    }
+            fwht(v, g, p->signs, p->norm);
             float *o = p->out + t * g;
-            for (int64_t i = 0; i < g; i++) o[i] = v[i] * p->norm;
+            for (int64_t i = 0; i < g; i++) o[i] = v[i];
         }
         return 0;
     }

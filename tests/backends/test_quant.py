@@ -763,3 +763,29 @@ def test_sqnr_on_gaussian_data_is_above_bound(fmt):
     sqnr = 10 * math.log10(float(x.pow(2).sum() / (x - y).pow(2).sum()))
     assert sqnr > SQNR_BOUNDS[fmt]
     assert sqnr < SQNR_BOUNDS[fmt] + 2.0  # and not suspiciously exact (e.g. no quantization)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hadamard fused into the quantizer
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8_e4m3", "fp8_e4m3"])
+@pytest.mark.parametrize("size", [16, 32, 64, 256])
+@pytest.mark.parametrize("rounding", ["rne", "sr"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fused_hadamard_equals_transform_then_quantize(fmt, size, rounding, dtype):
+    from backends.hadamard import hadamard_transform, sign_vector
+
+    g = torch.Generator().manual_seed(size)
+    x = (torch.randn(24, 512, generator=g) * torch.rand(24, 1, generator=g) * 10).to(dtype)
+    x[3, 5] = float("nan")  # a NaN spreads over its Hadamard group, then its blocks
+    spec = QuantSpec(format=fmt, rounding=rounding, prescale=rounding == "sr")
+    for signs in (None, sign_vector(size, 11)):
+        # fused: axis 1 of x, and axis 0 of the view x.t() (contiguous along that axis);
+        # not fused: axis 0 of x (length 24: not a multiple of the Hadamard size)
+        for axis, t in ((1, x), (0, x.t()), (0, x)):
+            fused = fake_quantize(t, spec, axis, KEY, torch.float32, hadamard=(size, signs))
+            two_steps = fake_quantize(hadamard_transform(t, axis, size, signs), spec, axis, KEY)
+            ref = fake_quantize_reference(hadamard_transform(t, axis, size, signs), spec, axis, KEY)
+            _bits_equal(fused, two_steps)
+            _bits_equal(fused, ref)
