@@ -53,4 +53,4 @@ def recipe(fp4_gemms: str, intervention: str, fp4_format: str, base: str, as_jso
         a = gr.a.short() if gr.a else "bf16"
         b = gr.b.short() if gr.b else "bf16"
         had = f"  hadamard={gr.hadamard.short()}" if gr.hadamard else ""
-        click.echo(f"  {g:6s} {a_op}={a:18s} {b_op}={b:18s}{had}".rstrip())
+        click.echo(f"  {g:6s} {a_op + '=' + a:22s} {b_op + '=' + b:22s}{had}".rstrip())
