@@ -143,6 +143,11 @@ def available() -> bool:
     return library() is not None
 
 
+def usable(x: torch.Tensor) -> bool:
+    """Whether the kernel can take ``x``: a CPU tensor of a supported dtype, kernel built."""
+    return x.device.type == "cpu" and x.dtype in DTYPE_CODES and available()
+
+
 def run(params: QParams) -> None:
     lib = library()
     assert lib is not None

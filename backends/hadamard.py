@@ -97,7 +97,7 @@ def hadamard_transform(
     pad = -x.shape[axis] % size
     if pad:
         x = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 1 - axis) + [0, pad])
-    if x.device.type == "cpu" and x.dtype in _kernel.DTYPE_CODES and _kernel.available():
+    if _kernel.usable(x):
         return _hadamard_kernel(x, axis, size, signs)
     return hadamard_transform_reference(x, axis, size, signs)
 

@@ -327,10 +327,6 @@ def spec_key(key: int) -> int:
     return key & 0xFFFFFFFF
 
 
-def _kernel_ok(x: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and x.dtype in _kernel.DTYPE_CODES and _kernel.available()
-
-
 def _run_kernel(
     x: torch.Tensor,
     spec: QuantSpec,
@@ -404,7 +400,7 @@ def _run_kernel(
 def quantize(x: torch.Tensor, spec: QuantSpec, axis: int = -1, key: int = 0) -> QTensor:
     """Quantize ``x`` along ``axis``; ``key`` seeds stochastic rounding (see ``rng.derive_key``)."""
     axis = _check(x, spec, axis)
-    if not _kernel_ok(x):
+    if not _kernel.usable(x):
         return quantize_reference(x, spec, axis, key)
     q, scales, gdec = _run_kernel(x, spec, axis, key, torch.float32, elements=True)
     B = spec.block or x.shape[axis]
@@ -455,10 +451,10 @@ def fake_quantize(
             and x.movedim(axis, -1).is_contiguous()
             and unit <= 1024
         )
-        if fusable and _kernel_ok(x) and od in _kernel.DTYPE_CODES:
+        if fusable and _kernel.usable(x) and od in _kernel.DTYPE_CODES:
             return _run_kernel(x, spec, axis, key, od, elements=False, hadamard=hadamard)[0]
         x = hadamard_transform(x, axis, size, signs)
     od = out_dtype or x.dtype
-    if _kernel_ok(x) and od in _kernel.DTYPE_CODES:
+    if _kernel.usable(x) and od in _kernel.DTYPE_CODES:
         return _run_kernel(x, spec, axis, key, od, elements=False)[0]
     return fake_quantize_reference(x, spec, axis, key, od)

@@ -167,9 +167,14 @@ static inline int block_scale(uint32_t amax_bits, const qparams *p, float *enc, 
     return 1;
 }
 
-static inline float sr_uniform(uint32_t key, int64_t idx) {
-    uint32_t h = mix32(mix32((uint32_t)idx ^ key) ^ (uint32_t)((uint64_t)idx >> 32));
+/* Uniform in [0, 1) on the 2^-24 grid for element index hi:lo (backends/rng.py: uniform24). */
+static inline float u24(uint32_t key, uint32_t lo, uint32_t hi) {
+    const uint32_t h = mix32(mix32(lo ^ key) ^ hi);
     return (float)(int32_t)(h >> 8) * 5.9604644775390625e-08f; /* 2^-24, exact */
+}
+
+static inline float sr_uniform(uint32_t key, int64_t idx) {
+    return u24(key, (uint32_t)idx, (uint32_t)((uint64_t)idx >> 32));
 }
 
 #define MAXB 1024
@@ -228,8 +233,7 @@ static inline void quant_block(const qparams *p, float *buf, int64_t n, int64_t 
             const uint32_t lo0 = (uint32_t)base;
             if ((uint32_t)((uint64_t)(base + n - 1) >> 32) == hi) {
                 for (int64_t i = 0; i < n; i++) {
-                    const uint32_t h = mix32(mix32((lo0 + (uint32_t)i) ^ key) ^ hi);
-                    const float u = (float)(int32_t)(h >> 8) * 5.9604644775390625e-08f;
+                    const float u = u24(key, lo0 + (uint32_t)i, hi);
                     buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1) * d2;
                 }
             } else {
