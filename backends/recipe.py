@@ -168,6 +168,11 @@ class Recipe:
         for g in targets:
             if g not in GEMMS:
                 raise ValueError(f"apply_to: unknown GEMM {g!r}; allowed: {', '.join(GEMMS)}")
+        if (sr or had) and not targets:
+            raise ValueError(
+                f"intervention: {intervention!r} has no GEMM to act on (fp4_gemms is empty and "
+                "apply_to is not set); use intervention 'none' for a recipe without FP4 GEMMs"
+            )
         gemms: dict[str, GemmRecipe] = {}
         for g in GEMMS:
             if g in fp4:

@@ -3,12 +3,18 @@ comments, identical on every machine with the same Python version, no download n
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import inspect
+import json
+import os
 import pkgutil
+import subprocess
+import sys
 import tokenize
 import warnings
+from pathlib import Path
 from types import ModuleType
 
 # Standard-library modules (and, for packages, their submodules) whose docstrings and comments make
@@ -54,7 +60,14 @@ def _stdlib_modules() -> list[ModuleType]:
 
 def _docstrings(mod: ModuleType) -> dict[str, str]:
     """Qualified name -> docstring of the module, its classes and functions, and their methods.
-    Each object's own ``__doc__``: ``inspect.getdoc`` would repeat a base class's text."""
+
+    Read from the module's *source* where it has one, so the corpus never depends on what else the
+    process has imported or patched (Ray and MLflow, for one, replace ``logging``'s record factory;
+    reading live objects once gave a Ray worker different data than the driver). Extension modules
+    (``math``, ``itertools``...) have no source: their own objects' ``__doc__`` is read instead."""
+    path = getattr(mod, "__file__", None)
+    if path and path.endswith(".py"):
+        return _source_docstrings(mod.__name__, path)
     out: dict[str, str] = {}
 
     def add(qualname: str, obj: object) -> None:
@@ -77,6 +90,46 @@ def _docstrings(mod: ModuleType) -> dict[str, str]:
                     inspect.isroutine(member) or isinstance(member, property)
                 ):
                     add(f"{mod.__name__}.{name}.{attr}", member)
+    return out
+
+
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _source_docstrings(modname: str, path: str) -> dict[str, str]:
+    """Docstrings of a module file: the module, its top-level classes and functions (also those
+    defined under a top-level ``if``/``try``), and the classes' methods."""
+    with tokenize.open(path) as f:
+        tree = ast.parse(f.read())
+    out: dict[str, str] = {}
+
+    def add(qualname: str, node: ast.AST) -> None:
+        doc = ast.get_docstring(node, clean=True)  # type: ignore[arg-type]
+        if doc and doc.strip():
+            out[qualname] = doc
+
+    def top_level(body: list[ast.stmt]) -> list[ast.stmt]:
+        stmts: list[ast.stmt] = []
+        for st in body:
+            if isinstance(st, ast.If):
+                stmts += top_level(st.body) + top_level(st.orelse)
+            elif isinstance(st, ast.Try):
+                stmts += top_level(st.body) + top_level(st.orelse)
+                for h in st.handlers:
+                    stmts += top_level(h.body)
+            else:
+                stmts.append(st)
+        return stmts
+
+    add(modname, tree)
+    for node in top_level(tree.body):
+        if not isinstance(node, _DEFS) or node.name.startswith("__"):
+            continue
+        add(f"{modname}.{node.name}", node)
+        if isinstance(node, ast.ClassDef):
+            for member in node.body:
+                if isinstance(member, _DEFS[:2]) and not member.name.startswith("__"):
+                    add(f"{modname}.{node.name}.{member.name}", member)
     return out
 
 
@@ -104,6 +157,39 @@ def _comment_blocks(mod: ModuleType) -> list[str]:
 
 
 def builtin_documents() -> list[str]:
+    """The built-in corpus as documents (see ``_build_documents`` for what and in which order).
+
+    Built by running this file in a pristine interpreter (``python -I -S``: the standard library and
+    nothing else), so that nothing the calling process imported or patched can change it: libraries
+    such as Ray, MLflow and pytest patch stdlib modules, and a corpus read from a live process once
+    differed between a Ray worker and the driver. The result is cached on disk, keyed by the Python
+    version and this file's source (``$ABLATE_CACHE_DIR``, default ``~/.cache/ablate``)."""
+    src = Path(__file__).read_bytes()
+    tag = hashlib.sha256(src + sys.version.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("ABLATE_CACHE_DIR", Path.home() / ".cache" / "ablate"))
+    path = cache / f"builtin-corpus-{tag}.json"
+    try:
+        docs: list[str] = json.loads(path.read_text(encoding="utf-8"))
+        return docs
+    except (OSError, ValueError):
+        pass
+    out = subprocess.run([sys.executable, "-I", "-S", __file__], capture_output=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"building the built-in corpus failed: {out.stderr.decode(errors='replace')[-2000:]}"
+        )
+    docs = json.loads(out.stdout.decode("utf-8"))
+    try:  # atomic: concurrent workers may build it at once
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(docs), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # no writable cache: build again next time
+    return docs
+
+
+def _build_documents() -> list[str]:
     """The built-in corpus as documents: the Python documentation topics (``pydoc_data``), then per
     module one document of its docstrings (sorted by qualified name, duplicates dropped) and one of
     its comment blocks. Identical on every machine with the same Python version and OS.
@@ -132,3 +218,7 @@ def builtin_documents() -> list[str]:
             keyed.append((f"comments:{mod.__name__}", "\n\n".join(_comment_blocks(mod))))
     keyed.sort(key=lambda kv: hashlib.sha256(kv[0].encode()).digest())
     return [text for _, text in keyed if text.strip()]
+
+
+if __name__ == "__main__":  # run by builtin_documents() in a pristine interpreter
+    sys.stdout.buffer.write(json.dumps(_build_documents()).encode("utf-8"))

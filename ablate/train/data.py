@@ -149,6 +149,18 @@ def _resolve_files(cfg: DataConfig) -> list[Path]:
     return sorted(files, key=str)
 
 
+def check_sources(cfg: DataConfig) -> None:
+    """Fail fast on inputs that do not exist (data files, tokenizer file), before any training
+    starts; relative paths are taken from the current directory, as ``load_data`` takes them."""
+    if cfg.corpus in _FILE_EXT:
+        _resolve_files(cfg)
+    if cfg.tokenizer != "byte" and not os.path.isfile(cfg.tokenizer):
+        raise FileNotFoundError(
+            f"data.tokenizer: {cfg.tokenizer!r} does not exist; give the path of a "
+            "tokenizer.json or 'byte'"
+        )
+
+
 def _text_documents(files: list[Path]) -> Iterator[str]:
     for f in files:
         try:

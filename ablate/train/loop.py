@@ -120,6 +120,21 @@ def _save(path: Path, obj: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)  # atomic: a reader sees the old or the new checkpoint, never half of one
+    # a small sidecar that says what the checkpoint holds without loading it (runner, `ablate plan`)
+    st = obj["state"]
+    info = {"step": st["step"], "status": st["status"], "config_hash": obj["config_hash"]}
+    side = path.with_suffix(".json")
+    side.with_suffix(".json.tmp").write_text(json.dumps(info))
+    os.replace(side.with_suffix(".json.tmp"), side)
+
+
+def checkpoint_info(checkpoint_dir: str | Path) -> dict[str, Any] | None:
+    """{"step", "status", "config_hash"} of the checkpoint in ``checkpoint_dir``, or None."""
+    try:
+        info: dict[str, Any] = json.loads((Path(checkpoint_dir) / "checkpoint.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return info
 
 
 def train(

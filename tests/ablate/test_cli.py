@@ -28,3 +28,77 @@ def test_recipe_bad_gemm_is_a_usage_error_naming_allowed_values():
     res = CliRunner().invoke(main, ["recipe", "--fp4", "wgard"])
     assert res.exit_code == 2
     assert "allowed: fprop, dgrad, wgrad" in res.output
+
+
+# --- study commands ---------------------------------------------------------------------------------
+
+STUDY = """
+name: clitest
+base:
+  model: {preset: tiny}
+  data: {val_tokens: 4096}
+  train: {steps: 4, batch_size: 4, seq_len: 32, eval_every: 2, warmup_steps: 1}
+grid:
+  fp4_gemms: [[], [fprop]]
+baseline: {fp4_gemms: []}
+"""
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_bad_study_exits_2_naming_the_path_before_writing_anything(tmp_path):
+    p = _write(tmp_path, STUDY.replace("[[], [fprop]]", "[[], [frpop]]"))
+    out = tmp_path / "out"
+    for cmd in ("validate", "plan", "run", "status"):
+        res = CliRunner().invoke(main, [cmd, str(p), "-o", str(out)])
+        assert res.exit_code == 2, (cmd, res.output)
+        assert "grid.fp4_gemms[1][0]" in res.output and "'wgrad'" in res.output
+    assert not out.exists()
+
+
+def test_validate_plan_and_schema(tmp_path):
+    p = _write(tmp_path, STUDY)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["validate", str(p), "-o", str(out)])
+    assert res.exit_code == 0 and "2 cells" in res.output and "baseline bf16" in res.output
+    res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert [c["action"] for c in d["cells"]] == ["run", "run"]
+    assert [c["baseline"] for c in d["cells"]] == [True, False]
+    res = CliRunner().invoke(main, ["schema"])
+    assert json.loads(res.output)["title"] == "StudySpec"
+    assert not out.exists()
+
+
+def test_run_local_then_status_and_plan_say_skip(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the report goes to reports/<study>/ under the current directory
+    p = _write(tmp_path, STUDY)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(
+        main, ["run", str(p), "-o", str(out), "--executor", "local", "--quiet"]
+    )
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["status", str(p), "-o", str(out), "--json"])
+    rows = json.loads(res.output)["cells"]
+    assert [r["status"] for r in rows] == ["finished", "finished"]
+    assert all(r["step"] == 4 for r in rows)
+    res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out)])
+    assert "would: skip 2" in res.output
+    assert (tmp_path / "reports" / "clitest" / "report.md").exists()
+
+
+def test_every_command_has_help_with_an_example():
+    for cmd in ("run", "plan", "status", "validate", "schema", "ui", "recipe"):
+        res = CliRunner().invoke(main, [cmd, "--help"])
+        assert res.exit_code == 0 and "Example:" in res.output, cmd
+
+
+def test_ui_refuses_a_study_that_has_no_store(tmp_path):
+    p = _write(tmp_path, STUDY)
+    res = CliRunner().invoke(main, ["ui", str(p), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 1 and "no MLflow store yet" in res.output

@@ -3,6 +3,7 @@
 import array
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -86,11 +87,34 @@ def test_builtin_corpus_is_deterministic_large_and_english() -> None:
     assert sum(c.isascii() for c in text) / len(text) > 0.99
 
 
-def test_builtin_corpus_is_identical_in_a_fresh_process() -> None:
-    """A new interpreter (nothing imported beforehand) builds the same token stream."""
+def test_builtin_corpus_is_identical_in_a_fresh_process(tmp_path: Path) -> None:
+    """A new interpreter with an empty corpus cache builds the same token stream."""
     code = "from ablate.train.data import DataConfig, load_data; print(load_data(DataConfig()).fingerprint)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    env = {**os.environ, "ABLATE_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert list(tmp_path.glob("builtin-corpus-*.json"))
     assert out.stdout.strip() == load_data(DataConfig()).fingerprint
+
+
+def test_builtin_corpus_ignores_what_other_libraries_patch() -> None:
+    # Ray and MLflow replace logging's record factory; other libraries patch stdlib functions. The
+    # corpus is read from source files, so a worker that imported them sees the same data.
+    import inspect
+    import logging
+
+    from ablate.train.corpus import builtin_documents
+
+    before = builtin_documents()
+    factory, isgen = logging.getLogRecordFactory(), inspect.isgenerator
+    try:
+        logging.setLogRecordFactory(lambda *a, **k: factory(*a, **k))
+        inspect.isgenerator = lambda obj: False  # type: ignore[assignment]
+        assert builtin_documents() == before
+    finally:
+        logging.setLogRecordFactory(factory)
+        inspect.isgenerator = isgen
 
 
 def test_builtin_validation_tail_mixes_documentation_and_docstrings() -> None:

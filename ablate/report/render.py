@@ -1,0 +1,253 @@
+"""``build_report``: from a study's cells and evaluations to ``report.md``, ``report.html``,
+``summary.csv`` and the figures (PNG and SVG) in one output folder.
+
+    report.md            summary table, target, notes, figures linked, per-run table, method
+    report.html          the same, self-contained (inline CSS, figures as base64 PNG)
+    summary.csv          one row per configuration (``metrics.per_config`` columns + target_ppl)
+    convergence.*        validation perplexity against tokens, every configuration
+    convergence_late.*   the same from LATE_FRACTION of training on, linear axes, near the target
+    token_cost.*         relative token cost with 95% intervals
+
+The inputs follow the contract in ``ablate.report.metrics``; the target is any object (or dict) with
+``val_ppl``, ``val_loss``, ``from_baseline`` and ``tolerance``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import markup, plots
+from .markup import Block
+from .metrics import (
+    check_inputs,
+    clean_evals,
+    describe_target,
+    per_cell,
+    per_config,
+    report_notes,
+    resolve_target,
+)
+from .speedup import SpeedupSpec
+
+LATE_FRACTION = 0.5
+FIGURES = {
+    "convergence": "Validation perplexity against tokens (geometric mean over seeds, band: min-max)",
+    "convergence_late": f"Late stage: from {LATE_FRACTION:.0%} of training, near the target",
+    "token_cost": "Tokens to target relative to the baseline, 95% interval over seeds",
+}
+
+
+@dataclass
+class ReportResult:
+    """What ``build_report`` wrote, and the tables it computed."""
+
+    out_dir: Path
+    report_md: Path
+    report_html: Path
+    summary_csv: Path
+    figures: dict[str, dict[str, Path]]  # name -> {"png": path, "svg": path}
+    config_table: Any  # DataFrame, one row per configuration (metrics.per_config)
+    cell_table: Any  # DataFrame, one row per cell (metrics.per_cell)
+    target_ppl: float
+    notes: list[str] = field(default_factory=list)
+
+
+def build_report(
+    cells: Any,
+    evals: Any,
+    target: Any,
+    speedup: SpeedupSpec | None,
+    out_dir: str | Path,
+    *,
+    study: str,
+    title: str | None = None,
+    notes: Sequence[str] = (),
+) -> ReportResult:
+    """Compute tokens to target per cell and configuration, draw the figures and write the report.
+
+    ``notes`` are the caller's own lines (e.g. runs still in progress), shown under the target.
+    Raises ``ReportError`` when the inputs break the contract or the target cannot be resolved; a
+    baseline that never reaches the target is not an error (its costs are NaN and the report says so).
+    """
+    check_inputs(cells, evals)
+    spec = speedup if speedup is not None else SpeedupSpec()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    title = title or f"{study}: tokens to target"
+
+    ev = clean_evals(cells, evals)
+    target_ppl = resolve_target(target, ev, cells)
+    cell_table = per_cell(cells, ev, target_ppl)
+    config_table = per_config(cell_table, spec)
+    all_notes = [*notes, *report_notes(config_table, target_ppl)]
+
+    data = plots.curves(cell_table, ev)
+    figures = {
+        "convergence": plots.plot_convergence(
+            config_table, cell_table, data, target_ppl, title=study
+        ),
+        "convergence_late": plots.plot_convergence(
+            config_table, cell_table, data, target_ppl, late=LATE_FRACTION, title=study
+        ),
+        "token_cost": plots.plot_token_cost(config_table, title=study),
+    }
+    paths = {name: plots.save(fig, out, name) for name, fig in figures.items()}
+
+    summary_csv = out / "summary.csv"
+    config_table.assign(target_ppl=target_ppl).to_csv(summary_csv, index=False)
+    blocks = _blocks(
+        title, study, target, target_ppl, all_notes, config_table, cell_table, spec, paths
+    )
+    report_md = out / "report.md"
+    report_md.write_text(markup.to_markdown(blocks), encoding="utf-8")
+    report_html = out / "report.html"
+    report_html.write_text(markup.to_html(blocks, title), encoding="utf-8")
+    return ReportResult(
+        out_dir=out,
+        report_md=report_md,
+        report_html=report_html,
+        summary_csv=summary_csv,
+        figures=paths,
+        config_table=config_table,
+        cell_table=cell_table,
+        target_ppl=target_ppl,
+        notes=all_notes,
+    )
+
+
+def _summary_rows(config_table: Any) -> tuple[list[str], list[list[str]]]:
+    headers = [
+        "configuration",
+        "seeds reached",
+        "tokens to target",
+        "relative token cost [95% CI]",
+        "final ppl",
+        "step throughput gain",
+        "projected speedup",
+        "notes",
+    ]
+    rows = []
+    for r in config_table.to_dict("records"):
+        name = f"**{r['config']}** (baseline)" if r["baseline"] else r["config"]
+        if r["baseline"] and r["n_reached"]:
+            cost = "reference"
+        else:
+            cost = markup.pct(r["rel_token_cost"])
+            if r["rel_token_cost_lo"] == r["rel_token_cost_lo"]:  # not NaN
+                cost += (
+                    f" [{markup.pct(r['rel_token_cost_lo'])}, {markup.pct(r['rel_token_cost_hi'])}]"
+                )
+        gain = f"{markup.times(r['throughput_gain'])} ({r['speedup_source']})"
+        rows.append(
+            [
+                name,
+                f"{r['n_reached']}/{r['n_seeds']}" + (" (partial)" if r["partial"] else ""),
+                markup.plus_minus(
+                    r["tokens_to_target_mean"],
+                    r["tokens_to_target_std"],
+                    markup.tokens,
+                    markup.tokens,
+                ),
+                cost,
+                markup.plus_minus(r["final_ppl_mean"], r["final_ppl_std"]),
+                gain,
+                markup.times(r["projected_speedup"]),
+                r["note"],
+            ]
+        )
+    return headers, rows
+
+
+def _cell_rows(cell_table: Any, config_table: Any) -> tuple[list[str], list[list[str]]]:
+    headers = [
+        "run",
+        "status",
+        "outcome",
+        "tokens to target",
+        "best ppl",
+        "final ppl",
+        "diverged at step",
+    ]
+    order = {c: i for i, c in enumerate(config_table["config"])}
+    table = cell_table.assign(_o=cell_table["config"].map(order)).sort_values(
+        ["_o", "seed"], kind="stable"
+    )
+    rows = [
+        [
+            r["label"],
+            r["status"],
+            r["outcome"],
+            markup.tokens(r["tokens_to_target"]),
+            markup.num(r["best_ppl"]),
+            markup.num(r["final_ppl"]),
+            f"{r['diverged_at']:.0f}" if r["diverged_at"] == r["diverged_at"] else "–",
+        ]
+        for r in table.to_dict("records")
+    ]
+    return headers, rows
+
+
+def _method(spec: SpeedupSpec, config_table: Any) -> list[str]:
+    measured = int((config_table["speedup_source"] == "measured").sum())
+    return [
+        "**Tokens to target**: the first evaluation at or below the target perplexity; between it and "
+        "the evaluation before, the crossing is interpolated linearly in log-perplexity (validation "
+        "loss). Duplicate evaluations of a step keep the last one logged. Runs that never reach the "
+        "target are *not reached* (their best perplexity is listed); runs with a NaN/inf loss or status "
+        "diverged are *diverged* at that step and never count, even if they crossed before. Runs still "
+        "running, interrupted or failed count once they have crossed; until then they are *incomplete*.",
+        "**Per configuration** (cells that differ only by seed): mean ± sample std of tokens to target "
+        "over the seeds that reached it (*partial* when not all did); final perplexity over finished, "
+        "non-diverged seeds; curves are the geometric mean of perplexity over seeds.",
+        "**Relative token cost** = mean(tokens, configuration) / mean(tokens, baseline) − 1. The 95% "
+        "interval is a Student-t interval on the log of that ratio by the delta method, seeds treated "
+        "as independent samples, Welch–Satterthwaite degrees of freedom; it needs two seeds on each "
+        "side that reached the target.",
+        "**Projected speedup** = step-throughput gain / (1 + relative token cost). The gain is measured "
+        "(ratio of mean tokens/s) when the configuration and the baseline both ran native GEMMs with "
+        f"measured throughput ({measured} of {len(config_table)} configurations here), otherwise "
+        "modelled: step time = (1 − GEMM share) + Σ over fprop, dgrad, wgrad of share × (1 / "
+        "throughput ratio of its format + quantization overhead).",
+        spec.describe(),
+    ]
+
+
+def _blocks(
+    title: str,
+    study: str,
+    target: Any,
+    target_ppl: float,
+    notes: Sequence[str],
+    config_table: Any,
+    cell_table: Any,
+    spec: SpeedupSpec,
+    paths: dict[str, dict[str, Path]],
+) -> list[Block]:
+    n_cells = len(cell_table)
+    blocks: list[Block] = [
+        ("h1", title),
+        (
+            "p",
+            f"Study `{study}`: {len(config_table)} configurations, {n_cells} runs. Target: validation "
+            f"perplexity **{target_ppl:.4g}** (`{describe_target(target)}`).",
+        ),
+    ]
+    if notes:
+        blocks.append(("ul", [f"**Note:** {n}" for n in notes]))
+    blocks += [
+        ("h2", "Summary"),
+        ("table", _summary_rows(config_table)),
+        ("h2", "Figures"),
+    ]
+    for name, caption in FIGURES.items():
+        blocks.append(("figure", (caption, paths[name]["png"], paths[name]["png"].name)))
+    blocks += [
+        ("h2", "Runs"),
+        ("table", _cell_rows(cell_table, config_table)),
+        ("h2", "Method"),
+        ("ul", _method(spec, config_table)),
+    ]
+    return blocks

@@ -1,0 +1,116 @@
+"""A study's report from its MLflow store: the cells come from the study spec (labels, baseline,
+recipe), their state and validation curves from MLflow (read by ``ablate.tracking``), and
+``build_report`` does the rest. The report is also attached to the study's parent run.
+
+    report_study(load_study("studies/quickstart.yaml"))   # -> reports/quickstart/
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from ..tracking import StudyTracker, TrackingError, read_cells, read_histories
+from .errors import ReportError
+from .render import ReportResult, build_report
+
+if TYPE_CHECKING:
+    from ..spec import Study
+
+_STATUSES = {"finished", "diverged", "failed", "running", "interrupted", "pending"}
+
+
+def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cells, evals) in the report's input contract (``ablate.report.inputs``)."""
+    try:
+        runs = {
+            r.key: r
+            for r in read_cells(study.tracking_uri, study.name, experiment=study.experiment)
+        }
+    except TrackingError as e:
+        raise ReportError(str(e)) from None
+    rows: list[dict[str, Any]] = []
+    for c in study.cells:
+        run = runs.get(c.key)
+        tags = run.tags if run else {}
+        status = run.status if run else "pending"
+        rows.append(
+            {
+                "key": c.key,
+                "label": c.label,
+                "config": c.config_label,
+                "seed": c.seed,
+                "status": status if status in _STATUSES else "running",
+                "diverged_at": _float(tags.get("ablate.diverged_at")),
+                "baseline": c.baseline,
+                "fp4_gemms": c.recipe_axes.get("fp4_gemms", ""),
+                "intervention": c.recipe_axes.get("intervention", "none"),
+                "fp4_format": c.recipe_axes.get("fp4_format", "mxfp4"),
+                "base_format": c.recipe_axes.get("base_format", "bf16"),
+                "backend": c.config.backend,
+                "tokens_per_step": c.config.train.tokens_per_step,
+                "tokens_per_s": _float(tags.get("ablate.tokens_per_s")),
+                "run_id": run.run_id if run else None,
+            }
+        )
+    cells = pd.DataFrame(rows)
+    cells["baseline"] = cells["baseline"].astype(bool)
+    run_ids = [r for r in cells["run_id"] if r]
+    hist = (
+        read_histories(study.tracking_uri, run_ids, keys=("val_loss", "tokens")) if run_ids else {}
+    )
+    key_of = {r: k for k, r in zip(cells["key"], cells["run_id"], strict=True) if r}
+    ev: list[tuple[str, int, float, float]] = []
+    for rid, h in hist.items():
+        tokens = dict(h.get("tokens", []))
+        ev.extend((key_of[rid], s, tokens.get(s, math.nan), v) for s, v in h.get("val_loss", []))
+    evals = pd.DataFrame(ev, columns=["key", "step", "tokens", "val_loss"])
+    return cells.drop(columns=["run_id"]), evals
+
+
+def report_study(
+    study: Study, out_dir: str | Path | None = None, *, attach: bool = True
+) -> ReportResult:
+    """Write the study's report (default ``reports/<study>/``) and attach it to the parent run."""
+    cells, evals = study_frames(study)
+    ended = cells["status"].isin(["finished", "diverged"])
+    if not ended.any():
+        raise ReportError(
+            f"study {study.name}: no finished runs yet in {study.tracking_uri} "
+            f"({len(cells)} cells: {_counts(cells)}); run `ablate run` first"
+        )
+    notes = []
+    if not ended.all():
+        notes.append(
+            f"{int((~ended).sum())} of {len(cells)} runs have not ended ({_counts(cells)})."
+        )
+    target = study.target
+    if target is None:
+        raise ReportError(
+            f"study {study.name}: no target and no baseline to derive one from; add "
+            "`target: {val_ppl: ...}` or `baseline:` to the study"
+        )
+    out = Path(out_dir) if out_dir is not None else Path("reports") / study.name
+    result = build_report(
+        cells, evals, target, study.spec.speedup, out, study=study.name, notes=notes
+    )
+    if attach:
+        tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
+        parent = tracker.parent_run(study.text) if study.text else None
+        if parent is not None:
+            tracker.log_artifacts(parent, out, "report")
+    return result
+
+
+def _counts(cells: pd.DataFrame) -> str:
+    return ", ".join(f"{n} {s}" for s, n in cells["status"].value_counts().items())
+
+
+def _float(v: str | None) -> float:
+    try:
+        return float(v) if v not in (None, "", "None") else math.nan
+    except ValueError:
+        return math.nan

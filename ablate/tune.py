@@ -1,0 +1,540 @@
+"""``ablate tune``: Optuna searches over a study's search space, run by the study's runner and logged
+to the study's MLflow experiment.
+
+The ``tune:`` section (schema and checks: ``ablate.tune_space``) splits the study's cells into
+searches (``per``), each an independent Optuna study named ``<study>/<search label>`` that starts
+from one cell and varies only the ``space`` paths. Different searches are never compared: each has
+its own sampler state and its own pruner.
+
+**Trials are runs.** The driver asks Optuna for a trial, resolves and validates its config (the
+search's cell plus the suggested values, through the spec's ``CellConfig``), creates an MLflow
+child run under the study's parent run (tags ``ablate.role=trial``, ``ablate.search``,
+``ablate.trial``, ``ablate.key``, ``ablate.label`` = ``<search>/trial<N>``, ``ablate.param.<path>``;
+``ablate run`` plans only ``ablate.role=cell`` runs, so it never sees them) and hands a ``Task`` to
+``run_one`` through an executor, ``parallelism`` trials per search at a time (ask-and-tell). Each
+trial checkpoints in ``<output>/tune/<search>/trial<N>/`` (so a Ray retry after a lost worker
+resumes it); the checkpoint file is deleted when the trial ends, as nothing resumes a trial later.
+When a trial ends, Optuna is told its state and the run gets ``ablate.tune_state`` (COMPLETE,
+PRUNED, FAIL), ``ablate.value`` and ``ablate.reason``, so both stores agree.
+
+**Objective.** ``final_val_loss``: the last validation loss. ``tokens_to_target``: training tokens
+at which validation perplexity first reaches the study's target (interpolated as in the report); a
+trial that never reaches it scores ``NOT_REACHED_FACTOR`` (2) x its training tokens, so it ranks
+below every trial that did. A target derived from the baseline needs finished baseline runs in the
+store; without them ``ablate tune`` refuses before anything is written.
+
+**Failures.** A diverged trial (the trainer's divergence guard) is PRUNED with its reason (user
+attr ``reason``; TPE then treats it as worse than every complete trial, which steers it away from
+such learning rates); a trial whose run fails (an exception, an invalid combination of suggested
+values) is FAIL with its reason. Either way the search goes on.
+
+**Pruning.** The driver reads each trial's validation losses from MLflow (``read_histories``) and
+reports them to Optuna in step order (``trial.report(val_loss, step)``), calling ``should_prune``
+after each, from ``pruner.min_step`` on. On Ray it polls trials in flight every ``poll_s`` and
+cancels a pruned one (``ray.cancel(force=True)``: compute is saved; the run ends ``interrupted``).
+The local executor runs a trial to its end in this process, so there the same decision is taken
+on the same points after the fact: the trial is PRUNED (its run ``finished``) but nothing is saved.
+
+**Storage and resuming.** Optuna's RDB storage in SQLite, ``<output>/optuna.db``, beside MLflow's
+``mlflow.db`` but in its own file. Only the driver writes it (one ``ablate tune`` per study at a
+time: a lock on ``<output>/tune/.lock``; workers write only MLflow), so SQLite's single writer is no
+limitation and a journal file would buy nothing. Running ``ablate tune`` again continues each
+search: COMPLETE, PRUNED and FAIL trials count towards ``trials``, and only the remainder runs.
+A trial left RUNNING by a killed driver (or stopped by Ctrl-C) is marked FAIL with
+``reason="interrupted"`` and does not count; it is not resumed (a new trial takes its place). The
+sampler is reseeded with ``seed + trials so far``, so a continuation does not replay suggestions.
+
+**Outcome.** ``tune_summary(study)`` reads the storage: per search the trial counts, best value and
+parameters, and parameter importance (Optuna's default evaluator) once a search has >= 4 complete
+trials and more than one parameter. ``write_best`` writes ``<output>/tune/best.yaml``: a ``grid:``
+list with one entry per search (its axes' values plus the best parameters), which a study can use
+as its grid (add ``seed: [...]`` to each entry).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import shutil
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import optuna
+from optuna.trial import Trial, TrialState
+from pydantic import ValidationError
+
+from .runner import LocalExecutor, Outcome, RayExecutor, RunnerError, Task, run_one, study_lock
+from .spec import Study, _fmt
+from .tracking import (
+    StudyTracker,
+    TrackingError,
+    check_uri,
+    prepare_store,
+    read_cells,
+    read_histories,
+)
+from .train.loop import CHECKPOINT, config_hash
+from .tune_optuna import (
+    STORAGE,
+    TuneError,
+    continuation_problems,
+    count_trials,
+    format_summary,
+    make_pruner,
+    make_sampler,
+    optuna_name,
+    storage_url,
+    suggest,
+    tune_spec,
+    tune_summary,
+    write_best,
+)
+from .tune_space import (
+    NOT_REACHED_FACTOR,
+    Search,
+    TuneSpec,
+    plan_searches,
+    start_fingerprint,
+    trial_config,
+)
+
+ExecutorName = Literal["ray", "local"]
+__all__ = [
+    "TuneError", "TuneResult", "run_tune", "resolve_target_ppl", "tune_summary", "format_summary",
+    "write_best", "tune_spec", "storage_url", "optuna_name",
+]  # fmt: skip
+
+# --- where trials run ----------------------------------------------------------------------------
+
+
+class _LocalPool:
+    """In this process, one trial at a time: ``wait`` runs the next one to its end."""
+
+    in_process = True
+
+    def __init__(self) -> None:
+        self._ex = LocalExecutor()
+        self._queue: list[Task] = []
+
+    def submit(self, task: Task) -> None:
+        self._queue.append(task)
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        return list(self._ex.run([self._queue.pop(0)])) if self._queue else []
+
+    def cancel(self, key: str) -> None:
+        self._queue = [t for t in self._queue if t.key != key]
+
+    def close(self) -> None:
+        self._ex.close()
+
+
+class _RayPool:
+    """Each trial a Ray task with the study's resources, submitted one by one as Optuna asks."""
+
+    in_process = False
+
+    def __init__(self, executor: RayExecutor, study: Study) -> None:
+        import ray
+
+        res = study.spec.resources
+        self._ray, self._ex = ray, executor
+        self.multi_node = executor.multi_node
+        self._remote = ray.remote(run_one).options(
+            num_cpus=res.cpus, num_gpus=res.gpus, max_retries=res.max_retries
+        )
+        self._refs: dict[Any, Task] = {}
+
+    def submit(self, task: Task) -> None:
+        self._refs[self._remote.remote(task)] = task
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        if not self._refs:
+            return []
+        ready, _ = self._ray.wait(list(self._refs), num_returns=len(self._refs), timeout=timeout)
+        out = []
+        for ref in ready:
+            t = self._refs.pop(ref)
+            try:
+                out.append(self._ray.get(ref))
+            except self._ray.exceptions.RayError as e:  # the worker died more often than retried
+                last = [x for x in str(e).splitlines() if x.strip()][-1:] or [repr(e)]
+                out.append(Outcome(t.key, "failed", reason=f"{type(e).__name__}: {last[0][:500]}"))
+        return out
+
+    def cancel(self, key: str) -> None:
+        for ref, t in list(self._refs.items()):
+            if t.key == key:
+                with contextlib.suppress(Exception):
+                    self._ray.cancel(ref, force=True)
+                del self._refs[ref]
+
+    def close(self) -> None:
+        self._ex.close()
+
+
+_Pool = _LocalPool | _RayPool
+
+
+# --- the driver ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Search:
+    search: Search
+    study: optuna.Study
+    todo: int
+    live: int = 0
+    started: int = 0
+
+
+@dataclass
+class _Live:
+    s: _Search
+    trial: Trial
+    task: Task
+    params: dict[str, Any]
+    reported: int = -1
+    prune_reason: str = ""
+
+
+@dataclass
+class TuneResult:
+    summary: list[dict[str, Any]]
+    """``tune_summary`` after this invocation."""
+    best_path: Path | None
+    ran: int = 0
+    """Trials that ended in this invocation."""
+    interrupted: bool = False
+
+
+class _Driver:
+    def __init__(
+        self,
+        study: Study,
+        tune: TuneSpec,
+        tracker: StudyTracker,
+        parent: str,
+        pool: _Pool,
+        out: IO[str],
+        target_ppl: float | None,
+    ) -> None:
+        self.study, self.tune, self.tracker, self.parent = study, tune, tracker, parent
+        self.pool, self.out, self.target_ppl = pool, out, target_ppl
+        self.uri = study.tracking_uri
+        self.live: dict[str, _Live] = {}
+        self.ran = 0
+
+    # searches
+    def open(self, search: Search, storage: optuna.storages.BaseStorage) -> _Search:
+        name = optuna_name(self.study, search)
+        try:
+            n_before: int | None = len(
+                storage.get_all_trials(storage.get_study_id_from_name(name), deepcopy=False)
+            )
+        except KeyError:
+            n_before = None
+        ostudy = optuna.create_study(
+            storage=storage,
+            study_name=name,
+            sampler=make_sampler(self.tune, n_before or 0),
+            pruner=make_pruner(self.tune),
+            direction="minimize",
+            load_if_exists=True,
+        )
+        start = start_fingerprint(self.tune, self.study, search)
+        if problems := continuation_problems(ostudy, self.tune, start):
+            raise TuneError(
+                f"search {search.label} cannot continue its {len(ostudy.trials)} earlier trials: "
+                f"{'; '.join(problems)}. Restore the spec, or start afresh in a new output folder "
+                f"or after `optuna delete-study --storage {storage_url(self.study)} --study-name "
+                f"'{name}'`"
+            )
+        if n_before is None:
+            ostudy.set_user_attr("objective", self.tune.objective)
+            ostudy.set_user_attr("start_config", start)
+            ostudy.set_user_attr("start_cell", search.cell.label)
+            for params in self.tune.enqueue:
+                ostudy.enqueue_trial(params, skip_if_exists=True)
+        for ft in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            reason = "interrupted: the driver stopped before the trial ended"
+            self._fail_interrupted(ostudy, Trial(ostudy, ft._trial_id), reason)
+        done = sum(count_trials(ostudy.get_trials(deepcopy=False)).values())
+        return _Search(search, ostudy, todo=max(0, self.tune.trials - done))
+
+    def _fail_interrupted(self, ostudy: optuna.Study, trial: Trial, reason: str) -> None:
+        trial.set_user_attr("interrupted", True)
+        trial.set_user_attr("reason", reason)
+        ostudy.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+        if rid := trial.user_attrs.get("mlflow_run_id"):
+            with contextlib.suppress(TrackingError):
+                self.tracker.set_status(
+                    rid, "interrupted", {"tune_state": "FAIL", "reason": reason}
+                )
+
+    # trials
+    def start(self, s: _Search) -> None:
+        s.todo -= 1
+        s.started += 1
+        trial = s.study.ask()
+        params = {path: suggest(trial, path, p) for path, p in self.tune.space.items()}
+        label = f"{s.search.label}/trial{trial.number}"
+        trial.set_user_attr("label", label)
+        tags = {
+            "ablate.role": "trial",
+            "ablate.search": s.search.label,
+            "ablate.trial": str(trial.number),
+            "ablate.optuna_study": s.study.study_name,
+            **{f"ablate.param.{k}": _fmt(v) for k, v in params.items()},
+        }
+        try:
+            rc = trial_config(self.study, s.search.cell, params)
+        except (ValidationError, ValueError) as e:  # a combination no single bound could catch
+            reason = f"invalid config: {e}"
+            rid = self.tracker.create_cell_run(self.parent, "invalid", label, tags, params)
+            trial.set_user_attr("mlflow_run_id", rid)
+            self._tell(s, trial, None, TrialState.FAIL, reason, rid, "failed", {})
+            return
+        ckpt = self.study.output_dir / "tune" / s.search.slug / f"trial{trial.number}"
+        if ckpt.exists():  # left by an earlier optuna.db (numbers restarted): not this trial's
+            shutil.rmtree(ckpt)
+        rc = dataclasses.replace(rc, checkpoint_dir=str(ckpt.resolve()))
+        tags.update({"ablate.recipe": rc.recipe.short(), "ablate.seed": str(rc.seed)})
+        rid = self.tracker.create_cell_run(self.parent, config_hash(rc), label, tags, rc.to_dict())
+        trial.set_user_attr("mlflow_run_id", rid)
+        self.tracker.set_status(rid, "pending")
+        threads = max(1, int(self.study.spec.resources.cpus))
+        task = Task(label, label, rc.to_dict(), self.uri, rid, os.getcwd(), threads)
+        self.live[label] = _Live(s, trial, task, params)
+        s.live += 1
+        self.pool.submit(task)
+
+    def observe(self, live: _Live, history: list[tuple[int, float]]) -> None:
+        """Report new validation losses in step order; note the first step the pruner prunes at."""
+        p = self.tune.pruner
+        for step, loss in history:
+            if step <= live.reported or live.prune_reason:
+                continue
+            live.trial.report(loss, step)
+            live.reported = step
+            if p is not None and step >= p.min_step and live.trial.should_prune():
+                why = f" > max_val_loss {p.max_val_loss:g}" if p.kind == "threshold" else ""
+                live.prune_reason = (
+                    f"pruned by the {p.kind} pruner at step {step} (val_loss {loss:.4g}{why})"
+                )
+
+    def finish(self, live: _Live, o: Outcome | None) -> None:
+        """Tell Optuna and MLflow how a trial ended (``o`` None: pruned and cancelled in flight)."""
+        s, trial, rid = live.s, live.trial, live.task.run_id
+        value: float | None = None
+        info: dict[str, Any] = {}
+        if o is not None:
+            info = {"steps": o.steps, "wall_time_s": round(o.wall_time_s, 1)}
+            for k, v in (("outcome", o.status), ("steps", o.steps), ("tokens", o.tokens)):
+                trial.set_user_attr(k, v)
+        if o is None:
+            trial.set_user_attr("outcome", "pruned")
+            state, reason, status = TrialState.PRUNED, live.prune_reason, "interrupted"
+        elif o.status == "finished" and live.prune_reason:
+            state, status = TrialState.PRUNED, "finished"
+            reason = live.prune_reason + "; judged after the trial ended (local executor)"
+        elif o.status == "finished":
+            value, reason, status = self.objective(live, o), "", "finished"
+            state = TrialState.COMPLETE if math.isfinite(value) else TrialState.FAIL
+            if state == TrialState.FAIL:
+                reason, value = f"the objective is not a number ({value})", None
+        elif o.status == "diverged":
+            state, status = TrialState.PRUNED, "diverged"
+            reason = f"diverged at step {o.diverged_at}: {o.reason}"
+            info["diverged_at"] = o.diverged_at
+        else:
+            state, status = TrialState.FAIL, "failed" if o.status == "failed" else "interrupted"
+            reason = o.reason or o.status
+        self._tell(s, trial, value, state, reason, rid, status, info)
+        with contextlib.suppress(OSError):
+            Path(live.task.config["checkpoint_dir"], CHECKPOINT).unlink(missing_ok=True)
+
+    def _tell(
+        self,
+        s: _Search,
+        trial: Trial,
+        value: float | None,
+        state: TrialState,
+        reason: str,
+        rid: str,
+        status: str,
+        info: dict[str, Any],
+    ) -> None:
+        if reason:
+            trial.set_user_attr("reason", reason[:1000])
+        frozen = s.study.tell(trial, value, state=state)
+        self.ran += 1
+        tags = {**info, "tune_state": state.name, "value": repr(frozen.value)}
+        self.tracker.set_status(
+            rid, status, {**tags, **({"reason": reason[:500]} if reason else {})}
+        )
+        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in trial.params.items())
+        if state == TrialState.COMPLETE:
+            what = f"{self.tune.objective} {frozen.value:.6g}"
+        else:
+            what = f"{state.name}: {reason}"
+        try:
+            best = f"; best {s.study.best_value:.6g} (trial {s.study.best_trial.number})"
+        except ValueError:  # no complete trial yet
+            best = ""
+        print(f"[{s.search.label}] trial {trial.number} ({shown}): {what}{best}", file=self.out)
+
+    def objective(self, live: _Live, o: Outcome) -> float:
+        if self.tune.objective == "final_val_loss":
+            return o.final_val_loss
+        from .report.metrics import tokens_to_target
+
+        assert self.target_ppl is not None
+        h = read_histories(self.uri, [live.task.run_id], ("val_loss", "tokens"))[live.task.run_id]
+        tokens = dict(h["tokens"])
+        points = [(tokens[s], math.exp(min(v, 700.0))) for s, v in h["val_loss"] if s in tokens]
+        t = tokens_to_target([p[0] for p in points], [p[1] for p in points], self.target_ppl)
+        live.trial.set_user_attr("reached_target", t is not None)
+        return float(t) if t is not None else NOT_REACHED_FACTOR * o.tokens
+
+    # the loop
+    def run(self, searches: list[_Search], limit: int, poll_s: float) -> None:
+        while True:
+            while len(self.live) < limit:
+                ready = [s for s in searches if s.todo > 0 and s.live < self.tune.parallelism]
+                if not ready:
+                    break
+                self.start(min(ready, key=lambda s: s.started))  # round robin over searches
+            if not self.live:
+                return
+            ended = {o.key: o for o in self.pool.wait(poll_s)}
+            ids = [lv.task.run_id for lv in self.live.values()]
+            histories = read_histories(self.uri, ids, ("val_loss",))
+            for key, lv in list(self.live.items()):
+                self.observe(lv, histories[lv.task.run_id]["val_loss"])
+                o = ended.get(key)
+                if o is None and lv.prune_reason and not self.pool.in_process:
+                    self.pool.cancel(key)
+                elif o is None:
+                    continue
+                self.finish(lv, o)
+                del self.live[key]
+                lv.s.live -= 1
+
+    def interrupt(self) -> None:
+        for key, lv in self.live.items():
+            self.pool.cancel(key)
+            with contextlib.suppress(Exception):
+                self._fail_interrupted(lv.s.study, lv.trial, "interrupted: Ctrl-C")
+        self.live.clear()
+
+
+def run_tune(
+    study: Study,
+    *,
+    executor: ExecutorName = "ray",
+    address: str | None = None,
+    trials: int | None = None,
+    num_cpus: int | None = None,
+    stream: IO[str] | None = None,
+    poll_s: float = 1.0,
+) -> TuneResult:
+    """Run every search of the study's ``tune`` section up to its trial count (``trials``
+    overrides it), then write ``best.yaml``; see the module docstring."""
+    tune = tune_spec(study)
+    if trials is not None:
+        tune = tune.model_copy(update={"trials": trials})
+    out = stream or sys.stderr
+    searches = plan_searches(tune, study)
+    target_ppl = resolve_target_ppl(study) if tune.objective == "tokens_to_target" else None
+    uri = study.tracking_uri
+    lock = contextlib.ExitStack()
+    try:
+        lock.enter_context(study_lock(study.output_dir / "tune"))
+    except RunnerError as e:
+        raise TuneError(str(e).replace("`ablate run`", "`ablate tune`")) from None
+    with lock:
+        pool: _Pool
+        if executor == "ray":
+            res = study.spec.resources
+            ex = RayExecutor(
+                address=address,
+                cpus=res.cpus,
+                gpus=res.gpus,
+                max_retries=res.max_retries,
+                num_cpus=num_cpus,
+            )
+            pool, limit = _RayPool(ex, study), res.max_concurrent or 1 << 30
+        else:
+            pool, limit = _LocalPool(), 1
+        interrupted = False
+        try:
+            check_uri(uri, multi_node=isinstance(pool, _RayPool) and pool.multi_node)
+            prepare_store(uri, study.output_dir)
+            tracker = StudyTracker(
+                uri,
+                study.name,
+                experiment=study.experiment,
+                artifact_root=study.output_dir / "artifacts",
+            )
+            parent = tracker.parent_run(study.text)
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+            storage = optuna.storages.RDBStorage(storage_url(study))
+            driver = _Driver(study, tune, tracker, parent, pool, out, target_ppl)
+            states = [driver.open(s, storage) for s in searches]
+            todo = sum(s.todo for s in states)
+            print(
+                f"tune {study.name}: {len(states)} search(es) x {tune.trials} trials, {todo} to run "
+                f"({executor} executor; Optuna {study.output_dir / STORAGE}; MLflow {uri})",
+                file=out,
+            )
+            try:
+                driver.run(states, limit, poll_s)
+            except KeyboardInterrupt:
+                interrupted = True
+                driver.interrupt()
+                print("\ninterrupted: run `ablate tune` again to continue the searches", file=out)
+            tracker.finish_parent(
+                parent, "interrupted" if interrupted else "finished", {"tune_trials": driver.ran}
+            )
+        finally:
+            pool.close()
+    summary = tune_summary(study)
+    best = write_best(study, summary) if summary else None
+    return TuneResult(summary, best, ran=driver.ran, interrupted=interrupted)
+
+
+def resolve_target_ppl(study: Study) -> float:
+    """The study's target perplexity for ``tokens_to_target``; raises TuneError when the baseline
+    that defines it has no finished run yet."""
+    t = study.target
+    assert t is not None  # check_tune refuses tokens_to_target without a target
+    if t.val_ppl is not None:
+        return t.val_ppl
+    if t.val_loss is not None:
+        return math.exp(t.val_loss)
+    need = (
+        f"tune.objective: tokens_to_target needs the target, the baseline's {t.from_baseline} "
+        "perplexity, but "
+    )
+    fix = "; run the baseline first (`ablate run`) or give an absolute target: {val_ppl: ...}"
+    keys = {c.key for c in study.baseline_cells}
+    try:
+        runs = read_cells(study.tracking_uri, study.name, experiment=study.experiment)
+    except TrackingError as e:
+        raise TuneError(f"{need}the study has no results yet ({e}){fix}") from None
+    ids = [r.run_id for r in runs if r.key in keys and r.status == "finished"]
+    ppls = []
+    for h in read_histories(study.tracking_uri, ids, ("val_loss",)).values():
+        losses = [v for _, v in h["val_loss"] if math.isfinite(v)]
+        if losses:
+            ppls.append(math.exp(losses[-1] if t.from_baseline == "final" else min(losses)))
+    if not ppls:
+        raise TuneError(f"{need}no baseline run has finished{fix}")
+    return sum(ppls) / len(ppls) * (1 + t.tolerance)

@@ -1,0 +1,277 @@
+"""Tokens to target, per cell and per configuration, on hand-built curves with known answers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ablate.report.metrics import (
+    ReportError,
+    clean_evals,
+    per_cell,
+    per_config,
+    report_notes,
+    resolve_target,
+    tokens_to_target,
+)
+
+# --- tokens_to_target -------------------------------------------------------------------------
+
+
+def test_exact_hit_at_an_evaluation_returns_its_tokens():
+    # ppl 10 -> 5 -> 3.3, target 5: the second evaluation is exactly on target
+    assert tokens_to_target([100, 200, 300], [10, 5, 3.3], 5.0) == 200
+
+
+def test_crossing_is_linear_in_log_perplexity_between_bracketing_evaluations():
+    # (1000, ppl 4) -> (2000, ppl 2), target 2*sqrt(2): log p falls from 2 ln2 to ln2, the target's
+    # log is 1.5 ln2, halfway -> 1500 (linear in ppl would give 1000 + 1000 * 1.172/2 = 1586)
+    assert tokens_to_target([1000, 2000], [4, 2], 2 * math.sqrt(2)) == pytest.approx(
+        1500, rel=1e-12
+    )
+    # target 3: frac = ln(4/3) / ln(4/2) = 0.2876821 / 0.6931472 = 0.4150375 -> 1415.0375
+    assert tokens_to_target([1000, 2000], [4, 2], 3.0) == pytest.approx(1415.0375, rel=1e-7)
+
+
+def test_first_evaluation_already_below_target_returns_its_tokens():
+    assert tokens_to_target([100, 200], [3.0, 2.9], 3.3) == 100
+
+
+def test_never_reaching_the_target_returns_none():
+    assert tokens_to_target([100, 200, 300], [9, 8, 7], 3.3) is None
+    assert tokens_to_target([], [], 3.3) is None
+
+
+def test_only_the_first_crossing_counts():
+    # 5 -> 3 crosses 3.5 first: frac = ln(5/3.5)/ln(5/3) = 0.3566749/0.5108256 = 0.6982323 -> 169.82323
+    got = tokens_to_target([100, 200, 300, 400], [5, 3, 4, 2], 3.5)
+    assert got == pytest.approx(169.82323, rel=1e-7)
+
+
+def test_non_finite_perplexities_are_skipped():
+    # the NaN at 200 is ignored: the crossing is between (100, 4) and (300, 2) -> halfway at 200
+    assert tokens_to_target([100, 200, 300], [4, math.nan, 2], 2 * math.sqrt(2)) == pytest.approx(
+        200
+    )
+
+
+# --- per_cell ---------------------------------------------------------------------------------
+
+
+def test_duplicate_steps_keep_the_last_logged_row(study):
+    cells, evals = study(
+        {"a": {"config": "fp8", "baseline": True, "ppl": [8, 9, 2], "steps": [100, 200, 300]}}
+    )
+    # a resumed run re-logged step 200 with ppl 4 after the first (9): the 4 wins, an exact hit
+    evals.loc[len(evals)] = {"key": "a", "step": 200, "tokens": 200_000.0, "val_loss": math.log(4)}
+    assert len(clean_evals(cells, evals)) == 3
+    row = per_cell(cells, evals, 4.0).iloc[0]
+    assert (
+        row["tokens_to_target"] == 200_000
+    )  # with the first row it would cross between 200 and 300
+    assert row["n_evals"] == 3 and row["best_ppl"] == pytest.approx(2)
+
+
+def test_diverged_run_is_marked_with_its_step_and_does_not_count(study):
+    cells, evals = study(
+        {
+            "b0": {"config": "fp8", "baseline": True, "ppl": [10, 5, 3]},
+            # crossed ppl 6 between 100 and 200, then diverged at step 300: it must not count
+            "d0": {
+                "config": "x",
+                "ppl": [10, 5, math.nan],
+                "status": "diverged",
+                "diverged_at": 300,
+            },
+            "d1": {"config": "x", "seed": 1, "ppl": [10, 6, 4]},
+        }
+    )
+    table = per_cell(cells, evals, 6.0)
+    d0 = table.set_index("key").loc["d0"]
+    assert d0["outcome"] == "diverged" and d0["diverged_at"] == 300
+    assert math.isnan(d0["tokens_to_target"]) and not d0["reached"]
+    assert d0["best_ppl"] == pytest.approx(5)  # over the finite evaluations before divergence
+    cfg = per_config(table).set_index("config").loc["x"]
+    assert (cfg["n_seeds"], cfg["n_reached"], cfg["n_diverged"]) == (3 - 1, 1, 1)
+    assert cfg["tokens_to_target_mean"] == 200_000  # d1 alone: an exact hit at step 200
+    assert "seed 0 at step 300" in cfg["note"]
+
+
+def test_a_nan_loss_in_a_finished_run_marks_divergence_at_that_step(study):
+    cells, evals = study({"a": {"config": "fp8", "baseline": True, "ppl": [10, 8, math.inf, 2]}})
+    row = per_cell(cells, evals, 3.0).iloc[0]
+    assert row["outcome"] == "diverged" and row["diverged_at"] == 300
+    assert row["final_ppl"] == pytest.approx(8)  # the curve ends before the inf (step 400 ignored)
+
+
+def test_never_reached_reports_best_perplexity_and_incomplete_runs_are_not_called_failures(study):
+    cells, evals = study(
+        {
+            "a": {"config": "fp8", "baseline": True, "ppl": [9, 4.2, 4.5]},
+            "b": {"config": "fp8", "seed": 1, "baseline": True, "ppl": [9, 5], "status": "running"},
+            "c": {"config": "fp8", "seed": 2, "baseline": True, "status": "pending"},
+        }
+    )
+    table = per_cell(cells, evals, 4.0).set_index("key")
+    assert table.loc["a", "outcome"] == "not reached" and table.loc[
+        "a", "best_ppl"
+    ] == pytest.approx(4.2)
+    assert table.loc["a", "final_ppl"] == pytest.approx(4.5)
+    assert table.loc["b", "outcome"] == "incomplete"
+    assert table.loc["c", "outcome"] == "no evals" and table.loc["c", "n_evals"] == 0
+
+
+# --- per_config -------------------------------------------------------------------------------
+
+
+def _three_configs(study, baseline_reaches=True):
+    """Baseline crosses ppl 4 exactly at steps 100/200/300 (or never: 9 down to 5); ``x`` at
+    200/300/400; ``y`` has seeds 0 and 2 only (a missing seed), crossing at 200 and 400."""
+
+    def curve(hit):  # exact hit of 4 at step `hit` (100-step evaluations up to 500)
+        return [8.0 if s < hit else 4.0 if s == hit else 3.0 for s in range(100, 600, 100)]
+
+    runs = {}
+    for s, hit in enumerate((100, 200, 300)):
+        ppl = curve(hit) if baseline_reaches else [9.0, 8.0, 7.0, 6.0, 5.0]
+        runs[f"b{s}"] = {"config": "fp8", "seed": s, "baseline": True, "ppl": ppl}
+    for s, hit in enumerate((200, 300, 400)):
+        runs[f"x{s}"] = {
+            "config": "mxfp4[fprop]/fp8",
+            "seed": s,
+            "fp4_gemms": "fprop",
+            "ppl": curve(hit),
+        }
+    for s, hit in ((0, 200), (2, 400)):
+        runs[f"y{s}"] = {
+            "config": "mxfp4[fprop,dgrad]/fp8",
+            "seed": s,
+            "fp4_gemms": "fprop+dgrad",
+            "ppl": curve(hit),
+        }
+    return study(runs)
+
+
+def test_relative_token_cost_is_ratio_of_means_minus_one_with_a_t_interval(study):
+    cells, evals = _three_configs(study)
+    table = per_config(per_cell(cells, evals, 4.0)).set_index("config")
+    base, x = table.loc["fp8"], table.loc["mxfp4[fprop]/fp8"]
+    assert base["tokens_to_target_mean"] == 200_000 and base["tokens_to_target_std"] == 100_000
+    assert base["rel_token_cost"] == 0 and math.isnan(base["rel_token_cost_lo"])
+    # mean 300k / 200k - 1 = 0.5. Interval on log R: a = 1e10/(3*9e10) = 1/27, b = 1e10/(3*4e10) = 1/12,
+    # se = sqrt(a + b) = 0.346944; Welch df = (a+b)^2 / (a^2/2 + b^2/2) = 3.484536;
+    # t(0.975, 3.484536) = 2.946173 (scipy.stats.t.ppf); half-width 2.946173 * 0.346944 = 1.022158;
+    # 1.5 * exp(-/+1.022158) - 1 = -0.460274, +3.168778
+    assert x["rel_token_cost"] == pytest.approx(0.5)
+    assert x["rel_token_cost_lo"] == pytest.approx(-0.460274, abs=1e-6)
+    assert x["rel_token_cost_hi"] == pytest.approx(3.168778, abs=1e-6)
+    # mi355x model, fprop in MXFP4, the rest FP8, vs all FP8: 0.75 / (0.5 + (1/6)/4 + (2/6)/2) = 1.058824
+    assert x["speedup_source"] == "model:mi355x"
+    assert x["throughput_gain"] == pytest.approx(0.75 / (0.5 + 1 / 24 + 1 / 6))
+    assert x["projected_speedup"] == pytest.approx(x["throughput_gain"] / 1.5)
+
+
+def test_a_missing_seed_is_counted_and_reported(study):
+    cells, evals = _three_configs(study)
+    table = per_config(per_cell(cells, evals, 4.0))
+    y = table.set_index("config").loc["mxfp4[fprop,dgrad]/fp8"]
+    assert (y["n_seeds"], y["n_reached"], bool(y["partial"])) == (2, 2, False)
+    assert y["tokens_to_target_mean"] == 300_000 and y["rel_token_cost"] == pytest.approx(0.5)
+    notes = report_notes(table, 4.0)
+    assert any("fewer than 3 seeds" in n and "mxfp4[fprop,dgrad]/fp8" in n for n in notes)
+
+
+def test_config_where_some_seeds_never_reach_is_flagged_partial(study):
+    runs = {
+        "b0": {"config": "fp8", "baseline": True, "ppl": [8, 4]},
+        "b1": {"config": "fp8", "seed": 1, "baseline": True, "ppl": [8, 4]},
+        "x0": {"config": "x", "ppl": [8, 4]},
+        "x1": {"config": "x", "seed": 1, "ppl": [8, 7]},  # finished above the target
+    }
+    cells, evals = study(runs)
+    x = per_config(per_cell(cells, evals, 4.0)).set_index("config").loc["x"]
+    assert (x["n_seeds"], x["n_reached"], x["n_not_reached"], bool(x["partial"])) == (2, 1, 1, True)
+    assert x["rel_token_cost"] == 0  # over the reached seed; one seed: no interval
+    assert math.isnan(x["rel_token_cost_lo"]) and "1/2 seeds reached" in x["note"]
+
+
+def test_baseline_that_never_reaches_the_target_gives_nan_costs_and_a_message(study):
+    cells, evals = _three_configs(study, baseline_reaches=False)
+    table = per_config(per_cell(cells, evals, 4.0))
+    assert table["rel_token_cost"].isna().all()
+    assert table["projected_speedup"].isna().all()
+    notes = report_notes(table, 4.0)
+    assert "never reached the target perplexity 4" in notes[0] and "best was 5" in notes[0]
+
+
+def test_baseline_comes_first_then_more_fp4_gemms(study):
+    cells, evals = _three_configs(study)
+    order = list(per_config(per_cell(cells, evals, 4.0))["config"])
+    assert order == ["fp8", "mxfp4[fprop]/fp8", "mxfp4[fprop,dgrad]/fp8"]
+
+
+# --- resolve_target ---------------------------------------------------------------------------
+
+
+class Target:
+    def __init__(self, val_ppl=None, val_loss=None, from_baseline=None, tolerance=0.0):
+        self.val_ppl, self.val_loss, self.from_baseline, self.tolerance = (
+            val_ppl,
+            val_loss,
+            from_baseline,
+            tolerance,
+        )
+
+
+def test_absolute_targets(study):
+    cells, evals = _three_configs(study)
+    assert resolve_target(Target(val_ppl=3.3), evals, cells) == 3.3
+    assert resolve_target(Target(val_loss=math.log(3.3)), evals, cells) == pytest.approx(3.3)
+
+
+def test_target_from_baseline_final_perplexity_with_tolerance(study):
+    cells, evals = study(
+        {
+            "b0": {"config": "fp8", "baseline": True, "ppl": [9, 3.0]},
+            "b1": {"config": "fp8", "seed": 1, "baseline": True, "ppl": [9, 3.4, 3.2]},
+            "b2": {
+                "config": "fp8",
+                "seed": 2,
+                "baseline": True,
+                "ppl": [9, 1.0],
+                "status": "running",
+            },
+            "x0": {"config": "x", "ppl": [9, 2.0]},
+        }
+    )
+    # finished baseline runs only: final ppl 3.0 and 3.2 -> mean 3.1, * 1.01 = 3.131
+    assert resolve_target(
+        Target(from_baseline="final", tolerance=0.01), evals, cells
+    ) == pytest.approx(3.131)
+    # best: 3.0 and 3.2 (b1's best is its last) -> 3.1
+    assert resolve_target({"from_baseline": "best"}, evals, cells) == pytest.approx(3.1)
+
+
+def test_target_from_a_baseline_without_finished_runs_is_a_plain_error(study):
+    cells, evals = study(
+        {"b0": {"config": "fp8", "baseline": True, "ppl": [9, 5], "status": "running"}}
+    )
+    with pytest.raises(ReportError, match="baseline config 'fp8' has no finished run.*1 running"):
+        resolve_target(Target(from_baseline="final"), evals, cells)
+
+
+def test_target_needs_exactly_one_kind(study):
+    cells, evals = _three_configs(study)
+    with pytest.raises(
+        ReportError, match="exactly one of val_ppl, val_loss, from_baseline; got val_ppl, val_loss"
+    ):
+        resolve_target(Target(val_ppl=3.3, val_loss=1.2), evals, cells)
+    with pytest.raises(ReportError, match="got none"):
+        resolve_target(Target(), evals, cells)
+
+
+def test_inputs_without_exactly_one_baseline_config_are_rejected(study):
+    cells, evals = study({"a": {"config": "fp8", "ppl": [9, 5]}})
+    with pytest.raises(ReportError, match="exactly one config must be the baseline; found none"):
+        per_cell(cells, evals, 4.0)

@@ -1,0 +1,124 @@
+"""build_report end to end on small synthetic studies: every file, self-contained HTML, plain messages."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pandas as pd
+import pytest
+
+from ablate.report.markup import markdown_table, tokens
+from ablate.report.plots import styles
+from ablate.report.render import build_report
+from ablate.report.speedup import SpeedupSpec
+from ablate.report.synthetic import synthetic_study
+
+FILES = [
+    "report.md",
+    "report.html",
+    "summary.csv",
+    *(
+        f"{name}.{ext}"
+        for name in ("convergence", "convergence_late", "token_cost")
+        for ext in ("png", "svg")
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    # 4 configs x 3 seeds x 40 evaluations; config 3 seed 2 diverges at 50%; config 2 loses seed 1
+    cells, evals, target = synthetic_study(4, 3, 40, diverge={(3, 2): 0.5})
+    cells, evals = cells[cells["key"] != "c02s1"], evals[evals["key"] != "c02s1"]
+    out = tmp_path_factory.mktemp("report")
+    result = build_report(
+        cells,
+        evals,
+        {"val_ppl": target},
+        SpeedupSpec(),
+        out,
+        study="demo",
+        notes=["2 runs still pending."],
+    )
+    return result, cells
+
+
+def test_build_report_writes_every_file(report):
+    result, _ = report
+    for name in FILES:
+        path = result.out_dir / name
+        assert path.is_file() and path.stat().st_size > 0, name
+    assert set(result.figures) == {"convergence", "convergence_late", "token_cost"}
+
+
+def test_summary_csv_has_one_row_per_config(report):
+    result, cells = report
+    summary = pd.read_csv(result.summary_csv)
+    assert len(summary) == cells["config"].nunique() == 4
+    assert summary["baseline"].tolist() == [True, False, False, False]
+    for col in (
+        "rel_token_cost",
+        "rel_token_cost_lo",
+        "rel_token_cost_hi",
+        "projected_speedup",
+        "speedup_source",
+    ):
+        assert col in summary.columns
+
+
+def test_html_is_self_contained(report):
+    html = report[0].report_html.read_text()
+    assert not re.search(r'(src|href)="(https?:)?//', html)
+    assert "<link" not in html and "<script" not in html
+    assert html.count("data:image/png;base64,") == 3
+
+
+def test_markdown_states_target_notes_missing_seed_divergence_and_the_speedup_model(report):
+    result, _ = report
+    md = result.report_md.read_text()
+    assert f"**{result.target_ppl:.4g}**" in md
+    assert "2 runs still pending." in md  # the caller's note
+    assert "fewer than 3 seeds" in md  # config 2 has 2
+    assert "diverged: seed 2 at step" in md
+    assert "model:mi355x" in md and "gemm" in md.lower()
+    for png in ("convergence.png", "convergence_late.png", "token_cost.png"):
+        assert f"]({png})" in md
+
+
+def test_baseline_that_never_reaches_the_target_is_reported_not_raised(tmp_path):
+    cells, evals, target = synthetic_study(3, 2, 30)
+    # target far below anything reached: the baseline (and everything else) never gets there
+    result = build_report(cells, evals, {"val_ppl": 1.5}, None, tmp_path, study="unreachable")
+    table = result.config_table
+    assert table["rel_token_cost"].isna().all() and table["n_reached"].eq(0).all()
+    md = result.report_md.read_text()
+    assert "never reached the target perplexity 1.5" in md
+    assert "relative token costs and projected speedups are undefined" in md
+    assert pd.read_csv(result.summary_csv)["rel_token_cost"].isna().all()
+
+
+def test_fp4_gemm_sets_get_distinct_colours_and_interventions_distinct_line_styles():
+    cells, _, _ = synthetic_study(10, 1, 2)
+    table = cells.drop_duplicates("config").assign(baseline=lambda d: d["baseline"].astype(bool))
+    st = styles(table)
+    by_gemms = {
+        g: st[c]["color"]
+        for g, c, i in zip(table["fp4_gemms"], table["config"], table["intervention"], strict=True)
+        if i == "none"
+    }
+    assert len(set(by_gemms.values())) == 4 and by_gemms[""] == (0.0, 0.0, 0.0)  # baseline black
+    full = table[table["fp4_gemms"] == "fprop+dgrad+wgrad"]
+    kinds = {
+        i.rstrip("0123456789"): str(st[c]["linestyle"])
+        for i, c in zip(full["intervention"], full["config"], strict=True)
+    }
+    assert len(set(kinds.values())) == len(kinds)  # none, sr, rht, dht, fht, sr+rht all differ
+    looks = {(st[c]["color"], str(st[c]["linestyle"]), st[c]["marker"]) for c in table["config"]}
+    assert len(looks) == len(table)  # dht16 and dht64 share style but not shade and marker
+
+
+def test_markdown_table_and_token_formatting():
+    assert tokens(1.55e9) == "1.55B" and tokens(4.2e7) == "42.0M" and tokens(math.nan) == "–"
+    md = markdown_table(["config", "cost"], [["a|b", "+8.5%"]])
+    assert md.splitlines() == ["| config | cost |", "| --- | ---: |", "| a\\|b | +8.5% |"]
