@@ -297,6 +297,7 @@ class Progress:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _last_line: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="ablate-progress")
@@ -311,6 +312,10 @@ class Progress:
             self.stream.flush()
 
     def finished(self, key: str, status: str) -> None:
+        with self._lock:
+            self._finished(key, status)
+
+    def _finished(self, key: str, status: str) -> None:
         c = self.cells[key]
         c.status = status
         if status == "failed":
@@ -334,10 +339,11 @@ class Progress:
         latest = self.tracker.latest_metrics(live.values())
         for key, rid in live.items():
             m = latest.get(rid, {})
-            if "train_loss" in m:
+            with self._lock:
                 c = self.cells[key]
-                c.status = "running"
-                c.step, c.loss = m["train_loss"][0], m["train_loss"][1]
+                if "train_loss" in m and c.status in ("queued", "running"):  # not ended meanwhile
+                    c.status = "running"
+                    c.step, c.loss = m["train_loss"][0], m["train_loss"][1]
 
     def line(self) -> str:
         total = sum(c.total_steps for c in self.cells.values())

@@ -338,6 +338,14 @@ class StudyTracker:
         elif mlflow_status is not None:
             self._client.set_terminated(run_id, mlflow_status)
 
+    def set_tags(self, run_id: str, info: Mapping[str, Any]) -> None:
+        """Tag ``ablate.<k>`` = str(v) for each item, leaving the run's status alone."""
+        from mlflow.entities import RunTag
+
+        tags = [RunTag(TAG + k, str(v)[:_MAX_TAG_LEN]) for k, v in info.items()]
+        for batch in _chunks(tags, _MAX_PARAMS):
+            self._client.log_batch(run_id, tags=batch)
+
     def latest_metrics(self, run_ids: Iterable[str]) -> dict[str, dict[str, tuple[int, float]]]:
         """run_id -> {metric: (step, latest value)}, cheap enough for a progress display."""
         return {run_id: _latest(self._client.get_run(run_id)) for run_id in run_ids}

@@ -500,8 +500,13 @@ def run_tune(
                 interrupted = True
                 driver.interrupt()
                 print("\ninterrupted: run `ablate tune` again to continue the searches", file=out)
-            tracker.finish_parent(
-                parent, "interrupted" if interrupted else "finished", {"tune_trials": driver.ran}
+            # the study's own status (set by `ablate run`) stays as it is
+            tracker.set_tags(
+                parent,
+                {
+                    "tune_status": "interrupted" if interrupted else "finished",
+                    "tune_trials": driver.ran,
+                },
             )
         finally:
             pool.close()

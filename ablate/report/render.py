@@ -14,7 +14,7 @@ The inputs follow the contract in ``ablate.report.metrics``; the target is any o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,7 @@ def build_report(
     study: str,
     title: str | None = None,
     notes: Sequence[str] = (),
+    tuning: Sequence[Mapping[str, Any]] = (),
 ) -> ReportResult:
     """Compute tokens to target per cell and configuration, draw the figures and write the report.
 
@@ -101,6 +102,9 @@ def build_report(
     blocks = _blocks(
         title, study, target, target_ppl, all_notes, config_table, cell_table, spec, paths
     )
+    if tuning:
+        at = next(i for i, b in enumerate(blocks) if b == ("h2", "Runs"))
+        blocks[at:at] = _tuning_blocks(tuning)
     report_md = out / "report.md"
     report_md.write_text(markup.to_markdown(blocks), encoding="utf-8")
     report_html = out / "report.html"
@@ -251,3 +255,37 @@ def _blocks(
         ("ul", _method(spec, config_table)),
     ]
     return blocks
+
+
+def _tuning_blocks(tuning: Sequence[Mapping[str, Any]]) -> list[Block]:
+    """The ``ablate tune`` outcome (``ablate.tune_optuna.tune_summary``): best value and parameters
+    per search, and parameter importance where there were enough trials."""
+    rows = []
+    for t in tuning:
+        best = t.get("best_params") or {}
+        imp = t.get("importance") or {}
+        rows.append(
+            [
+                str(t.get("search", "")),
+                f"{t.get('complete', 0)} / {t.get('pruned', 0)} / {t.get('failed', 0)}",
+                markup.num(float(t["best_value"])) if t.get("best_value") is not None else "-",
+                ", ".join(
+                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in best.items()
+                )
+                or "-",
+                ", ".join(f"{k} {v:.0%}" for k, v in imp.items()) or "-",
+            ]
+        )
+    objective = next((str(t.get("objective")) for t in tuning if t.get("objective")), "objective")
+    return [
+        ("h2", "Tuning"),
+        (
+            "p",
+            f"`ablate tune` searches, one per group of cells; best {objective} (lower is better). "
+            "Trials: complete / pruned / failed.",
+        ),
+        (
+            "table",
+            (["search", "trials", "best value", "best parameters", "importance"], rows),
+        ),
+    ]

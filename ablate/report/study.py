@@ -94,8 +94,13 @@ def report_study(
             "`target: {val_ppl: ...}` or `baseline:` to the study"
         )
     out = Path(out_dir) if out_dir is not None else Path("reports") / study.name
+    tuning: list[dict[str, Any]] = []
+    if study.spec.tune is not None:
+        from ..tune_optuna import tune_summary
+
+        tuning = tune_summary(study)
     result = build_report(
-        cells, evals, target, study.spec.speedup, out, study=study.name, notes=notes
+        cells, evals, target, study.spec.speedup, out, study=study.name, notes=notes, tuning=tuning
     )
     if attach:
         tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)

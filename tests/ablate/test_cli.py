@@ -90,6 +90,20 @@ def test_run_local_then_status_and_plan_say_skip(tmp_path, monkeypatch):
     res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out)])
     assert "would: skip 2" in res.output
     assert (tmp_path / "reports" / "clitest" / "report.md").exists()
+    from mlflow.tracking import MlflowClient
+
+    from ablate.tracking import default_uri
+
+    client = MlflowClient(tracking_uri=default_uri(out))
+    exp = client.get_experiment_by_name("clitest")
+    parent = client.search_runs([exp.experiment_id], "tags.`ablate.role` = 'study'")[0]
+    attached = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.md", "report/report.html", "report/convergence.png"} <= attached
+    res = CliRunner().invoke(
+        main, ["report", str(p), "--runs", str(out), "-o", str(tmp_path / "r")]
+    )
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "r" / "report.html").exists() and "target: val ppl" in res.output
 
 
 def test_every_command_has_help_with_an_example():
@@ -102,3 +116,22 @@ def test_ui_refuses_a_study_that_has_no_store(tmp_path):
     p = _write(tmp_path, STUDY)
     res = CliRunner().invoke(main, ["ui", str(p), "-o", str(tmp_path / "out")])
     assert res.exit_code == 1 and "no MLflow store yet" in res.output
+
+
+def test_report_without_a_store_or_runs_says_so_and_fails(tmp_path):
+    p = _write(tmp_path, STUDY)
+    res = CliRunner().invoke(main, ["report", str(p), "--runs", str(tmp_path / "out")])
+    assert res.exit_code == 1 and "no MLflow store" in res.output, res.output
+    res = CliRunner().invoke(
+        main, ["report", "--tracking-uri", f"sqlite:///{tmp_path}/none.db", "--study", "x"]
+    )
+    assert res.exit_code == 1 and "no MLflow store" in res.output, res.output
+    assert not (tmp_path / "none.db").exists()
+    # a store with the study's runs created but none finished
+    from ablate.runner import run_study
+    from ablate.spec import load_study
+
+    s = load_study(p, output=tmp_path / "out")
+    run_study(s, executor="local", progress=False, stop_after=1)
+    res = CliRunner().invoke(main, ["report", str(p), "--runs", str(tmp_path / "out")])
+    assert res.exit_code == 1 and "no finished runs yet" in res.output, res.output

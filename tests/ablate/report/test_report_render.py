@@ -122,3 +122,26 @@ def test_markdown_table_and_token_formatting():
     assert tokens(1.55e9) == "1.55B" and tokens(4.2e7) == "42.0M" and tokens(math.nan) == "–"
     md = markdown_table(["config", "cost"], [["a|b", "+8.5%"]])
     assert md.splitlines() == ["| config | cost |", "| --- | ---: |", "| a\\|b | +8.5% |"]
+
+
+def test_tuning_section_lists_best_value_and_parameters_per_search(tmp_path):
+    cells, evals, target = synthetic_study(2, 2, 10)
+    tuning = [
+        {
+            "search": "bf16",
+            "objective": "final_val_loss",
+            "complete": 5,
+            "pruned": 1,
+            "failed": 0,
+            "best_value": 1.234567,
+            "best_params": {"train.lr": 0.00312, "train.warmup_steps": 8},
+            "importance": {"train.lr": 0.8, "train.warmup_steps": 0.2},
+        },
+        {"search": "mxfp4", "complete": 0, "pruned": 0, "failed": 2, "best_value": None},
+    ]
+    res = build_report(cells, evals, {"val_ppl": target}, None, tmp_path, study="s", tuning=tuning)
+    md = res.report_md.read_text()
+    assert "## Tuning" in md and md.index("## Tuning") < md.index("## Runs")
+    assert "train.lr=0.00312, train.warmup_steps=8" in md
+    assert "train.lr 80%" in md and "5 / 1 / 0" in md and "1.235" in md
+    assert "Tuning" in res.report_html.read_text()
