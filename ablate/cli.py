@@ -180,9 +180,16 @@ def plan(study_file: str, output: str | None, rerun_failed: bool, as_json: bool)
     Example:
         ablate plan studies/mxfp4_wgrad.yaml
     """
+    from .runner import RunnerError, check_devices
     from .runner import plan as plan_study
 
     study = _load(study_file, output)
+    try:
+        check_devices(study)
+    except RunnerError as e:
+        raise click.ClickException(
+            f"{e}\n(plan checks this machine's device; on a cluster, `ablate run --address` checks the workers')"
+        ) from None
     planned = plan_study(study, rerun_failed=rerun_failed)
     if as_json:
         rows = [

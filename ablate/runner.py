@@ -262,6 +262,28 @@ def plan(study: Study, *, rerun_failed: bool = False) -> list[PlannedCell]:
     ]
 
 
+def check_devices(study: Study, cells: Iterable[Cell] | None = None) -> None:
+    """Ask each cell's GEMM backend whether this machine's device can run its recipe (before any
+    cell starts); raises ``RunnerError`` listing every refusal. On a Ray cluster (``--address``)
+    the workers' devices are not this machine's, so the check then runs in the workers."""
+    from backends.registry import UnsupportedFormatError, get_backend
+
+    from .train.loop import resolve_device
+
+    problems: dict[str, list[str]] = {}
+    for c in study.cells if cells is None else cells:
+        try:
+            get_backend(c.config.backend).check(c.config.recipe, resolve_device(c.config.device))
+        except (UnsupportedFormatError, ValueError) as e:
+            problems.setdefault(str(e), []).append(c.label)
+    if problems:
+        lines = [
+            f"{msg} (cells: {', '.join(labels[:4])}{' ...' if len(labels) > 4 else ''})"
+            for msg, labels in problems.items()
+        ]
+        raise RunnerError("this machine cannot run the study:\n  " + "\n  ".join(lines))
+
+
 def _ckpt_step(study: Study, cell: Cell) -> int | None:
     info = checkpoint_info(study.checkpoint_dir(cell))
     return int(info["step"]) if info else None
@@ -440,6 +462,8 @@ def run_study(
     out = stream or sys.stderr
     uri = study.tracking_uri
     res = study.spec.resources
+    if executor == "local" or not (address or os.environ.get("RAY_ADDRESS")):
+        check_devices(study)  # before anything is written
     with study_lock(study.output_dir):
         ex: LocalExecutor | RayExecutor
         if executor == "ray":

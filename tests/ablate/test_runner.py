@@ -143,22 +143,34 @@ def test_interrupted_cells_resume_in_the_same_run_without_duplicate_steps(tmp_pa
 def test_a_failing_cell_is_recorded_and_rerun_only_when_asked(tmp_path):
     s = tiny_study(tmp_path)
     bad = s.cells[1]
-    bad.config.device = "cuda:7"  # not part of the key: the same cell, fixed later
+    text = tmp_path / "corpus.txt"
+    text.write_text("a small corpus. " * 2000)
+    bad.config.data.corpus, bad.config.data.path = "text", str(text)  # (keys stay as planned)
+    text.unlink()  # gone after planning: the cell fails when it loads its data
     res = run_study(s, executor="local", progress=False)
     assert res.outcomes[s.cells[0].key].status == "finished"
     assert res.outcomes[bad.key].status == "failed"
-    assert "CUDA" in res.outcomes[bad.key].reason
+    assert "does not exist" in res.outcomes[bad.key].reason
     client = MlflowClient(tracking_uri=s.tracking_uri)
     run = client.search_runs(
         [client.get_experiment_by_name("t").experiment_id], f"tags.`ablate.key` = '{bad.key}'"
     )[0]
-    assert run.info.status == "FAILED" and "CUDA" in run.data.tags["ablate.reason"]
+    assert run.info.status == "FAILED" and "does not exist" in run.data.tags["ablate.reason"]
+    assert "Traceback" in run.data.tags["ablate.traceback"]
     assert [p.action for p in plan(s)] == ["skip", "failed"]
     assert run_study(s, executor="local", progress=False).outcomes == {}
-    bad.config.device = "cpu"
+    text.write_text("a small corpus. " * 2000)
     res = run_study(s, executor="local", progress=False, rerun_failed=True)
     assert list(res.outcomes) == [bad.key] and res.outcomes[bad.key].status == "finished"
     assert_store_holds(s, expect_steps=6)
+
+
+def test_a_device_that_cannot_run_the_study_fails_before_anything_is_written(tmp_path):
+    s = tiny_study(tmp_path)
+    s.cells[1].config.device = "cuda:7"
+    with pytest.raises(RunnerError, match=r"cannot run the study:\n.*cuda:7.*cells: mxfp4"):
+        run_study(s, executor="local", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_changed_config_gets_a_new_run_not_the_old_one(tmp_path):
