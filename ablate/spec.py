@@ -290,7 +290,7 @@ class Cell:
             if k in self.recipe_axes:
                 out[f"ablate.{k}"] = str(self.recipe_axes[k])
         for axis, v in self.values.items():
-            out[f"ablate.axis.{axis}"] = _fmt(v)
+            out[f"ablate.axis.{axis}"] = fmt_value(v)
         return out
 
 
@@ -372,7 +372,7 @@ def parse_study(
     try:
         spec = StudySpec.model_validate(raw)
     except ValidationError as e:
-        raise SpecError(_pydantic_errors(e, StudySpec), source) from None
+        raise SpecError(pydantic_errors(e, StudySpec), source) from None
     out = Path(output) if output is not None else Path(spec.output or f"runs/{spec.name}")
     study = _expand(spec, raw, source)
     study.output_dir = out
@@ -418,7 +418,7 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None) -> Study:
                 factors.append(
                     [(o,) for o in _axis_options(name, values, f"{gpath}.{name}", base, errors)]
                 )
-                if name not in axes and not _check_axis_name(name):
+                if name not in axes and not check_axis_name(name):
                     axes.append(name)
         per_grid.append(factors)
     if errors:
@@ -460,11 +460,11 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None) -> Study:
     resolved: list[tuple[dict[str, Any], RunConfig, dict[str, Any]]] = []
     for vals in kept:
         try:
-            cc = CellConfig.model_validate(_with(base, vals))
+            cc = CellConfig.model_validate(with_values(base, vals))
             rc = cc.run_config()
         except (ValidationError, ValueError) as e:
-            what = ", ".join(f"{a}: {_fmt(v)}" for a, v in vals.items())
-            msgs = _pydantic_errors(e, CellConfig) if isinstance(e, ValidationError) else [str(e)]
+            what = ", ".join(f"{a}: {fmt_value(v)}" for a, v in vals.items())
+            msgs = pydantic_errors(e, CellConfig) if isinstance(e, ValidationError) else [str(e)]
             errors.extend(
                 f"cell {{{what}}}: {m}; drop impossible cells with `exclude`" for m in msgs
             )
@@ -482,7 +482,7 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None) -> Study:
         more = [f"... and {len(errors) - 20} more"] if len(errors) > 20 else []
         raise SpecError(errors[:20] + more, source)
 
-    varying = [a for a in axes if len({_fmt(v[a]) for v, _, _ in resolved}) > 1]
+    varying = [a for a in axes if len({fmt_value(v[a]) for v, _, _ in resolved}) > 1]
     cells: list[Cell] = []
     notes: list[str] = []
     seen: dict[str, int] = {}
@@ -510,7 +510,7 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None) -> Study:
         configs = sorted({c.config_label for c in cells if c.baseline})
         if not configs:
             errors.append(
-                f"baseline: {_fmt(spec.baseline)} matches no cell; the cells have "
+                f"baseline: {fmt_value(spec.baseline)} matches no cell; the cells have "
                 + _axes_summary(cells, axes)
             )
         elif len(configs) > 1:
@@ -534,7 +534,7 @@ def _zip_factor(
     cols: list[list[tuple[str, Any]]] = []
     for name, values in group.items():
         cols.append(_axis_options(name, values, f"{zpath}.{name}", base, errors))
-        if name not in axes and not _check_axis_name(name):
+        if name not in axes and not check_axis_name(name):
             axes.append(name)
     lengths = {len(c) for c in cols}
     if len(lengths) > 1:
@@ -548,13 +548,13 @@ def _axis_options(
     name: str, values: Any, path: str, base: dict[str, Any], errors: list[str]
 ) -> list[tuple[str, Any]]:
     """[(axis, canonical value)] for one axis, each value validated on top of the base."""
-    problem = _check_axis_name(name)
+    problem = check_axis_name(name)
     if problem:
         errors.append(f"{path}: {problem}")
         return []
     if not isinstance(values, list):
         errors.append(
-            f"{path}: an axis is a list of values, got {_fmt(values)} (write [{_fmt(values)}])"
+            f"{path}: an axis is a list of values, got {fmt_value(values)} (write [{fmt_value(values)}])"
         )
         return []
     if not values:
@@ -563,9 +563,9 @@ def _axis_options(
     out: list[tuple[str, Any]] = []
     for i, v in enumerate(values):
         try:
-            cfg = CellConfig.model_validate(_with(base, {name: v}))
+            cfg = CellConfig.model_validate(with_values(base, {name: v}))
         except ValidationError as e:
-            for m in _pydantic_errors(e, CellConfig):
+            for m in pydantic_errors(e, CellConfig):
                 rest = m[len(name) :] if m.startswith(name) and m[len(name)] in ":[" else f": {m}"
                 errors.append(f"{path}[{i}]{rest}")
             continue
@@ -573,7 +573,7 @@ def _axis_options(
     return out
 
 
-def _check_axis_name(name: str) -> str | None:
+def check_axis_name(name: str) -> str | None:
     allowed = [*TOP_AXES, *(f"{s}.<field>" for s in SECTIONS)]
     if "." not in name:
         if name in TOP_AXES:
@@ -608,7 +608,7 @@ def _did_you_mean(word: str, options: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _with(base: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+def with_values(base: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``base`` with dotted-path overrides."""
     d = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
     for name, v in values.items():
@@ -627,11 +627,11 @@ def _get(d: Mapping[str, Any], name: str) -> Any:
     return d[name]
 
 
-def _fmt(v: Any) -> str:
+def fmt_value(v: Any) -> str:
     if isinstance(v, list):
-        return "[" + ",".join(_fmt(x) for x in v) + "]"
+        return "[" + ",".join(fmt_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {_fmt(x)}" for k, x in v.items()) + "}"
+        return "{" + ", ".join(f"{k}: {fmt_value(x)}" for k, x in v.items()) + "}"
     if isinstance(v, float):
         return f"{v:g}"
     return str(v)
@@ -644,7 +644,7 @@ def _labels(rc: RunConfig, vals: Mapping[str, Any], varying: Sequence[str]) -> t
     others = [a for a in varying if a not in RECIPE_AXES and a != "seed"]
     if any(a in RECIPE_AXES for a in varying) or not others:
         parts.append(rc.recipe.short())
-    parts.extend(f"{a.rpartition('.')[2]}={_fmt(vals[a])}" for a in others)
+    parts.extend(f"{a.rpartition('.')[2]}={fmt_value(vals[a])}" for a in others)
     config_label = "/".join(parts)
     if "seed" in varying:
         return f"{config_label}/seed{rc.seed}", config_label
@@ -654,7 +654,7 @@ def _labels(rc: RunConfig, vals: Mapping[str, Any], varying: Sequence[str]) -> t
 def _axes_summary(cells: Sequence[Cell], axes: Sequence[str]) -> str:
     parts = []
     for a in axes:
-        vals = sorted({_fmt(c.values[a]) for c in cells})
+        vals = sorted({fmt_value(c.values[a]) for c in cells})
         parts.append(f"{a} in {{{', '.join(vals)}}}")
     return "; ".join(parts) or "no axes"
 
@@ -683,7 +683,7 @@ def _match_spec(
             for o in options:
                 if not isinstance(o, list) or any(g not in GEMMS for g in o):
                     errors.append(
-                        f"{path}.{name}: {_fmt(o)} is not a list of GEMMs; allowed: "
+                        f"{path}.{name}: {fmt_value(o)} is not a list of GEMMs; allowed: "
                         f"{', '.join(GEMMS)}"
                     )
                     continue
@@ -712,7 +712,7 @@ def _same(a: Any, b: Any) -> bool:
 # --- error messages ---------------------------------------------------------------------------------
 
 
-def _pydantic_errors(e: ValidationError, root: type) -> list[str]:
+def pydantic_errors(e: ValidationError, root: type) -> list[str]:
     out = []
     for err in e.errors():
         loc = [x for x in err["loc"] if not (isinstance(x, str) and x.startswith("function-"))]

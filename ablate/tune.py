@@ -69,7 +69,7 @@ from optuna.trial import Trial, TrialState
 from pydantic import ValidationError
 
 from .runner import LocalExecutor, Outcome, RayExecutor, RunnerError, Task, run_one, study_lock
-from .spec import Study, _fmt
+from .spec import Study, fmt_value
 from .tracking import (
     StudyTracker,
     TrackingError,
@@ -290,7 +290,7 @@ class _Driver:
             "ablate.search": s.search.label,
             "ablate.trial": str(trial.number),
             "ablate.optuna_study": s.study.study_name,
-            **{f"ablate.param.{k}": _fmt(v) for k, v in params.items()},
+            **{f"ablate.param.{k}": fmt_value(v) for k, v in params.items()},
         }
         try:
             rc = trial_config(self.study, s.search.cell, params)
@@ -378,7 +378,7 @@ class _Driver:
         self.tracker.set_status(
             rid, status, {**tags, **({"reason": reason[:500]} if reason else {})}
         )
-        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in trial.params.items())
+        shown = ", ".join(f"{k}={fmt_value(v)}" for k, v in trial.params.items())
         if state == TrialState.COMPLETE:
             what = f"{self.tune.objective} {frozen.value:.6g}"
         else:

@@ -20,7 +20,7 @@ import optuna
 import yaml
 from optuna.trial import Trial, TrialState
 
-from .spec import Study, _fmt
+from .spec import Study, fmt_value
 from .tune_space import ParamSpec, Search, TuneSpec, param_kind, plan_searches
 
 STORAGE = "optuna.db"
@@ -225,7 +225,7 @@ def format_summary(summary: list[dict[str, Any]]) -> str:
         if row["best_value"] is None:
             out.append(f"{head}; no complete trial")
             continue
-        params = ", ".join(f"{k}={_fmt(v)}" for k, v in row["best_params"].items())
+        params = ", ".join(f"{k}={fmt_value(v)}" for k, v in row["best_params"].items())
         out.append(
             f"{head}; best {row['objective']} {row['best_value']:.6g} "
             f"(trial {row['best_trial']}): {params}"

@@ -144,11 +144,11 @@ class Search:
 
 def plan_searches(tune: TuneSpec, study: Study) -> list[Search]:
     """The searches of a study, in order of their first cell."""
-    from .spec import RECIPE_AXES, _fmt
+    from .spec import RECIPE_AXES, fmt_value
 
     groups: dict[tuple[str, ...], list[Cell]] = {}
     for c in study.cells:
-        ident = tuple(c.config_label if a == "config" else _fmt(c.values[a]) for a in tune.per)
+        ident = tuple(c.config_label if a == "config" else fmt_value(c.values[a]) for a in tune.per)
         groups.setdefault(ident, []).append(c)
     reps = [min(cells, key=lambda c: c.seed) for cells in groups.values()]  # stable: first lowest
 
@@ -160,7 +160,7 @@ def plan_searches(tune: TuneSpec, study: Study) -> list[Search]:
         if tune.per == ["config"]:
             return c.config_label
         return ",".join(
-            f"{a.rpartition('.')[2]}={c.config_label if a == 'config' else _fmt(c.values[a])}"
+            f"{a.rpartition('.')[2]}={c.config_label if a == 'config' else fmt_value(c.values[a])}"
             for a in tune.per
         )
 
@@ -185,10 +185,10 @@ def plan_searches(tune: TuneSpec, study: Study) -> list[Search]:
 def trial_config(study: Study, cell: Cell, params: dict[str, Any]) -> RunConfig:
     """``cell``'s config with ``params`` (config path -> value) applied; raises pydantic's
     ValidationError or ValueError for a config the trainer would refuse."""
-    from .spec import CellConfig, _with
+    from .spec import CellConfig, with_values
 
-    base = _with(study.spec.base.model_dump(mode="python"), dict(cell.values))
-    rc = CellConfig.model_validate(_with(base, params)).run_config()
+    base = with_values(study.spec.base.model_dump(mode="python"), dict(cell.values))
+    rc = CellConfig.model_validate(with_values(base, params)).run_config()
     if "train.checkpoint_every" not in params:  # the study's default (resumable cells) applies
         rc.train.checkpoint_every = cell.config.train.checkpoint_every
     return rc
@@ -197,9 +197,9 @@ def trial_config(study: Study, cell: Cell, params: dict[str, Any]) -> RunConfig:
 def start_fingerprint(tune: TuneSpec, study: Study, search: Search) -> str:
     """Identity of what a search's trials start from: its cell's config without the searched
     paths (a search that continues must start from the same place)."""
-    from .spec import _with
+    from .spec import with_values
 
-    d = _with(study.spec.base.model_dump(mode="json"), dict(search.cell.values))
+    d = with_values(study.spec.base.model_dump(mode="json"), dict(search.cell.values))
     for path in [*tune.space, "device"]:
         section, _, name = path.rpartition(".")
         (d.get(section, {}) if section else d).pop(name, None)
@@ -231,7 +231,7 @@ def _field_type(path: str) -> Any:
 
 def check_tune(tune: TuneSpec, study: Study) -> list[str]:
     """Every problem of a study's ``tune`` section, as ``"tune.path: what is wrong"`` lines."""
-    from .spec import _check_axis_name
+    from .spec import check_axis_name
 
     errors: list[str] = []
     for i, a in enumerate(tune.per):
@@ -259,7 +259,7 @@ def check_tune(tune: TuneSpec, study: Study) -> list[str]:
     searches = plan_searches(tune, study) if not errors else []
     for path, p in tune.space.items():
         where = f"tune.space.{path}"
-        problem = _check_axis_name(path)
+        problem = check_axis_name(path)
         if problem:
             errors.append(f"{where}: {problem}")
             continue
@@ -359,13 +359,13 @@ def _check_value(
     """Is ``path = value`` a config the trainer accepts, on top of every search's start cell?"""
     from pydantic import ValidationError
 
-    from .spec import CellConfig, _pydantic_errors
+    from .spec import CellConfig, pydantic_errors
 
     for s in searches:
         try:
             trial_config(study, s.cell, {path: value})
         except ValidationError as e:
-            msgs = _pydantic_errors(e, CellConfig)
+            msgs = pydantic_errors(e, CellConfig)
             return [f"{where}: {m.removeprefix(path + ': ')}" for m in msgs]
         except ValueError as e:
             return [f"{where}: {e} (in search {s.label})"]
