@@ -28,14 +28,14 @@ import os
 import re
 import socket
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from .progress import CellProgress, Progress, fmt_s
 from .spec import Cell, Study
 from .tracking import CellRun, StudyTracker, TrackingError, check_uri, prepare_store, read_cells
 from .train.loop import checkpoint_info
@@ -289,120 +289,6 @@ def _ckpt_step(study: Study, cell: Cell) -> int | None:
     return int(info["step"]) if info else None
 
 
-# --- progress -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class _CellProgress:
-    label: str
-    total_steps: int
-    step: int = 0
-    loss: float = math.nan
-    status: str = "queued"
-
-
-@dataclass
-class Progress:
-    """Counts and per-cell step/loss, refreshed from MLflow in a background thread; one line
-    rewritten in place on a terminal, a line every ``every_s`` seconds otherwise."""
-
-    tracker: StudyTracker
-    cells: dict[str, _CellProgress]
-    run_ids: dict[str, str]
-    stream: IO[str] = field(default_factory=lambda: sys.stderr)
-    every_s: float = 2.0
-    done: int = 0
-    failed: int = 0
-    skipped: int = 0
-    _t0: float = field(default_factory=time.monotonic)
-    _steps0: int | None = None
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-    _last_line: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="ablate-progress")
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self.stream.isatty():
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def finished(self, key: str, status: str) -> None:
-        with self._lock:
-            self._finished(key, status)
-
-    def _finished(self, key: str, status: str) -> None:
-        c = self.cells[key]
-        c.status = status
-        if status == "failed":
-            self.failed += 1
-        else:
-            self.done += 1
-            c.step = c.total_steps if status == "finished" else c.step
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            with contextlib.suppress(Exception):  # progress must never break a study
-                self._refresh()
-                self._render()
-
-    def _refresh(self) -> None:
-        live = {
-            k: rid
-            for k, rid in self.run_ids.items()
-            if self.cells[k].status in ("queued", "running")
-        }
-        latest = self.tracker.latest_metrics(live.values())
-        for key, rid in live.items():
-            m = latest.get(rid, {})
-            with self._lock:
-                c = self.cells[key]
-                if "train_loss" in m and c.status in ("queued", "running"):  # not ended meanwhile
-                    c.status = "running"
-                    c.step, c.loss = m["train_loss"][0], m["train_loss"][1]
-
-    def line(self) -> str:
-        total = sum(c.total_steps for c in self.cells.values())
-        steps = sum(c.step for c in self.cells.values())
-        if self._steps0 is None:
-            self._steps0 = steps
-        running = [c for c in self.cells.values() if c.status == "running"]
-        elapsed = time.monotonic() - self._t0
-        rate = (steps - self._steps0) / elapsed if elapsed > 0 else 0.0
-        eta = _fmt_s((total - steps) / rate) if rate > 0 else "?"
-        head = (
-            f"[{self.done}/{len(self.cells)} done, {len(running)} running, {self.failed} failed] "
-        )
-        shown = "  ".join(
-            f"{c.label} {c.step}/{c.total_steps} loss {c.loss:.3f}" for c in running[:2]
-        )
-        more = f" +{len(running) - 2}" if len(running) > 2 else ""
-        return f"{head}{shown}{more}  elapsed {_fmt_s(elapsed)}, ETA {eta}"
-
-    def _render(self) -> None:
-        text = self.line()
-        if self.stream.isatty():
-            width = 160
-            self.stream.write("\r" + text[:width].ljust(width))
-        elif time.monotonic() - self._last_line >= 30:
-            self.stream.write(text + "\n")
-            self._last_line = time.monotonic()
-        else:
-            return
-        self.stream.flush()
-
-
-def _fmt_s(s: float) -> str:
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
 # --- the driver ---------------------------------------------------------------------------------------
 
 
@@ -533,7 +419,7 @@ def run_study(
             by_key = {c.key: c for c in study.cells}
             prog = Progress(
                 tracker,
-                {k: _CellProgress(by_key[k].label, by_key[k].config.train.steps) for k in run_ids},
+                {k: CellProgress(by_key[k].label, by_key[k].config.train.steps) for k in run_ids},
                 run_ids,
                 stream=out,
             )
@@ -592,7 +478,7 @@ def _outcome_line(cell: Cell, o: Outcome, prog: Progress) -> str:
         return f"{n} {cell.label}: diverged at step {o.diverged_at} ({o.reason})"
     return (
         f"{n} {cell.label}: {o.status}, {o.steps} steps, val ppl {o.final_val_ppl:.3f}, "
-        f"{o.tokens_per_s:,.0f} tokens/s, {_fmt_s(o.wall_time_s)}"
+        f"{o.tokens_per_s:,.0f} tokens/s, {fmt_s(o.wall_time_s)}"
     )
 
 

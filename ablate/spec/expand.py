@@ -1,254 +1,27 @@
-"""The study spec: YAML -> typed ``StudySpec`` (pydantic) -> ``Study`` with its expanded cells.
-
-A study is a base configuration plus axes. An axis is a recipe shorthand (``fp4_gemms``,
-``intervention``, ``fp4_format``, ``base_format``, ``scale_mode``, ``apply_to``, ``keep_first``,
-``keep_last``), ``seed``, ``backend``, or any dotted config path (``train.lr``, ``model.preset``,
-``data.data_seed``). ``grid`` is one mapping of axes (their cartesian product) or a list of them (the
-union of their products); inside a grid, ``zip`` holds axes that vary together. ``exclude`` removes
-cells, ``baseline`` selects the configuration others are compared with.
-
-Each cell resolves into a full ``RunConfig``. Its **key** is a hash of that resolved config (where it
-runs and where it checkpoints do not count), so YAML key order, spelling of defaults and the grid that
-produced it do not matter, and a changed config gets a new key. Its **label** reads like the recipe
-(``mxfp4[fprop,dgrad,wgrad]+dht16/fp8``) plus the other axes that vary (``lr=0.001``) and the seed.
-
-Everything is checked here, before Ray starts or anything is written: unknown keys and axes, wrong
-types, misspelled interventions, impossible combinations, an empty grid, a baseline or exclusion that
-matches no cell, missing data files. ``SpecError`` carries one message per problem, each starting
-with the YAML path (``grid.intervention[2]``) and naming the allowed values.
-"""
+"""Expanding a study: YAML -> ``StudySpec`` -> ``Study`` with one ``Cell`` per grid point (product per
+grid, union over grids, zipped axes, exclusions, baseline), each resolved into a ``RunConfig`` with
+its key and label. Every problem is collected and raised as one ``SpecError``."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import itertools
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
-from backends.recipe import GEMMS, Recipe, intervention_label, parse_intervention
-from backends.registry import available_backends
+from backends.recipe import GEMMS, intervention_label, parse_intervention
 
-from .report.speedup import SpeedupSpec
-from .train.config import RunConfig, TrainConfig
-from .train.data import DataConfig, check_sources
-from .train.loop import config_hash
-from .train.model import ModelConfig
-from .tune_space import TuneSpec, check_tune
-
-Gemm = Literal["fprop", "dgrad", "wgrad"]
-RECIPE_AXES = (
-    "fp4_gemms",
-    "intervention",
-    "fp4_format",
-    "base_format",
-    "scale_mode",
-    "apply_to",
-    "keep_first",
-    "keep_last",
-)
-TOP_AXES = (*RECIPE_AXES, "seed", "backend")
-SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
-LIST_AXES = ("fp4_gemms", "apply_to")  # axes whose single value is itself a list
-
-
-class SpecError(ValueError):
-    """A study that cannot run; ``errors`` holds one ``"yaml.path: what is wrong"`` line each."""
-
-    def __init__(self, errors: Sequence[str], source: str | None = None) -> None:
-        self.errors = list(errors)
-        self.source = source
-        head = f"{source}: " if source else ""
-        n = len(self.errors)
-        super().__init__(
-            f"{head}{n} problem{'s' if n > 1 else ''} in the study:\n  " + "\n  ".join(self.errors)
-        )
-
-
-# --- the schema ---------------------------------------------------------------------------------
-
-
-class CellConfig(BaseModel):
-    """What one cell trains: the trainer's sections plus the recipe in the study's vocabulary."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    backend: str = "emulated"
-    """GEMM backend: emulated (exact emulation, any device) or native (hardware FP4/FP8 GEMMs)."""
-    seed: int = Field(default=0, ge=0)
-    """Model initialization and stochastic-rounding seed (data order: data.data_seed)."""
-    device: str = "auto"
-    """cpu, cuda, cuda:N or auto; not part of a cell's key."""
-    fp4_gemms: list[Gemm] = Field(default_factory=list)
-    """GEMMs of every block linear that run in FP4: any of fprop, dgrad, wgrad."""
-    intervention: str = "none"
-    """none, sr, rht[N], dht[N], fht[N] or sr+<hadamard>; applied to the FP4 GEMMs (or apply_to)."""
-    fp4_format: Literal["mxfp4", "nvfp4"] = "mxfp4"
-    base_format: Literal["bf16", "fp8", "mxfp8"] = "bf16"
-    """Format of the GEMMs that are not FP4."""
-    scale_mode: Literal["floor", "ceil", "even", "rceil"] = "floor"
-    """MX shared-exponent rule (OCP: floor)."""
-    apply_to: list[Gemm] | None = None
-    """GEMMs the intervention acts on (default: the FP4 GEMMs)."""
-    keep_first: int = Field(default=0, ge=0)
-    """First N transformer blocks stay in high precision."""
-    keep_last: int = Field(default=0, ge=0)
-    """Last N transformer blocks stay in high precision."""
-
-    @field_validator("fp4_gemms", "apply_to")
-    @classmethod
-    def _canonical_gemms(cls, v: list[str] | None) -> list[str] | None:
-        if v is None:
-            return None
-        if len(set(v)) != len(v):
-            raise ValueError(f"a GEMM is listed twice in {v}")
-        return [g for g in GEMMS if g in v]
-
-    @field_validator("intervention")
-    @classmethod
-    def _known_intervention(cls, v: str) -> str:
-        try:
-            parse_intervention(v)
-        except ValueError as e:
-            raise ValueError(str(e).removeprefix("intervention: ")) from None
-        return v
-
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, v: str) -> str:
-        allowed = available_backends()
-        if v not in allowed:
-            raise ValueError(f"unknown backend {v!r}; allowed: {', '.join(allowed)}")
-        return v
-
-    def run_config(self) -> RunConfig:
-        recipe = Recipe.from_shorthand(
-            self.fp4_gemms,
-            self.intervention,
-            fp4_format=self.fp4_format,
-            base=self.base_format,
-            scale_mode=self.scale_mode,
-            apply_to=self.apply_to,
-            keep_first=self.keep_first,
-            keep_last=self.keep_last,
-        )
-        return RunConfig(
-            model=self.model,
-            data=self.data,
-            train=self.train,
-            recipe=recipe,
-            backend=self.backend,
-            seed=self.seed,
-            device=self.device,
-        )
-
-
-class Target(BaseModel):
-    """The perplexity a run must reach: absolute, or derived from the baseline's."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    val_ppl: float | None = Field(default=None, gt=1)
-    val_loss: float | None = Field(default=None, gt=0)
-    from_baseline: Literal["final", "best"] | None = None
-    """Mean final (or best) validation perplexity of the baseline's seeds..."""
-    tolerance: float = Field(default=0.0, ge=0)
-    """...times (1 + tolerance)."""
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Target:
-        given = [
-            n for n in ("val_ppl", "val_loss", "from_baseline") if getattr(self, n) is not None
-        ]
-        if len(given) != 1:
-            raise ValueError(
-                f"give exactly one of val_ppl, val_loss, from_baseline (got {given or 'none'})"
-            )
-        if self.tolerance and self.from_baseline is None:
-            raise ValueError("tolerance applies to from_baseline only")
-        return self
-
-
-class Resources(BaseModel):
-    """What each cell needs from a Ray worker."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    cpus: float = Field(default=1, gt=0)
-    """CPU cores per cell (also its torch thread count, rounded down, at least 1)."""
-    gpus: float = Field(default=0, ge=0)
-    max_concurrent: int | None = Field(default=None, ge=1)
-    """At most this many cells at once (default: as many as the cluster fits)."""
-    max_retries: int = Field(default=3, ge=0)
-    """Retries of a cell whose worker died (it resumes from its checkpoint)."""
-
-
-class Tracking(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    uri: str | None = None
-    """MLflow tracking URI; default: a SQLite database in the study's output folder."""
-    experiment: str | None = None
-    """MLflow experiment name; default: the study's name."""
-
-
-class StudySpec(BaseModel):
-    """A study as written in YAML."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    """Letters, digits, '_', '.', '-': names the output folder and the MLflow experiment."""
-    description: str = ""
-    base: CellConfig = Field(default_factory=CellConfig)
-    grid: dict[str, Any] | list[dict[str, Any]]
-    """Axis -> list of values (a product), or a list of such mappings (a union of products).
-    Inside one, ``zip: {axis: [...], ...}`` holds axes of equal length that vary together."""
-    exclude: list[dict[str, Any]] = Field(default_factory=list)
-    """Cells to drop: axis -> value (or a list of values, any of which matches)."""
-    baseline: dict[str, Any] | None = None
-    """Axis -> value selecting the baseline configuration (its seeds)."""
-    target: Target | None = None
-    """Default: from_baseline final when a baseline is set."""
-    resources: Resources = Field(default_factory=Resources)
-    tracking: Tracking = Field(default_factory=Tracking)
-    output: str | None = None
-    """Output folder (checkpoints, MLflow store); default runs/<name> in the current directory."""
-    speedup: SpeedupSpec = Field(default_factory=SpeedupSpec)
-    """How the report projects step throughput where it was not measured on native GEMMs."""
-    tune: TuneSpec | None = None
-    """Optuna search over config paths, per group of cells (``ablate tune``; see ablate.tune_space)."""
-
-    @field_validator("name")
-    @classmethod
-    def _safe_name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", v):
-            raise ValueError(
-                f"{v!r} is not a usable study name; use letters, digits, '_', '.' and '-' "
-                "(at most 100, starting with a letter or digit): it names the output folder and "
-                "the MLflow experiment"
-            )
-        return v
-
-    @field_validator("grid")
-    @classmethod
-    def _nonempty(cls, v: dict[str, Any] | list[dict[str, Any]]) -> Any:
-        grids = v if isinstance(v, list) else [v]
-        if not grids or any(not g for g in grids):
-            raise ValueError(
-                "empty grid; a study needs at least one axis with values, e.g. {seed: [0, 1]}"
-            )
-        return v
-
+from ..train.config import RunConfig
+from ..train.data import check_sources
+from ..train.loop import config_hash
+from ..tune_space import check_tune
+from .errors import SpecError, did_you_mean, pydantic_errors
+from .schema import LIST_AXES, RECIPE_AXES, SECTIONS, TOP_AXES, CellConfig, StudySpec, Target
 
 # --- cells -----------------------------------------------------------------------------------------
 
@@ -582,15 +355,15 @@ def check_axis_name(name: str) -> str | None:
             return (
                 f"{name!r} is a section; vary one of its fields (e.g. {name}.{_first_field(name)})"
             )
-        hint = _did_you_mean(name, [*TOP_AXES, *_all_dotted()])
+        hint = did_you_mean(name, [*TOP_AXES, *_all_dotted()])
         return f"unknown axis {name!r}{hint}; allowed: {', '.join(allowed)}"
     section, _, fname = name.partition(".")
     if section not in SECTIONS:
-        hint = _did_you_mean(name, _all_dotted())
+        hint = did_you_mean(name, _all_dotted())
         return f"unknown axis {name!r}{hint}; allowed: {', '.join(allowed)}"
     names = [f.name for f in dataclasses.fields(SECTIONS[section])]
     if fname not in names:
-        hint = _did_you_mean(fname, names)
+        hint = did_you_mean(fname, names)
         return f"{section} has no field {fname!r}{hint}; allowed: {', '.join(names)}"
     return None
 
@@ -601,11 +374,6 @@ def _first_field(section: str) -> str:
 
 def _all_dotted() -> list[str]:
     return [f"{s}.{f.name}" for s, t in SECTIONS.items() for f in dataclasses.fields(t)]
-
-
-def _did_you_mean(word: str, options: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def with_values(base: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -707,86 +475,3 @@ def _same(a: Any, b: Any) -> bool:
         return bool(float(a) == float(b))
     except (TypeError, ValueError):
         return str(a) == str(b)
-
-
-# --- error messages ---------------------------------------------------------------------------------
-
-
-def pydantic_errors(e: ValidationError, root: type) -> list[str]:
-    out = []
-    for err in e.errors():
-        loc = [x for x in err["loc"] if not (isinstance(x, str) and x.startswith("function-"))]
-        where = _yaml_path(loc)
-        msg = err["msg"]
-        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            allowed = _allowed_keys(root, loc[:-1])
-            hint = _did_you_mean(str(loc[-1]), allowed) if allowed else ""
-            msg = f"unknown key{hint}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
-        elif err["type"] == "value_error":
-            msg = msg.removeprefix("Value error, ")
-            # the trainer's messages start with their own dotted path (train.grad_accum: ...)
-            head, sep, rest = msg.partition(": ")
-            if sep and " " not in head and "." in head:
-                parent = list(loc)
-                if parent and parent[-1] == head.split(".")[0]:
-                    parent = parent[:-1]
-                where = _yaml_path([*parent, head])
-                msg = rest
-        elif err["type"] == "missing":
-            msg = "required"
-        out.append(f"{where}: {msg}" if where else msg)
-    return out
-
-
-def _yaml_path(loc: Sequence[Any]) -> str:
-    s = ""
-    for x in loc:
-        if isinstance(x, int):
-            s += f"[{x}]"
-        else:
-            s += f".{x}" if s else str(x)
-    return s
-
-
-def _allowed_keys(root: type, loc: Sequence[Any]) -> list[str]:
-    t: Any = root
-    for x in loc:
-        if isinstance(x, int):
-            t = _unwrap(t, item=True)
-            continue
-        t = _unwrap(t)
-        hints = _fields(t)
-        if x not in hints:
-            return []
-        t = hints[x]
-    t = _unwrap(t)
-    return list(_fields(t))
-
-
-def _fields(t: Any) -> dict[str, Any]:
-    if isinstance(t, type) and issubclass(t, BaseModel):
-        return {n: f.annotation for n, f in t.model_fields.items()}
-    if dataclasses.is_dataclass(t):
-        return {f.name: f.type for f in dataclasses.fields(t)}
-    return {}
-
-
-def _unwrap(t: Any, item: bool = False) -> Any:
-    """Optional[X] -> X; list[X] -> X (for item); dict[str, X] | list[...] -> the mapping."""
-    origin = get_origin(t)
-    if (
-        origin is Union
-        or str(origin) == "types.UnionType"
-        or (origin is not None and origin.__name__ == "UnionType")
-    ):
-        args = [a for a in get_args(t) if a is not type(None)]
-        t = args[0] if args else t
-        origin = get_origin(t)
-    if item and origin is list:
-        return get_args(t)[0]
-    return t
-
-
-def json_schema() -> dict[str, Any]:
-    """The JSON Schema of a study file, for editors."""
-    return StudySpec.model_json_schema()

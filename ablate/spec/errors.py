@@ -1,0 +1,105 @@
+"""Error messages of the study spec: ``SpecError`` (one line per problem, each starting with its
+YAML path) and the translation of pydantic's errors into that form (unknown keys with the allowed
+ones and a did-you-mean, the trainer's own ``field: message`` texts placed at their path)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Sequence
+from typing import Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+
+
+class SpecError(ValueError):
+    """A study that cannot run; ``errors`` holds one ``"yaml.path: what is wrong"`` line each."""
+
+    def __init__(self, errors: Sequence[str], source: str | None = None) -> None:
+        self.errors = list(errors)
+        self.source = source
+        head = f"{source}: " if source else ""
+        n = len(self.errors)
+        super().__init__(
+            f"{head}{n} problem{'s' if n > 1 else ''} in the study:\n  " + "\n  ".join(self.errors)
+        )
+
+
+def did_you_mean(word: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def pydantic_errors(e: ValidationError, root: type) -> list[str]:
+    out = []
+    for err in e.errors():
+        loc = [x for x in err["loc"] if not (isinstance(x, str) and x.startswith("function-"))]
+        where = _yaml_path(loc)
+        msg = err["msg"]
+        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            allowed = _allowed_keys(root, loc[:-1])
+            hint = did_you_mean(str(loc[-1]), allowed) if allowed else ""
+            msg = f"unknown key{hint}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        elif err["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            # the trainer's messages start with their own dotted path (train.grad_accum: ...)
+            head, sep, rest = msg.partition(": ")
+            if sep and " " not in head and "." in head:
+                parent = list(loc)
+                if parent and parent[-1] == head.split(".")[0]:
+                    parent = parent[:-1]
+                where = _yaml_path([*parent, head])
+                msg = rest
+        elif err["type"] == "missing":
+            msg = "required"
+        out.append(f"{where}: {msg}" if where else msg)
+    return out
+
+
+def _yaml_path(loc: Sequence[Any]) -> str:
+    s = ""
+    for x in loc:
+        if isinstance(x, int):
+            s += f"[{x}]"
+        else:
+            s += f".{x}" if s else str(x)
+    return s
+
+
+def _allowed_keys(root: type, loc: Sequence[Any]) -> list[str]:
+    t: Any = root
+    for x in loc:
+        if isinstance(x, int):
+            t = _unwrap(t, item=True)
+            continue
+        t = _unwrap(t)
+        hints = _fields(t)
+        if x not in hints:
+            return []
+        t = hints[x]
+    t = _unwrap(t)
+    return list(_fields(t))
+
+
+def _fields(t: Any) -> dict[str, Any]:
+    if isinstance(t, type) and issubclass(t, BaseModel):
+        return {n: f.annotation for n, f in t.model_fields.items()}
+    if dataclasses.is_dataclass(t):
+        return {f.name: f.type for f in dataclasses.fields(t)}
+    return {}
+
+
+def _unwrap(t: Any, item: bool = False) -> Any:
+    """Optional[X] -> X; list[X] -> X (for item); dict[str, X] | list[...] -> the mapping."""
+    origin = get_origin(t)
+    if (
+        origin is Union
+        or str(origin) == "types.UnionType"
+        or (origin is not None and origin.__name__ == "UnionType")
+    ):
+        args = [a for a in get_args(t) if a is not type(None)]
+        t = args[0] if args else t
+        origin = get_origin(t)
+    if item and origin is list:
+        return get_args(t)[0]
+    return t

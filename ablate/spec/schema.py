@@ -1,0 +1,214 @@
+"""The study schema: pydantic models of a study file (``StudySpec``) and of one cell's configuration
+in the study's vocabulary (``CellConfig``: the trainer's sections plus the recipe shorthands)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from backends.recipe import GEMMS, Recipe, parse_intervention
+from backends.registry import available_backends
+
+from ..report.speedup import SpeedupSpec
+from ..train.config import RunConfig, TrainConfig
+from ..train.data import DataConfig
+from ..train.model import ModelConfig
+from ..tune_space import TuneSpec
+
+Gemm = Literal["fprop", "dgrad", "wgrad"]
+RECIPE_AXES = (
+    "fp4_gemms",
+    "intervention",
+    "fp4_format",
+    "base_format",
+    "scale_mode",
+    "apply_to",
+    "keep_first",
+    "keep_last",
+)
+TOP_AXES = (*RECIPE_AXES, "seed", "backend")
+SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+LIST_AXES = ("fp4_gemms", "apply_to")  # axes whose single value is itself a list
+
+
+class CellConfig(BaseModel):
+    """What one cell trains: the trainer's sections plus the recipe in the study's vocabulary."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    backend: str = "emulated"
+    """GEMM backend: emulated (exact emulation, any device) or native (hardware FP4/FP8 GEMMs)."""
+    seed: int = Field(default=0, ge=0)
+    """Model initialization and stochastic-rounding seed (data order: data.data_seed)."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N or auto; not part of a cell's key."""
+    fp4_gemms: list[Gemm] = Field(default_factory=list)
+    """GEMMs of every block linear that run in FP4: any of fprop, dgrad, wgrad."""
+    intervention: str = "none"
+    """none, sr, rht[N], dht[N], fht[N] or sr+<hadamard>; applied to the FP4 GEMMs (or apply_to)."""
+    fp4_format: Literal["mxfp4", "nvfp4"] = "mxfp4"
+    base_format: Literal["bf16", "fp8", "mxfp8"] = "bf16"
+    """Format of the GEMMs that are not FP4."""
+    scale_mode: Literal["floor", "ceil", "even", "rceil"] = "floor"
+    """MX shared-exponent rule (OCP: floor)."""
+    apply_to: list[Gemm] | None = None
+    """GEMMs the intervention acts on (default: the FP4 GEMMs)."""
+    keep_first: int = Field(default=0, ge=0)
+    """First N transformer blocks stay in high precision."""
+    keep_last: int = Field(default=0, ge=0)
+    """Last N transformer blocks stay in high precision."""
+
+    @field_validator("fp4_gemms", "apply_to")
+    @classmethod
+    def _canonical_gemms(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return None
+        if len(set(v)) != len(v):
+            raise ValueError(f"a GEMM is listed twice in {v}")
+        return [g for g in GEMMS if g in v]
+
+    @field_validator("intervention")
+    @classmethod
+    def _known_intervention(cls, v: str) -> str:
+        try:
+            parse_intervention(v)
+        except ValueError as e:
+            raise ValueError(str(e).removeprefix("intervention: ")) from None
+        return v
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        allowed = available_backends()
+        if v not in allowed:
+            raise ValueError(f"unknown backend {v!r}; allowed: {', '.join(allowed)}")
+        return v
+
+    def run_config(self) -> RunConfig:
+        recipe = Recipe.from_shorthand(
+            self.fp4_gemms,
+            self.intervention,
+            fp4_format=self.fp4_format,
+            base=self.base_format,
+            scale_mode=self.scale_mode,
+            apply_to=self.apply_to,
+            keep_first=self.keep_first,
+            keep_last=self.keep_last,
+        )
+        return RunConfig(
+            model=self.model,
+            data=self.data,
+            train=self.train,
+            recipe=recipe,
+            backend=self.backend,
+            seed=self.seed,
+            device=self.device,
+        )
+
+
+class Target(BaseModel):
+    """The perplexity a run must reach: absolute, or derived from the baseline's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    val_ppl: float | None = Field(default=None, gt=1)
+    val_loss: float | None = Field(default=None, gt=0)
+    from_baseline: Literal["final", "best"] | None = None
+    """Mean final (or best) validation perplexity of the baseline's seeds..."""
+    tolerance: float = Field(default=0.0, ge=0)
+    """...times (1 + tolerance)."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Target:
+        given = [
+            n for n in ("val_ppl", "val_loss", "from_baseline") if getattr(self, n) is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                f"give exactly one of val_ppl, val_loss, from_baseline (got {given or 'none'})"
+            )
+        if self.tolerance and self.from_baseline is None:
+            raise ValueError("tolerance applies to from_baseline only")
+        return self
+
+
+class Resources(BaseModel):
+    """What each cell needs from a Ray worker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpus: float = Field(default=1, gt=0)
+    """CPU cores per cell (also its torch thread count, rounded down, at least 1)."""
+    gpus: float = Field(default=0, ge=0)
+    max_concurrent: int | None = Field(default=None, ge=1)
+    """At most this many cells at once (default: as many as the cluster fits)."""
+    max_retries: int = Field(default=3, ge=0)
+    """Retries of a cell whose worker died (it resumes from its checkpoint)."""
+
+
+class Tracking(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    uri: str | None = None
+    """MLflow tracking URI; default: a SQLite database in the study's output folder."""
+    experiment: str | None = None
+    """MLflow experiment name; default: the study's name."""
+
+
+class StudySpec(BaseModel):
+    """A study as written in YAML."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    """Letters, digits, '_', '.', '-': names the output folder and the MLflow experiment."""
+    description: str = ""
+    base: CellConfig = Field(default_factory=CellConfig)
+    grid: dict[str, Any] | list[dict[str, Any]]
+    """Axis -> list of values (a product), or a list of such mappings (a union of products).
+    Inside one, ``zip: {axis: [...], ...}`` holds axes of equal length that vary together."""
+    exclude: list[dict[str, Any]] = Field(default_factory=list)
+    """Cells to drop: axis -> value (or a list of values, any of which matches)."""
+    baseline: dict[str, Any] | None = None
+    """Axis -> value selecting the baseline configuration (its seeds)."""
+    target: Target | None = None
+    """Default: from_baseline final when a baseline is set."""
+    resources: Resources = Field(default_factory=Resources)
+    tracking: Tracking = Field(default_factory=Tracking)
+    output: str | None = None
+    """Output folder (checkpoints, MLflow store); default runs/<name> in the current directory."""
+    speedup: SpeedupSpec = Field(default_factory=SpeedupSpec)
+    """How the report projects step throughput where it was not measured on native GEMMs."""
+    tune: TuneSpec | None = None
+    """Optuna search over config paths, per group of cells (``ablate tune``; see ablate.tune_space)."""
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", v):
+            raise ValueError(
+                f"{v!r} is not a usable study name; use letters, digits, '_', '.' and '-' "
+                "(at most 100, starting with a letter or digit): it names the output folder and "
+                "the MLflow experiment"
+            )
+        return v
+
+    @field_validator("grid")
+    @classmethod
+    def _nonempty(cls, v: dict[str, Any] | list[dict[str, Any]]) -> Any:
+        grids = v if isinstance(v, list) else [v]
+        if not grids or any(not g for g in grids):
+            raise ValueError(
+                "empty grid; a study needs at least one axis with values, e.g. {seed: [0, 1]}"
+            )
+        return v
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a study file, for editors."""
+    return StudySpec.model_json_schema()
