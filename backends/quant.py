@@ -1,11 +1,15 @@
 """Block quantization: MXFP4/MXFP8 (E8M0 scales), NVFP4 (E4M3 block + FP32 tensor scale), FP8 per tensor.
 
-Two entry points, bit-identical to each other and tested so:
+Two entry points; every path below is bit-identical to the reference, and tested so:
 
 - ``quantize(x, spec, axis)`` returns a ``QTensor`` (element codes + scale codes + metadata) whose
   ``dequantize()`` gives the values a GEMM on native hardware would consume;
 - ``fake_quantize(x, spec, axis)`` returns those dequantized values directly, fused in one pass (the
-  training path); on the CPU it runs the C kernel of ``_kernel.py``, elsewhere the torch reference.
+  training path).
+
+Both run the C kernel of ``_kernel.py`` on the CPU and, on a GPU (or a CPU without a C compiler),
+the branch-free torch arithmetic of ``fused.py``, compiled into one kernel per operand on CUDA
+(``quantize_fused``/``fake_quantize_fused`` call that path directly, on any device).
 
 ``*_reference`` functions are the readable specification: grid search for rounding, ``frexp`` for
 the shared exponent. The rules (DESIGN.md, "Numerics"):
@@ -36,7 +40,7 @@ from typing import Literal
 
 import torch
 
-from . import _kernel
+from . import _kernel, fused
 from .formats import E2M1, E4M3, E5M2, E8M0_NAN, ElementFormat, ScaleMode, decode_e8m0, pack_fp4
 from .hadamard import check_size, hadamard_transform
 from .rng import uniform24
@@ -397,11 +401,25 @@ def _run_kernel(
     return _kernel.restore(out, axis, how), scales, gdec_out
 
 
-def quantize(x: torch.Tensor, spec: QuantSpec, axis: int = -1, key: int = 0) -> QTensor:
-    """Quantize ``x`` along ``axis``; ``key`` seeds stochastic rounding (see ``rng.derive_key``)."""
+def quantize(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int = -1,
+    key: int = 0,
+    hadamard: tuple[int, torch.Tensor | None] | None = None,
+) -> QTensor:
+    """Quantize ``x`` along ``axis``; ``key`` seeds stochastic rounding (see ``rng.derive_key``).
+
+    ``hadamard=(size, signs)`` quantizes ``hadamard_transform(x, axis, size, signs)`` instead (the
+    returned tensor has its shape, ``axis`` padded to a multiple of ``size``), in one pass on a GPU.
+    """
     axis = _check(x, spec, axis)
+    if hadamard is not None:
+        check_size(hadamard[0])
     if not _kernel.usable(x):
-        return quantize_reference(x, spec, axis, key)
+        return quantize_fused(x, spec, axis, key, hadamard)
+    if hadamard is not None:
+        x = hadamard_transform(x, axis, hadamard[0], hadamard[1])
     q, scales, gdec = _run_kernel(x, spec, axis, key, torch.float32, elements=True)
     B = spec.block or x.shape[axis]
     qm = q.movedim(axis, -1)
@@ -440,21 +458,81 @@ def fake_quantize(
     fused into the same pass, with the same bits as the two steps.
     """
     axis = _check(x, spec, axis)
+    od = out_dtype or (torch.float32 if hadamard is not None else x.dtype)
     if hadamard is not None:
-        od = out_dtype or torch.float32
+        check_size(hadamard[0])
+    if not (_kernel.usable(x) and od in _kernel.DTYPE_CODES):
+        return fake_quantize_fused(x, spec, axis, key, od, hadamard)
+    if hadamard is not None:
         size, signs = hadamard
-        check_size(size)
         unit = max(size, spec.block)
         fusable = (
-            spec.fmt.scale != "tensor"
+            # NVFP4's tensor scale needs the amax of the transformed tensor: not in one pass
+            spec.fmt.scale == "e8m0"
             and x.shape[axis] % unit == 0
             and x.movedim(axis, -1).is_contiguous()
             and unit <= 1024
         )
-        if fusable and _kernel.usable(x) and od in _kernel.DTYPE_CODES:
+        if fusable:
             return _run_kernel(x, spec, axis, key, od, elements=False, hadamard=hadamard)[0]
         x = hadamard_transform(x, axis, size, signs)
-    od = out_dtype or x.dtype
-    if _kernel.usable(x) and od in _kernel.DTYPE_CODES:
-        return _run_kernel(x, spec, axis, key, od, elements=False)[0]
-    return fake_quantize_reference(x, spec, axis, key, od)
+    return _run_kernel(x, spec, axis, key, od, elements=False)[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# fused torch path (GPUs; the CPU without the C kernel)
+
+
+def _plan(
+    spec: QuantSpec, hadamard: tuple[int, torch.Tensor | None] | None, values: bool, od: torch.dtype
+) -> fused.Plan:
+    return fused.Plan(
+        elem=fused.Elem.of(spec.fmt.elem),
+        scale=spec.fmt.scale,
+        block=spec.block,
+        mode=_MODE_CODES[spec.scale_mode],
+        sr=spec.rounding == "sr",
+        prescale=spec.prescale_factor,
+        hadamard=hadamard[0] if hadamard else 0,
+        values=values,
+        out_dtype=od,
+    )
+
+
+def quantize_fused(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int = -1,
+    key: int = 0,
+    hadamard: tuple[int, torch.Tensor | None] | None = None,
+    compile: bool | None = None,
+) -> QTensor:
+    """``quantize`` on the fused torch path (``fused.py``), whatever the device: what runs on a
+    GPU. ``compile`` forces ``torch.compile`` on or off (default: on CUDA only)."""
+    axis = _check(x, spec, axis)
+    xm = x.detach().movedim(axis, -1)
+    signs = None if hadamard is None else hadamard[1]
+    plan = _plan(spec, hadamard, False, torch.float32)
+    codes, scales, gdec = fused.call(xm, key, signs, plan, compile)
+    shape = list(x.shape)
+    if hadamard is not None:
+        shape[axis] = -(-shape[axis] // hadamard[0]) * hadamard[0]
+    return QTensor(codes, scales, gdec, spec, axis, tuple(shape))
+
+
+def fake_quantize_fused(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int = -1,
+    key: int = 0,
+    out_dtype: torch.dtype | None = None,
+    hadamard: tuple[int, torch.Tensor | None] | None = None,
+    compile: bool | None = None,
+) -> torch.Tensor:
+    """``fake_quantize`` on the fused torch path (see ``quantize_fused``)."""
+    axis = _check(x, spec, axis)
+    od = out_dtype or (torch.float32 if hadamard is not None else x.dtype)
+    xm = x.detach().movedim(axis, -1)
+    signs = None if hadamard is None else hadamard[1]
+    out = fused.call(xm, key, signs, _plan(spec, hadamard, True, od), compile)[0]
+    return out.movedim(-1, axis)

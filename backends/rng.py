@@ -48,14 +48,16 @@ def _mix32_t(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 15)
 
 
-def random_bits(key: int, index: torch.Tensor) -> torch.Tensor:
-    """32 random bits (in int64) per element index: ``mix32(mix32(lo ^ key) ^ hi)``."""
+def random_bits(key: int | torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """32 random bits (in int64) per element index: ``mix32(mix32(lo ^ key) ^ hi)``.
+
+    ``key`` may be an int64 tensor (a compiled caller passes it as data, not as a constant)."""
     index = index.to(torch.int64)  # the arithmetic below needs 64 bits whatever the index dtype
     lo = index & M32
     hi = index >> 32
     return _mix32_t(_mix32_t(lo ^ (key & M32)) ^ hi)
 
 
-def uniform24(key: int, index: torch.Tensor) -> torch.Tensor:
+def uniform24(key: int | torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Uniform float32 in [0, 1) on the 2^-24 grid (exact), one per element index."""
     return (random_bits(key, index) >> 8).to(torch.float32) * 2.0**-24

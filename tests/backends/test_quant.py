@@ -22,14 +22,21 @@ from backends.quant import (
     QTensor,
     QuantSpec,
     fake_quantize,
+    fake_quantize_fused,
     fake_quantize_reference,
     quantize,
+    quantize_fused,
     quantize_reference,
 )
 from backends.rng import GEMM_IDS, OPERAND_IDS, derive_key
 
-QUANTIZERS = {"fast": quantize, "reference": quantize_reference}
-FAKE_QUANTIZERS = {"fast": fake_quantize, "reference": fake_quantize_reference}
+# fast: the C kernel here; fused: the torch arithmetic that runs on GPUs (eager on the CPU)
+QUANTIZERS = {"fast": quantize, "fused": quantize_fused, "reference": quantize_reference}
+FAKE_QUANTIZERS = {
+    "fast": fake_quantize,
+    "fused": fake_quantize_fused,
+    "reference": fake_quantize_reference,
+}
 MX_FORMATS = [n for n, f in FORMATS.items() if f.scale == "e8m0"]
 KEY = derive_key(42, 3, GEMM_IDS["dgrad"], OPERAND_IDS["dy"], 7)
 
@@ -213,6 +220,24 @@ def test_fast_path_equals_reference_bit_for_bit(fmt, mode, rounding, prescale, d
             assert fast.dtype == dtype and fast.shape == x.shape
             # fake_quantize_reference(x, ...) is by definition this (one reference call saved)
             _bits_equal(fast, ref.dequantize(dtype))
+        except AssertionError as e:
+            raise AssertionError(f"layout {name}: {e}") from e
+
+
+@pytest.mark.parametrize(
+    ("fmt", "mode", "rounding", "prescale", "dtype"), EQUIV_CASES, ids=map(_case_id, EQUIV_CASES)
+)
+def test_fused_torch_path_equals_reference_bit_for_bit(fmt, mode, rounding, prescale, dtype):
+    # the GPU path, run eagerly here: same codes, scales, tensor scale and values as the reference
+    spec = QuantSpec(format=fmt, scale_mode=mode, rounding=rounding, prescale=prescale)
+    for name, (make, axis) in LAYOUTS.items():
+        x = _to(make(), dtype)
+        try:
+            ref = quantize_reference(x, spec, axis, KEY)
+            _assert_same_qtensor(quantize_fused(x, spec, axis, KEY, compile=False), ref)
+            fused = fake_quantize_fused(x, spec, axis, KEY, compile=False)
+            assert fused.dtype == dtype and fused.shape == x.shape
+            _bits_equal(fused, ref.dequantize(dtype))
         except AssertionError as e:
             raise AssertionError(f"layout {name}: {e}") from e
 
@@ -773,19 +798,85 @@ def test_sqnr_on_gaussian_data_is_above_bound(fmt):
 @pytest.mark.parametrize("size", [16, 32, 64, 256])
 @pytest.mark.parametrize("rounding", ["rne", "sr"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_fused_hadamard_equals_transform_then_quantize(fmt, size, rounding, dtype):
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
+def test_fused_hadamard_equals_transform_then_quantize(fmt, size, rounding, dtype, nan):
     from backends.hadamard import hadamard_transform, sign_vector
 
     g = torch.Generator().manual_seed(size)
     x = (torch.randn(24, 512, generator=g) * torch.rand(24, 1, generator=g) * 10).to(dtype)
-    x[3, 5] = float("nan")  # a NaN spreads over its Hadamard group, then its blocks
+    if nan:  # spreads over its Hadamard group, then its blocks (the whole tensor for NVFP4, FP8)
+        x[3, 5] = float("nan")
     spec = QuantSpec(format=fmt, rounding=rounding, prescale=rounding == "sr")
     for signs in (None, sign_vector(size, 11)):
-        # fused: axis 1 of x, and axis 0 of the view x.t() (contiguous along that axis);
-        # not fused: axis 0 of x (length 24: not a multiple of the Hadamard size)
+        h = (size, signs)
+        # fused in C: axis 1 of x, and axis 0 of the view x.t() (contiguous along that axis), MX
+        # formats only; not fused: axis 0 of x (length 24: not a multiple of the Hadamard size)
         for axis, t in ((1, x), (0, x.t()), (0, x)):
-            fused = fake_quantize(t, spec, axis, KEY, torch.float32, hadamard=(size, signs))
-            two_steps = fake_quantize(hadamard_transform(t, axis, size, signs), spec, axis, KEY)
-            ref = fake_quantize_reference(hadamard_transform(t, axis, size, signs), spec, axis, KEY)
-            _bits_equal(fused, two_steps)
-            _bits_equal(fused, ref)
+            xh = hadamard_transform(t, axis, size, signs)
+            ref = quantize_reference(xh, spec, axis, KEY)
+            _bits_equal(
+                fake_quantize(t, spec, axis, KEY, torch.float32, hadamard=h), ref.dequantize()
+            )
+            _bits_equal(fake_quantize(xh, spec, axis, KEY), ref.dequantize())
+            fused = fake_quantize_fused(t, spec, axis, KEY, hadamard=h, compile=False)
+            _bits_equal(fused, ref.dequantize())
+            _assert_same_qtensor(quantize(t, spec, axis, KEY, hadamard=h), ref)
+            _assert_same_qtensor(quantize_fused(t, spec, axis, KEY, h, compile=False), ref)
+
+
+# ----------------------------------------------------------------------------------------------
+# the fused path compiled (Inductor: C++ on the CPU, Triton on CUDA)
+
+_COMPILE_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("spec", "dtype", "hadamard", "values"),
+    [
+        (QuantSpec(format="mxfp4"), torch.bfloat16, 32, True),  # the emulated training path, H32
+        (QuantSpec(format="nvfp4", rounding="sr", prescale=True), torch.float32, 0, True),
+        (QuantSpec(format="fp8_e5m2"), torch.bfloat16, 0, False),  # codes, as native packs them
+    ],
+    ids=["mxfp4-h32-values", "nvfp4-sr-values", "fp8_e5m2-codes"],
+)
+def test_compiled_fused_path_equals_reference_bit_for_bit(spec, dtype, hadamard, values):
+    from backends.hadamard import sign_vector
+
+    h = (hadamard, sign_vector(hadamard, 3, device=_COMPILE_DEVICE)) if hadamard else None
+    for name in ("rows_and_edges_axis-1", "edge_wide", "transposed_axis-1"):
+        make, axis = LAYOUTS[name]
+        x = _to(make(), dtype).to(_COMPILE_DEVICE)
+        xh = x if h is None else hadamard_transform(x, axis, *h)
+        ref = quantize_reference(xh.cpu(), spec, axis, KEY)
+        try:
+            if values:
+                got = fake_quantize_fused(x, spec, axis, KEY, dtype, h, compile=True)
+                _bits_equal(got.cpu(), ref.dequantize(dtype))
+            else:
+                q = quantize_fused(x, spec, axis, KEY, h, compile=True)
+                assert q.global_dec is not None
+                q.codes, q.global_dec = q.codes.cpu(), q.global_dec.cpu()
+                _assert_same_qtensor(q, ref)
+        except AssertionError as e:
+            raise AssertionError(f"layout {name}: {e}") from e
+
+
+def test_a_quantizer_that_fails_to_compile_runs_eagerly_with_one_warning(monkeypatch):
+    from backends import fused
+
+    def no_compiler(plan):
+        raise RuntimeError("no Triton here")
+
+    monkeypatch.setattr(fused, "compiled", no_compiler)
+    monkeypatch.setattr(fused, "_failed", {})
+    x = _heavy((4, 64), 1)
+    spec = QuantSpec(format="mxfp4", rounding="sr")
+    with pytest.warns(RuntimeWarning, match="torch.compile of the quantizer failed .RuntimeError"):
+        got = fake_quantize_fused(x, spec, -1, KEY, compile=True)
+    _bits_equal(got, fake_quantize_reference(x, spec, -1, KEY))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per plan
+        fake_quantize_fused(x, spec, -1, KEY, compile=True)
