@@ -28,6 +28,7 @@ import os
 import re
 import socket
 import sys
+import textwrap
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -278,10 +279,11 @@ def check_devices(study: Study, cells: Iterable[Cell] | None = None) -> None:
             problems.setdefault(str(e), []).append(c.label)
     if problems:
         lines = [
-            f"{msg} (cells: {', '.join(labels[:4])}{' ...' if len(labels) > 4 else ''})"
+            f"  cells {', '.join(labels[:4])}{' ...' if len(labels) > 4 else ''}:\n"
+            + textwrap.indent(msg, "    ")
             for msg, labels in problems.items()
         ]
-        raise RunnerError("this machine cannot run the study:\n  " + "\n  ".join(lines))
+        raise RunnerError("this machine cannot run the study:\n" + "\n".join(lines))
 
 
 def _ckpt_step(study: Study, cell: Cell) -> int | None:

@@ -1,8 +1,9 @@
 """backends: the numerics of ablate, usable on their own (they import only torch).
 
-Formats and quantizers (``formats``, ``quant``), Hadamard transforms (``hadamard``), per-GEMM recipes
-(``recipe``), the quantized linear layer and model conversion (``linear``), and the GEMM backends
-(``registry``, ``emulated``). Typical use::
+Formats and quantizers (``formats``, ``quant``: a C kernel on the CPU, ``fused`` compiled on GPUs),
+Hadamard transforms (``hadamard``), per-GEMM recipes (``recipe``), the quantized linear layer and
+model conversion (``linear``), and the GEMM backends (``registry``; ``emulated`` on any device,
+``native`` on the hardware's scaled GEMMs). Typical use::
 
     from backends import Recipe, convert_model
     convert_model(model, Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "dht", base="fp8"))

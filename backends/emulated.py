@@ -42,10 +42,5 @@ class EmulatedBackend:
         aq = _operand(a, gemm.a, keys.a, gemm, signs)  # (M, K) float32
         bq = _operand(b, gemm.b, keys.b, gemm, signs)  # (N, K) float32
         out = aq @ bq.t()  # (M, N), float32 accumulation
-        comp = 1.0
-        for s in (gemm.a, gemm.b):
-            if s is not None:
-                comp /= s.prescale_factor
-        if comp != 1.0:
-            out = out * comp
-        return out
+        comp = gemm.output_scale  # undoes the clip-free SR prescale
+        return out * comp if comp != 1.0 else out

@@ -78,6 +78,16 @@ class GemmRecipe:
     def is_fp4(self) -> bool:
         return any(s is not None and s.fmt.is_fp4 for s in (self.a, self.b))
 
+    @property
+    def output_scale(self) -> float:
+        """What the GEMM output is multiplied by to undo the operands' clip-free SR prescale:
+        4/3 per prescaled operand (16/9 for both), as a native GEMM's alpha would."""
+        comp = 1.0
+        for s in (self.a, self.b):
+            if s is not None:
+                comp /= s.prescale_factor
+        return comp
+
     def short(self) -> str:
         if self.high_precision:
             return "bf16"

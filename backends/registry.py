@@ -6,8 +6,8 @@ native backend can produce packed codes and hardware scales while ``emulated`` d
 multiplies in FP32). ``check`` runs before any training step and refuses a recipe the device cannot
 run, naming the device, the format and what the device supports.
 
-``emulated`` (``backends/emulated.py``) is registered here; ``native`` plugs in the same way with
-``register_backend``.
+``emulated`` (``backends/emulated.py``) and ``native`` (``backends/native.py``) are registered here
+on first use; another backend plugs in the same way with ``register_backend``.
 """
 
 from __future__ import annotations
@@ -81,3 +81,7 @@ def _load_builtin() -> None:
         from .emulated import EmulatedBackend
 
         register_backend("emulated", EmulatedBackend)
+    if "native" not in _REGISTRY:
+        from .native import NativeBackend
+
+        register_backend("native", NativeBackend)

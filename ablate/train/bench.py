@@ -1,10 +1,14 @@
-"""Training throughput of the presets in high precision and full MXFP4, measured in one run.
+"""Training throughput of the presets per recipe, measured in one run.
 
-For each preset it trains a few steps with the all-high-precision recipe and with MXFP4 on all three
-GEMMs (emulated), and prints the median tokens/s per optimizer step (evaluation excluded, the first
-steps dropped as warm-up) and the MXFP4 / high-precision ratio.
+For each preset it trains a few steps with each recipe: ``bf16`` (all high precision: float32 on the
+CPU, bfloat16 autocast on a GPU), ``fp8`` (every GEMM FP8 per tensor, E4M3 forward and E5M2
+gradients; on the ``native`` backend where the device runs FP8, else emulated) and ``mxfp4`` (MXFP4
+on all three GEMMs, emulated), and prints the median tokens/s and step time per optimizer step
+(evaluation excluded, the first steps dropped as warm-up) and each recipe's step time relative to
+``bf16``.
 
-Run: ``python -m ablate.train.bench [--presets tiny small] [--steps 12] [--json]``.
+Run: ``python -m ablate.train.bench [--presets tiny small] [--recipes bf16 mxfp4] [--device cpu]
+[--steps 12] [--json]``.
 """
 
 from __future__ import annotations
@@ -13,21 +17,46 @@ import argparse
 import json
 import platform
 import statistics
+from typing import Any
 
 import torch
 
 from backends.recipe import GEMMS, Recipe
+from backends.registry import UnsupportedFormatError, get_backend
 
 from .config import RunConfig, TrainConfig
 from .data import DataConfig
 from .logger import MemoryLogger
-from .loop import train
+from .loop import resolve_device, train
 from .model import ModelConfig
 
-RECIPES = {"bf16": Recipe.bf16(), "mxfp4": Recipe.from_shorthand(GEMMS, "none")}
+RECIPES = {
+    "bf16": Recipe.bf16(),
+    "fp8": Recipe.from_shorthand(base="fp8"),
+    "mxfp4": Recipe.from_shorthand(GEMMS, "none"),
+}
 
 
-def step_tokens_per_s(preset: str, recipe: Recipe, steps: int, batch: int, seq_len: int) -> float:
+def backend_for(recipe: str, device: torch.device) -> str:
+    """``native`` for FP8 where this device runs it, else ``emulated``."""
+    if recipe != "fp8":
+        return "emulated"
+    try:
+        get_backend("native").check(RECIPES[recipe], device)
+    except UnsupportedFormatError:
+        return "emulated"
+    return "native"
+
+
+def step_tokens_per_s(
+    preset: str,
+    recipe: Recipe,
+    steps: int,
+    batch: int,
+    seq_len: int,
+    device: str = "cpu",
+    backend: str = "emulated",
+) -> float:
     cfg = RunConfig(
         model=ModelConfig(preset=preset),
         data=DataConfig(val_tokens=4096),
@@ -40,7 +69,8 @@ def step_tokens_per_s(preset: str, recipe: Recipe, steps: int, batch: int, seq_l
             eval_batches=1,
         ),
         recipe=recipe,
-        device="cpu",
+        backend=backend,
+        device=device,
     )
     log = MemoryLogger()
     train(cfg, log)
@@ -51,31 +81,68 @@ def step_tokens_per_s(preset: str, recipe: Recipe, steps: int, batch: int, seq_l
     return batch * seq_len / statistics.median(times)
 
 
+def measure(
+    presets: list[str], recipes: list[str], device: str, steps: int, batch: int, seq_len: int
+) -> list[dict[str, Any]]:
+    """One row per (preset, recipe): backend, tokens/s, ms per step, step time / bf16's."""
+    dev = resolve_device(device)
+    rows: list[dict[str, Any]] = []
+    for preset in presets:
+        base_ms = None
+        for name in recipes:
+            backend = backend_for(name, dev)
+            tps = step_tokens_per_s(preset, RECIPES[name], steps, batch, seq_len, device, backend)
+            ms = batch * seq_len / tps * 1e3
+            base_ms = ms if name == "bf16" else base_ms
+            rows.append(
+                {
+                    "preset": preset,
+                    "recipe": name,
+                    "backend": backend,
+                    "tokens_per_s": tps,
+                    "step_ms": ms,
+                    "vs_bf16": ms / base_ms if base_ms else None,
+                }
+            )
+    return rows
+
+
+def report_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        f"{'preset':8s} {'recipe':8s} {'backend':9s} {'tok/s':>10s} {'ms/step':>9s} {'/bf16':>6s}"
+    ]
+    for r in rows:
+        rel = f"{r['vs_bf16']:6.2f}" if r["vs_bf16"] is not None else f"{'':6s}"
+        lines.append(
+            f"{r['preset']!s:8s} {r['recipe']!s:8s} {r['backend']!s:9s} "
+            f"{r['tokens_per_s']:10.0f} {r['step_ms']:9.2f} {rel}"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    ap.add_argument("--recipes", nargs="+", default=["bf16", "mxfp4"], choices=list(RECIPES))
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    try:
+        resolve_device(a.device)
+    except ValueError as e:
+        ap.error(str(e))
     print(
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-        f"torch {torch.__version__}; batch {a.batch} x {a.seq_len} tokens, median over steps"
+        f"torch {torch.__version__}, device {a.device}; batch {a.batch} x {a.seq_len} tokens, "
+        "median over steps"
     )
-    out: dict[str, float] = {}
-    print(f"{'preset':8s} {'bf16 tok/s':>12s} {'mxfp4 tok/s':>12s} {'mxfp4/bf16':>11s}")
-    for preset in a.presets:
-        r = {
-            k: step_tokens_per_s(preset, v, a.steps, a.batch, a.seq_len) for k, v in RECIPES.items()
-        }
-        ratio = r["mxfp4"] / r["bf16"]
-        out.update(
-            {f"{preset}_bf16": r["bf16"], f"{preset}_mxfp4": r["mxfp4"], f"{preset}_ratio": ratio}
-        )
-        print(f"{preset:8s} {r['bf16']:12.0f} {r['mxfp4']:12.0f} {ratio:11.2f}")
+    rows = measure(a.presets, a.recipes, a.device, a.steps, a.batch, a.seq_len)
+    print("\n".join(report_lines(rows)))
     if a.json:
-        print(json.dumps(out))
+        print(json.dumps(rows))
     return 0
 
 

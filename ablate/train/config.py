@@ -96,7 +96,7 @@ class RunConfig:
     recipe: Recipe = field(default_factory=Recipe.bf16)
     """Numerics of every block linear (see backends.recipe)."""
     backend: str = "emulated"
-    """GEMM backend: emulated (any device) or native (a later issue)."""
+    """GEMM backend: emulated (any device) or native (the hardware's FP8/FP4 GEMMs; see backends.native)."""
     seed: int = 0
     """Model initialization and stochastic-rounding seed (data order has its own data.data_seed)."""
     device: str = "auto"

@@ -135,3 +135,26 @@ def test_report_without_a_store_or_runs_says_so_and_fails(tmp_path):
     run_study(s, executor="local", progress=False, stop_after=1)
     res = CliRunner().invoke(main, ["report", str(p), "--runs", str(tmp_path / "out")])
     assert res.exit_code == 1 and "no finished runs yet" in res.output, res.output
+
+
+def test_native_backend_on_a_machine_without_the_hardware_fails_before_any_cell_starts(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("checks the refusal on a machine without a GPU")
+    study = STUDY.replace("  train:", "  backend: native\n  train:").replace(
+        "[[], [fprop]]", "[[], [fprop, dgrad, wgrad]]"
+    )
+    p = _write(tmp_path, study)
+    out = tmp_path / "out"
+    for cmd in ("plan", "run"):  # run with its default executor: refused before Ray starts
+        res = CliRunner().invoke(main, [cmd, str(p), "-o", str(out)])
+        assert res.exit_code == 1, (cmd, res.output)
+        msg = res.output
+        assert "backend native cannot run recipe" in msg and "on cpu" in msg, msg
+        assert "mxfp4 (fprop, dgrad, wgrad) has no native GEMM on this device" in msg
+        assert "cpu runs no format natively" in msg and "Use `backend: emulated`" in msg
+        assert "cells mxfp4[fprop,dgrad,wgrad]/bf16:\n" in msg  # not the bf16 cell: it needs none
+    assert not out.exists()

@@ -168,7 +168,9 @@ def test_a_failing_cell_is_recorded_and_rerun_only_when_asked(tmp_path):
 def test_a_device_that_cannot_run_the_study_fails_before_anything_is_written(tmp_path):
     s = tiny_study(tmp_path)
     s.cells[1].config.device = "cuda:7"
-    with pytest.raises(RunnerError, match=r"cannot run the study:\n.*cuda:7.*cells: mxfp4"):
+    with pytest.raises(
+        RunnerError, match=r"cannot run the study:\n  cells mxfp4.*:\n    device: 'cuda:7'"
+    ):
         run_study(s, executor="local", progress=False)
     assert not (tmp_path / "out").exists()
 

@@ -1,0 +1,494 @@
+"""The ``native`` GEMM backend: the hardware's scaled GEMM through ``torch._scaled_mm``.
+
+Each operand is quantized by the same quantizer as ``emulated`` (``quant.quantize``, after the same
+Hadamard transform), so the codes and scales are identical; only the product differs: the hardware
+multiplies the codes and applies the scales instead of an FP32 GEMM on dequantized values. Hadamard
+transforms and stochastic rounding happen in the quantizer and need nothing from the GEMM; the
+clip-free SR prescale is undone on the output exactly as ``emulated`` does (16/9 when both operands
+use it). What ``torch._scaled_mm`` receives, for ``a`` (M, K) and ``b`` (N, K), out = a @ b^T:
+
+    format          mat_a / mat_b (b passed as b.t(): column-major)      scale_a / scale_b
+    fp8_e4m3/e5m2   float8_e4m3fn / float8_e5m2, (M, K) / (K, N)         float32 scalar decode scale
+                    (MI300: float8_*_fnuz codes of half the value, decode scale doubled)
+    mxfp8_*         float8, (M, K) / (K, N)                              float8_e8m0fnu per 1x32 block,
+                                                                         swizzled, flat
+    mxfp4           float4_e2m1fn_x2, (M, K/2) / (K/2, N)                float8_e8m0fnu per 1x32, swizzled
+    nvfp4           float4_e2m1fn_x2, (M, K/2) / (K/2, N)                float8_e4m3fn per 1x16, swizzled;
+                                                                         FP32 tensor scales x output
+
+"Swizzled" is cuBLAS's block-scale layout: the (rows, K/block) scale matrix, zero-padded to
+(128·⌈rows/128⌉, 4·⌈cols/4⌉), cut into 128x4 tiles stored one after another (row tiles outer), each
+tile as 32x16 with row r = 32i + j at [j, 4i : 4i + 4] (``swizzle_scales``; torchao's ``to_blocked``).
+ROCm's MX GEMM takes the scales row-major instead. Rows are zero-padded to a multiple of 16 and K
+to a multiple of 32, as the GEMMs require (cuBLASLt: K and N multiples of 16; FP4 packs K/2); on
+gfx950 both to 128: the MX GEMM needs K % 128, and torch's check of the scale count
+(128·⌈rows/128⌉ · 4·⌈K/128⌉) holds for row-major scales only when rows are a multiple of 128. Padding
+is zero codes, which add nothing, and is cut from the output.
+
+Calls (torch 2.13): ``torch._scaled_mm(a, b.t(), scale_a, scale_b, out_dtype=float32,
+use_fast_accum=False)`` for FP8, MXFP8 and NVFP4 (cuBLASLt / hipBLASLt); MXFP4 on CUDA goes through
+``F.scaled_mm(a, b.t(), scale_a, ScalingType.BlockWise1x32, scale_b, ScalingType.BlockWise1x32,
+swizzle_a=SwizzleType.SWIZZLE_32_4_4, swizzle_b=..., output_dtype=bfloat16)``, the route torchao
+uses and torch 2.13 sends to MSLK's CUTLASS kernel (B200/B300 only, bf16 output; later torch
+releases also accept MXFP4 in ``_scaled_mm`` through cuBLASLt).
+
+``check`` runs before any training step: it refuses a recipe whose formats the device cannot run
+(``CAPABILITIES``), naming the device, the formats and GEMMs, what the device supports, and
+``backend: emulated`` as the way to run the recipe anyway.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from .formats import E2M1, ElementFormat, decode_e8m0, pack_fp4, unpack_fp4
+from .quant import FORMATS, QuantSpec, quantize
+from .recipe import GEMMS, GemmRecipe, Recipe
+from .registry import GemmKeys, UnsupportedFormatError
+
+_FP8 = frozenset({"fp8_e4m3", "fp8_e5m2"})
+_MXFP8 = frozenset({"mxfp8_e4m3", "mxfp8_e5m2"})
+
+CAPABILITIES: dict[str, frozenset[str]] = {
+    # NVIDIA, by compute capability. FP8 per tensor from Ada on; block-scaled from Blackwell on.
+    "sm_89": _FP8,  # Ada: L4, L40S, RTX 4090
+    "sm_90": _FP8,  # Hopper: H100, H200, GH200
+    "sm_100": _FP8 | _MXFP8 | {"mxfp4", "nvfp4"},  # Blackwell: B200, GB200
+    "sm_103": _FP8 | _MXFP8 | {"mxfp4", "nvfp4"},  # Blackwell Ultra: B300, GB300
+    "sm_120": _FP8 | _MXFP8 | {"nvfp4"},  # RTX 50xx, RTX PRO 6000: torch runs MXFP4 on sm_10x only
+    # AMD, by gfx arch.
+    "gfx942": _FP8,  # MI300X, MI325X: FNUZ FP8, codes mapped exactly (``to_fnuz``)
+    "gfx950": _FP8 | _MXFP8 | {"mxfp4"},  # MI350X, MI355X: no NVFP4 on ROCm
+}
+"""Formats each device runs natively through ``torch._scaled_mm`` (arch -> format names)."""
+
+_BLOCK = {"e8m0": 32, "nv": 16}  # the only block sizes the hardware GEMMs take
+_FNUZ = {"e4m3": torch.float8_e4m3fnuz, "e5m2": torch.float8_e5m2fnuz}
+_NO_DEVICE_HINT = (
+    "torch._scaled_mm needs an NVIDIA GPU of compute capability 8.9 or newer or an AMD MI300/MI350"
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# devices and what they support
+
+
+def device_arch(device: torch.device | str) -> str | None:
+    """``sm_90``, ``gfx942``, ...; None for devices without a scaled GEMM (cpu, mps, ...)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip:
+        return str(props.gcnArchName).split(":")[0]  # "gfx942:sramecc+:xnack-" -> "gfx942"
+    return f"sm_{props.major}{props.minor}"
+
+
+def device_name(device: torch.device | str) -> str:
+    """``cpu``, or the GPU's name with its arch: ``NVIDIA H100 80GB HBM3 (sm_90)``."""
+    device = torch.device(device)
+    arch = device_arch(device)
+    if arch is None:
+        return device.type
+    return f"{torch.cuda.get_device_properties(device).name} ({arch})"
+
+
+def build_limits(arch: str | None) -> dict[str, str]:
+    """Formats of ``arch`` that this torch build cannot run natively, with the reason."""
+    out: dict[str, str] = {}
+    if arch is None:
+        return out
+    cuda_mxfp4 = arch.startswith("sm_") and "mxfp4" in CAPABILITIES.get(arch, ())
+    config = torch.__config__.show()
+    if cuda_mxfp4 and sys.platform == "win32":
+        out["mxfp4"] = "torch has no MXFP4 GEMM on Windows"
+    elif cuda_mxfp4 and "USE_MSLK" not in config and "USE_FBGEMM_GENAI" not in config:
+        out["mxfp4"] = "this torch build has no MSLK kernels, which torch uses for MXFP4 on CUDA"
+    hip = _hip_version()
+    pre_swizzled = hasattr(torch.nn.functional.ScalingType, "BlockWiseBlk32Ue8m0_32_8_EXT")
+    if arch.startswith("gfx") and hip is not None and pre_swizzled:
+        # torch after 2.13, built with ROCm >= 7.13 (7.14 for MXFP8), takes hipBLASLt's
+        # pre-swizzled 32x8 MX scale layout, which this backend does not produce; torch 2.13 and
+        # earlier ROCm builds take row-major scales
+        for fmt, since in (("mxfp4", (7, 13)), ("mxfp8_e4m3", (7, 14)), ("mxfp8_e5m2", (7, 14))):
+            if hip >= since:
+                out[fmt] = (
+                    f"ROCm {hip[0]}.{hip[1]}'s pre-swizzled MX scale layout is not implemented"
+                )
+    return out
+
+
+def _hip_version() -> tuple[int, int] | None:
+    hip = torch.version.hip
+    if not hip:
+        return None
+    major, minor = hip.split(".")[:2]
+    return int(major), int(minor)
+
+
+def formats_for(arch: str | None, limits: Mapping[str, str] | None = None) -> set[str]:
+    """Formats ``arch`` runs natively, less those in ``limits`` (default: none)."""
+    caps = CAPABILITIES.get(arch, frozenset()) if arch else frozenset()
+    return set(caps) - set(limits or {})
+
+
+def supported_formats(device: torch.device | str) -> set[str]:
+    """Formats this device runs natively with this torch build."""
+    arch = device_arch(device)
+    return formats_for(arch, build_limits(arch))
+
+
+def check_recipe(
+    recipe: Recipe,
+    arch: str | None,
+    name: str | None = None,
+    limits: Mapping[str, str] | None = None,
+) -> None:
+    """Raise ``UnsupportedFormatError`` unless device ``arch`` (called ``name`` in messages) runs
+    every quantized GEMM of ``recipe`` natively; ``limits`` are formats the build cannot run."""
+    name = name or arch or "cpu"
+    limits = dict(limits or {})
+    supported = formats_for(arch, limits)
+    missing: dict[str, list[str]] = {}  # format -> GEMMs that need it
+    problems: list[str] = []
+    for g in GEMMS:
+        gemm = recipe.gemm(g)
+        if gemm.high_precision:
+            continue
+        if gemm.a is None or gemm.b is None:
+            problems.append(
+                f"{g} multiplies a quantized operand by a high-precision one "
+                f"({gemm.short()}); a native GEMM needs both operands quantized"
+            )
+            continue
+        fa, fb = gemm.a.format, gemm.b.format
+        for spec in (gemm.a, gemm.b):
+            native_block = _BLOCK.get(spec.fmt.scale)
+            if spec.block_size is not None and spec.block_size != native_block:
+                problems.append(
+                    f"{g}: {spec.format} with block_size {spec.block_size}; the hardware GEMM "
+                    f"takes {native_block}-element blocks"
+                )
+        if _family(fa) != _family(fb):
+            problems.append(f"{g}: no native GEMM multiplies {fa} by {fb}")
+        elif fa.endswith("e5m2") and fb.endswith("e5m2") and not (arch or "").startswith("gfx"):
+            problems.append(f"{g}: {fa} x {fb}: cuBLAS has no GEMM with both operands in E5M2")
+        for f in dict.fromkeys((fa, fb)):
+            if f not in supported:
+                missing.setdefault(f, []).append(g)
+    if not missing and not problems:
+        return
+    lines = [f"backend native cannot run recipe {recipe.short()!r} on {name}:"]
+    for f, gemms in missing.items():
+        why = f" ({limits[f]})" if f in limits else ""
+        lines.append(f"  {f} ({', '.join(gemms)}) has no native GEMM on this device{why}")
+    lines += [f"  {p}" for p in problems]
+    runs = [f for f in FORMATS if f in supported]
+    if runs:
+        lines.append(f"  {name} runs natively: {', '.join(runs)}")
+    else:
+        lines.append(f"  {name} runs no format natively ({_NO_DEVICE_HINT})")
+    lines.append(
+        "Use `backend: emulated` to run this recipe on any device (the same quantized values, "
+        "multiplied in FP32)."
+    )
+    raise UnsupportedFormatError("\n".join(lines))
+
+
+_FAMILY = {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "mxfp8_e4m3": "mxfp8", "mxfp8_e5m2": "mxfp8"}
+
+
+def _family(fmt: str) -> str:
+    """Formats one GEMM can pair: E4M3 with E5M2 within FP8 and within MXFP8."""
+    return _FAMILY.get(fmt, fmt)
+
+
+# ----------------------------------------------------------------------------------------------
+# packing: what the GEMM takes (pure functions, testable on the CPU)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What a device's scaled GEMM expects of its operands."""
+
+    swizzle: bool = True
+    """Block scales in cuBLAS's 128x4 tiles (``swizzle_scales``); False: row-major (ROCm)."""
+    row_align: int = 16
+    """Rows of each operand (M and N) are zero-padded to a multiple of this."""
+    k_align: int = 32
+    """The reduction dimension is zero-padded to a multiple of this (elements)."""
+    fnuz: bool = False
+    """FP8 as ``float8_*_fnuz`` (MI300)."""
+    block_out: torch.dtype = torch.float32
+    """Output dtype of the block-scaled GEMMs (hipBLASLt's MX GEMM writes bf16 only)."""
+
+
+CUDA_LAYOUT = Layout()
+
+
+def layout_for(arch: str | None) -> Layout:
+    """The operand layout of ``arch`` (CUDA's for None, so CPU tests exercise it)."""
+    if arch == "gfx942":
+        return Layout(swizzle=False, fnuz=True)
+    if arch is not None and arch.startswith("gfx"):
+        return Layout(swizzle=False, row_align=128, k_align=128, block_out=torch.bfloat16)
+    return CUDA_LAYOUT
+
+
+def swizzle_scales(scales: torch.Tensor) -> torch.Tensor:
+    """(rows, cols) block scales -> flat, in cuBLAS's tiled layout (see the module docstring).
+
+    Bit for bit torchao's ``to_blocked``: zero-padded to (128·⌈rows/128⌉, 4·⌈cols/4⌉); tile (t, u)
+    of 128 rows x 4 columns is stored at ``(t·⌈cols/4⌉ + u)·512``, its row 32i + j, column c at
+    offset 16j + 4i + c.
+    """
+    rows, cols = scales.shape
+    R, C = _round_up(rows, 128), _round_up(cols, 4)
+    byte = scales.element_size() == 1 and scales.dtype != torch.uint8  # e8m0 has no zero: pad bytes
+    padded = _pad(scales.view(torch.uint8) if byte else scales, R, C)
+    t = padded.view(R // 128, 4, 32, C // 4, 4)  # (row tile, i, j, col tile, c)
+    out = t.permute(0, 3, 2, 1, 4).reshape(-1)  # (row tile, col tile, j, i, c)
+    return out.view(scales.dtype) if byte else out
+
+
+def unswizzle_scales(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Inverse of ``swizzle_scales``: the (rows, cols) scales."""
+    R, C = _round_up(rows, 128), _round_up(cols, 4)
+    t = blocked.reshape(R // 128, C // 4, 32, 4, 4)  # (row tile, col tile, j, i, c)
+    return t.permute(0, 3, 2, 1, 4).reshape(R, C)[:rows, :cols]
+
+
+def to_fnuz(codes: torch.Tensor, elem: ElementFormat) -> torch.Tensor:
+    """OCP FP8 codes (uint8) -> FNUZ codes (uint8) of exactly half the value.
+
+    FNUZ's exponent bias is one larger, so every finite OCP bit pattern means half as much; the
+    caller doubles the decode scale. -0 becomes +0 (0x80 is FNUZ's NaN); NaN and E5M2's infinities
+    (which the saturating quantizer never emits) become 0x80.
+    """
+    assert elem.torch_dtype is not None
+    nonfinite = ~torch.isfinite(codes.view(elem.torch_dtype).float())
+    out = torch.where(codes == 0x80, 0, codes)
+    return torch.where(nonfinite, 0x80, out).to(torch.uint8)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedOperand:
+    """One GEMM operand as ``torch._scaled_mm`` takes it (see the module docstring)."""
+
+    data: torch.Tensor
+    """(R, Kp) float8, or (R, Kp/2) float4_e2m1fn_x2; row-major, rows and K zero-padded."""
+    scale: torch.Tensor
+    """float32 () decode scale (per-tensor FP8); else block scales as float8_e8m0fnu (MX) or
+    float8_e4m3fn (NVFP4), flat and swizzled, or (R, Kp/block) row-major."""
+    global_scale: torch.Tensor | None
+    """NVFP4: float32 () tensor decode scale, multiplied into the output; else None."""
+    rows: int
+    """Rows before padding."""
+    spec: QuantSpec
+    swizzled: bool
+    out_dtype: torch.dtype
+    """What the GEMM writes for this format on this device."""
+
+
+def pack_operand(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    *,
+    key: int = 0,
+    hadamard: tuple[int, torch.Tensor | None] | None = None,
+    layout: Layout = CUDA_LAYOUT,
+) -> PackedOperand:
+    """Quantize ``x`` (rows, K) along K, with the ``emulated`` backend's codes, and pack it.
+
+    ``hadamard=(size, signs)`` first applies ``hadamard_transform`` along K, as ``emulated`` does;
+    ``key`` seeds stochastic rounding.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"pack_operand needs a 2-D (rows, K) tensor, got shape {tuple(x.shape)}")
+    q = quantize(x, spec, axis=1, key=key, hadamard=hadamard)  # (rows, Kq) codes, K padded
+    f, B = spec.fmt, spec.block or 1
+    rows, K = q.codes.shape
+    R, Kp = _round_up(rows, layout.row_align), _round_up(K, math.lcm(layout.k_align, B))
+    codes = _pad(q.codes, R, Kp).to(x.device)
+    if f.is_fp4:
+        data = pack_fp4(codes).view(torch.float4_e2m1fn_x2)
+    elif layout.fnuz and f.scale == "tensor":  # MI300 has FNUZ FP8 and no MX GEMM
+        data = to_fnuz(codes, f.elem).view(_FNUZ[f.elem.name])
+    else:
+        assert f.elem.torch_dtype is not None
+        data = codes.view(f.elem.torch_dtype)
+    if f.scale == "tensor":
+        assert q.global_dec is not None
+        dec = q.global_dec.to(device=x.device, dtype=torch.float32).reshape(())
+        if layout.fnuz:
+            dec = dec * 2  # the FNUZ codes mean half as much
+        return PackedOperand(data, dec, None, rows, spec, False, torch.float32)
+    assert q.scales is not None
+    s = _pad(q.scales, R, Kp // B).to(x.device)
+    s = swizzle_scales(s) if layout.swizzle else s.contiguous()
+    s = s.view(torch.float8_e8m0fnu if f.scale == "e8m0" else torch.float8_e4m3fn)
+    g = None
+    if f.scale == "nv":
+        assert q.global_dec is not None
+        g = q.global_dec.to(device=x.device, dtype=torch.float32).reshape(())
+    out_dtype = layout.block_out
+    if spec.format == "mxfp4" and layout.swizzle:
+        out_dtype = torch.bfloat16  # MSLK's MXFP4 kernel writes bf16
+    return PackedOperand(data, s, g, rows, spec, layout.swizzle, out_dtype)
+
+
+def dequantize_packed(p: PackedOperand) -> torch.Tensor:
+    """(R, Kp) float32: the values the GEMM multiplies, decoded from what it is handed.
+
+    Equal bit for bit to ``fake_quantize`` on the unpadded region (same operations in the same
+    order as ``QTensor.dequantize``); zero in the padding.
+    """
+    f = p.spec.fmt
+    vals = E2M1.decode(unpack_fp4(p.data)) if f.is_fp4 else p.data.float()
+    if f.scale == "tensor":
+        return vals * p.scale
+    R, K = vals.shape
+    B = p.spec.block
+    codes = p.scale.view(torch.uint8)
+    s = unswizzle_scales(codes, R, K // B) if p.swizzled else codes.view(R, K // B)
+    sv = decode_e8m0(s) if f.scale == "e8m0" else s.view(torch.float8_e4m3fn).float()
+    out = (vals.view(R, K // B, B) * sv.unsqueeze(-1)).flatten(1)
+    if p.global_scale is not None:
+        out = out * p.global_scale
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the GEMM
+
+
+def scaled_mm(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
+    """``a @ b^T`` (pa.rows, pb.rows) float32 on the device's scaled GEMM, FP32 accumulation."""
+    if pa.data.shape[1] != pb.data.shape[1]:
+        raise ValueError(
+            f"scaled_mm: operands differ in K: {tuple(pa.data.shape)} and {tuple(pb.data.shape)}"
+        )
+    if pa.spec.format == "mxfp4" and pa.swizzled:
+        F = torch.nn.functional
+        out = F.scaled_mm(
+            pa.data,
+            pb.data.t(),
+            pa.scale,
+            F.ScalingType.BlockWise1x32,
+            pb.scale,
+            F.ScalingType.BlockWise1x32,
+            swizzle_a=F.SwizzleType.SWIZZLE_32_4_4,
+            swizzle_b=F.SwizzleType.SWIZZLE_32_4_4,
+            output_dtype=pa.out_dtype,
+        )
+    else:
+        out = torch._scaled_mm(
+            pa.data,
+            pb.data.t(),  # column-major, as cuBLASLt's FP8 GEMM on Hopper requires
+            pa.scale,
+            pb.scale,
+            out_dtype=pa.out_dtype,
+            use_fast_accum=False,  # periodic promotion to FP32 of the tensor-core partial sums
+        )
+    out = out.float()
+    if pa.global_scale is not None and pb.global_scale is not None:
+        out = out * (pa.global_scale * pb.global_scale)
+    return _unpad(out, pa.rows, pb.rows)
+
+
+def scaled_mm_reference(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
+    """``scaled_mm`` in FP32 torch operations on the decoded operands (any device)."""
+    out = dequantize_packed(pa) @ dequantize_packed(pb).t()
+    return _unpad(out, pa.rows, pb.rows)
+
+
+Gemm = Callable[[PackedOperand, PackedOperand], torch.Tensor]
+
+
+class NativeBackend:
+    """Quantize with the ``backends`` quantizer, multiply on the hardware's scaled GEMM.
+
+    ``gemm`` computes the product of two packed operands: ``scaled_mm`` (the hardware), or
+    ``scaled_mm_reference`` to run the whole path on a device without one (tests).
+    """
+
+    name = "native"
+
+    def __init__(self, gemm: Gemm = scaled_mm) -> None:
+        self.gemm = gemm
+        self._layouts: dict[torch.device, Layout] = {}
+
+    def check(self, recipe: Recipe, device: torch.device) -> None:
+        arch = device_arch(device)
+        check_recipe(recipe, arch, device_name(device), build_limits(arch))
+
+    def mm(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        gemm: GemmRecipe,
+        keys: GemmKeys,
+        signs: torch.Tensor | None,
+    ) -> torch.Tensor:
+        if gemm.a is None or gemm.b is None:
+            raise UnsupportedFormatError(
+                f"backend native: GEMM {gemm.short()} has a high-precision operand; a native GEMM "
+                "needs both operands quantized (use `backend: emulated`)"
+            )
+        layout = self._layouts.get(a.device)
+        if layout is None:
+            layout = self._layouts[a.device] = layout_for(device_arch(a.device))
+        h = gemm.hadamard
+        had = None if h is None else (h.size, signs)
+        pa = pack_operand(a, gemm.a, key=keys.a, hadamard=had, layout=layout)  # (M, K)
+        pb = pack_operand(b, gemm.b, key=keys.b, hadamard=had, layout=layout)  # (N, K)
+        out = self.gemm(pa, pb)  # (M, N) float32
+        comp = gemm.output_scale  # undoes the clip-free SR prescale
+        return out * comp if comp != 1.0 else out
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _unpad(out: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The (rows, cols) top-left of a padded GEMM output, contiguous like ``emulated``'s."""
+    if out.shape == (rows, cols):
+        return out
+    return out[:rows, :cols].contiguous()
+
+
+def _pad(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Zero-pad a 2-D tensor at the bottom and right to (rows, cols)."""
+    r, c = t.shape
+    if (r, c) == (rows, cols):
+        return t
+    return torch.nn.functional.pad(t, (0, cols - c, 0, rows - r))
+
+
+__all__ = [
+    "CAPABILITIES",
+    "CUDA_LAYOUT",
+    "Layout",
+    "NativeBackend",
+    "PackedOperand",
+    "build_limits",
+    "check_recipe",
+    "dequantize_packed",
+    "device_arch",
+    "device_name",
+    "formats_for",
+    "layout_for",
+    "pack_operand",
+    "scaled_mm",
+    "scaled_mm_reference",
+    "supported_formats",
+    "swizzle_scales",
+    "to_fnuz",
+    "unswizzle_scales",
+]
