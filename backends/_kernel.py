@@ -4,7 +4,7 @@ The kernel is plain C with no Python or torch headers, so it compiles in about a
 system C compiler on first use and is cached under ``$ABLATE_CACHE_DIR`` (default
 ``~/.cache/ablate``), keyed by the source, the compiler flags and the CPU's feature flags (it is built
 with ``-march=native``). Without a C compiler ``available()`` is False and ``backends.quant`` uses its
-pure-torch reference path, which gives bit-identical results, slower; a warning says so once.
+pure-torch path of ``fused.py``, which gives bit-identical results, slower; a warning says so once.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def library() -> ctypes.CDLL | None:
                 _failed = str(e)
                 warnings.warn(
                     f"ablate: the fused CPU quantizer is unavailable ({e}); using the pure-torch "
-                    "reference quantizer (identical numerics, much slower)",
+                    "quantizer (identical numerics, slower)",
                     RuntimeWarning,
                     stacklevel=3,
                 )

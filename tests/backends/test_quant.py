@@ -880,3 +880,28 @@ def test_a_quantizer_that_fails_to_compile_runs_eagerly_with_one_warning(monkeyp
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per plan
         fake_quantize_fused(x, spec, -1, KEY, compile=True)
+
+
+def test_without_a_c_compiler_the_fused_torch_path_runs_with_one_warning(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, torch\n"
+        "from backends.quant import QuantSpec, fake_quantize, fake_quantize_reference\n"
+        "x = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))\n"
+        "s = QuantSpec(format='nvfp4', rounding='sr')\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    a = fake_quantize(x, s, key=5)\n"
+        "    b = fake_quantize(x, s, key=5)\n"
+        "print(len(w), str(w[0].message))\n"
+        "assert torch.equal(a, fake_quantize_reference(x, s, key=5)) and torch.equal(a, b)\n"
+    )
+    env = {**os.environ, "CC": str(tmp_path / "no-cc"), "ABLATE_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("ABLATE_NO_KERNEL", None)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("1 ablate: the fused CPU quantizer is unavailable ("), res.stdout
+    assert "using the pure-torch quantizer (identical numerics, slower)" in res.stdout
