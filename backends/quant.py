@@ -453,9 +453,9 @@ def fake_quantize(
 
     Output dtype defaults to x's; MX dequantized values are exact in bfloat16 and float32.
     ``hadamard=(size, signs)`` first applies ``hadamard_transform(x, axis, size, signs)`` (output
-    padded along ``axis`` to a multiple of ``size``, float32 by default); on the CPU, for a
-    contiguous ``axis`` whose length is a multiple of the block and the size, the transform is
-    fused into the same pass, with the same bits as the two steps.
+    padded along ``axis`` to a multiple of ``size``, float32 by default), fused into the same pass
+    with the same bits as the two steps: on a GPU always, on the CPU for the MX formats along a
+    contiguous ``axis`` whose length is a multiple of the block and the size.
     """
     axis = _check(x, spec, axis)
     od = out_dtype or (torch.float32 if hadamard is not None else x.dtype)
@@ -486,6 +486,8 @@ def fake_quantize(
 def _plan(
     spec: QuantSpec, hadamard: tuple[int, torch.Tensor | None] | None, values: bool, od: torch.dtype
 ) -> fused.Plan:
+    if hadamard is not None:
+        check_size(hadamard[0])
     return fused.Plan(
         elem=fused.Elem.of(spec.fmt.elem),
         scale=spec.fmt.scale,

@@ -905,3 +905,9 @@ def test_without_a_c_compiler_the_fused_torch_path_runs_with_one_warning(tmp_pat
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("1 ablate: the fused CPU quantizer is unavailable ("), res.stdout
     assert "using the pure-torch quantizer (identical numerics, slower)" in res.stdout
+
+
+@pytest.mark.parametrize("entry", [quantize_fused, fake_quantize_fused, quantize, fake_quantize])
+def test_an_unsupported_hadamard_size_is_refused_naming_the_allowed_ones(entry):
+    with pytest.raises(ValueError, match="hadamard size 24 is not supported; allowed: 16, 32"):
+        entry(torch.randn(4, 48), QuantSpec(format="mxfp4"), -1, 0, hadamard=(24, None))
