@@ -1,10 +1,12 @@
-"""The quantizer in branch-free torch arithmetic: one fused kernel per operand on a GPU.
+"""The quantizer in branch-free torch arithmetic, for ``torch.compile`` to fuse on a GPU.
 
 ``quant.py`` holds the specification (``quantize_reference``: a grid search in float64) and the C
 kernel that runs it fast on the CPU. Neither suits a GPU: the search is slow there and the C kernel
 is CPU-only. This module computes the same bits with integer and float32 operations that a compiler
 can fuse, and on CUDA hands them to ``torch.compile`` (Inductor -> Triton), so a quantize-dequantize
-(and the Hadamard transform before it) is one pass over the operand instead of dozens of kernels.
+(and the Hadamard transform before it) becomes a few fused kernels instead of dozens of eager ones
+(for NVFP4 and FP8 the tensor's amax is a reduction before the main pass). Not yet run on a GPU:
+the compiled path is checked on the CPU through Inductor's C++ backend.
 
 How each rule becomes arithmetic (``x`` float32, ``a = |v|``):
 

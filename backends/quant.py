@@ -8,7 +8,7 @@ Two entry points; every path below is bit-identical to the reference, and tested
   training path).
 
 Both run the C kernel of ``_kernel.py`` on the CPU and, on a GPU (or a CPU without a C compiler),
-the branch-free torch arithmetic of ``fused.py``, compiled into one kernel per operand on CUDA
+the branch-free torch arithmetic of ``fused.py``, compiled into fused kernels on CUDA
 (``quantize_fused``/``fake_quantize_fused`` call that path directly, on any device).
 
 ``*_reference`` functions are the readable specification: grid search for rounding, ``frexp`` for
