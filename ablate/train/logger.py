@@ -25,6 +25,12 @@ class Logger(Protocol):
         """The run ended: ``finished``, ``diverged`` or ``stopped``, with details."""
         ...
 
+    def flush(self) -> None:
+        """Make everything logged so far durable. The trainer calls it before each checkpoint: a
+        run resumed from that checkpoint re-reports only the steps after it, so the steps up to it
+        must already be stored."""
+        ...
+
 
 class NullLogger:
     """Discards everything."""
@@ -36,6 +42,9 @@ class NullLogger:
         pass
 
     def log_status(self, status: str, info: Mapping[str, Any]) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
 
@@ -60,6 +69,9 @@ class MemoryLogger:
 
     def log_status(self, status: str, info: Mapping[str, Any]) -> None:
         self.status = (status, dict(info))
+
+    def flush(self) -> None:
+        pass  # nothing is buffered
 
     def series(self, name: str) -> list[tuple[int, float]]:
         """(step, value) of one metric, in logging order."""

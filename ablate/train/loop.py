@@ -212,6 +212,10 @@ def train(
     def save() -> None:
         if ckpt_dir is None:
             return
+        # the steps up to this checkpoint are stored before it exists: a resumed run re-reports
+        # only later steps (a kill after the flush and before the write re-reports logged steps,
+        # which the logger drops)
+        log.flush()
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         obj = {
             "config_hash": chash,

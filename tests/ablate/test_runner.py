@@ -211,6 +211,9 @@ def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, ray_cluster):
     object.__setattr__(cell.config.train, "checkpoint_every", 5)
     ckpt = s.checkpoint_dir(cell) / "checkpoint.pt"
     killed: list[int] = []
+    # imported here, not first in the thread below while the driver imports it too (a module
+    # imported from two threads at once can fail with a circular-import error)
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 
     def killer() -> None:
         client = MlflowClient(tracking_uri=s.tracking_uri)

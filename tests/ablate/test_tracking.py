@@ -349,3 +349,52 @@ def test_read_histories_keeps_the_last_value_logged_for_a_step(uri):
     assert h["val_loss"][:2] == [(0, 9.0), (5, 3.0)]
     assert h["val_loss"][2][0] == 7 and math.isnan(h["val_loss"][2][1])
     assert h["tokens"] == [(5, 64.0)] and h["absent"] == []
+
+
+_KILLED_WORKER = """
+import os, signal, sys
+from ablate.tracking import MlflowLogger
+from ablate.train import RunConfig
+from ablate.train.loop import train
+
+cfg = RunConfig.from_dict(__import__("json").loads(sys.argv[3]))
+
+class DiesAtStep13(MlflowLogger):
+    def log_metrics(self, metrics, step):
+        super().log_metrics(metrics, step)
+        if step == 13:  # after the checkpoint of step 10, before that of step 15
+            os.kill(os.getpid(), signal.SIGKILL)
+
+# buffered until a flush: nothing reaches the store by size or time
+train(cfg, DiesAtStep13(sys.argv[1], sys.argv[2], flush_points=10**6, flush_interval_s=1e9))
+"""
+
+
+def test_a_worker_killed_between_checkpoints_loses_no_step_on_resume(uri, tmp_path):
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from ablate.train import DataConfig, RunConfig, TrainConfig
+    from ablate.train.loop import checkpoint_info, train
+
+    _, run_id = new_cell(uri)
+    cfg = RunConfig(
+        data=DataConfig(val_tokens=4096),
+        train=TrainConfig(
+            steps=16, batch_size=4, seq_len=32, eval_every=4, checkpoint_every=5, warmup_steps=2
+        ),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+    )
+    args = [sys.executable, "-c", _KILLED_WORKER, uri, run_id, json.dumps(cfg.to_dict())]
+    res = subprocess.run(args, capture_output=True, text=True)
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    assert checkpoint_info(tmp_path / "ckpt")["step"] == 10
+    # the steps up to the checkpoint were stored before it was written
+    assert steps(uri, run_id, "train_loss") == list(range(1, 11))
+    result = train(cfg, MlflowLogger(uri, run_id))  # the retried worker resumes from step 10
+    assert result.status == "finished"
+    for key in ("train_loss", "lr", "tokens"):
+        assert steps(uri, run_id, key) == list(range(0 if key == "tokens" else 1, 17)), key
+    assert steps(uri, run_id, "val_loss") == [0, 4, 8, 12, 16]
