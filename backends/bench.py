@@ -29,13 +29,23 @@ from .quant import QuantSpec, fake_quantize
 Fn = Callable[[], object]
 
 
-def _median_s(fn: Fn, repeats: int) -> float:
-    fn()  # warm-up (also builds the C kernel on first use)
+def median_ms(fn: Fn, repeats: int, device: torch.device | None = None) -> float:
+    """Median wall time of ``fn`` in ms after one warm-up (which also builds the C kernel or
+    compiles the GPU quantizer on first use): CUDA events on a GPU, ``perf_counter`` elsewhere."""
+    fn()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+        if device is not None and device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
 
@@ -121,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}")
             result.update({f"{key}_ms": None, f"{key}_gbps": None, f"{key}_copy_fraction": None})
             continue
-        t = _median_s(fn, args.repeats)
+        t = median_ms(fn, args.repeats) / 1e3
         if key == "copy":
             copy_s = t
         gbps, frac = nbytes / t / 1e9, copy_s / t

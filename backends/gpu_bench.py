@@ -28,13 +28,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from .bench import Fn, median_ms
 from .emulated import EmulatedBackend
 from .hadamard import hadamard_transform
 from .native import (
@@ -50,29 +49,9 @@ from .quant import QuantSpec, fake_quantize, fake_quantize_fused, fake_quantize_
 from .recipe import GemmRecipe
 from .registry import GemmKeys
 
-Fn = Callable[[], object]
 LLAMA3_8B = ((4096, 4096), (4096, 14336), (14336, 4096))  # (K, N) of each projection
 NATIVE_FORMATS = ("fp8_e4m3", "mxfp8_e4m3", "mxfp4", "nvfp4")
 KEYS = GemmKeys(a=1, b=2, signs=3)
-
-
-def median_ms(fn: Fn, repeats: int, device: torch.device) -> float:
-    """Median wall time of ``fn`` in ms: CUDA events on a GPU, ``perf_counter`` elsewhere."""
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def gemm_rows(
