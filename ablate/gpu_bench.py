@@ -1,20 +1,22 @@
-"""The GPU benchmark of the ``native`` backend issue, in one run, written to ``reports/gpu/``.
+"""The GPU benchmark: GEMM, quantizer and training-step throughput, written to ``reports/gpu/``.
 
-It measures, on one GPU and in one process:
+On one GPU and in one process it measures:
 
 - GEMM throughput (TFLOP/s) on Llama-3-8B-shaped matrices: BF16 ``torch.mm``, each native format the
   device runs (FP8 on Hopper; also MXFP8/MXFP4/NVFP4 on Blackwell), the native FP8 backend's whole
   GEMM with quantization, and the emulated MXFP4 GEMM (quantize-dequantize both operands + FP32
-  GEMM) (``backends.gpu_bench``);
-- the quantizer's fraction of the GPU's copy bandwidth, per quantize path, each checked bit for bit
-  against the reference quantizer on the device (target: at least 0.70 for MXFP4 RNE);
+  GEMM): the GEMM rows of ``backends.bench``;
+- the quantizer's fraction of the GPU's copy bandwidth on a (tokens x 4096) bfloat16 tensor, per
+  quantize path, each checked bit for bit against the reference quantizer on the device (target:
+  at least 0.70 for MXFP4 RNE): the quantizer rows of ``backends.bench``;
 - the training step time of the ``small`` preset in BF16 (autocast), FP8 (native where the device
-  runs it) and emulated full MXFP4 (target: MXFP4 at most 1.25x the BF16 step)
-  (``ablate.train.bench``).
+  runs it) and emulated full MXFP4 (target: MXFP4 at most 1.25x the BF16 step):
+  ``ablate.train.bench``.
 
 It prints the tables and the two targets met or missed, and writes them with the device, torch
 version and date to ``reports/gpu/<date>-<arch>.md`` and ``.json``. On a machine without a GPU it
-says so and exits 0.
+says so and exits 0. ``python -m backends.bench --device cuda --gemms`` measures the GEMM and
+quantizer rows alone.
 
 Run: ``python -m ablate.gpu_bench [--repeats 10] [--tokens 8192] [--steps 12] [--out reports/gpu]``.
 """
@@ -30,7 +32,7 @@ from typing import Any
 
 import torch
 
-from backends import gpu_bench
+from backends import bench
 from backends.native import device_arch
 
 from .train import bench as train_bench
@@ -47,12 +49,12 @@ def measure(
     preset: str = "small",
     batch: int = 16,
     seq_len: int = 512,
-    kn: Iterable[tuple[int, int]] = gpu_bench.LLAMA3_8B,
+    kn: Iterable[tuple[int, int]] = bench.LLAMA3_8B,
     quant_k: int = 4096,
 ) -> dict[str, Any]:
     """GEMM, quantizer and training-step rows on ``device``, with the targets evaluated (smaller
     ``preset``, ``kn`` and ``quant_k`` than the defaults only to check the benchmark itself)."""
-    result = gpu_bench.measure(device, tokens, repeats, kn, quant_k)
+    result = bench.measure(device, tokens, repeats, kn, (tokens, quant_k))
     result["arch"] = device_arch(device) or device.type
     result["date"] = dt.date.today().isoformat()
     rows = train_bench.measure(
@@ -78,7 +80,7 @@ def measure(
 
 
 def report_lines(result: dict[str, Any]) -> list[str]:
-    lines = gpu_bench.report_lines(result)
+    lines = bench.report_lines(result)
     t = result["train"]
     lines.append(
         f"training step, preset {t['preset']}, batch {t['batch']} x {t['seq_len']} tokens, "
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.tokens, args.repeats, args.steps) < 1:
         ap.error("--tokens, --repeats and --steps must be positive")
     if not torch.cuda.is_available():
-        print(f"ablate.gpu_bench: {gpu_bench.NO_GPU}")
+        print(f"ablate.gpu_bench: {bench.NO_GPU}")
         return 0
     result = measure(torch.device("cuda"), args.tokens, args.repeats, args.steps)
     lines = report_lines(result)

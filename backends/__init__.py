@@ -2,33 +2,22 @@
 
 Formats and quantizers (``formats``, ``quant``: a C kernel on the CPU, ``fused`` compiled on GPUs),
 Hadamard transforms (``hadamard``), per-GEMM recipes (``recipe``), the quantized linear layer and
-model conversion (``linear``), and the GEMM backends (``registry``; ``emulated`` on any device,
-``native`` on the hardware's scaled GEMMs). Typical use::
+model conversion (``linear``), the GEMM backends (their interface in ``gemm``, named in
+``registry``; ``emulated`` on any device, ``native`` on the hardware's scaled GEMMs) and the
+benchmark of the quantizers and GEMMs (``bench``). Typical use::
 
     from backends import Recipe, convert_model
     convert_model(model, Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "dht", base="fp8"))
 """
 
 from .formats import E2M1, E4M3, E5M2, ElementFormat, ScaleMode, pack_fp4, unpack_fp4
+from .gemm import GemmBackend, UnsupportedFormatError
 from .hadamard import hadamard_matrix, hadamard_transform, sign_vector
 from .linear import QuantLinear, convert_model
-from .quant import (
-    FORMATS,
-    QTensor,
-    QuantSpec,
-    fake_quantize,
-    fake_quantize_reference,
-    quantize,
-    quantize_reference,
-)
+from .quant import FORMATS, QTensor, QuantSpec, fake_quantize, quantize
 from .recipe import GEMMS, GemmRecipe, HadamardSpec, Recipe, parse_intervention
-from .registry import (
-    GemmBackend,
-    UnsupportedFormatError,
-    available_backends,
-    get_backend,
-    register_backend,
-)
+from .reference import fake_quantize_reference, quantize_reference
+from .registry import available_backends, get_backend, register_backend
 
 __all__ = [
     "E2M1",

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from .gemm import GemmKeys
 from .hadamard import hadamard_transform
 from .quant import QuantSpec, fake_quantize
 from .recipe import GemmRecipe, Recipe
-from .registry import GemmKeys
 
 
 def _operand(

@@ -1,7 +1,7 @@
 """The quantizer in branch-free torch arithmetic, for ``torch.compile`` to fuse on a GPU.
 
-``quant.py`` holds the specification (``quantize_reference``: a grid search in float64) and the C
-kernel that runs it fast on the CPU. Neither suits a GPU: the search is slow there and the C kernel
+``reference.py`` holds the specification (``quantize_reference``: a grid search in float64) and
+``quant.py`` runs it fast on the CPU through the C kernel. Neither suits a GPU: the search is slow there and the C kernel
 is CPU-only. This module computes the same bits with integer and float32 operations that a compiler
 can fuse, and on CUDA hands them to ``torch.compile`` (Inductor -> Triton), so a quantize-dequantize
 (and the Hadamard transform before it) becomes a few fused kernels instead of dozens of eager ones

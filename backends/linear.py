@@ -9,7 +9,7 @@ tensors saved by the forward pass (never re-quantizing a quantized tensor):
     wgrad  dW (out,in) = dY^T (out, T)  @ X   (T, in)     reduce over T     dY, X  along T
 
 Every GEMM is computed by a backend as ``a @ b^T`` with both operands reduced over their last
-dimension (``registry.GemmBackend.mm``): fprop a=X, b=W; dgrad a=dY, b=W^T; wgrad a=dY^T, b=X^T.
+dimension (``gemm.GemmBackend.mm``): fprop a=X, b=W; dgrad a=dY, b=W^T; wgrad a=dY^T, b=X^T.
 The bias gradient is a high-precision sum. With an all-high-precision recipe the layer is exactly
 ``nn.Linear`` (``F.linear`` and its autograd).
 
@@ -32,9 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .gemm import GemmKeys
 from .hadamard import SIZES, sign_vector
 from .recipe import GEMMS, OPERANDS, Recipe
-from .registry import GemmKeys, get_backend
+from .registry import get_backend
 from .rng import GEMM_IDS, OPERAND_IDS, derive_key
 
 _SIGNS_STREAM = 0  # operand id used for Hadamard sign keys

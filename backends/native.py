@@ -47,9 +47,9 @@ from dataclasses import dataclass
 import torch
 
 from .formats import E2M1, ElementFormat, decode_e8m0, pack_fp4, unpack_fp4
+from .gemm import GemmKeys, UnsupportedFormatError
 from .quant import FORMATS, QuantSpec, quantize
 from .recipe import GEMMS, GemmRecipe, Recipe
-from .registry import GemmKeys, UnsupportedFormatError
 
 _FP8 = frozenset({"fp8_e4m3", "fp8_e5m2"})
 _MXFP8 = frozenset({"mxfp8_e4m3", "mxfp8_e5m2"})

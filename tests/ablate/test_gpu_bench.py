@@ -25,6 +25,8 @@ def test_benchmark_rows_targets_and_report_at_toy_sizes_on_the_cpu(tmp_path):
     )
     assert result["arch"] == "cpu" and result["date"]
     assert [r["gemm"] for r in result["gemms"]] == ["bf16", "emulated_mxfp4"]  # no native here
+    assert all(r["tflops"] > 0 for r in result["gemms"])
+    assert all(r["ms"] > 0 for r in result["quantizer"])
     quant = {r["quantizer"]: r for r in result["quantizer"]}
     assert set(quant) == {
         "copy",

@@ -25,10 +25,9 @@ from backends.formats import (
 from backends.quant import (
     QuantSpec,
     fake_quantize,
-    fake_quantize_reference,
     quantize,
-    quantize_reference,
 )
+from backends.reference import fake_quantize_reference, quantize_reference
 
 
 def _next32(a: float, toward: float) -> float:

@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from backends import gpu_bench
 from backends.emulated import EmulatedBackend
 from backends.formats import E4M3, E5M2, unpack_fp4
+from backends.gemm import GemmKeys, UnsupportedFormatError
 from backends.hadamard import hadamard_transform
 from backends.linear import QuantLinear, convert_model
 from backends.native import (
@@ -38,7 +38,7 @@ from backends.native import (
 )
 from backends.quant import FORMATS, QuantSpec, fake_quantize, quantize
 from backends.recipe import GemmRecipe, HadamardSpec, Recipe
-from backends.registry import GemmKeys, UnsupportedFormatError, available_backends, get_backend
+from backends.registry import available_backends, get_backend
 
 KEYS = GemmKeys(a=1234, b=5678, signs=99)
 ALL_FORMATS = list(FORMATS)
@@ -527,28 +527,3 @@ def test_fp8_layer_trains_on_native_as_on_emulated():
 def test_device_arch_names_the_gpu():
     assert _ARCH is not None and (_ARCH.startswith("sm_") or _ARCH.startswith("gfx"))
     assert device_name("cuda").endswith(f"({_ARCH})")
-
-
-# ----------------------------------------------------------------------------------------------
-# the GPU benchmark
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPU")
-def test_gpu_bench_without_a_gpu_says_so_and_exits_0(capsys):
-    assert gpu_bench.main([]) == 0
-    assert "no CUDA or ROCm device here" in capsys.readouterr().out
-
-
-def test_gpu_bench_rows_run_on_the_cpu_at_small_sizes():
-    cpu = torch.device("cpu")
-    rows = gpu_bench.gemm_rows(cpu, [(64, 64, 32)], repeats=1, native=["fp8_e4m3"])
-    assert [r["gemm"] for r in rows] == [
-        "bf16",
-        "native_fp8_e4m3",
-        "native_fp8_e4m3_mm",
-        "emulated_mxfp4",
-    ]
-    assert all(float(r["tflops"]) > 0 for r in rows)  # type: ignore[arg-type]
-    quant = gpu_bench.quantizer_rows(cpu, (64, 64), repeats=1)
-    assert quant[0]["quantizer"] == "copy" and quant[0]["copy_fraction"] == 1.0
-    assert len(quant) == 6 and all(r["bit_exact"] for r in quant[1:])

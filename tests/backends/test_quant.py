@@ -23,11 +23,10 @@ from backends.quant import (
     QuantSpec,
     fake_quantize,
     fake_quantize_fused,
-    fake_quantize_reference,
     quantize,
     quantize_fused,
-    quantize_reference,
 )
+from backends.reference import fake_quantize_reference, quantize_reference
 from backends.rng import GEMM_IDS, OPERAND_IDS, derive_key
 
 # fast: the C kernel here; fused: the torch arithmetic that runs on GPUs (eager on the CPU)
@@ -889,7 +888,8 @@ def test_without_a_c_compiler_the_fused_torch_path_runs_with_one_warning(tmp_pat
 
     code = (
         "import warnings, torch\n"
-        "from backends.quant import QuantSpec, fake_quantize, fake_quantize_reference\n"
+        "from backends.quant import QuantSpec, fake_quantize\n"
+        "from backends.reference import fake_quantize_reference\n"
         "x = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))\n"
         "s = QuantSpec(format='nvfp4', rounding='sr')\n"
         "with warnings.catch_warnings(record=True) as w:\n"

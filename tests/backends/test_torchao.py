@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from backends.formats import ScaleMode, decode_e8m0, unpack_fp4
-from backends.quant import QuantSpec, fake_quantize, quantize, quantize_reference
+from backends.quant import QuantSpec, fake_quantize, quantize
+from backends.reference import quantize_reference
 
 mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
 cfg = pytest.importorskip("torchao.prototype.mx_formats.config")

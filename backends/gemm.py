@@ -1,0 +1,54 @@
+"""The GEMM backend interface: what a backend is, the keys of one GEMM call, and its refusal.
+
+This module owns the interface every GEMM backend implements (``GemmBackend``), the random-stream
+keys passed to each call (``GemmKeys``) and the error a backend raises for a format it cannot run
+(``UnsupportedFormatError``). It imports no backend: ``emulated`` and ``native`` implement it, and
+``registry`` names them.
+
+A backend computes ``a @ b^T`` for one GEMM of a linear layer, both operands reduced over their last
+dimension, from the high-precision operands and the GEMM's recipe (it quantizes them itself, so a
+native backend can produce packed codes and hardware scales while ``emulated`` dequantizes and
+multiplies in FP32). ``check`` runs before any training step and refuses a recipe the device cannot
+run, naming the device, the format and what the device supports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .recipe import GemmRecipe, Recipe
+
+
+@dataclass(frozen=True, slots=True)
+class GemmKeys:
+    """Random-stream keys of one GEMM call: per operand for SR, and for random Hadamard signs."""
+
+    a: int
+    b: int
+    signs: int
+
+
+class GemmBackend(Protocol):
+    name: str
+
+    def check(self, recipe: Recipe, device: torch.device) -> None:
+        """Raise ``UnsupportedFormatError`` if ``device`` cannot run ``recipe``."""
+        ...
+
+    def mm(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        gemm: GemmRecipe,
+        keys: GemmKeys,
+        signs: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``a @ b^T`` (a: (M, K), b: (N, K), possibly transposed views) as float32."""
+        ...
+
+
+class UnsupportedFormatError(RuntimeError):
+    """A backend cannot run a format on a device."""
