@@ -21,13 +21,15 @@ from typing import Any
 
 import torch
 
+from backends.gemm import UnsupportedFormatError
 from backends.recipe import GEMMS, Recipe
-from backends.registry import UnsupportedFormatError, get_backend
+from backends.registry import get_backend
 
 from .config import RunConfig, TrainConfig
 from .data import DataConfig
+from .device import resolve_device
 from .logger import MemoryLogger
-from .loop import resolve_device, train
+from .loop import train
 from .model import ModelConfig
 
 RECIPES = {

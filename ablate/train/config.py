@@ -3,12 +3,15 @@
 ``RunConfig`` = model + data + training loop + recipe + backend + seed. Every field is documented;
 ``__post_init__`` validation raises ``ValueError`` naming the field (as its dotted path in a study,
 e.g. ``train.grad_accum``) and what would be right. ``to_dict``/``from_dict`` give the plain nested
-form that the study spec resolves into, MLflow records as params, and a cell's key hashes.
+form that the study spec resolves into, MLflow records as params (``flatten``), and a cell's key
+hashes (``config_hash``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -192,3 +195,23 @@ class RunResult:
     @property
     def best_val_loss(self) -> float:
         return min((e.val_loss for e in self.evals), default=math.nan)
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """Identity of what a checkpoint was trained with (where it lives and runs does not count)."""
+    d = cfg.to_dict()
+    for k in ("checkpoint_dir", "device"):
+        d.pop(k)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"train": {"lr": 1}} -> {"train.lr": 1}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

@@ -1,108 +1,99 @@
 """The training loop: ``train(config, logger) -> RunResult``.
 
-AdamW with linear warmup and cosine decay, gradient clipping and accumulation, bfloat16 autocast
-where the device supports it, validation loss/perplexity on the fixed held-out set (at step 0, every
-``eval_every`` steps and at the end), tokens seen as the x-axis of everything, and a divergence guard
-(non-finite loss or gradient norm, or a smoothed loss that runs away) that ends the run as
-``diverged`` with the step instead of raising.
+AdamW with linear warmup and cosine decay (``schedule``), gradient clipping and accumulation,
+bfloat16 autocast where the device supports it (``device``), validation loss/perplexity on the fixed
+held-out set (at step 0, every ``eval_every`` steps and at the end), tokens seen as the x-axis of
+everything, and a divergence guard (non-finite loss or gradient norm, or a smoothed loss that runs
+away) that ends the run as ``diverged`` with the step instead of raising.
 
-Checkpoints are atomic (written to a temporary file, then renamed) and hold everything the next step
-depends on: model (including the quantized layers' random-stream counters), optimizer, data position,
-RNG states, evaluation history and the divergence guard's state. A run that finds a checkpoint in
-``checkpoint_dir`` resumes from it and ends bit-identical to an uninterrupted run on the same CPU
-(same thread count); one that finds a finished run's checkpoint returns its result without training.
+The run's progress is a ``TrainState`` (``state``); checkpoints (``checkpoint``) are atomic and hold
+everything the next step depends on. A run that finds a checkpoint in ``checkpoint_dir`` resumes
+from it and ends bit-identical to an uninterrupted run on the same CPU (same thread count); one that
+finds a finished run's checkpoint returns its result without training.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
 import time
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from .config import EvalPoint, RunConfig, RunResult
-from .data import BatchSampler, load_data, val_batches
+from .batches import BatchSampler
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import EvalPoint, RunConfig, RunResult, TrainConfig, config_hash, flatten
+from .data import TokenData, load_data, val_batches
+from .device import autocast, resolve_device
 from .logger import Logger, NullLogger
 from .model import build_model, count_parameters
+from .schedule import lr_at
+from .state import TrainState
 
-CHECKPOINT = "checkpoint.pt"
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"device: unknown {name!r}; allowed: auto, cpu, cuda, cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {name!r} requested but no CUDA device is available; use cpu")
-    return dev
+Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def lr_at(step: int, cfg: RunConfig) -> float:
-    """Learning rate of optimizer step ``step`` (0-based): linear warmup, then cosine decay."""
-    t = cfg.train
-    if step < t.warmup_steps:
-        return t.lr * (step + 1) / t.warmup_steps
-    span = max(1, t.steps - t.warmup_steps)
-    progress = min(1.0, (step - t.warmup_steps) / span)
-    floor = t.lr * t.min_lr_ratio
-    return floor + (t.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+def train(
+    config: RunConfig, logger: Logger | None = None, *, stop_after: int | None = None
+) -> RunResult:
+    """Train one configuration; ``stop_after`` ends the run (status ``stopped``, checkpointed) once
+    that many steps are done, as an interruption would."""
+    run = _build(config, logger if logger is not None else NullLogger(), stop_after)
+    log, tc = run.log, config.train
+    state = run.maybe_resume()
+    if state.status in ("finished", "diverged"):
+        return run.result(state)  # already done: nothing to train, nothing to log again
+    state.status = None
 
+    params = flatten(config.to_dict())
+    params.update({"data.fingerprint": run.data.fingerprint, "model.n_params": run.n_params})
+    log.log_params(params)
+    if state.step == 0 and not state.evals:
+        m0: dict[str, float] = {"tokens": 0.0}
+        run.record_eval(state, m0)
+        log.log_metrics(m0, 0)
 
-def config_hash(cfg: RunConfig) -> str:
-    """Identity of what a checkpoint was trained with (where it lives and runs does not count)."""
-    d = cfg.to_dict()
-    for k in ("checkpoint_dir", "device"):
-        d.pop(k)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"train": {"lr": 1}} -> {"train.lr": 1}."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-
-
-def _autocast(cfg: RunConfig, device: torch.device) -> AbstractContextManager[Any]:
-    p = cfg.train.precision
-    use_bf16 = p == "bf16" or (
-        p == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    run.model.train()
+    while state.step < tc.steps:
+        if stop_after is not None and state.step >= stop_after:
+            run.checkpoint(state)
+            log.log_status("stopped", {"step": state.step})
+            return run.result(state)
+        loss, grad_norm, metrics = run.optimizer_step(state)
+        reason = _divergence(state, tc, run.data.vocab_size, loss, grad_norm)
+        if reason:
+            log.log_metrics(metrics, state.step)
+            state.status, state.reason, state.diverged_at = "diverged", reason, state.step
+            run.checkpoint(state)
+            log.log_status("diverged", {"step": state.step, "reason": reason})
+            return run.result(state)
+        if state.step % tc.eval_every == 0 or state.step == tc.steps:
+            run.record_eval(state, metrics)
+        log.log_metrics(metrics, state.step)
+        if state.step == tc.steps:
+            state.status = "finished"
+            run.checkpoint(state)
+        elif tc.checkpoint_every and state.step % tc.checkpoint_every == 0:
+            run.checkpoint(state)
+    state.status = "finished"
+    res = run.result(state)
+    log.log_status(
+        "finished",
+        {"step": state.step, "val_loss": res.final_val_loss, "tokens_per_s": res.tokens_per_s},
     )
-    if use_bf16:
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
+    return res
 
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], ctx_fn: Any
+    model: nn.Module,
+    batches: list[Batch],
+    ctx_fn: Callable[[], AbstractContextManager[Any]],
 ) -> float:
     """Mean validation loss over the fixed held-out batches."""
     was_training = model.training
@@ -116,33 +107,118 @@ def evaluate(
     return total / count
 
 
-def _save(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # atomic: a reader sees the old or the new checkpoint, never half of one
-    # a small sidecar that says what the checkpoint holds without loading it (runner, `ablate plan`)
-    st = obj["state"]
-    info = {"step": st["step"], "status": st["status"], "config_hash": obj["config_hash"]}
-    side = path.with_suffix(".json")
-    side.with_suffix(".json.tmp").write_text(json.dumps(info))
-    os.replace(side.with_suffix(".json.tmp"), side)
+@dataclass(kw_only=True, slots=True)
+class _Run:
+    """What ``train`` builds once for a configuration (model, optimizer, data, validation batches)
+    and where it reports and checkpoints; its methods are the steps of the loop."""
+
+    config: RunConfig
+    log: Logger
+    device: torch.device
+    data: TokenData
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    sampler: BatchSampler
+    val: list[Batch]
+    """The fixed validation batches, on ``device``."""
+    n_params: int
+    checkpoint_dir: Path | None
+    config_hash: str
+    t_start: float
+    """``time.perf_counter()`` when ``train`` was called (the result's wall time)."""
+
+    def ctx(self) -> AbstractContextManager[Any]:
+        """The autocast context of one forward pass."""
+        return autocast(self.config.train.precision, self.device)
+
+    def maybe_resume(self) -> TrainState:
+        """The checkpoint's state, with model, optimizer, data position and RNGs restored from it;
+        a fresh state when there is none."""
+        if self.checkpoint_dir is None:
+            return TrainState()
+        state = load_checkpoint(
+            self.checkpoint_dir,
+            config_hash=self.config_hash,
+            model=self.model,
+            optimizer=self.optimizer,
+            sampler=self.sampler,
+        )
+        return state if state is not None else TrainState()
+
+    def optimizer_step(self, state: TrainState) -> tuple[float, float, dict[str, float]]:
+        """One optimizer step (scheduled LR, gradient accumulation, clipping) that advances
+        ``state``; a non-finite loss or gradient norm leaves the weights as they were. Returns the
+        loss, the gradient norm and the step's metrics."""
+        tc = self.config.train
+        t0 = time.perf_counter()
+        lr = lr_at(state.step, tc)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        x, y = self.sampler.next()
+        x, y = x.to(self.device), y.to(self.device)
+        loss_val = 0.0
+        for xm, ym in zip(x.chunk(tc.grad_accum), y.chunk(tc.grad_accum), strict=True):
+            with self.ctx():
+                loss = self.model(xm, ym)
+            (loss / tc.grad_accum).backward()
+            loss_val += float(loss.detach()) / tc.grad_accum
+        clip = tc.grad_clip if tc.grad_clip > 0 else math.inf
+        grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        if math.isfinite(loss_val) and math.isfinite(grad_norm):
+            self.optimizer.step()
+        state.step += 1
+        state.tokens += tc.tokens_per_step
+        state.train_time += time.perf_counter() - t0
+        metrics: dict[str, float] = {
+            "train_loss": loss_val,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": float(state.tokens),
+            "tokens_per_s": state.tokens / state.train_time,
+        }
+        return loss_val, grad_norm, metrics
+
+    def record_eval(self, state: TrainState, metrics: dict[str, float]) -> None:
+        """Evaluate, append to the state's history and add val_loss/val_ppl to ``metrics``."""
+        loss = evaluate(self.model, self.val, self.ctx)
+        state.evals.append(EvalPoint(step=state.step, tokens=state.tokens, val_loss=loss))
+        metrics.update(val_loss=loss, val_ppl=math.exp(min(loss, 700.0)))
+
+    def checkpoint(self, state: TrainState) -> None:
+        """Checkpoint the run (nothing without a ``checkpoint_dir``)."""
+        if self.checkpoint_dir is None:
+            return
+        # the steps up to this checkpoint are stored before it exists: a resumed run re-reports
+        # only later steps (a kill after the flush and before the write re-reports logged steps,
+        # which the logger drops)
+        self.log.flush()
+        save_checkpoint(
+            self.checkpoint_dir,
+            config_hash=self.config_hash,
+            state=state,
+            model=self.model,
+            optimizer=self.optimizer,
+            sampler=self.sampler,
+        )
+
+    def result(self, state: TrainState) -> RunResult:
+        return RunResult(
+            status=state.status or "stopped",
+            steps=state.step,
+            tokens=state.tokens,
+            evals=list(state.evals),
+            tokens_per_s=state.tokens / state.train_time if state.train_time else 0.0,
+            fingerprint=self.data.fingerprint,
+            diverged_at=state.diverged_at,
+            reason=state.reason,
+            wall_time_s=time.perf_counter() - self.t_start,
+            n_params=self.n_params,
+        )
 
 
-def checkpoint_info(checkpoint_dir: str | Path) -> dict[str, Any] | None:
-    """{"step", "status", "config_hash"} of the checkpoint in ``checkpoint_dir``, or None."""
-    try:
-        info: dict[str, Any] = json.loads((Path(checkpoint_dir) / "checkpoint.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return info
-
-
-def train(
-    config: RunConfig, logger: Logger | None = None, *, stop_after: int | None = None
-) -> RunResult:
-    """Train one configuration; ``stop_after`` ends the run (status ``stopped``, checkpointed) once
-    that many steps are done, as an interruption would."""
-    log: Logger = logger if logger is not None else NullLogger()
+def _build(config: RunConfig, log: Logger, stop_after: int | None) -> _Run:
+    """Check the arguments, load the data, build model and optimizer, and cut the validation set."""
     t_start = time.perf_counter()
     tc = config.train
     device = resolve_device(config.device)
@@ -161,7 +237,6 @@ def train(
         seed=config.seed,
         device=device,
     )
-    n_params = count_parameters(model)
     opt = torch.optim.AdamW(
         _param_groups(model, tc.weight_decay),
         lr=tc.lr,
@@ -177,158 +252,51 @@ def train(
             f"data.val_tokens: {data.val.numel()} held-out tokens make no validation batch of "
             f"{tc.batch_size} x {tc.seq_len}; raise data.val_tokens or lower the batch"
         )
-    val = [(x.to(device), y.to(device)) for x, y in val]
-
-    def ctx() -> AbstractContextManager[Any]:
-        return _autocast(config, device)
-
-    chash = config_hash(config)
-    st: dict[str, Any] = {
-        "step": 0,
-        "tokens": 0,
-        "train_time": 0.0,
-        "evals": [],
-        "ema": None,
-        "best_ema": math.inf,
-        "status": None,
-        "reason": "",
-        "diverged_at": None,
-    }
-
-    def result() -> RunResult:
-        return RunResult(
-            status=st["status"] or "stopped",
-            steps=st["step"],
-            tokens=st["tokens"],
-            evals=[EvalPoint(**e) for e in st["evals"]],
-            tokens_per_s=st["tokens"] / st["train_time"] if st["train_time"] else 0.0,
-            fingerprint=data.fingerprint,
-            diverged_at=st["diverged_at"],
-            reason=st["reason"],
-            wall_time_s=time.perf_counter() - t_start,
-            n_params=n_params,
-        )
-
-    def save() -> None:
-        if ckpt_dir is None:
-            return
-        # the steps up to this checkpoint are stored before it exists: a resumed run re-reports
-        # only later steps (a kill after the flush and before the write re-reports logged steps,
-        # which the logger drops)
-        log.flush()
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        obj = {
-            "config_hash": chash,
-            "state": st,
-            "model": model.state_dict(),
-            "optimizer": opt.state_dict(),
-            "sampler": sampler.state_dict(),
-            "rng_cpu": torch.get_rng_state(),
-            "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        }
-        _save(ckpt_dir / CHECKPOINT, obj)
-
-    path = ckpt_dir / CHECKPOINT if ckpt_dir else None
-    if path is not None and path.exists():
-        ck = torch.load(path, map_location=device, weights_only=False)
-        if ck["config_hash"] != chash:
-            raise ValueError(
-                f"checkpoint_dir: {path} was written by a different configuration "
-                f"({ck['config_hash']} != {chash}); use a new checkpoint_dir for a new config"
-            )
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        sampler.load_state_dict(ck["sampler"])
-        torch.set_rng_state(ck["rng_cpu"])
-        if ck["rng_cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ck["rng_cuda"])
-        st.update(ck["state"])
-        if st["status"] in ("finished", "diverged"):
-            return result()  # already done: nothing to train, nothing to log again
-        st["status"] = None
-
-    params = flatten(config.to_dict())
-    params.update({"data.fingerprint": data.fingerprint, "model.n_params": n_params})
-    log.log_params(params)
-
-    def record_eval(metrics: dict[str, float]) -> None:
-        loss = evaluate(model, val, ctx)
-        st["evals"].append({"step": st["step"], "tokens": st["tokens"], "val_loss": loss})
-        metrics.update(val_loss=loss, val_ppl=math.exp(min(loss, 700.0)))
-
-    if st["step"] == 0 and not st["evals"]:
-        m0: dict[str, float] = {"tokens": 0.0}
-        record_eval(m0)
-        log.log_metrics(m0, 0)
-
-    loss_ceiling = 3.0 * math.log(data.vocab_size)  # far worse than a uniform prediction
-    model.train()
-    while st["step"] < tc.steps:
-        if stop_after is not None and st["step"] >= stop_after:
-            save()
-            log.log_status("stopped", {"step": st["step"]})
-            return result()
-        t0 = time.perf_counter()
-        lr = lr_at(st["step"], config)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        opt.zero_grad(set_to_none=True)
-        x, y = sampler.next()
-        x, y = x.to(device), y.to(device)
-        loss_val = 0.0
-        for xm, ym in zip(x.chunk(tc.grad_accum), y.chunk(tc.grad_accum), strict=True):
-            with ctx():
-                loss = model(xm, ym)
-            (loss / tc.grad_accum).backward()
-            loss_val += float(loss.detach()) / tc.grad_accum
-        clip = tc.grad_clip if tc.grad_clip > 0 else math.inf
-        grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), clip))
-        finite = math.isfinite(loss_val) and math.isfinite(grad_norm)
-        if finite:
-            opt.step()
-        st["step"] += 1
-        st["tokens"] += tc.tokens_per_step
-        st["train_time"] += time.perf_counter() - t0
-        metrics: dict[str, float] = {
-            "train_loss": loss_val,
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "tokens": float(st["tokens"]),
-            "tokens_per_s": st["tokens"] / st["train_time"],
-        }
-        # divergence guard
-        reason = ""
-        if not finite:
-            reason = f"non-finite loss ({loss_val}) or gradient norm ({grad_norm})"
-        else:
-            st["ema"] = loss_val if st["ema"] is None else 0.9 * st["ema"] + 0.1 * loss_val
-            if st["step"] > tc.warmup_steps:
-                st["best_ema"] = min(st["best_ema"], st["ema"])
-            if loss_val > loss_ceiling:
-                reason = f"loss {loss_val:.3g} exceeds 3 ln(vocab) = {loss_ceiling:.3g}"
-            elif st["ema"] > tc.divergence_factor * st["best_ema"]:
-                reason = (
-                    f"smoothed loss {st['ema']:.3g} exceeds {tc.divergence_factor} x its best "
-                    f"{st['best_ema']:.3g}"
-                )
-        if reason:
-            log.log_metrics(metrics, st["step"])
-            st.update(status="diverged", reason=reason, diverged_at=st["step"])
-            save()
-            log.log_status("diverged", {"step": st["step"], "reason": reason})
-            return result()
-        if st["step"] % tc.eval_every == 0 or st["step"] == tc.steps:
-            record_eval(metrics)
-        log.log_metrics(metrics, st["step"])
-        if st["step"] == tc.steps:
-            st["status"] = "finished"
-            save()
-        elif tc.checkpoint_every and st["step"] % tc.checkpoint_every == 0:
-            save()
-    st["status"] = "finished"
-    res = result()
-    log.log_status(
-        "finished",
-        {"step": st["step"], "val_loss": res.final_val_loss, "tokens_per_s": res.tokens_per_s},
+    return _Run(
+        config=config,
+        log=log,
+        device=device,
+        data=data,
+        model=model,
+        optimizer=opt,
+        sampler=sampler,
+        val=[(x.to(device), y.to(device)) for x, y in val],
+        n_params=count_parameters(model),
+        checkpoint_dir=ckpt_dir,
+        config_hash=config_hash(config),
+        t_start=t_start,
     )
-    return res
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: weight decay on matrices, none on norms and biases."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def _divergence(
+    state: TrainState, tc: TrainConfig, vocab_size: int, loss: float, grad_norm: float
+) -> str:
+    """The divergence guard, after a step: why the run diverged, or "" when it did not. Updates the
+    smoothed loss (``state.ema``) and its best value after warmup (``state.best_ema``)."""
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        return f"non-finite loss ({loss}) or gradient norm ({grad_norm})"
+    state.ema = loss if state.ema is None else 0.9 * state.ema + 0.1 * loss
+    if state.step > tc.warmup_steps:
+        state.best_ema = min(state.best_ema, state.ema)
+    loss_ceiling = 3.0 * math.log(vocab_size)  # far worse than a uniform prediction
+    if loss > loss_ceiling:
+        return f"loss {loss:.3g} exceeds 3 ln(vocab) = {loss_ceiling:.3g}"
+    if state.ema > tc.divergence_factor * state.best_ema:
+        return (
+            f"smoothed loss {state.ema:.3g} exceeds {tc.divergence_factor} x its best "
+            f"{state.best_ema:.3g}"
+        )
+    return ""

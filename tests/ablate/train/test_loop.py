@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from ablate.train import DataConfig, MemoryLogger, ModelConfig, RunConfig, TrainConfig, train
+from ablate.train.checkpoint import CHECKPOINT
 from ablate.train.data import load_data
-from ablate.train.loop import CHECKPOINT, lr_at
 from ablate.train.model import build_model
+from ablate.train.schedule import lr_at
 from backends import QuantLinear, Recipe, convert_model
 
 FAST = TrainConfig(
@@ -144,10 +145,10 @@ def test_huge_learning_rate_ends_as_diverged_with_the_step():
 
 def test_learning_rate_warms_up_then_decays_to_the_floor():
     cfg = _cfg(train=TrainConfig(steps=100, lr=1.0, warmup_steps=10, min_lr_ratio=0.1))
-    assert lr_at(0, cfg) == pytest.approx(0.1)
-    assert lr_at(9, cfg) == pytest.approx(1.0)
-    assert lr_at(100, cfg) == pytest.approx(0.1)
-    assert lr_at(55, cfg) == pytest.approx(0.55)
+    assert lr_at(0, cfg.train) == pytest.approx(0.1)
+    assert lr_at(9, cfg.train) == pytest.approx(1.0)
+    assert lr_at(100, cfg.train) == pytest.approx(0.1)
+    assert lr_at(55, cfg.train) == pytest.approx(0.55)
 
 
 @pytest.mark.parametrize(

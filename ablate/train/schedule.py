@@ -1,0 +1,18 @@
+"""The learning-rate schedule: linear warmup, then cosine decay to ``min_lr_ratio * lr``."""
+
+from __future__ import annotations
+
+import math
+
+from .config import TrainConfig
+
+
+def lr_at(step: int, train_config: TrainConfig) -> float:
+    """Learning rate of optimizer step ``step`` (0-based): linear warmup, then cosine decay."""
+    t = train_config
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    span = max(1, t.steps - t.warmup_steps)
+    progress = min(1.0, (step - t.warmup_steps) / span)
+    floor = t.lr * t.min_lr_ratio
+    return floor + (t.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))

@@ -1,0 +1,173 @@
+"""Checkpoints: what they hold, the sidecar, refusal of another configuration, and that a checkpoint
+in the layout written before ``TrainState`` existed (a plain ``"state"`` dict) still resumes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ablate.train import DataConfig, MemoryLogger, RunConfig, TrainConfig, train
+from ablate.train.batches import BatchSampler
+from ablate.train.checkpoint import CHECKPOINT, checkpoint_info, load_checkpoint, save_checkpoint
+from ablate.train.config import EvalPoint, config_hash
+from ablate.train.state import TrainState
+
+FAST = TrainConfig(
+    steps=8, batch_size=8, seq_len=64, lr=3e-3, warmup_steps=2, eval_every=4, eval_batches=1
+)
+KEYS = ["config_hash", "state", "model", "optimizer", "sampler", "rng_cpu", "rng_cuda"]
+STATE_KEYS = [
+    "step",
+    "tokens",
+    "train_time",
+    "evals",
+    "ema",
+    "best_ema",
+    "status",
+    "reason",
+    "diverged_at",
+]
+
+
+def _cfg(path) -> RunConfig:
+    return RunConfig(train=FAST, data=DataConfig(val_tokens=4096), checkpoint_dir=str(path))
+
+
+def _parts(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, BatchSampler]:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    sampler = BatchSampler(torch.arange(1000), 8, 2, data_seed=0)
+    for _ in range(seed + 1):  # a different data position per seed
+        sampler.next()
+    return model, opt, sampler
+
+
+def test_checkpoint_info_reads_the_sidecar(tmp_path):
+    assert checkpoint_info(tmp_path / "missing") is None
+    (tmp_path / "checkpoint.json").write_text("{not json")
+    assert checkpoint_info(tmp_path) is None
+    model, opt, sampler = _parts()
+    state = TrainState(step=3, tokens=48, status="finished")
+    save_checkpoint(
+        tmp_path / "ck", config_hash="abc", state=state, model=model, optimizer=opt, sampler=sampler
+    )
+    assert checkpoint_info(tmp_path / "ck") == {
+        "step": 3,
+        "status": "finished",
+        "config_hash": "abc",
+    }
+    assert checkpoint_info(str(tmp_path / "ck")) == checkpoint_info(tmp_path / "ck")
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["checkpoint.json", CHECKPOINT]
+
+
+def test_save_then_load_restores_everything(tmp_path):
+    model, opt, sampler = _parts(0)
+    state = TrainState(
+        step=5, tokens=80, evals=[EvalPoint(step=4, tokens=64, val_loss=2.0)], ema=1.5
+    )
+    torch.manual_seed(123)
+    save_checkpoint(
+        tmp_path, config_hash="h", state=state, model=model, optimizer=opt, sampler=sampler
+    )
+    expected_draw = torch.rand(3)
+    ck = torch.load(tmp_path / CHECKPOINT, weights_only=False)
+    assert list(ck) == KEYS and list(ck["state"]) == STATE_KEYS and ck["state"] == state.to_dict()
+
+    m2, o2, s2 = _parts(1)
+    loaded = load_checkpoint(tmp_path, config_hash="h", model=m2, optimizer=o2, sampler=s2)
+    assert loaded == state
+    assert torch.equal(torch.rand(3), expected_draw)  # the CPU RNG continues where it was saved
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, m2.state_dict()[k]), k
+    assert s2.state_dict() == sampler.state_dict()
+    assert torch.equal(
+        o2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"]
+    )
+    assert (
+        load_checkpoint(
+            tmp_path / "none",
+            config_hash="h",
+            model=m2,
+            optimizer=o2,
+            sampler=s2,
+        )
+        is None
+    )
+
+
+def test_another_configuration_is_refused_with_the_paths_and_hashes(tmp_path):
+    model, opt, sampler = _parts()
+    save_checkpoint(
+        tmp_path, config_hash="aaa", state=TrainState(), model=model, optimizer=opt, sampler=sampler
+    )
+    msg = (
+        f"checkpoint_dir: {tmp_path / CHECKPOINT} was written by a different configuration "
+        "(aaa != bbb); use a new checkpoint_dir for a new config"
+    )
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(
+            tmp_path,
+            config_hash="bbb",
+            model=model,
+            optimizer=opt,
+            sampler=sampler,
+        )
+    assert str(e.value) == msg
+
+
+def test_a_checkpoint_in_the_old_layout_resumes_bit_exactly(tmp_path):
+    whole = MemoryLogger()
+    res_a = train(_cfg(tmp_path / "a"), whole)
+
+    cfg = _cfg(tmp_path / "b")
+    parts = MemoryLogger()
+    train(cfg, parts, stop_after=5)
+    path = tmp_path / "b" / CHECKPOINT
+    new = torch.load(path, weights_only=False)
+    assert list(new) == KEYS and list(new["state"]) == STATE_KEYS
+    # rewrite it by hand as the trainer wrote it before TrainState: a plain dict, no sidecar
+    st = new["state"]
+    old = {
+        "config_hash": config_hash(cfg),
+        "state": {
+            "step": 5,
+            "tokens": 5 * FAST.tokens_per_step,
+            "train_time": st["train_time"],
+            "evals": [
+                {"step": 0, "tokens": 0, "val_loss": st["evals"][0]["val_loss"]},
+                {
+                    "step": 4,
+                    "tokens": 4 * FAST.tokens_per_step,
+                    "val_loss": st["evals"][1]["val_loss"],
+                },
+            ],
+            "ema": st["ema"],
+            "best_ema": st["best_ema"],
+            "status": None,
+            "reason": "",
+            "diverged_at": None,
+        },
+        "model": new["model"],
+        "optimizer": new["optimizer"],
+        "sampler": new["sampler"],
+        "rng_cpu": new["rng_cpu"],
+        "rng_cuda": None,
+    }
+    torch.save(old, path)
+    (tmp_path / "b" / "checkpoint.json").unlink()
+
+    res_b = train(cfg, parts)
+    assert res_b.status == "finished" and res_b.steps == FAST.steps
+    assert [s for s, _ in parts.metrics] == list(range(FAST.steps + 1))
+    assert parts.series("train_loss") == whole.series("train_loss")
+    assert [e.val_loss for e in res_b.evals] == [e.val_loss for e in res_a.evals]
+    wa = torch.load(tmp_path / "a" / CHECKPOINT, weights_only=False)["model"]
+    wb = torch.load(path, weights_only=False)["model"]
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert json.loads((tmp_path / "b" / "checkpoint.json").read_text())["status"] == "finished"
