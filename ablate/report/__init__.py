@@ -1,17 +1,17 @@
 """``ablate report``: tokens to a target perplexity, relative token cost, projected speedup, figures.
 
-The library takes two tidy DataFrames (the contract is in ``ablate.report.metrics``): ``cells``, one
+Errors are ``ablate.errors.ReportError``. The library takes two tidy DataFrames (the contract is in ``ablate.report.metrics``): ``cells``, one
 row per cell, and ``evals``, one row per (cell, evaluation). Reading them from MLflow is the tracking
 layer's job; this package only computes and renders.
 
 Modules, by concept:
 
-    errors     ReportError (no heavy imports)
-    speedup    device GEMM throughput table and the step-time model; pure Python + pydantic, cheap
-               to import (the study spec imports it)
+    speedup    the step-time model over the device table of ``ablate.spec.speedup`` (pure Python)
     inputs     the DataFrame contract: check_inputs, clean_evals (pandas)
     stats      Student-t quantiles and the confidence interval of a ratio of means
-    metrics    tokens_to_target, resolve_target, per_cell, per_config, report_notes (pandas)
+    metrics    resolve_target, per_cell, per_config, report_notes (pandas; the tokens-to-target
+               crossing itself is ``ablate.targets``, shared with ``ablate tune``)
+    study      a study's report from its MLflow store (``report_study``)
     plots      convergence curves, late-stage zoom, token-cost bars (matplotlib, no pyplot)
     markup     number formatting, Markdown and self-contained HTML
     render     build_report: report.md, report.html, summary.csv, PNG + SVG figures
@@ -26,21 +26,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .errors import ReportError
-
 _LAZY = {
     "build_report": "render",
     "ReportResult": "render",
-    "tokens_to_target": "metrics",
     "resolve_target": "metrics",
     "per_cell": "metrics",
     "per_config": "metrics",
     "check_inputs": "inputs",
-    "SpeedupSpec": "speedup",
-    "DEVICES": "speedup",
 }
 
-__all__ = ["ReportError", *_LAZY]
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..spec.speedup import SpeedupSpec
 from .render import build_report
-from .speedup import SpeedupSpec
 from .synthetic import synthetic_study
 
 
@@ -75,7 +75,7 @@ def _bench_read(cells: Any, evals: Any, repeat: int) -> None:
         start = time.perf_counter()
         run_ids = []
         for key, sub in evals.groupby("key", sort=False):
-            rid = tracker.create_cell_run(parent, str(key), str(key), {}, {})
+            rid = tracker.create_run(parent, str(key), str(key), {}, {})
             log = MlflowLogger(uri, rid, flush_points=5000, flush_interval_s=1e9)
             for step, tok, loss in zip(sub["step"], sub["tokens"], sub["val_loss"], strict=True):
                 log.log_metrics({"val_loss": float(loss), "tokens": float(tok)}, int(step))

@@ -11,22 +11,24 @@ they crossed before diverging. The relative token cost's interval is documented 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 
-from .errors import ReportError
+from ..errors import ReportError
+from ..spec.speedup import ROLES, SpeedupSpec
+from ..targets import tokens_to_target
 from .inputs import _CLEAN, check_inputs, clean_evals, curves
-from .speedup import ROLES, SpeedupSpec, projected_speedup, role_formats, throughput_gain
+from .speedup import projected_speedup, role_formats, throughput_gain
 from .stats import ratio_interval
 
 OUTCOMES = ("reached", "not reached", "diverged", "incomplete", "no evals")
 
 __all__ = [
-    "ReportError", "tokens_to_target", "resolve_target", "clean_evals", "per_cell", "per_config",
-    "report_notes", "config_sort_key", "check_inputs",
+    "resolve_target", "clean_evals", "per_cell", "per_config", "report_notes", "config_sort_key",
+    "check_inputs",
 ]  # fmt: skip
 
 
@@ -37,33 +39,6 @@ class TargetLike(Protocol):
     val_loss: float | None
     from_baseline: str | None
     tolerance: float
-
-
-def tokens_to_target(
-    tokens: Sequence[float] | np.ndarray, ppl: Sequence[float] | np.ndarray, target_ppl: float
-) -> float | None:
-    """Tokens at the first crossing of ``target_ppl``, or None if the curve never reaches it.
-
-    ``tokens`` and ``ppl`` are one run's evaluations in order; non-finite perplexities are skipped.
-    An evaluation at or below the target is a crossing (an exact hit returns its tokens); if the first
-    evaluation is already there its tokens are returned. Between the last evaluation above (t0, p0) and
-    the first at or below (t1, p1), the crossing is linear in log-perplexity:
-
-        t = t0 + (t1 - t0) * (log p0 - log target) / (log p0 - log p1)
-    """
-    t = np.asarray(tokens, dtype=float)
-    p = np.asarray(ppl, dtype=float)
-    ok = np.isfinite(p) & np.isfinite(t)
-    t, p = t[ok], p[ok]
-    hits = np.flatnonzero(p <= target_ppl)
-    if hits.size == 0:
-        return None
-    i = int(hits[0])
-    if i == 0:
-        return float(t[0])
-    log_p0, log_p1, log_target = math.log(p[i - 1]), math.log(p[i]), math.log(target_ppl)
-    frac = (log_p0 - log_target) / (log_p0 - log_p1)  # p0 > target >= p1, so 0 < frac <= 1
-    return float(t[i - 1] + frac * (t[i] - t[i - 1]))
 
 
 def per_cell(cells: Any, evals: Any, target_ppl: float) -> Any:

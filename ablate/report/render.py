@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..spec.speedup import SpeedupSpec
 from . import markup, plots
 from .markup import Block
 from .metrics import (
@@ -30,7 +31,6 @@ from .metrics import (
     report_notes,
     resolve_target,
 )
-from .speedup import SpeedupSpec
 
 LATE_FRACTION = 0.5
 FIGURES = {
@@ -258,7 +258,7 @@ def _blocks(
 
 
 def _tuning_blocks(tuning: Sequence[Mapping[str, Any]]) -> list[Block]:
-    """The ``ablate tune`` outcome (``ablate.tune_optuna.tune_summary``): best value and parameters
+    """The ``ablate tune`` outcome (``ablate.tune.storage.tune_summary``): best value and parameters
     per search, and parameter importance where there were enough trials."""
     rows = []
     for t in tuning:

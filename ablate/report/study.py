@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from ..tracking import StudyTracker, TrackingError, read_cells, read_histories
-from .errors import ReportError
+from ..errors import ReportError, TrackingError
+from ..tracking import StudyTracker, read_histories, study_status
 from .render import ReportResult, build_report
 
 if TYPE_CHECKING:
@@ -26,16 +26,12 @@ _STATUSES = {"finished", "diverged", "failed", "running", "interrupted", "pendin
 def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cells, evals) in the report's input contract (``ablate.report.inputs``)."""
     try:
-        runs = {
-            r.key: r
-            for r in read_cells(study.tracking_uri, study.name, experiment=study.experiment)
-        }
+        statuses = study_status(study)
     except TrackingError as e:
         raise ReportError(str(e)) from None
     rows: list[dict[str, Any]] = []
-    for c in study.cells:
-        run = runs.get(c.key)
-        tags = run.tags if run else {}
+    for cs in statuses:
+        c, run = cs.cell, cs.run
         status = run.status if run else "pending"
         rows.append(
             {
@@ -44,7 +40,7 @@ def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "config": c.config_label,
                 "seed": c.seed,
                 "status": status if status in _STATUSES else "running",
-                "diverged_at": _float(tags.get("ablate.diverged_at")),
+                "diverged_at": run.diverged_at if run else math.nan,
                 "baseline": c.baseline,
                 "fp4_gemms": c.recipe_axes.get("fp4_gemms", ""),
                 "intervention": c.recipe_axes.get("intervention", "none"),
@@ -52,7 +48,7 @@ def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "base_format": c.recipe_axes.get("base_format", "bf16"),
                 "backend": c.config.backend,
                 "tokens_per_step": c.config.train.tokens_per_step,
-                "tokens_per_s": _float(tags.get("ablate.tokens_per_s")),
+                "tokens_per_s": run.tokens_per_s if run else math.nan,
                 "run_id": run.run_id if run else None,
             }
         )
@@ -96,7 +92,7 @@ def report_study(
     out = Path(out_dir) if out_dir is not None else Path("reports") / study.name
     tuning: list[dict[str, Any]] = []
     if study.spec.tune is not None:
-        from ..tune_optuna import tune_summary
+        from ..tune.storage import tune_summary
 
         tuning = tune_summary(study)
     result = build_report(
@@ -112,10 +108,3 @@ def report_study(
 
 def _counts(cells: pd.DataFrame) -> str:
     return ", ".join(f"{n} {s}" for s, n in cells["status"].value_counts().items())
-
-
-def _float(v: str | None) -> float:
-    try:
-        return float(v) if v not in (None, "", "None") else math.nan
-    except ValueError:
-        return math.nan

@@ -1,4 +1,14 @@
-"""The study spec (a package: ``schema``, ``expand``, ``errors``): YAML -> typed ``StudySpec`` (pydantic) -> ``Study`` with its expanded cells.
+"""The study spec: YAML -> typed ``StudySpec`` (pydantic) -> ``Study`` with its expanded cells.
+
+Modules, by concept:
+
+    schema    pydantic models of a study file: StudySpec, CellConfig, Target, Resources, TuneSpec
+    speedup   the ``speedup:`` section and the named device table it points at
+    axes      axis names and dotted config paths (check_axis_name, with_values, fmt_value)
+    study     the expanded Study and its Cells
+    expand    load_study / parse_study: validation, grid expansion, keys and labels
+    tune      the ``tune:`` section's searches and checks (plan_searches, trial_config, check_tune)
+    messages  pydantic's errors turned into ``yaml.path: what is wrong`` lines
 
 A study is a base configuration plus axes. An axis is a recipe shorthand (``fp4_gemms``,
 ``intervention``, ``fp4_format``, ``base_format``, ``scale_mode``, ``apply_to``, ``keep_first``,
@@ -16,50 +26,97 @@ Everything is checked here, before Ray starts or anything is written: unknown ke
 types, misspelled interventions, impossible combinations, an empty grid, a baseline or exclusion that
 matches no cell, missing data files. ``SpecError`` carries one message per problem, each starting
 with the YAML path (``grid.intervention[2]``) and naming the allowed values.
+
+This ``__init__`` loads its modules on first attribute access, so ``ablate.spec.speedup`` (which the
+report imports) stays cheap: it does not pull in torch through the trainer's configs.
 """
 
-from .errors import SpecError, did_you_mean, pydantic_errors
-from .expand import (
-    Cell,
-    Study,
-    check_axis_name,
-    fmt_value,
-    load_study,
-    parse_study,
-    with_values,
-)
-from .schema import (
-    LIST_AXES,
-    RECIPE_AXES,
-    SECTIONS,
-    TOP_AXES,
-    CellConfig,
-    Resources,
-    StudySpec,
-    Target,
-    Tracking,
-    json_schema,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..errors import SpecError
+    from .axes import check_axis_name, fmt_value, with_values
+    from .expand import load_study, parse_study
+    from .messages import did_you_mean, pydantic_errors
+    from .schema import (
+        LIST_AXES,
+        RECIPE_AXES,
+        SECTIONS,
+        TOP_AXES,
+        CellConfig,
+        Resources,
+        StudySpec,
+        Target,
+        Tracking,
+        TuneSpec,
+        json_schema,
+    )
+    from .speedup import SpeedupSpec
+    from .study import Cell, Study
+    from .tune import Search, plan_searches, trial_config
+
+_LAZY = {
+    "SpecError": "..errors",
+    "did_you_mean": ".messages",
+    "pydantic_errors": ".messages",
+    "Cell": ".study",
+    "Study": ".study",
+    "check_axis_name": ".axes",
+    "fmt_value": ".axes",
+    "with_values": ".axes",
+    "load_study": ".expand",
+    "parse_study": ".expand",
+    "LIST_AXES": ".schema",
+    "RECIPE_AXES": ".schema",
+    "SECTIONS": ".schema",
+    "TOP_AXES": ".schema",
+    "CellConfig": ".schema",
+    "Resources": ".schema",
+    "StudySpec": ".schema",
+    "Target": ".schema",
+    "Tracking": ".schema",
+    "TuneSpec": ".schema",
+    "json_schema": ".schema",
+    "SpeedupSpec": ".speedup",
+    "Search": ".tune",
+    "plan_searches": ".tune",
+    "trial_config": ".tune",
+}
 
 __all__ = [
-    "LIST_AXES",
-    "RECIPE_AXES",
-    "SECTIONS",
-    "TOP_AXES",
     "Cell",
     "CellConfig",
+    "LIST_AXES",
+    "RECIPE_AXES",
     "Resources",
+    "SECTIONS",
+    "Search",
     "SpecError",
+    "SpeedupSpec",
     "Study",
     "StudySpec",
+    "TOP_AXES",
     "Target",
     "Tracking",
+    "TuneSpec",
     "check_axis_name",
     "did_you_mean",
     "fmt_value",
     "json_schema",
     "load_study",
     "parse_study",
+    "plan_searches",
     "pydantic_errors",
+    "trial_config",
     "with_values",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)

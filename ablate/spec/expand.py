@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,99 +15,14 @@ from pydantic import ValidationError
 
 from backends.recipe import GEMMS, intervention_label, parse_intervention
 
-from ..train.config import RunConfig
+from ..errors import SpecError
+from ..train.config import RunConfig, config_hash
 from ..train.data import check_sources
-from ..train.loop import config_hash
-from ..tune_space import check_tune
-from .errors import SpecError, did_you_mean, pydantic_errors
-from .schema import LIST_AXES, RECIPE_AXES, SECTIONS, TOP_AXES, CellConfig, StudySpec, Target
-
-# --- cells -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Cell:
-    key: str
-    """Hash of the resolved config (see module docstring)."""
-    label: str
-    """Readable name: the recipe, other varying axes, the seed."""
-    config_label: str
-    """The label without the seed: cells with equal config_label differ only by seed."""
-    values: Mapping[str, Any]
-    """Value of every axis of the study in this cell (resolved, canonical)."""
-    config: RunConfig
-    baseline: bool = False
-    recipe_axes: Mapping[str, Any] = field(default_factory=dict)
-    """The recipe in the study's vocabulary: fp4_gemms, intervention (canonical, e.g. dht16),
-    fp4_format, base_format."""
-
-    @property
-    def seed(self) -> int:
-        return self.config.seed
-
-    def tags(self) -> dict[str, str]:
-        """What tracking records about the cell besides its params."""
-        r = self.config.recipe
-        fp4 = [g for g in GEMMS if r.gemm(g).is_fp4]
-        out = {
-            "ablate.config": self.config_label,
-            "ablate.seed": str(self.seed),
-            "ablate.baseline": str(self.baseline).lower(),
-            "ablate.recipe": r.short(),
-            "ablate.fp4_gemms": "+".join(fp4),
-            "ablate.backend": self.config.backend,
-            "ablate.tokens_per_step": str(self.config.train.tokens_per_step),
-        }
-        for k in ("intervention", "fp4_format", "base_format"):
-            if k in self.recipe_axes:
-                out[f"ablate.{k}"] = str(self.recipe_axes[k])
-        for axis, v in self.values.items():
-            out[f"ablate.axis.{axis}"] = fmt_value(v)
-        return out
-
-
-@dataclass
-class Study:
-    spec: StudySpec
-    cells: list[Cell]
-    axes: list[str]
-    """Every axis of the study, in order of first appearance."""
-    output_dir: Path
-    text: str = ""
-    """The YAML as written (recorded with the study's parent run)."""
-    source: str | None = None
-    notes: list[str] = field(default_factory=list)
-    """Things the user should know that are not errors (duplicate cells merged, defaults taken)."""
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def tracking_uri(self) -> str:
-        if self.spec.tracking.uri:
-            return self.spec.tracking.uri
-        return "sqlite:///" + str((self.output_dir / "mlflow.db").resolve())
-
-    @property
-    def experiment(self) -> str:
-        return self.spec.tracking.experiment or self.spec.name
-
-    @property
-    def baseline_cells(self) -> list[Cell]:
-        return [c for c in self.cells if c.baseline]
-
-    @property
-    def target(self) -> Target | None:
-        if self.spec.target is not None:
-            return self.spec.target
-        if self.spec.baseline is not None:
-            return Target(from_baseline="final")
-        return None
-
-    def checkpoint_dir(self, cell: Cell) -> Path:
-        return self.output_dir / "cells" / cell.key
-
+from .axes import check_axis_name, fmt_value, get_path, with_values
+from .messages import pydantic_errors
+from .schema import LIST_AXES, RECIPE_AXES, CellConfig, StudySpec
+from .study import Cell, Study
+from .tune import check_tune
 
 # --- loading ---------------------------------------------------------------------------------------
 
@@ -202,7 +116,7 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None) -> Study:
     combos: list[dict[str, Any]] = []
     for factors in per_grid:
         for choice in itertools.product(*factors):
-            vals = {a: _get(base, a) for a in axes}
+            vals = {a: get_path(base, a) for a in axes}
             vals.update({a: v for option in choice for (a, v) in option})
             combos.append(vals)
 
@@ -342,67 +256,8 @@ def _axis_options(
                 rest = m[len(name) :] if m.startswith(name) and m[len(name)] in ":[" else f": {m}"
                 errors.append(f"{path}[{i}]{rest}")
             continue
-        out.append((name, _get(cfg.model_dump(mode="python"), name)))
+        out.append((name, get_path(cfg.model_dump(mode="python"), name)))
     return out
-
-
-def check_axis_name(name: str) -> str | None:
-    allowed = [*TOP_AXES, *(f"{s}.<field>" for s in SECTIONS)]
-    if "." not in name:
-        if name in TOP_AXES:
-            return None
-        if name in SECTIONS:
-            return (
-                f"{name!r} is a section; vary one of its fields (e.g. {name}.{_first_field(name)})"
-            )
-        hint = did_you_mean(name, [*TOP_AXES, *_all_dotted()])
-        return f"unknown axis {name!r}{hint}; allowed: {', '.join(allowed)}"
-    section, _, fname = name.partition(".")
-    if section not in SECTIONS:
-        hint = did_you_mean(name, _all_dotted())
-        return f"unknown axis {name!r}{hint}; allowed: {', '.join(allowed)}"
-    names = [f.name for f in dataclasses.fields(SECTIONS[section])]
-    if fname not in names:
-        hint = did_you_mean(fname, names)
-        return f"{section} has no field {fname!r}{hint}; allowed: {', '.join(names)}"
-    return None
-
-
-def _first_field(section: str) -> str:
-    return dataclasses.fields(SECTIONS[section])[0].name
-
-
-def _all_dotted() -> list[str]:
-    return [f"{s}.{f.name}" for s, t in SECTIONS.items() for f in dataclasses.fields(t)]
-
-
-def with_values(base: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``base`` with dotted-path overrides."""
-    d = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
-    for name, v in values.items():
-        if "." in name:
-            section, _, fname = name.partition(".")
-            d.setdefault(section, {})[fname] = v
-        else:
-            d[name] = v
-    return d
-
-
-def _get(d: Mapping[str, Any], name: str) -> Any:
-    if "." in name:
-        section, _, fname = name.partition(".")
-        return d[section][fname]
-    return d[name]
-
-
-def fmt_value(v: Any) -> str:
-    if isinstance(v, list):
-        return "[" + ",".join(fmt_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {fmt_value(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
 
 
 def _labels(rc: RunConfig, vals: Mapping[str, Any], varying: Sequence[str]) -> tuple[str, str]:

@@ -1,6 +1,6 @@
-"""Error messages of the study spec: ``SpecError`` (one line per problem, each starting with its
-YAML path) and the translation of pydantic's errors into that form (unknown keys with the allowed
-ones and a did-you-mean, the trainer's own ``field: message`` texts placed at their path)."""
+"""Error messages of the study spec: pydantic's errors translated into ``SpecError`` lines (one per
+problem, each starting with its YAML path): unknown keys with the allowed ones and a did-you-mean,
+the trainer's own ``field: message`` texts placed at their path."""
 
 from __future__ import annotations
 
@@ -10,19 +10,6 @@ from collections.abc import Sequence
 from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
-
-
-class SpecError(ValueError):
-    """A study that cannot run; ``errors`` holds one ``"yaml.path: what is wrong"`` line each."""
-
-    def __init__(self, errors: Sequence[str], source: str | None = None) -> None:
-        self.errors = list(errors)
-        self.source = source
-        head = f"{source}: " if source else ""
-        n = len(self.errors)
-        super().__init__(
-            f"{head}{n} problem{'s' if n > 1 else ''} in the study:\n  " + "\n  ".join(self.errors)
-        )
 
 
 def did_you_mean(word: str, options: Sequence[str]) -> str:

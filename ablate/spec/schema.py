@@ -1,5 +1,6 @@
-"""The study schema: pydantic models of a study file (``StudySpec``) and of one cell's configuration
-in the study's vocabulary (``CellConfig``: the trainer's sections plus the recipe shorthands)."""
+"""The study schema: pydantic models of a study file (``StudySpec``), of one cell's configuration in
+the study's vocabulary (``CellConfig``: the trainer's sections plus the recipe shorthands) and of the
+``tune:`` section (``TuneSpec``: what ``ablate tune`` searches; its checks are in ``spec.tune``)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from backends.recipe import GEMMS, Recipe, parse_intervention
 from backends.registry import available_backends
 
-from ..report.speedup import SpeedupSpec
 from ..train.config import RunConfig, TrainConfig
 from ..train.data import DataConfig
 from ..train.model import ModelConfig
-from ..tune_space import TuneSpec
+from .speedup import SpeedupSpec
 
 Gemm = Literal["fprop", "dgrad", "wgrad"]
 RECIPE_AXES = (
@@ -111,6 +111,84 @@ class CellConfig(BaseModel):
         )
 
 
+# --- the tune: section -------------------------------------------------------------------------
+
+Objective = Literal["final_val_loss", "tokens_to_target"]
+ParamKind = Literal["float", "int", "categorical"]
+
+
+class ParamSpec(BaseModel):
+    """One searched config path: a range (low, high, log/step) or a list of choices."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: ParamKind | None = None
+    """float, int or categorical; default: categorical with choices, else the config field's type."""
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    """Sample on a log scale (needs low > 0): learning rates."""
+    step: float | None = None
+    """Discretize the range in steps of this size (not with log)."""
+    choices: list[Any] | None = None
+
+
+class SamplerSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["tpe", "random"] = "tpe"
+    seed: int = 0
+    """Seed of the search; a continued search is reseeded with seed + trials so far."""
+    startup_trials: int = Field(default=10, ge=0)
+    """TPE: random trials before the model of good and bad parameters takes over."""
+
+
+class PrunerSpec(BaseModel):
+    """Stops trials that are clearly failing, judged on validation loss within one search only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["threshold", "median", "patient"]
+    """threshold: val_loss above max_val_loss (or NaN); median: worse than the median of earlier
+    trials at the same step; patient: no improvement by min_delta for ``patience`` evaluations."""
+    max_val_loss: float | None = None
+    """threshold: the ceiling."""
+    startup_trials: int = Field(default=3, ge=0)
+    """median: trials that finish before it prunes anything."""
+    patience: int = Field(default=3, ge=1)
+    """patient: evaluations without improvement before pruning."""
+    min_delta: float = Field(default=0.0, ge=0)
+    """patient: what counts as an improvement."""
+    min_step: int = Field(default=0, ge=0)
+    """Never prune before this training step."""
+
+
+class TuneSpec(BaseModel):
+    """An Optuna search over the study's search space (``ablate tune``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    space: dict[str, ParamSpec]
+    """Config path -> range or choices."""
+    per: list[str] = Field(default_factory=list)
+    """Axes (or ``config``) whose value combinations get one search each."""
+    objective: Objective = "final_val_loss"
+    """final_val_loss, or tokens_to_target (the study's target; a trial that never reaches it
+    scores NOT_REACHED_FACTOR x its training tokens)."""
+    direction: Literal["minimize", "maximize"] = "minimize"
+    trials: int = Field(default=20, ge=1)
+    """Trials per search, counting those done by earlier invocations."""
+    parallelism: int = Field(default=1, ge=1)
+    """Trials in flight per search (the local executor runs one at a time)."""
+    sampler: SamplerSpec = Field(default_factory=SamplerSpec)
+    pruner: PrunerSpec | None = None
+    enqueue: list[dict[str, Any]] = Field(default_factory=list)
+    """Parameter sets each new search tries first (e.g. the current defaults)."""
+
+
+# --- the study -------------------------------------------------------------------------------------
+
+
 class Target(BaseModel):
     """The perplexity a run must reach: absolute, or derived from the baseline's."""
 
@@ -185,7 +263,7 @@ class StudySpec(BaseModel):
     speedup: SpeedupSpec = Field(default_factory=SpeedupSpec)
     """How the report projects step throughput where it was not measured on native GEMMs."""
     tune: TuneSpec | None = None
-    """Optuna search over config paths, per group of cells (``ablate tune``; see ablate.tune_space)."""
+    """Optuna search over config paths, per group of cells (``ablate tune``; see ablate.spec.tune)."""
 
     @field_validator("name")
     @classmethod

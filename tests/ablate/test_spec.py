@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ablate.spec import SpecError, json_schema, load_study, parse_study
+from ablate.errors import SpecError
+from ablate.spec import json_schema, load_study, parse_study
 
 ROOT = Path(__file__).resolve().parents[2]
 

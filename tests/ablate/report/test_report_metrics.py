@@ -6,15 +6,15 @@ import math
 
 import pytest
 
+from ablate.errors import ReportError
 from ablate.report.metrics import (
-    ReportError,
     clean_evals,
     per_cell,
     per_config,
     report_notes,
     resolve_target,
-    tokens_to_target,
 )
+from ablate.targets import tokens_to_target
 
 # --- tokens_to_target -------------------------------------------------------------------------
 

@@ -11,8 +11,8 @@ import pytest
 from ablate.report.markup import markdown_table, tokens
 from ablate.report.plots import styles
 from ablate.report.render import build_report
-from ablate.report.speedup import SpeedupSpec
 from ablate.report.synthetic import synthetic_study
+from ablate.spec.speedup import SpeedupSpec
 
 FILES = [
     "report.md",

@@ -9,17 +9,16 @@ import sys
 import pydantic
 import pytest
 
-from ablate.report.errors import ReportError
+from ablate.errors import ReportError
 from ablate.report.metrics import per_cell, per_config
 from ablate.report.speedup import (
-    DEVICES,
-    SpeedupSpec,
     projected_speedup,
     role_formats,
     step_time,
     throughput_gain,
 )
 from ablate.report.stats import ratio_interval, t975
+from ablate.spec.speedup import DEVICES, SpeedupSpec
 
 FULL_MXFP4 = role_formats("fprop+dgrad+wgrad", "mxfp4", "fp8")
 ALL_FP8 = role_formats("", "mxfp4", "fp8")

@@ -1,0 +1,46 @@
+"""The library's exceptions, one place for all of them.
+
+Every error that ``ablate`` raises on purpose is an ``AblateError``: a plain sentence that says what
+was wrong, where (the YAML path, the argument, the file) and what would be right. The CLI turns an
+``AblateError`` into a ``click.ClickException`` (exit status 1; ``SpecError``: 2, like any usage
+error); nothing below the CLI prints or exits.
+
+This module imports nothing but the standard library, so any layer may raise these errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class AblateError(Exception):
+    """Base of the library's own errors."""
+
+
+class SpecError(AblateError, ValueError):
+    """A study that cannot run; ``errors`` holds one ``"yaml.path: what is wrong"`` line each."""
+
+    def __init__(self, errors: Sequence[str], source: str | None = None) -> None:
+        self.errors = list(errors)
+        self.source = source
+        head = f"{source}: " if source else ""
+        n = len(self.errors)
+        super().__init__(
+            f"{head}{n} problem{'s' if n > 1 else ''} in the study:\n  " + "\n  ".join(self.errors)
+        )
+
+
+class TrackingError(AblateError):
+    """The MLflow store cannot do what was asked (unreachable, missing, locked past the retries)."""
+
+
+class RunnerError(AblateError, RuntimeError):
+    """The study cannot be run as asked (another driver holds it, the cluster is unreachable...)."""
+
+
+class TuneError(AblateError, RuntimeError):
+    """A search that cannot run as asked (no tune section, target not evaluable, locked...)."""
+
+
+class ReportError(AblateError):
+    """A study cannot be reported as asked (bad input, undefined target, unsupported format)."""

@@ -1,0 +1,70 @@
+"""Axes and config paths: the names a study may vary (``seed``, ``fp4_gemms``, ``train.lr``...), how
+a dotted path reads and writes a config dict, and how a value is written in labels and tags."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from .messages import did_you_mean
+from .schema import SECTIONS, TOP_AXES
+
+
+def check_axis_name(name: str) -> str | None:
+    allowed = [*TOP_AXES, *(f"{s}.<field>" for s in SECTIONS)]
+    if "." not in name:
+        if name in TOP_AXES:
+            return None
+        if name in SECTIONS:
+            return (
+                f"{name!r} is a section; vary one of its fields (e.g. {name}.{_first_field(name)})"
+            )
+        hint = did_you_mean(name, [*TOP_AXES, *_all_dotted()])
+        return f"unknown axis {name!r}{hint}; allowed: {', '.join(allowed)}"
+    section, _, fname = name.partition(".")
+    if section not in SECTIONS:
+        hint = did_you_mean(name, _all_dotted())
+        return f"unknown axis {name!r}{hint}; allowed: {', '.join(allowed)}"
+    names = [f.name for f in dataclasses.fields(SECTIONS[section])]
+    if fname not in names:
+        hint = did_you_mean(fname, names)
+        return f"{section} has no field {fname!r}{hint}; allowed: {', '.join(names)}"
+    return None
+
+
+def _first_field(section: str) -> str:
+    return dataclasses.fields(SECTIONS[section])[0].name
+
+
+def _all_dotted() -> list[str]:
+    return [f"{s}.{f.name}" for s, t in SECTIONS.items() for f in dataclasses.fields(t)]
+
+
+def with_values(base: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``base`` with dotted-path overrides."""
+    d = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for name, v in values.items():
+        if "." in name:
+            section, _, fname = name.partition(".")
+            d.setdefault(section, {})[fname] = v
+        else:
+            d[name] = v
+    return d
+
+
+def get_path(d: Mapping[str, Any], name: str) -> Any:
+    if "." in name:
+        section, _, fname = name.partition(".")
+        return d[section][fname]
+    return d[name]
+
+
+def fmt_value(v: Any) -> str:
+    if isinstance(v, list):
+        return "[" + ",".join(fmt_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {fmt_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)

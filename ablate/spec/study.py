@@ -1,0 +1,76 @@
+"""A study once expanded: its ``Cell``s (key, labels, resolved config) and the ``Study`` that holds
+them with where its results go (output folder, MLflow store and experiment, checkpoints)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..train.config import RunConfig
+from .schema import StudySpec, Target
+
+
+@dataclass(frozen=True)
+class Cell:
+    key: str
+    """Hash of the resolved config (see module docstring)."""
+    label: str
+    """Readable name: the recipe, other varying axes, the seed."""
+    config_label: str
+    """The label without the seed: cells with equal config_label differ only by seed."""
+    values: Mapping[str, Any]
+    """Value of every axis of the study in this cell (resolved, canonical)."""
+    config: RunConfig
+    baseline: bool = False
+    recipe_axes: Mapping[str, Any] = field(default_factory=dict)
+    """The recipe in the study's vocabulary: fp4_gemms, intervention (canonical, e.g. dht16),
+    fp4_format, base_format."""
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+
+@dataclass
+class Study:
+    spec: StudySpec
+    cells: list[Cell]
+    axes: list[str]
+    """Every axis of the study, in order of first appearance."""
+    output_dir: Path
+    text: str = ""
+    """The YAML as written (recorded with the study's parent run)."""
+    source: str | None = None
+    notes: list[str] = field(default_factory=list)
+    """Things the user should know that are not errors (duplicate cells merged, defaults taken)."""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def tracking_uri(self) -> str:
+        if self.spec.tracking.uri:
+            return self.spec.tracking.uri
+        return "sqlite:///" + str((self.output_dir / "mlflow.db").resolve())
+
+    @property
+    def experiment(self) -> str:
+        return self.spec.tracking.experiment or self.spec.name
+
+    @property
+    def baseline_cells(self) -> list[Cell]:
+        return [c for c in self.cells if c.baseline]
+
+    @property
+    def target(self) -> Target | None:
+        if self.spec.target is not None:
+            return self.spec.target
+        if self.spec.baseline is not None:
+            return Target(from_baseline="final")
+        return None
+
+    def checkpoint_dir(self, cell: Cell) -> Path:
+        return self.output_dir / "cells" / cell.key
