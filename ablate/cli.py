@@ -1,6 +1,8 @@
 """The ``ablate`` command line: a thin click layer over the library.
 
-Status goes to stderr, results to stdout, ``--json`` where a machine reads the output.
+Status goes to stderr, results to stdout, ``--json`` where a machine reads the output. The library
+raises ``ablate.errors.AblateError``s; here a ``SpecError`` exits with status 2 (a usage error,
+before anything starts) and any other with status 1, its message printed as it is.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import yaml
 from backends.recipe import GEMMS, OPERANDS, Recipe
 
 from . import __version__
-from .spec import SpecError, Study, load_study
+from .errors import AblateError, SpecError
+from .spec import Study, load_study
 
 
 class SpecProblem(click.ClickException):
@@ -127,8 +130,7 @@ def run(
         ablate run studies/quickstart.yaml
         ablate run study.yaml --address ray://head:10001 --tracking-uri http://mlflow:5000
     """
-    from .runner import RunnerError, run_study
-    from .tracking import TrackingError
+    from .runner import run_study
 
     study = _load(study_file, output)
     if tracking_uri:
@@ -143,19 +145,18 @@ def run(
             num_cpus=num_cpus,
             progress=not quiet,
         )
-    except (RunnerError, TrackingError) as e:
+    except AblateError as e:
         raise click.ClickException(str(e)) from None
     _print_cells(study, as_json=False)
     if result.interrupted:
         sys.exit(130)
     if not no_report:
-        from .report import ReportError
         from .report.study import report_study
 
         try:
             rep = report_study(study)
             click.echo(f"report: {rep.report_md} ({rep.report_html})", err=True)
-        except ReportError as e:
+        except AblateError as e:
             click.echo(f"no report: {e}", err=True)
     if result.failed:
         click.echo(
@@ -180,13 +181,13 @@ def plan(study_file: str, output: str | None, rerun_failed: bool, as_json: bool)
     Example:
         ablate plan studies/mxfp4_wgrad.yaml
     """
-    from .runner import RunnerError, check_devices
+    from .runner import check_devices, summarize
     from .runner import plan as plan_study
 
     study = _load(study_file, output)
     try:
         check_devices(study)
-    except RunnerError as e:
+    except AblateError as e:
         raise click.ClickException(
             f"{e}\n(plan checks this machine's device; on a cluster, `ablate run --address` checks the workers')"
         ) from None
@@ -211,10 +212,7 @@ def plan(study_file: str, output: str | None, rerun_failed: bool, as_json: bool)
     for p in planned:
         mark = " (baseline)" if p.cell.baseline else ""
         click.echo(f"  {p.cell.key}  {p.cell.label:{width}s}  {p.action:7s} {p.why}{mark}")
-    counts: dict[str, int] = {}
-    for p in planned:
-        counts[p.action] = counts.get(p.action, 0) + 1
-    click.echo("would: " + ", ".join(f"{a} {n}" for a, n in counts.items()))
+    click.echo("would: " + ", ".join(f"{a} {n}" for a, n in summarize(planned).items()))
 
 
 @main.command()
@@ -265,30 +263,28 @@ def status(study_file: str, output: str | None, as_json: bool) -> None:
 
 
 def _print_cells(study: Study, *, as_json: bool) -> None:
-    from .tracking import StudyTracker, TrackingError, read_cells
+    from .tracking import StudyTracker, study_status
+    from .tracking.status import count
 
     try:
-        runs = {
-            r.key: r
-            for r in read_cells(study.tracking_uri, study.name, experiment=study.experiment)
-        }
-    except TrackingError as e:
+        statuses = study_status(study)
+    except AblateError as e:
         if as_json:
             click.echo(json.dumps({"study": study.name, "error": str(e), "cells": []}))
         else:
             click.echo(f"{study.name}: nothing recorded yet ({e})")
         return
     tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
-    latest = tracker.latest_metrics([r.run_id for r in runs.values()])
+    latest = tracker.latest_metrics([cs.run.run_id for cs in statuses if cs.run])
     rows: list[dict[str, Any]] = []
-    for c in study.cells:
-        r = runs.get(c.key)
+    for cs in statuses:
+        c, r = cs.cell, cs.run
         m = latest.get(r.run_id, {}) if r else {}
         rows.append(
             {
                 "key": c.key,
                 "label": c.label,
-                "status": r.status if r else "not started",
+                "status": cs.status,
                 "step": m.get("train_loss", (None, None))[0],
                 "steps": c.config.train.steps,
                 "val_ppl": m.get("val_ppl", (None, None))[1],
@@ -307,10 +303,7 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         click.echo(
             f"{row['label']:{width}s}  {row['status']:11s} step {step:>11s}  val ppl {ppl:>8s}  tok/s {tps}"
         )
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
-    click.echo(", ".join(f"{n} {s}" for s, n in counts.items()))
+    click.echo(", ".join(f"{n} {s}" for s, n in count([row["status"] for row in rows]).items()))
 
 
 @main.command()
@@ -375,10 +368,9 @@ def report(
         ablate report studies/quickstart.yaml            # -> reports/quickstart/
         ablate report --tracking-uri http://mlflow:5000 --study mxfp4_wgrad -o out/
     """
-    from .report import ReportError
     from .report.study import report_study
     from .spec import parse_study
-    from .tracking import TrackingError, read_study_text
+    from .tracking import read_study_text
 
     if study_file is not None:
         study = _load(study_file, runs)
@@ -388,14 +380,14 @@ def report(
         try:
             text = read_study_text(tracking_uri, study_name)
             study = parse_study(yaml.safe_load(text), text=text, check_files=False)
-        except (TrackingError, SpecError) as e:
+        except AblateError as e:
             raise click.ClickException(str(e)) from None
         study.spec.tracking.uri = tracking_uri
     else:
         raise click.UsageError("give a STUDY.yaml, or --tracking-uri and --study")
     try:
         rep = report_study(study, out_dir, attach=not no_attach)
-    except ReportError as e:
+    except AblateError as e:
         raise click.ClickException(str(e)) from None
     click.echo(rep.report_md)
     t = rep.config_table
@@ -455,9 +447,8 @@ def tune(
         ablate tune studies/tune_lr.yaml --executor local
         ablate tune studies/tune_lr.yaml --trials 12      # continue to 12 trials per search
     """
-    from .runner import RunnerError
-    from .tracking import TrackingError
-    from .tune import TuneError, format_summary, run_tune, tune_spec
+    from .errors import TuneError
+    from .tune import format_summary, run_tune, tune_spec
 
     study = _load(study_file, output)
     try:
@@ -472,7 +463,7 @@ def tune(
             trials=trials,
             num_cpus=num_cpus,
         )
-    except (TuneError, RunnerError, TrackingError) as e:
+    except AblateError as e:
         raise click.ClickException(str(e)) from None
     click.echo(format_summary(result.summary))
     if result.best_path is not None:

@@ -1,17 +1,18 @@
-"""``ablate tune``: Optuna searches over a study's search space, run by the study's runner and logged
-to the study's MLflow experiment.
+"""The driver of ``ablate tune``: Optuna searches over a study's search space, run by the study's
+executor (``ablate.executor``, as ``ablate run`` runs cells) and logged to the study's MLflow
+experiment.
 
-The ``tune:`` section (schema and checks: ``ablate.tune_space``) splits the study's cells into
+The ``tune:`` section (schema: ``ablate.spec.schema``; searches and checks: ``ablate.spec.tune``)
+splits the study's cells into
 searches (``per``), each an independent Optuna study named ``<study>/<search label>`` that starts
 from one cell and varies only the ``space`` paths. Different searches are never compared: each has
 its own sampler state and its own pruner.
 
 **Trials are runs.** The driver asks Optuna for a trial, resolves and validates its config (the
 search's cell plus the suggested values, through the spec's ``CellConfig``), creates an MLflow
-child run under the study's parent run (tags ``ablate.role=trial``, ``ablate.search``,
-``ablate.trial``, ``ablate.key``, ``ablate.label`` = ``<search>/trial<N>``, ``ablate.param.<path>``;
-``ablate run`` plans only ``ablate.role=cell`` runs, so it never sees them) and hands a ``Task`` to
-``run_one`` through an executor, ``parallelism`` trials per search at a time (ask-and-tell). Each
+child run under the study's parent run (role ``trial``, labelled ``<search>/trial<N>``, with the
+search, trial number and parameters as tags: ``ablate.tracking.vocab``; ``ablate run`` plans only
+``cell`` runs, so it never sees them) and hands a ``Task`` to the executor, ``parallelism`` trials per search at a time (ask-and-tell). Each
 trial checkpoints in ``<output>/tune/<search>/trial<N>/`` (so a Ray retry after a lost worker
 resumes it); the checkpoint file is deleted when the trial ends, as nothing resumes a trial later.
 When a trial ends, Optuna is told its state and the run gets ``ablate.tune_state`` (COMPLETE,
@@ -62,123 +63,41 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 import optuna
 from optuna.trial import Trial, TrialState
 from pydantic import ValidationError
 
-from .runner import LocalExecutor, Outcome, RayExecutor, RunnerError, Task, run_one, study_lock
-from .spec import Study, fmt_value
-from .tracking import (
-    StudyTracker,
-    TrackingError,
-    check_uri,
-    prepare_store,
-    read_cells,
-    read_histories,
-)
-from .train.loop import CHECKPOINT, config_hash
-from .tune_optuna import (
+from ..errors import RunnerError, TrackingError, TuneError
+from ..executor import Executor, ExecutorName, Outcome, Task
+from ..runner import open_tracker, study_executor, study_lock, task_threads
+from ..spec.axes import fmt_value
+from ..spec.schema import TuneSpec
+from ..spec.study import Study
+from ..spec.tune import Search, plan_searches, trial_config
+from ..targets import tokens_to_target
+from ..tracking import StudyTracker, read_histories, study_status
+from ..tracking.vocab import recipe_tags, trial_tags
+from ..train.checkpoint import CHECKPOINT
+from ..train.config import config_hash
+from .storage import (
     STORAGE,
-    TuneError,
     continuation_problems,
     count_trials,
-    format_summary,
     make_pruner,
     make_sampler,
     optuna_name,
+    start_fingerprint,
     storage_url,
     suggest,
     tune_spec,
     tune_summary,
     write_best,
 )
-from .tune_space import (
-    NOT_REACHED_FACTOR,
-    Search,
-    TuneSpec,
-    plan_searches,
-    start_fingerprint,
-    trial_config,
-)
 
-ExecutorName = Literal["ray", "local"]
-__all__ = [
-    "TuneError", "TuneResult", "run_tune", "resolve_target_ppl", "tune_summary", "format_summary",
-    "write_best", "tune_spec", "storage_url", "optuna_name",
-]  # fmt: skip
-
-# --- where trials run ----------------------------------------------------------------------------
-
-
-class _LocalPool:
-    """In this process, one trial at a time: ``wait`` runs the next one to its end."""
-
-    in_process = True
-
-    def __init__(self) -> None:
-        self._ex = LocalExecutor()
-        self._queue: list[Task] = []
-
-    def submit(self, task: Task) -> None:
-        self._queue.append(task)
-
-    def wait(self, timeout: float) -> list[Outcome]:
-        return list(self._ex.run([self._queue.pop(0)])) if self._queue else []
-
-    def cancel(self, key: str) -> None:
-        self._queue = [t for t in self._queue if t.key != key]
-
-    def close(self) -> None:
-        self._ex.close()
-
-
-class _RayPool:
-    """Each trial a Ray task with the study's resources, submitted one by one as Optuna asks."""
-
-    in_process = False
-
-    def __init__(self, executor: RayExecutor, study: Study) -> None:
-        import ray
-
-        res = study.spec.resources
-        self._ray, self._ex = ray, executor
-        self.multi_node = executor.multi_node
-        self._remote = ray.remote(run_one).options(
-            num_cpus=res.cpus, num_gpus=res.gpus, max_retries=res.max_retries
-        )
-        self._refs: dict[Any, Task] = {}
-
-    def submit(self, task: Task) -> None:
-        self._refs[self._remote.remote(task)] = task
-
-    def wait(self, timeout: float) -> list[Outcome]:
-        if not self._refs:
-            return []
-        ready, _ = self._ray.wait(list(self._refs), num_returns=len(self._refs), timeout=timeout)
-        out = []
-        for ref in ready:
-            t = self._refs.pop(ref)
-            try:
-                out.append(self._ray.get(ref))
-            except self._ray.exceptions.RayError as e:  # the worker died more often than retried
-                last = [x for x in str(e).splitlines() if x.strip()][-1:] or [repr(e)]
-                out.append(Outcome(t.key, "failed", reason=f"{type(e).__name__}: {last[0][:500]}"))
-        return out
-
-    def cancel(self, key: str) -> None:
-        for ref, t in list(self._refs.items()):
-            if t.key == key:
-                with contextlib.suppress(Exception):
-                    self._ray.cancel(ref, force=True)
-                del self._refs[ref]
-
-    def close(self) -> None:
-        self._ex.close()
-
-
-_Pool = _LocalPool | _RayPool
+NOT_REACHED_FACTOR = 2.0
+"""tokens_to_target of a trial that never reaches the target: this many times its training tokens."""
 
 
 # --- the driver ------------------------------------------------------------------------------------
@@ -220,7 +139,7 @@ class _Driver:
         tune: TuneSpec,
         tracker: StudyTracker,
         parent: str,
-        pool: _Pool,
+        pool: Executor,
         out: IO[str],
         target_ppl: float | None,
     ) -> None:
@@ -285,18 +204,13 @@ class _Driver:
         params = {path: suggest(trial, path, p) for path, p in self.tune.space.items()}
         label = f"{s.search.label}/trial{trial.number}"
         trial.set_user_attr("label", label)
-        tags = {
-            "ablate.role": "trial",
-            "ablate.search": s.search.label,
-            "ablate.trial": str(trial.number),
-            "ablate.optuna_study": s.study.study_name,
-            **{f"ablate.param.{k}": fmt_value(v) for k, v in params.items()},
-        }
+        shown = {k: fmt_value(v) for k, v in params.items()}
+        tags = trial_tags(s.search.label, trial.number, s.study.study_name, shown)
         try:
             rc = trial_config(self.study, s.search.cell, params)
         except (ValidationError, ValueError) as e:  # a combination no single bound could catch
             reason = f"invalid config: {e}"
-            rid = self.tracker.create_cell_run(self.parent, "invalid", label, tags, params)
+            rid = self.tracker.create_run(self.parent, "invalid", label, tags, params, role="trial")
             trial.set_user_attr("mlflow_run_id", rid)
             self._tell(s, trial, None, TrialState.FAIL, reason, rid, "failed", {})
             return
@@ -304,12 +218,15 @@ class _Driver:
         if ckpt.exists():  # left by an earlier optuna.db (numbers restarted): not this trial's
             shutil.rmtree(ckpt)
         rc = dataclasses.replace(rc, checkpoint_dir=str(ckpt.resolve()))
-        tags.update({"ablate.recipe": rc.recipe.short(), "ablate.seed": str(rc.seed)})
-        rid = self.tracker.create_cell_run(self.parent, config_hash(rc), label, tags, rc.to_dict())
+        tags.update(recipe_tags(rc.recipe.short(), rc.seed))
+        rid = self.tracker.create_run(
+            self.parent, config_hash(rc), label, tags, rc.to_dict(), role="trial"
+        )
         trial.set_user_attr("mlflow_run_id", rid)
         self.tracker.set_status(rid, "pending")
-        threads = max(1, int(self.study.spec.resources.cpus))
-        task = Task(label, label, rc.to_dict(), self.uri, rid, os.getcwd(), threads)
+        task = Task(
+            label, label, rc.to_dict(), self.uri, rid, os.getcwd(), task_threads(self.study)
+        )
         self.live[label] = _Live(s, trial, task, params)
         s.live += 1
         self.pool.submit(task)
@@ -392,8 +309,6 @@ class _Driver:
     def objective(self, live: _Live, o: Outcome) -> float:
         if self.tune.objective == "final_val_loss":
             return o.final_val_loss
-        from .report.metrics import tokens_to_target
-
         assert self.target_ppl is not None
         h = read_histories(self.uri, [live.task.run_id], ("val_loss", "tokens"))[live.task.run_id]
         tokens = dict(h["tokens"])
@@ -455,34 +370,16 @@ def run_tune(
     uri = study.tracking_uri
     lock = contextlib.ExitStack()
     try:
-        lock.enter_context(study_lock(study.output_dir / "tune"))
+        lock.enter_context(study_lock(study.output_dir / "tune", command="ablate tune"))
     except RunnerError as e:
-        raise TuneError(str(e).replace("`ablate run`", "`ablate tune`")) from None
+        raise TuneError(str(e)) from None
     with lock:
-        pool: _Pool
-        if executor == "ray":
-            res = study.spec.resources
-            ex = RayExecutor(
-                address=address,
-                cpus=res.cpus,
-                gpus=res.gpus,
-                max_retries=res.max_retries,
-                num_cpus=num_cpus,
-            )
-            pool, limit = _RayPool(ex, study), res.max_concurrent or 1 << 30
-        else:
-            pool, limit = _LocalPool(), 1
+        res = study.spec.resources
+        pool = study_executor(study, executor, address=address, num_cpus=num_cpus)
+        limit = 1 if pool.in_process else res.max_concurrent or 1 << 30
         interrupted = False
         try:
-            check_uri(uri, multi_node=isinstance(pool, _RayPool) and pool.multi_node)
-            prepare_store(uri, study.output_dir)
-            tracker = StudyTracker(
-                uri,
-                study.name,
-                experiment=study.experiment,
-                artifact_root=study.output_dir / "artifacts",
-            )
-            parent = tracker.parent_run(study.text)
+            tracker, parent = open_tracker(study, pool)
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
             storage = optuna.storages.RDBStorage(storage_url(study))
@@ -529,12 +426,15 @@ def resolve_target_ppl(study: Study) -> float:
         "perplexity, but "
     )
     fix = "; run the baseline first (`ablate run`) or give an absolute target: {val_ppl: ...}"
-    keys = {c.key for c in study.baseline_cells}
     try:
-        runs = read_cells(study.tracking_uri, study.name, experiment=study.experiment)
+        statuses = study_status(study)
     except TrackingError as e:
         raise TuneError(f"{need}the study has no results yet ({e}){fix}") from None
-    ids = [r.run_id for r in runs if r.key in keys and r.status == "finished"]
+    ids = [
+        cs.run.run_id
+        for cs in statuses
+        if cs.cell.baseline and cs.run is not None and cs.run.status == "finished"
+    ]
     ppls = []
     for h in read_histories(study.tracking_uri, ids, ("val_loss",)).values():
         losses = [v for _, v in h["val_loss"] if math.isfinite(v)]

@@ -1,5 +1,6 @@
 """The Optuna side of ``ablate tune``: where a study's searches are stored and what they are named,
-the sampler, pruner and suggestions its ``tune`` section asks for, and what the searches found,
+what a search starts from (``start_fingerprint``), the sampler, pruner and suggestions its ``tune``
+section asks for, and what the searches found,
 read back from the storage: a summary per search (for the terminal and the report) and
 ``best.yaml``, the best configuration per search as a study grid.
 
@@ -12,6 +13,8 @@ when the evaluator fails (e.g. no variation).
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -20,15 +23,14 @@ import optuna
 import yaml
 from optuna.trial import Trial, TrialState
 
-from .spec import Study, fmt_value
-from .tune_space import ParamSpec, Search, TuneSpec, param_kind, plan_searches
+from ..errors import TuneError
+from ..spec.axes import fmt_value, with_values
+from ..spec.schema import ParamSpec, TuneSpec
+from ..spec.study import Study
+from ..spec.tune import Search, param_kind, plan_searches
 
 STORAGE = "optuna.db"
 IMPORTANCE_MIN_TRIALS = 4
-
-
-class TuneError(RuntimeError):
-    """A search that cannot run as asked (no tune section, target not evaluable, locked...)."""
 
 
 def storage_url(study: Study) -> str:
@@ -37,6 +39,16 @@ def storage_url(study: Study) -> str:
 
 def optuna_name(study: Study, search: Search) -> str:
     return f"{study.name}/{search.label}"
+
+
+def start_fingerprint(tune: TuneSpec, study: Study, search: Search) -> str:
+    """Identity of what a search's trials start from: its cell's config without the searched
+    paths (a search that continues must start from the same place)."""
+    d = with_values(study.spec.base.model_dump(mode="json"), dict(search.cell.values))
+    for path in [*tune.space, "device"]:
+        section, _, name = path.rpartition(".")
+        (d.get(section, {}) if section else d).pop(name, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def tune_spec(study: Study) -> TuneSpec:

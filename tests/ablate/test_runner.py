@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ablate.runner import RunnerError, plan, plan_cell, run_study, study_lock
+from ablate.errors import RunnerError
+from ablate.runner import plan, plan_cell, run_study, study_lock
 from ablate.spec import Study, parse_study
 from ablate.tracking import CellRun
 

@@ -17,7 +17,8 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from ablate import tracking
-from ablate.tracking import MlflowLogger, StudyTracker, TrackingError
+from ablate.errors import TrackingError
+from ablate.tracking import MlflowLogger, StudyTracker
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +49,7 @@ def steps(uri: str, run_id: str, key: str) -> list[int]:
 def new_cell(uri: str, key: str = "k1", study: str = "s") -> tuple[StudyTracker, str]:
     tracker = StudyTracker(uri, study)
     parent = tracker.parent_run("name: s\n")
-    return tracker, tracker.create_cell_run(parent, key, f"cell {key}", {}, {"lr": 1e-3})
+    return tracker, tracker.create_run(parent, key, f"cell {key}", {}, {"lr": 1e-3})
 
 
 # --- the store ------------------------------------------------------------------------------
@@ -122,7 +123,7 @@ def test_artifacts_go_to_the_output_dir_and_nothing_to_the_cwd(out, uri, tmp_pat
 def test_a_second_tracker_finds_the_parent_run_and_overwrites_the_spec(out, uri):
     first = StudyTracker(uri, "s").parent_run("v: 1\n")
     tracker = StudyTracker(uri, "s")
-    tracker.finish_parent(first, "finished", {"cells": 2})
+    tracker.set_status(first, "finished", {"cells": 2})
     assert tracker.parent_run("v: 2\n") == first
     run = MlflowClient(tracking_uri=uri).get_run(first)
     assert run.info.status == "FINISHED" and run.data.tags["ablate.cells"] == "2"
@@ -133,7 +134,7 @@ def test_a_second_tracker_finds_the_parent_run_and_overwrites_the_spec(out, uri)
 def test_cell_runs_and_status_transitions(uri):
     tracker, run_id = new_cell(uri, "k1")
     parent = tracker.parent_run("name: s\n")
-    other = tracker.create_cell_run(parent, "k2", "cell k2", {"ablate.seed": "1"}, {})
+    other = tracker.create_run(parent, "k2", "cell k2", {"ablate.seed": "1"}, {})
     cells = tracker.cell_runs()
     assert set(cells) == {"k1", "k2"}
     assert cells["k1"].run_id == run_id and cells["k1"].label == "cell k1"
@@ -158,7 +159,7 @@ def test_cell_runs_and_status_transitions(uri):
 
 def test_a_key_with_two_runs_keeps_the_newest(uri):
     tracker, _ = new_cell(uri, "k1")
-    newer = tracker.create_cell_run(tracker.parent_run(""), "k1", "again", {}, {})
+    newer = tracker.create_run(tracker.parent_run(""), "k1", "again", {}, {})
     assert tracker.cell_runs()["k1"].run_id == newer
 
 
@@ -250,7 +251,7 @@ def _write_cell(uri: str, run_id: str, start: Barrier) -> None:
 def test_concurrent_writers_lose_no_point_and_write_none_twice(out, uri):
     tracker = StudyTracker(uri, "s")
     parent = tracker.parent_run("")
-    run_ids = [tracker.create_cell_run(parent, f"k{i}", f"c{i}", {}, {}) for i in range(6)]
+    run_ids = [tracker.create_run(parent, f"k{i}", f"c{i}", {}, {}) for i in range(6)]
     # Fresh processes like Ray's workers. A forkserver that has imported MLflow once, rather than
     # spawn, saves each writer the ~5 s import (30 s of this test on two cores); like spawn it
     # forks nothing that holds a database connection.
@@ -282,7 +283,7 @@ def test_a_locked_database_is_retried_until_it_frees(out):
             return db.execute("UPDATE experiments SET name = name").rowcount
 
     t0 = time.monotonic()
-    assert tracking._retry("writing", write) == 1
+    assert tracking.store._retry("writing", write) == 1
     assert time.monotonic() - t0 >= 0.5
     holder.close()
 
@@ -329,7 +330,7 @@ def test_a_study_without_a_parent_run_has_no_text(uri):
 
 def test_read_cells_lists_the_cells_by_key(uri):
     tracker, first = new_cell(uri, "b")
-    second = tracker.create_cell_run(tracker.parent_run(""), "a", "cell a", {}, {})
+    second = tracker.create_run(tracker.parent_run(""), "a", "cell a", {}, {})
     cells = tracking.read_cells(uri, "s")
     assert [(c.key, c.run_id) for c in cells] == [("a", second), ("b", first)]
     assert tracking.read_cells(uri, "other", experiment="s") == cells
@@ -349,6 +350,48 @@ def test_read_histories_keeps_the_last_value_logged_for_a_step(uri):
     assert h["val_loss"][:2] == [(0, 9.0), (5, 3.0)]
     assert h["val_loss"][2][0] == 7 and math.isnan(h["val_loss"][2][1])
     assert h["tokens"] == [(5, 64.0)] and h["absent"] == []
+
+
+def test_the_direct_sqlite_read_returns_what_mlflow_returns(uri, out):
+    """Pins MLflow's SQL schema under ``store.sqlite_points`` (the one read around the client): the
+    metrics table has the columns it reads, and every point equals get_metric_history's."""
+    import contextlib
+
+    from ablate.tracking.store import read_only, sqlite_points
+
+    _, run_id = new_cell(uri)
+    points = [Metric(k, float(i) * 0.5, 1000 + i, i) for i in range(7) for k in ("a", "b")]
+    points.append(Metric("a", math.nan, 5000, 9))
+    MlflowClient(tracking_uri=uri).log_batch(run_id, metrics=points)
+    with contextlib.closing(read_only(out / "mlflow.db")) as db:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(metrics)")}
+        assert {"run_uuid", "key", "step", "timestamp", "value", "is_nan"} <= columns
+        direct = sqlite_points(db, run_id)
+        only_a = sqlite_points(db, run_id, "a")
+    client = MlflowClient(tracking_uri=uri)
+    public = [
+        (m.key, m.step, m.timestamp, m.value, math.isnan(m.value))
+        for k in ("a", "b")
+        for m in client.get_metric_history(run_id, k)
+    ]
+
+    def canon(rows):  # NaN != NaN: compare it as a flag
+        return sorted((k, s, t, 0.0 if nan else v, nan) for k, s, t, v, nan in rows)
+
+    assert canon(direct) == canon(public) and len(direct) == 15
+    assert [r[1] for r in only_a] == sorted(r[1] for r in only_a)  # by step
+    assert {r[0] for r in only_a} == {"a"} and len(only_a) == 8
+
+
+def test_latest_points_give_each_metrics_step_and_value(uri):
+    from ablate.tracking.runs import latest_points
+
+    tracker, run_id = new_cell(uri)
+    batch = [Metric("loss", 3.0, 1, 1), Metric("loss", 2.0, 2, 4), Metric("ppl", 9.0, 1, 2)]
+    MlflowClient(tracking_uri=uri).log_batch(run_id, metrics=batch)
+    run = MlflowClient(tracking_uri=uri).get_run(run_id)
+    assert latest_points(run) == {"loss": (4, 2.0), "ppl": (2, 9.0)}
+    assert tracker.latest_metrics([run_id]) == {run_id: {"loss": (4, 2.0), "ppl": (2, 9.0)}}
 
 
 _KILLED_WORKER = """
@@ -377,7 +420,8 @@ def test_a_worker_killed_between_checkpoints_loses_no_step_on_resume(uri, tmp_pa
     import sys
 
     from ablate.train import DataConfig, RunConfig, TrainConfig
-    from ablate.train.loop import checkpoint_info, train
+    from ablate.train.checkpoint import checkpoint_info
+    from ablate.train.loop import train
 
     _, run_id = new_cell(uri)
     cfg = RunConfig(

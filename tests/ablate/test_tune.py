@@ -18,10 +18,11 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from ablate.cli import main
+from ablate.errors import SpecError, TuneError
 from ablate.runner import plan
-from ablate.spec import SpecError, Study, parse_study
-from ablate.tune import TuneError, optuna_name, run_tune, storage_url, tune_summary
-from ablate.tune_space import plan_searches
+from ablate.spec import Study, parse_study
+from ablate.spec.tune import plan_searches
+from ablate.tune import optuna_name, run_tune, storage_url, tune_summary
 
 TRAIN = {
     "steps": 4,

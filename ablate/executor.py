@@ -1,0 +1,254 @@
+"""Where cells run: ``run_one(task) -> Outcome`` and the executors that decide where it runs.
+
+``run_one`` is a plain function that trains one cell (or tune trial) and logs into its MLflow run.
+An executor takes ``Task``s and hands back ``Outcome``s as they end; ``ablate run`` and
+``ablate tune`` drive the same two:
+
+- ``LocalExecutor``: in this process, one task at a time (tests, tiny studies, debugging);
+- ``RayExecutor``: each task a Ray task with the study's resources; a task whose worker dies is
+  retried (``resources.max_retries``) and resumes from its checkpoint in the same MLflow run.
+
+The interface is ``submit(task)``, ``wait(timeout) -> [Outcome]`` (the tasks that ended, possibly
+none), ``cancel(key)``, ``cancel_all()`` and ``close()``. A task that cannot produce an outcome
+(its worker died more often than retried) ends as a ``failed`` outcome, never as an exception: one
+bad cell does not stop a study. This module is the only one that imports Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import socket
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from .errors import RunnerError
+
+ExecutorName = Literal["ray", "local"]
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything a worker needs to run one cell (plain data: it travels to Ray workers)."""
+
+    key: str
+    label: str
+    config: dict[str, Any]
+    """The resolved RunConfig as a dict, checkpoint_dir set."""
+    tracking_uri: str
+    run_id: str
+    workdir: str
+    """The driver's working directory (relative data paths are read from there)."""
+    threads: int = 1
+    stop_after: int | None = None
+    """Stop after this many steps (tests: an interruption at a known step)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    key: str
+    status: str
+    """finished, diverged, failed, or interrupted."""
+    steps: int = 0
+    tokens: int = 0
+    final_val_loss: float = math.nan
+    tokens_per_s: float = 0.0
+    diverged_at: int | None = None
+    reason: str = ""
+    wall_time_s: float = 0.0
+
+    @property
+    def final_val_ppl(self) -> float:
+        return math.exp(min(self.final_val_loss, 700.0))
+
+
+def run_one(task: Task) -> Outcome:
+    """Train one cell, logging into its MLflow run; never raises for a failing run (the failure is
+    the outcome, recorded on the run) so one bad cell does not stop a study."""
+    import torch
+
+    from .tracking import MlflowLogger
+    from .train import RunConfig, train
+    from .train.checkpoint import checkpoint_info
+
+    if os.path.isdir(task.workdir):
+        os.chdir(task.workdir)
+    torch.set_num_threads(max(1, task.threads))
+    logger = MlflowLogger(task.tracking_uri, task.run_id)
+    t0 = time.perf_counter()
+    try:
+        cfg = RunConfig.from_dict(task.config)
+        ckpt = checkpoint_info(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        where = {"host": socket.gethostname(), "pid": os.getpid()}
+        logger.log_status("running", {**where, "resumed_from": ckpt["step"] if ckpt else 0})
+        res = train(cfg, logger, stop_after=task.stop_after)
+    except Exception as e:  # a failed cell is a result, not a crash of the study
+        reason = f"{type(e).__name__}: {e}"
+        tb = traceback.format_exc()
+        with contextlib.suppress(Exception):
+            logger.log_status("failed", {"reason": reason[:500], "traceback": tb[-4000:]})
+        return Outcome(task.key, "failed", reason=reason, wall_time_s=time.perf_counter() - t0)
+    finally:
+        with contextlib.suppress(Exception):
+            logger.close()
+    status = "interrupted" if res.status == "stopped" else res.status
+    return Outcome(
+        task.key,
+        status,
+        steps=res.steps,
+        tokens=res.tokens,
+        final_val_loss=res.final_val_loss,
+        tokens_per_s=res.tokens_per_s,
+        diverged_at=res.diverged_at,
+        reason=res.reason,
+        wall_time_s=res.wall_time_s,
+    )
+
+
+class Executor(Protocol):
+    name: str
+    in_process: bool
+    """True when ``wait`` runs a task to its end in this process (nothing can be cancelled
+    mid-run)."""
+    multi_node: bool
+    """Whether tasks may run on other machines (a machine-local store cannot serve them)."""
+
+    def submit(self, task: Task) -> None: ...
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        """The outcomes of tasks that ended within ``timeout`` seconds (maybe none)."""
+        ...
+
+    def cancel(self, key: str) -> None: ...
+
+    def cancel_all(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def __len__(self) -> int:
+        """Tasks submitted and not yet returned by ``wait``."""
+        ...
+
+
+class LocalExecutor:
+    """In this process, one task at a time: ``wait`` runs the next one to its end."""
+
+    name = "local"
+    in_process = True
+    multi_node = False
+
+    def __init__(self) -> None:
+        self._queue: deque[Task] = deque()
+
+    def submit(self, task: Task) -> None:
+        self._queue.append(task)
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        return [run_one(self._queue.popleft())] if self._queue else []
+
+    def cancel(self, key: str) -> None:
+        self._queue = deque(t for t in self._queue if t.key != key)
+
+    def cancel_all(self) -> None:
+        self._queue.clear()
+
+    def close(self) -> None:
+        self._queue.clear()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+
+class RayExecutor:
+    """Each task a Ray task with the study's resources; at most ``max_concurrent`` in flight (the
+    rest wait here, in submission order), outcomes as they finish."""
+
+    name = "ray"
+    in_process = False
+
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        cpus: float = 1,
+        gpus: float = 0,
+        max_retries: int = 3,
+        max_concurrent: int | None = None,
+        num_cpus: int | None = None,
+        object_store_mb: int = 256,
+    ) -> None:
+        import ray
+
+        self._ray = ray
+        self._owns = not ray.is_initialized()
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        if self._owns:
+            kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+            if address is None:
+                kw.update(num_cpus=num_cpus, object_store_memory=object_store_mb * 2**20)
+            try:
+                ray.init(address=address, **kw)
+            except ConnectionError as e:
+                raise RunnerError(f"--address {address}: cannot reach a Ray cluster ({e})") from e
+        self.multi_node = len([n for n in ray.nodes() if n.get("Alive")]) > 1
+        opts = {"num_cpus": cpus, "num_gpus": gpus, "max_retries": max_retries}
+        self._remote = ray.remote(run_one).options(**opts)
+        self.max_concurrent = max_concurrent
+        self._queue: deque[Task] = deque()
+        self._inflight: dict[Any, Task] = {}
+
+    def submit(self, task: Task) -> None:
+        self._queue.append(task)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        limit = self.max_concurrent or math.inf
+        while self._queue and len(self._inflight) < limit:
+            t = self._queue.popleft()
+            self._inflight[self._remote.remote(t)] = t
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        if not self._inflight:
+            return []
+        refs = list(self._inflight)
+        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        out = [self._outcome(ref, self._inflight.pop(ref)) for ref in ready]
+        self._dispatch()
+        return out
+
+    def _outcome(self, ref: Any, task: Task) -> Outcome:
+        try:
+            o: Outcome = self._ray.get(ref)
+            return o
+        except self._ray.exceptions.RayError as e:  # the worker died more often than retried
+            lines = [x for x in _ANSI.sub("", str(e)).splitlines() if x.strip()]
+            msg = lines[-1].strip()[:500] if lines else repr(e)
+            return Outcome(task.key, "failed", reason=f"{type(e).__name__}: {msg}")
+
+    def cancel(self, key: str) -> None:
+        self._queue = deque(t for t in self._queue if t.key != key)
+        for ref, t in list(self._inflight.items()):
+            if t.key == key:
+                with contextlib.suppress(Exception):
+                    self._ray.cancel(ref, force=True)
+                del self._inflight[ref]
+
+    def cancel_all(self) -> None:
+        self._queue.clear()
+        for ref in list(self._inflight):
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=True)
+        self._inflight.clear()
+
+    def close(self) -> None:
+        if self._owns and self._ray.is_initialized():
+            self._ray.shutdown()
+
+    def __len__(self) -> int:
+        return len(self._queue) + len(self._inflight)

@@ -1,0 +1,36 @@
+"""MLflow tracking: the project's only package that talks to MLflow (mlflow is imported lazily;
+its errors are ``ablate.errors.TrackingError``).
+
+Modules, by concept:
+
+    vocab    every tag, role and status name ablate writes (spelled there and nowhere else)
+    store    the store: URIs, creating it, a retrying client, the one direct SQLite read
+    runs     the driver's StudyTracker (experiment, parent and child runs) and CellRun
+    logger   MlflowLogger: the trainer's Logger into one run, batched and duplicate-free
+    history  read_histories: metric curves for the report and tune
+    status   study_status: the study's cells joined with their recorded runs
+"""
+
+from __future__ import annotations
+
+from .history import read_histories
+from .logger import MlflowLogger
+from .runs import CellRun, StudyTracker, read_cells, read_study_text
+from .status import CellStatus, join_runs, study_status
+from .store import check_uri, default_uri, is_local_store, prepare_store
+
+__all__ = [
+    "CellRun",
+    "CellStatus",
+    "MlflowLogger",
+    "StudyTracker",
+    "check_uri",
+    "default_uri",
+    "is_local_store",
+    "join_runs",
+    "prepare_store",
+    "read_cells",
+    "read_histories",
+    "read_study_text",
+    "study_status",
+]

@@ -1,0 +1,102 @@
+"""The workers' side: ``MlflowLogger``, the trainer's ``Logger`` writing into one MLflow run."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import TrackingError
+from .runs import log_status
+from .store import (
+    MAX_METRICS,
+    MAX_PARAM_LEN,
+    MAX_PARAMS,
+    Client,
+    chunks,
+    read_only,
+    sqlite_path,
+    sqlite_points,
+)
+
+if TYPE_CHECKING:
+    from mlflow.entities import Metric
+
+
+class MlflowLogger:
+    """``ablate.train.logger.Logger`` into one MLflow run: batched, retried, duplicate-free.
+
+    A resumed cell logs into the same run, and the trainer re-reports the steps after its last
+    checkpoint; the (metric, step) pairs the run already has are skipped, so that each step appears
+    once however often the cell was interrupted.
+    """
+
+    def __init__(
+        self, uri: str, run_id: str, *, flush_points: int = 200, flush_interval_s: float = 5.0
+    ) -> None:
+        self._client = Client(uri, must_exist=True)
+        self.run_id = run_id
+        self.flush_points, self.flush_interval_s = flush_points, flush_interval_s
+        keys = self._client.get_run(run_id).data.metrics  # also checks that the run is there
+        if (path := sqlite_path(uri)) is not None:  # one indexed query (see store.sqlite_points)
+            with contextlib.closing(read_only(path)) as db:
+                self._seen = {(k, step) for k, step, *_ in sqlite_points(db, run_id)}
+        else:
+            get = self._client.get_metric_history
+            self._seen = {(k, m.step) for k in keys for m in get(run_id, k)}
+        self._buffer: list[Metric] = []
+        self._last_flush = time.monotonic()
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        old = self._client.get_run(self.run_id).data.params
+        new: list[Param] = []
+        changed: list[str] = []
+        for k, v in params.items():  # flat already (Logger protocol)
+            value = str(v)[:MAX_PARAM_LEN]
+            if k not in old:
+                new.append(Param(k, value))
+            elif old[k] != value:
+                changed.append(f"{k!r} was {old[k]!r}, now {value!r}")
+        if changed:
+            raise TrackingError(
+                f"run {self.run_id} was logged with another configuration: param "
+                f"{'; '.join(changed[:5])}. A resumed cell must keep its config; remove the cell's "
+                "output and run (or use a new output folder) to start it afresh."
+            )
+        for batch in chunks(new, MAX_PARAMS):
+            self._client.log_batch(self.run_id, params=batch)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        for k, v in metrics.items():
+            if (k, step) not in self._seen:  # NaN and inf are kept: a diverged run shows them
+                self._seen.add((k, step))
+                self._buffer.append(Metric(k, float(v), now, step))
+        if (
+            len(self._buffer) >= self.flush_points
+            or time.monotonic() - self._last_flush >= self.flush_interval_s
+        ):
+            self.flush()
+
+    def log_status(self, status: str, info: Mapping[str, Any]) -> None:
+        """Record how the trainer ended; the runner ends the MLflow run."""
+        self.flush()
+        log_status(self._client, self.run_id, status, info)
+
+    def flush(self) -> None:
+        # Retrying a batch that was in fact written is harmless: MLflow's SQL store skips points
+        # whose (key, timestamp, step, value) it already has, and a point keeps the timestamp
+        # that log_metrics gave it until it is written.
+        while self._buffer:
+            batch = self._buffer[:MAX_METRICS]
+            self._client.log_batch(self.run_id, metrics=batch)
+            del self._buffer[: len(batch)]
+        self._last_flush = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()

@@ -1,0 +1,231 @@
+"""A study's runs in MLflow: the driver's ``StudyTracker`` (experiment, parent run, a run per cell
+or trial, statuses) and ``CellRun``, a recorded run as the runner, the report and ``status`` read it.
+
+Layout of a study in MLflow: one experiment per study (its name defaults to the study's), artifacts
+inside the study's output folder rather than ``./mlruns`` in whatever directory the process happens
+to run in; one parent run holding ``study.yaml`` and the report; one child run per cell (and per tune
+trial) holding ``config.json``, the flattened config as params and metrics per step. The tags are
+``ablate.tracking.vocab``'s. The driver prepares the store and creates the runs before any worker
+starts; workers log into their run through ``MlflowLogger``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import TrackingError
+from . import vocab
+from .store import MAX_PARAMS, MAX_TAG_LEN, Client, chunks, sqlite_path
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run, RunTag
+
+
+@dataclass
+class CellRun:
+    """One cell's (or trial's) MLflow run."""
+
+    run_id: str
+    key: str
+    label: str
+    status: str
+    """pending, running, finished, diverged, failed, interrupted, stopped."""
+    last_step: int | None
+    """Highest step of metric train_loss; None before the first one."""
+    tags: dict[str, str]
+
+    @property
+    def reason(self) -> str:
+        """Why it failed or diverged ("" when it did not)."""
+        return self.tags.get(vocab.REASON, "")
+
+    @property
+    def diverged_at(self) -> float:
+        return vocab.number(self.tags, vocab.DIVERGED_AT)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Training throughput recorded when the run ended (NaN before)."""
+        return vocab.number(self.tags, vocab.TOKENS_PER_S)
+
+
+def latest_points(run: Run) -> dict[str, tuple[int, float]]:
+    """metric -> (step, value) of its latest point. MLflow keeps each metric's value at its highest
+    step with the run; ``RunData.metrics`` drops the step, the run's proto form keeps it."""
+    return {m.key: (m.step, m.value) for m in run.data.to_proto().metrics}
+
+
+def _status_tags(status: str, info: Mapping[str, Any]) -> list[RunTag]:
+    from mlflow.entities import RunTag
+
+    if status not in vocab.STATUSES:
+        raise ValueError(f"unknown run status {status!r}; expected one of {list(vocab.STATUSES)}")
+    tags = {vocab.STATUS: status, **{vocab.tag(k): str(v)[:MAX_TAG_LEN] for k, v in info.items()}}
+    return [RunTag(k, v) for k, v in tags.items()]
+
+
+def log_status(client: Client, run_id: str, status: str, info: Mapping[str, Any]) -> None:
+    """Tag a run's ablate status and its details (``vocab``), leaving its MLflow status alone."""
+    for batch in chunks(_status_tags(status, info), MAX_PARAMS):
+        client.log_batch(run_id, tags=batch)
+
+
+def _search(client: Client, experiment_id: str, role: vocab.Role) -> list[Run]:
+    """The experiment's runs of one role, newest first."""
+    runs: list[Run] = []
+    token: str | None = None
+    while True:
+        page = client.search_runs(
+            [experiment_id],
+            vocab.role_filter(role),
+            order_by=["start_time DESC"],
+            page_token=token,
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _cells(client: Client, experiment_id: str) -> dict[str, CellRun]:
+    cells: dict[str, CellRun] = {}
+    for run in _search(client, experiment_id, "cell"):
+        tags = run.data.tags
+        key = tags.get(vocab.KEY, "")
+        if key and key not in cells:  # newest first: an older run with the same key is ignored
+            label, status = tags.get(vocab.LABEL, key), tags.get(vocab.STATUS, "pending")
+            loss = latest_points(run).get("train_loss")
+            step = loss[0] if loss else None
+            cells[key] = CellRun(run.info.run_id, key, label, status, step, dict(tags))
+    return cells
+
+
+def _parent_id(client: Client, experiment_id: str, study: str) -> str | None:
+    runs = _search(client, experiment_id, "study")
+    return next((r.info.run_id for r in runs if r.data.tags.get(vocab.STUDY) == study), None)
+
+
+def _experiment_id(client: Client, name: str) -> str | None:
+    found = client.get_experiment_by_name(name)
+    if found is not None and found.lifecycle_stage != "active":
+        raise TrackingError(
+            f"the MLflow experiment {name!r} in {client.uri} is deleted; restore it (`mlflow "
+            f"experiments restore --experiment-id {found.experiment_id}`) or use another name"
+        )
+    return None if found is None else str(found.experiment_id)
+
+
+def _study_experiment(client: Client, study: str, experiment: str | None) -> str:
+    name = experiment or study
+    found = _experiment_id(client, name)
+    if found is None:
+        names = sorted(e.name for e in client.search_experiments() if e.name != "Default")
+        raise TrackingError(
+            f"study {study!r} has no MLflow experiment {name!r} in {client.uri}; the store has "
+            f"{', '.join(map(repr, names)) or 'no experiments'}"
+        )
+    return found
+
+
+class StudyTracker:
+    """The driver's handle on one study's experiment: the parent run, the cells' runs, statuses."""
+
+    def __init__(
+        self,
+        uri: str,
+        study: str,
+        *,
+        experiment: str | None = None,
+        artifact_root: str | Path | None = None,
+    ) -> None:
+        self.uri, self.study = uri, study
+        self._client = Client(uri)
+        name = experiment or study
+        found = _experiment_id(self._client, name)
+        if found is None:
+            if artifact_root is None and (db := sqlite_path(uri)) is not None:
+                artifact_root = db.parent / "artifacts"  # without it MLflow writes ./mlruns
+            location = str(artifact_root) if artifact_root is not None else None
+            if location is not None and "://" not in location:
+                location = Path(location).resolve().as_uri()
+            found = self._client.create_experiment(name, artifact_location=location)
+        self.experiment_id: str = found
+
+    def parent_run(self, spec_text: str) -> str:
+        """Find or create the study's parent run, (re)store ``study.yaml``, return its id."""
+        run_id = _parent_id(self._client, self.experiment_id, self.study)
+        if run_id is None:
+            tags = vocab.study_tags(self.study)
+            run = self._client.create_run(self.experiment_id, tags=tags, run_name=self.study)
+            run_id = str(run.info.run_id)
+        self._client.log_text(run_id, spec_text, "study.yaml")
+        return run_id
+
+    def cell_runs(self) -> dict[str, CellRun]:
+        """Every cell's run in this experiment, by key (the newest if a key has several)."""
+        return _cells(self._client, self.experiment_id)
+
+    def create_run(
+        self,
+        parent_id: str,
+        key: str,
+        label: str,
+        tags: Mapping[str, str],
+        config: Mapping[str, Any],
+        *,
+        role: vocab.Role = "cell",
+    ) -> str:
+        """A pending child run for one cell (or tune trial), its resolved config as ``config.json``."""
+        all_tags = {**vocab.run_tags(role, key, label, parent_id), **tags}
+        run = self._client.create_run(self.experiment_id, tags=all_tags, run_name=label)
+        text = json.dumps(config, sort_keys=True, indent=2, default=str)
+        self._client.log_text(run.info.run_id, text, "config.json")
+        return str(run.info.run_id)
+
+    def set_status(self, run_id: str, status: str, info: Mapping[str, Any] | None = None) -> None:
+        """Tag a run's ablate status (plus details) and end or reopen its MLflow run to match."""
+        log_status(self._client, run_id, status, info or {})
+        mlflow_status = vocab.STATUSES[status]
+        if mlflow_status == "RUNNING":
+            self._client.update_run(run_id, status="RUNNING")
+        elif mlflow_status is not None:
+            self._client.set_terminated(run_id, mlflow_status)
+
+    def set_tags(self, run_id: str, info: Mapping[str, Any]) -> None:
+        """Tag ``ablate.<k>`` = str(v) for each item, leaving the run's status alone."""
+        from mlflow.entities import RunTag
+
+        tags = [RunTag(vocab.tag(k), str(v)[:MAX_TAG_LEN]) for k, v in info.items()]
+        for batch in chunks(tags, MAX_PARAMS):
+            self._client.log_batch(run_id, tags=batch)
+
+    def latest_metrics(self, run_ids: Iterable[str]) -> dict[str, dict[str, tuple[int, float]]]:
+        """run_id -> {metric: (step, latest value)}, cheap enough for a progress display."""
+        return {run_id: latest_points(self._client.get_run(run_id)) for run_id in run_ids}
+
+    def log_artifacts(
+        self, run_id: str, local_dir: str | Path, artifact_path: str | None = None
+    ) -> None:
+        self._client.log_artifacts(run_id, str(local_dir), artifact_path)
+
+
+def read_cells(uri: str, study: str, *, experiment: str | None = None) -> list[CellRun]:
+    """The study's cells as the store has them, in key order."""
+    client = Client(uri, must_exist=True)
+    experiment_id = _study_experiment(client, study, experiment)
+    return sorted(_cells(client, experiment_id).values(), key=lambda c: c.key)
+
+
+def read_study_text(uri: str, study: str, *, experiment: str | None = None) -> str:
+    """The ``study.yaml`` kept with the study's parent run (to report without the file at hand)."""
+    client = Client(uri, must_exist=True)
+    run_id = _parent_id(client, _study_experiment(client, study, experiment), study)
+    if run_id is None:
+        raise TrackingError(f"study {study!r} has no parent run in {uri}: it was never run there")
+    with tempfile.TemporaryDirectory() as tmp:
+        return Path(client.download_artifacts(run_id, "study.yaml", tmp)).read_text()

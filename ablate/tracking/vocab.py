@@ -1,0 +1,147 @@
+"""The names ``ablate`` writes into MLflow: every tag, role and status, spelled here and nowhere else.
+
+A study's experiment holds three roles of run, told apart by the tag ``ablate.role``:
+
+- ``study``: the parent run (``ablate.study``), holding ``study.yaml`` and the report;
+- ``cell``: one per cell (``ablate.key``, ``ablate.label``, ``ablate.config``, ``ablate.seed``,
+  ``ablate.baseline``, the recipe as ``ablate.recipe`` / ``ablate.fp4_gemms`` / ``ablate.intervention``
+  / ``ablate.fp4_format`` / ``ablate.base_format``, ``ablate.backend``, ``ablate.tokens_per_step``,
+  and every axis value as ``ablate.axis.<axis>``);
+- ``trial``: one per ``ablate tune`` trial (``ablate.search``, ``ablate.trial``,
+  ``ablate.optuna_study``, ``ablate.param.<path>``, and the cell tags ``key``, ``label``, ``recipe``,
+  ``seed``).
+
+Every run has ``ablate.status`` (``STATUSES``) and, once it ends, details as ``ablate.<detail>``:
+``steps``, ``wall_time_s``, ``tokens_per_s``, ``reason``, ``diverged_at``, ``traceback``, ``host``,
+``pid``, ``resumed_from``; a trial also ``tune_state`` and ``value``; the parent ``cells``, ``failed``,
+``tune_status`` and ``tune_trials``. Readers get these through ``CellRun``'s typed fields, never by
+spelling a tag.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
+
+from backends.recipe import GEMMS
+
+from ..spec.axes import fmt_value
+from ..spec.study import Cell
+
+PREFIX = "ablate."
+ROLE = PREFIX + "role"
+STUDY = PREFIX + "study"
+KEY = PREFIX + "key"
+LABEL = PREFIX + "label"
+STATUS = PREFIX + "status"
+REASON = PREFIX + "reason"
+DIVERGED_AT = PREFIX + "diverged_at"
+TOKENS_PER_S = PREFIX + "tokens_per_s"
+PARENT = "mlflow.parentRunId"  # MLflow's own: the UI nests child runs under it
+
+Role = Literal["study", "cell", "trial"]
+
+STATUSES: dict[str, str | None] = {
+    # ablate status -> MLflow run status (None: leave the MLflow status alone)
+    "pending": None,
+    "running": "RUNNING",
+    "finished": "FINISHED",
+    "diverged": "FINISHED",  # the run completed its job: it found out that the recipe diverges
+    "failed": "FAILED",
+    "interrupted": "KILLED",
+    "stopped": "KILLED",  # the trainer paused on purpose (stop_after); resumable like interrupted
+}
+
+
+def tag(detail: str) -> str:
+    """``ablate.<detail>``: the tag of a status detail or label (see the module docstring)."""
+    return PREFIX + detail
+
+
+def role_filter(role: Role) -> str:
+    """MLflow search filter for the runs of one role."""
+    return f"tags.`{ROLE}` = '{role}'"
+
+
+def study_tags(study: str) -> dict[str, str]:
+    return {ROLE: "study", STUDY: study}
+
+
+def run_tags(role: Role, key: str, label: str, parent_id: str) -> dict[str, str]:
+    """The tags every child run starts with (status ``pending``)."""
+    return {PARENT: parent_id, ROLE: role, KEY: key, LABEL: label, STATUS: "pending"}
+
+
+def cell_tags(cell: Cell) -> dict[str, str]:
+    """What tracking records about a cell besides its params: labels, recipe, axis values."""
+    r = cell.config.recipe
+    fp4 = [g for g in GEMMS if r.gemm(g).is_fp4]
+    out = {
+        tag("config"): cell.config_label,
+        tag("seed"): str(cell.seed),
+        tag("baseline"): str(cell.baseline).lower(),
+        tag("recipe"): r.short(),
+        tag("fp4_gemms"): "+".join(fp4),
+        tag("backend"): cell.config.backend,
+        tag("tokens_per_step"): str(cell.config.train.tokens_per_step),
+    }
+    for k in ("intervention", "fp4_format", "base_format"):
+        if k in cell.recipe_axes:
+            out[tag(k)] = str(cell.recipe_axes[k])
+    for axis, v in cell.values.items():
+        out[tag(f"axis.{axis}")] = fmt_value(v)
+    return out
+
+
+def trial_tags(
+    search: str, number: int, optuna_study: str, params: Mapping[str, str]
+) -> dict[str, str]:
+    """Tags of a tune trial's run; ``params`` maps each searched path to its value as text."""
+    out = {
+        tag("search"): search,
+        tag("trial"): str(number),
+        tag("optuna_study"): optuna_study,
+    }
+    out.update({tag(f"param.{k}"): v for k, v in params.items()})
+    return out
+
+
+def recipe_tags(recipe: str, seed: int) -> dict[str, str]:
+    return {tag("recipe"): recipe, tag("seed"): str(seed)}
+
+
+class OutcomeLike(Protocol):
+    """How a run ended, as the runner's ``Outcome`` says it."""
+
+    @property
+    def steps(self) -> int: ...
+    @property
+    def wall_time_s(self) -> float: ...
+    @property
+    def tokens_per_s(self) -> float: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def diverged_at(self) -> int | None: ...
+
+
+def outcome_details(o: OutcomeLike) -> dict[str, Any]:
+    """The status details recorded when a run ends (see the module docstring)."""
+    info: dict[str, Any] = {"steps": o.steps, "wall_time_s": round(o.wall_time_s, 1)}
+    if o.tokens_per_s:
+        info["tokens_per_s"] = round(o.tokens_per_s, 1)
+    if o.reason:
+        info["reason"] = o.reason[:500]
+    if o.diverged_at is not None:
+        info["diverged_at"] = o.diverged_at
+    return info
+
+
+def number(tags: Mapping[str, str], name: str) -> float:
+    """A numeric tag, NaN when absent or not a number."""
+    v = tags.get(name)
+    try:
+        return float(v) if v not in (None, "", "None") else math.nan
+    except ValueError:
+        return math.nan
