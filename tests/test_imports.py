@@ -1,13 +1,30 @@
-"""Dependencies point one way: ``backends`` imports only torch and the standard library."""
+"""Dependencies point one way, and each heavy library stays in the one package that owns it.
+
+- ``backends`` imports only torch and the standard library;
+- the trainer never imports tracking or cluster libraries;
+- Ray only in the executor (``ablate.executor``), MLflow only under ``ablate/tracking/``, Optuna only
+  under ``ablate/tune/``, pandas and matplotlib only under ``ablate/report/``, click only in the CLI;
+- no import cycle among the modules of ``ablate`` and ``backends``, counting imports at module
+  level and inside functions alike (not those under ``if TYPE_CHECKING:``, which never run; the
+  lazy package ``__init__``s of ``spec``, ``train`` and ``report`` import on attribute access);
+- the MLflow tag vocabulary (``"ablate.<name>"``) is spelled only in ``ablate/tracking/vocab.py``.
+
+Every check reads the source with ``ast``: a deferred import inside a function counts the same.
+"""
+
+from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("ablate", "backends")
 
 
 def _imports(path: Path) -> set[str]:
+    """Top-level names of every absolute import in the file (module and function level)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -15,6 +32,101 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
     return names
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def _is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of the tree except those under ``if TYPE_CHECKING:``."""
+    out: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in (
+            "TYPE_CHECKING",
+            "typing.TYPE_CHECKING",
+        ):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _targets(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules that importing ``path`` (module ``name``) executes, one step deep."""
+    package = name if _is_package(path) else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        found: list[str] = []
+        if isinstance(node, ast.Import):
+            found = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            found = [mod]
+            # `from pkg import sub` imports the submodule pkg.sub
+            found += [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in modules]
+        for mod in found:
+            if mod.split(".")[0] not in PACKAGES:
+                continue
+            while mod and mod not in modules:  # `import a.b.c` where c is a name
+                mod = mod.rpartition(".")[0]
+            if not mod or name.startswith(mod + "."):  # its own package: being initialized
+                continue
+            out.add(mod)
+            # importing a.b.c first runs the __init__ of a and a.b: an edge, unless the importer
+            # is itself inside that package (which is then already being initialized)
+            parts = mod.split(".")
+            for i in range(1, len(parts)):
+                parent = ".".join(parts[:i])
+                if not (name == parent or name.startswith(parent + ".")):
+                    out.add(parent)
+    out.discard(name)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _targets(name, path, modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m) :] + [m]
+            if m not in state and (cycle := visit(m)):
+                return cycle
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (cycle := visit(n)):
+            return cycle
+    return None
 
 
 def test_backends_imports_only_torch_and_stdlib():
@@ -30,3 +142,81 @@ def test_trainer_never_imports_tracking_or_cluster_libraries():
     for path in (ROOT / "ablate" / "train").rglob("*.py"):
         bad = _imports(path) & forbidden
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+# library -> the files (or folders) of ablate/ allowed to import it
+OWNERS = {
+    "ray": ["ablate/executor.py"],
+    "mlflow": ["ablate/tracking/"],
+    "optuna": ["ablate/tune/"],
+    "pandas": ["ablate/report/"],
+    "matplotlib": ["ablate/report/"],
+    "click": ["ablate/cli.py"],
+}
+
+
+def test_each_heavy_library_is_imported_only_by_the_package_that_owns_it():
+    for path in (ROOT / "ablate").rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        for lib in _imports(path) & set(OWNERS):
+            assert any(rel.startswith(o) for o in OWNERS[lib]), (
+                f"{rel} imports {lib}; only {', '.join(OWNERS[lib])} may"
+            )
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert "ablate.runner" in graph and "backends.registry" in graph  # the walk found the code
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function(tmp_path):
+    # the finder itself must be able to fail: a deferred import closes a cycle
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_spec_imports_neither_the_training_loop_nor_the_report_nor_tune():
+    graph = import_graph()
+    seen: set[str] = set()
+    todo = [m for m in graph if m.startswith("ablate.spec")]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph[m])
+    bad = sorted(
+        m for m in seen if m.startswith(("ablate.report", "ablate.tune", "ablate.train.loop"))
+    )
+    assert not bad, f"validating a study imports {bad}"
+
+
+def test_tag_names_are_spelled_only_in_the_tracking_vocabulary():
+    vocab = ROOT / "ablate" / "tracking" / "vocab.py"
+    modules = set(_modules())
+    tag = re.compile(r"ablate\.[a-z_][a-z0-9_.]*")
+    for path in (ROOT / "ablate").rglob("*.py"):
+        if path == vocab:
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and tag.fullmatch(node.value)
+                # a name under one of the project's modules ("ablate.report.x") is not a tag
+                and ".".join(node.value.split(".")[:2]) not in modules
+            ):
+                rel = path.relative_to(ROOT)
+                raise AssertionError(f"{rel}:{node.lineno} spells the tag {node.value!r}")

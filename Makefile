@@ -1,0 +1,53 @@
+# Two commands on a fresh machine, nothing else to type:
+#
+#   make quickstart   # creates .venv if missing, installs torch (pinned) and ablate, runs the quickstart
+#   make test         # the same set-up plus the test extras, then the test suite
+#
+# `make test-fast` skips the slow end-to-end tests; `make lint` runs ruff and mypy (CI runs both).
+# Set-up happens once per .venv and again only when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of this release lies on the project's machines; a bare `torch` requirement would
+# pull a multi-GB CUDA build. On a GPU machine: make TORCH='torch==2.13.0 --index-url <cuda index>'
+TORCH ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup setup-test quickstart test test-fast lint check clean-venv
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.installed: $(PY) pyproject.toml
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+setup-test: $(VENV)/.installed-test
+
+quickstart: setup
+	$(VENV)/bin/ablate run studies/quickstart.yaml
+
+test: setup-test
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: setup-test
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+lint: setup-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+check: lint test
+
+clean-venv:
+	rm -rf $(VENV)
