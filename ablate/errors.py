@@ -2,8 +2,8 @@
 
 Every error that ``ablate`` raises on purpose is an ``AblateError``: a plain sentence that says what
 was wrong, where (the YAML path, the argument, the file) and what would be right. The CLI turns an
-``AblateError`` into a ``click.ClickException`` (exit status 1; ``SpecError``: 2, like any usage
-error); nothing below the CLI prints or exits.
+``AblateError`` into a ``click.ClickException`` (exit status 1; ``SpecError`` and
+``CannotRunError``, refusals before anything starts: 2); nothing below the CLI prints or exits.
 
 This module imports nothing but the standard library, so any layer may raise these errors.
 """
@@ -36,6 +36,12 @@ class TrackingError(AblateError):
 
 class RunnerError(AblateError, RuntimeError):
     """The study cannot be run as asked (another driver holds it, the cluster is unreachable...)."""
+
+
+class CannotRunError(RunnerError):
+    """A valid study that this machine, cluster or tracking store cannot run (a format the device
+    has no GEMM for, more CPUs or GPUs per cell than a node has, an unusable store); raised before
+    anything is written or started. The CLI exits with status 2, as for a bad study."""
 
 
 class TuneError(AblateError, RuntimeError):

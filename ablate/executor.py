@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from .errors import RunnerError
+from .errors import CannotRunError, RunnerError
 
 ExecutorName = Literal["ray", "local"]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -196,7 +196,24 @@ class RayExecutor:
                 ray.init(address=address, **kw)
             except ConnectionError as e:
                 raise RunnerError(f"--address {address}: cannot reach a Ray cluster ({e})") from e
-        self.multi_node = len([n for n in ray.nodes() if n.get("Alive")]) > 1
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        self.multi_node = len(nodes) > 1
+        fits = [
+            n
+            for n in nodes
+            if n["Resources"].get("CPU", 0) >= cpus and n["Resources"].get("GPU", 0) >= gpus
+        ]
+        if not fits:  # Ray would queue every task forever
+            have = ", ".join(
+                f"{n['Resources'].get('CPU', 0):g} CPUs / {n['Resources'].get('GPU', 0):g} GPUs"
+                for n in nodes
+            )
+            self.close()
+            raise CannotRunError(
+                f"resources: a cell asks for {cpus:g} CPUs and {gpus:g} GPUs, but no node of the "
+                f"Ray cluster has that many ({have or 'no live node'}); lower resources.cpus / "
+                "resources.gpus or add a node that fits"
+            )
         opts = {"num_cpus": cpus, "num_gpus": gpus, "max_retries": max_retries}
         self._remote = ray.remote(run_one).options(**opts)
         self.max_concurrent = max_concurrent

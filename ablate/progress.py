@@ -1,6 +1,11 @@
-"""The live progress line of a running study: cells done / running / failed, the running cells'
-step and training loss, elapsed time and an ETA from the steps done so far. It reads the latest
-metrics from MLflow in a background thread, so it works the same for in-process and Ray cells."""
+"""The live progress line of a running study: cells done / running / queued / failed, the running
+cells' step and training loss, elapsed time and an ETA from the steps done so far. It reads the
+latest metrics from MLflow in a background thread, so it works the same for in-process and Ray
+cells.
+
+A cell counts as running while its step advances. One whose step has not moved for ``STALL_S``
+seconds (or ten of its own step times, if longer) counts as queued again: that is what a cell whose
+worker died looks like while Ray's retry waits for a worker (it resumes from its checkpoint)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from typing import IO
 
 from .tracking import StudyTracker
 
+STALL_S = 60.0
+
 
 @dataclass
 class CellProgress:
@@ -22,6 +29,19 @@ class CellProgress:
     step: int = 0
     loss: float = math.nan
     status: str = "queued"
+    advanced_at: float | None = None
+    """When (time.monotonic) the step last moved; None before the first reading."""
+    step_s: float = 0.0
+    """Seconds per step, seen while running."""
+
+    def observe(self, step: int, loss: float, now: float) -> None:
+        """A new reading of the run's latest training step and loss."""
+        if self.advanced_at is None or step != self.step:
+            if self.advanced_at is not None and step > self.step:
+                self.step_s = (now - self.advanced_at) / (step - self.step)
+            self.step, self.loss, self.advanced_at, self.status = step, loss, now, "running"
+        elif self.status == "running" and now - self.advanced_at > max(STALL_S, 10 * self.step_s):
+            self.status = "queued"  # its worker is gone; a retry waits for one
 
 
 @dataclass
@@ -82,13 +102,13 @@ class Progress:
             if self.cells[k].status in ("queued", "running")
         }
         latest = self.tracker.latest_metrics(live.values())
+        now = time.monotonic()
         for key, rid in live.items():
             m = latest.get(rid, {})
             with self._lock:
                 c = self.cells[key]
                 if "train_loss" in m and c.status in ("queued", "running"):  # not ended meanwhile
-                    c.status = "running"
-                    c.step, c.loss = m["train_loss"][0], m["train_loss"][1]
+                    c.observe(m["train_loss"][0], m["train_loss"][1], now)
 
     def line(self) -> str:
         total = sum(c.total_steps for c in self.cells.values())
@@ -96,11 +116,13 @@ class Progress:
         if self._steps0 is None:
             self._steps0 = steps
         running = [c for c in self.cells.values() if c.status == "running"]
+        queued = sum(c.status == "queued" for c in self.cells.values())
         elapsed = time.monotonic() - self._t0
         rate = (steps - self._steps0) / elapsed if elapsed > 0 else 0.0
         eta = fmt_s((total - steps) / rate) if rate > 0 else "?"
         head = (
-            f"[{self.done}/{len(self.cells)} done, {len(running)} running, {self.failed} failed] "
+            f"[{self.done}/{len(self.cells)} done, {len(running)} running, {queued} queued, "
+            f"{self.failed} failed] "
         )
         shown = "  ".join(
             f"{c.label} {c.step}/{c.total_steps} loss {c.loss:.3f}" for c in running[:2]

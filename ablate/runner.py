@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
-from .errors import RunnerError, TrackingError
+from .errors import CannotRunError, RunnerError, TrackingError
 from .executor import Executor, ExecutorName, LocalExecutor, Outcome, RayExecutor, Task
 from .progress import CellProgress, Progress, fmt_s
 from .spec import Cell, Study
@@ -36,6 +36,7 @@ from .tracking import (
     CellRun,
     CellStatus,
     StudyTracker,
+    check_store,
     check_uri,
     join_runs,
     prepare_store,
@@ -105,7 +106,7 @@ def summarize(planned: Iterable[PlannedCell]) -> dict[str, int]:
 
 def check_devices(study: Study, cells: Iterable[Cell] | None = None) -> None:
     """Ask each cell's GEMM backend whether this machine's device can run its recipe (before any
-    cell starts); raises ``RunnerError`` listing every refusal. On a Ray cluster (``--address``)
+    cell starts); raises ``CannotRunError`` listing every refusal. On a Ray cluster (``--address``)
     the workers' devices are not this machine's, so the check then runs in the workers."""
     from backends.gemm import UnsupportedFormatError
     from backends.registry import get_backend
@@ -124,7 +125,47 @@ def check_devices(study: Study, cells: Iterable[Cell] | None = None) -> None:
             + textwrap.indent(msg, "    ")
             for msg, labels in problems.items()
         ]
-        raise RunnerError("this machine cannot run the study:\n" + "\n".join(lines))
+        raise CannotRunError("this machine cannot run the study:\n" + "\n".join(lines))
+
+
+def check_resources(study: Study, *, num_cpus: int | None = None) -> None:
+    """On this machine (no cluster), a cell's ``resources`` must fit it: Ray would otherwise queue
+    the cells forever. On a cluster the executor checks its nodes once Ray is up."""
+    import torch
+
+    res = study.spec.resources
+    cpus = num_cpus or os.cpu_count() or 1
+    gpus = torch.cuda.device_count()
+    problems = []
+    if res.cpus > cpus:
+        problems.append(f"resources.cpus: {res.cpus:g} per cell, but this machine has {cpus}")
+    if res.gpus > gpus:
+        problems.append(f"resources.gpus: {res.gpus:g} per cell, but this machine has {gpus}")
+    if problems:
+        raise CannotRunError(
+            "this machine cannot run the study: "
+            + "; ".join(problems)
+            + " (lower them, or run on a cluster with --address)"
+        )
+
+
+def preflight(
+    study: Study,
+    *,
+    executor: ExecutorName = "ray",
+    address: str | None = None,
+    num_cpus: int | None = None,
+) -> None:
+    """Every check ``run`` makes before it writes anything: the tracking store is usable, and
+    (unless a cluster's workers decide) this machine's device runs every cell's recipe and has the
+    resources a cell asks for. ``validate``, ``plan``, ``run`` and ``tune`` all call it."""
+    try:
+        check_store(study.tracking_uri)
+    except TrackingError as e:
+        raise CannotRunError(str(e)) from None
+    if executor == "local" or not (address or os.environ.get("RAY_ADDRESS")):
+        check_devices(study)
+        check_resources(study, num_cpus=num_cpus)
 
 
 def _ckpt_step(study: Study, cell: Cell) -> int | None:
@@ -160,6 +201,38 @@ def study_lock(output_dir: Path, command: str = "ablate run") -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def clean_failed_start(output_dir: Path) -> Iterator[list[bool]]:
+    """Remove ``output_dir`` again when the block fails before anything was launched (the caller
+    appends to the yielded list when it launches) and the folder did not exist before: a refused
+    start leaves nothing behind, and a study that had written there keeps all of it."""
+    import shutil
+
+    existed = output_dir.exists()
+    launched: list[bool] = []
+    try:
+        yield launched
+    except BaseException:
+        if not existed and not launched:
+            shutil.rmtree(output_dir, ignore_errors=True)
+        raise
+
+
+def driver_running(output_dir: Path) -> bool | None:
+    """Whether an ``ablate run`` holds the study's lock now: True, False (its driver stopped or
+    was killed: the kernel released the lock), or None (never run from this output folder)."""
+    path = output_dir / ".lock"
+    if not path.is_file():
+        return None
+    with open(path) as f:  # read only: never creates the file
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
 def study_executor(
     study: Study,
     executor: ExecutorName,
@@ -187,7 +260,10 @@ def open_tracker(study: Study, ex: Executor) -> tuple[StudyTracker, str]:
     """Create the study's store, experiment and parent run (driver only, before any worker starts);
     returns the tracker and the parent run's id."""
     uri = study.tracking_uri
-    check_uri(uri, multi_node=ex.multi_node)
+    try:
+        check_uri(uri, multi_node=ex.multi_node)
+    except TrackingError as e:
+        raise CannotRunError(str(e)) from None
     prepare_store(uri, study.output_dir)
     tracker = StudyTracker(
         uri, study.name, experiment=study.experiment, artifact_root=study.output_dir / "artifacts"
@@ -231,9 +307,8 @@ def run_study(
     """Run every cell that needs it (see the module docstring); returns when all have ended or on
     Ctrl-C (``interrupted``). Nothing finished is ever rerun or overwritten."""
     out = stream or sys.stderr
-    if executor == "local" or not (address or os.environ.get("RAY_ADDRESS")):
-        check_devices(study)  # before anything is written
-    with study_lock(study.output_dir):
+    preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
+    with clean_failed_start(study.output_dir) as launched, study_lock(study.output_dir):
         ex = study_executor(
             study, executor, address=address, max_concurrent=max_concurrent, num_cpus=num_cpus
         )
@@ -249,6 +324,7 @@ def run_study(
                 file=out,
             )
             result = StudyResult({}, planned, parent_run_id=parent)
+            launched.append(True)
             _launch(study, tracker, parent, ex, result, stop_after)
             _collect(study, tracker, ex, result, out, progress=progress, on_outcome=on_outcome)
             ended = (

@@ -151,7 +151,7 @@ OWNERS = {
     "optuna": ["ablate/tune/"],
     "pandas": ["ablate/report/"],
     "matplotlib": ["ablate/report/"],
-    "click": ["ablate/cli.py"],
+    "click": ["ablate/cli/"],
 }
 
 

@@ -60,11 +60,35 @@ def get_path(d: Mapping[str, Any], name: str) -> Any:
     return d[name]
 
 
-def fmt_value(v: Any) -> str:
-    if isinstance(v, list):
-        return "[" + ",".join(fmt_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {fmt_value(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v)
+def fmt_value(v: Any, limit: int = 1000) -> str:
+    """A value as labels, tags and error messages write it (``[fprop,dgrad]``, ``0.003``), at most
+    ``limit`` characters: a longer one ends in ``...``, and a huge value (a YAML alias bomb) is
+    never walked past the limit."""
+    out: list[str] = []
+    room = [limit]
+
+    def put(text: str) -> bool:
+        out.append(text[: max(0, room[0])])
+        room[0] -= len(text)
+        return room[0] >= 0
+
+    def walk(x: Any) -> bool:
+        if isinstance(x, list):
+            if not put("["):
+                return False
+            for i, item in enumerate(x):
+                if (i and not put(",")) or not walk(item):
+                    return False
+            return put("]")
+        if isinstance(x, dict):
+            if not put("{"):
+                return False
+            for i, (k, item) in enumerate(x.items()):
+                if (i and not put(", ")) or not put(f"{k}: ") or not walk(item):
+                    return False
+            return put("}")
+        return put(f"{x:g}" if isinstance(x, float) else str(x))
+
+    if walk(v):
+        return "".join(out)
+    return "".join(out)[: max(0, limit - 3)] + "..."

@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from backends.recipe import GEMMS, intervention_label, parse_intervention
 
 from ..errors import SpecError
 from ..train.config import RunConfig, config_hash
-from ..train.data import check_sources
+from ..train.data import check_sources, load_data
 from .axes import check_axis_name, fmt_value, get_path, with_values
+from .loader import parse_yaml, read_study_text
 from .messages import pydantic_errors
 from .schema import LIST_AXES, RECIPE_AXES, CellConfig, StudySpec
 from .study import Cell, Study
@@ -27,19 +29,28 @@ from .tune import check_tune
 # --- loading ---------------------------------------------------------------------------------------
 
 
+MAX_CELLS = 10_000
+"""Default cap on a study's cells, checked from the axis sizes before anything is expanded."""
+
+
 def load_study(
-    path: str | Path, *, output: str | Path | None = None, check_files: bool = True
+    path: str | Path,
+    *,
+    output: str | Path | None = None,
+    check_files: bool = True,
+    max_cells: int = MAX_CELLS,
 ) -> Study:
     """Read, validate and expand a study file; raises ``SpecError`` listing every problem."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError([f"{path}: no such study file"])
-    text = p.read_text()
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SpecError([f"not valid YAML: {e}"], str(path)) from None
-    return parse_study(raw, text=text, source=str(path), output=output, check_files=check_files)
+    text = read_study_text(path)
+    raw = parse_yaml(text, str(path))
+    return parse_study(
+        raw,
+        text=text,
+        source=str(path),
+        output=output,
+        check_files=check_files,
+        max_cells=max_cells,
+    )
 
 
 def parse_study(
@@ -49,8 +60,10 @@ def parse_study(
     source: str | None = None,
     output: str | Path | None = None,
     check_files: bool = True,
+    max_cells: int = MAX_CELLS,
 ) -> Study:
-    """Validate and expand an already-parsed study (a mapping, as from YAML)."""
+    """Validate and expand an already-parsed study (a mapping, as from YAML); a grid of more than
+    ``max_cells`` cells is refused before it is expanded."""
     if not isinstance(raw, dict):
         raise SpecError(
             [f"the study must be a mapping (name:, base:, grid:, ...), got {type(raw).__name__}"],
@@ -61,7 +74,7 @@ def parse_study(
     except ValidationError as e:
         raise SpecError(pydantic_errors(e, StudySpec), source) from None
     out = Path(output) if output is not None else Path(spec.output or f"runs/{spec.name}")
-    study = _expand(spec, raw, source)
+    study = _expand(spec, raw, source, max_cells)
     study.output_dir = out
     study.text = text
     if spec.tune is not None and (tune_errors := check_tune(spec.tune, study)):
@@ -71,6 +84,8 @@ def parse_study(
         for cfg in {c.config.data.path: c.config.data for c in study.cells}.values():
             try:
                 check_sources(cfg)
+                if cfg.corpus != "hf":  # a remote dataset is only read by the workers
+                    load_data(cfg)  # cached per process; raises when too small to train on
             except (FileNotFoundError, ValueError) as err:
                 varied = any(a.startswith("data.") for a in study.axes)
                 errors.append(str(err) if varied else f"base.{err}")
@@ -79,7 +94,7 @@ def parse_study(
     return study
 
 
-def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None) -> Study:
+def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells: int) -> Study:
     errors: list[str] = []
     base = spec.base.model_dump(mode="python")
     raw_base = raw.get("base") or {}
@@ -110,6 +125,16 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None) -> Study:
         per_grid.append(factors)
     if errors:
         raise SpecError(errors, source)
+    sizes = [math.prod(len(f) for f in factors) for factors in per_grid]
+    if sum(sizes) > max_cells:
+        shape = " + ".join("x".join(str(len(f)) for f in factors) or "1" for factors in per_grid)
+        raise SpecError(
+            [
+                f"grid: {sum(sizes):,} cells ({shape}) is more than the {max_cells:,} allowed; "
+                "narrow an axis, or raise the cap with --max-cells if you mean it"
+            ],
+            source,
+        )
 
     # 2. cells: the product of each grid, the union over grids; every axis gets a value (the
     #    base's where a grid does not set it), so exclude/baseline can name any axis
@@ -185,8 +210,8 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None) -> Study:
             continue
         seen[key] = len(cells)
         cells.append(Cell(key, label, config_label, vals, rc, is_base, recipe_axes))
-    labels = [c.label for c in cells]
-    dup_labels = sorted({x for x in labels if labels.count(x) > 1})
+    label_counts = Counter(c.label for c in cells)
+    dup_labels = sorted(x for x, n in label_counts.items() if n > 1)
     if dup_labels:
         errors.append(
             f"cells {', '.join(dup_labels)} differ in ways no axis names (their labels collide); "

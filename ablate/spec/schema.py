@@ -43,7 +43,7 @@ class CellConfig(BaseModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     backend: str = "emulated"
     """GEMM backend: emulated (exact emulation, any device) or native (hardware FP4/FP8 GEMMs)."""
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, lt=2**32)
     """Model initialization and stochastic-rounding seed (data order: data.data_seed)."""
     device: str = "auto"
     """cpu, cuda, cuda:N or auto; not part of a cell's key."""

@@ -17,13 +17,14 @@ from .history import read_histories
 from .logger import MlflowLogger
 from .runs import CellRun, StudyTracker, read_cells, read_study_text
 from .status import CellStatus, join_runs, study_status
-from .store import check_uri, default_uri, is_local_store, prepare_store
+from .store import check_store, check_uri, default_uri, is_local_store, prepare_store
 
 __all__ = [
     "CellRun",
     "CellStatus",
     "MlflowLogger",
     "StudyTracker",
+    "check_store",
     "check_uri",
     "default_uri",
     "is_local_store",

@@ -16,6 +16,7 @@ study. Other stores (an ``mlflow server``) are read through the client.
 
 from __future__ import annotations
 
+import os
 import random
 import sqlite3
 import time
@@ -65,23 +66,28 @@ def sqlite_path(uri: str) -> Path | None:
         return None
     from sqlalchemy.engine import make_url
 
-    database = make_url(uri).database
+    try:
+        database = make_url(uri).database
+    except Exception as e:  # sqlalchemy's ArgumentError for a malformed URL
+        raise TrackingError(f"the tracking URI {uri!r} is not a valid sqlite URL ({e})") from None
     if not database or database == ":memory:":
         raise TrackingError(f"the tracking URI {uri} names no database file")
     return Path(database).resolve()
 
 
-def prepare_store(uri: str, output_dir: str | Path) -> None:
-    """Create the store (driver only, before any worker starts); check that a server answers."""
+def check_store(uri: str) -> None:
+    """Refuse a store that ``prepare_store`` could not use, writing nothing: an unsupported scheme,
+    a SQLite URI that names no file (``:memory:`` lives in one process; workers are others), a
+    SQLite folder that cannot be created, or a server that does not answer."""
     scheme = urlparse(uri).scheme
-    Path(output_dir).mkdir(parents=True, exist_ok=True)
     if scheme == "sqlite":
         path = sqlite_path(uri)
         assert path is not None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # The first client on a new file runs MLflow's schema migrations (a few seconds); doing it
-        # here keeps workers from racing to migrate the same file.
-        Client(uri).search_experiments(max_results=1)
+        folder = next((p for p in (path.parent, *path.parents) if p.exists()), None)
+        if folder is None or not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise TrackingError(
+                f"the tracking store {path} cannot be created: {folder} is not a writable folder"
+            )
     elif scheme in ("http", "https"):
         try:
             urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
@@ -98,6 +104,18 @@ def prepare_store(uri: str, output_dir: str | Path) -> None:
             f"unsupported tracking URI {uri!r}: use sqlite:///<path>/mlflow.db (one machine) or "
             "http(s)://<host>:<port> (an `mlflow server`)"
         )
+
+
+def prepare_store(uri: str, output_dir: str | Path) -> None:
+    """Create the store (driver only, before any worker starts), after ``check_store``."""
+    check_store(uri)
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    path = sqlite_path(uri)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # The first client on a new file runs MLflow's schema migrations (a few seconds); doing it
+        # here keeps workers from racing to migrate the same file.
+        Client(uri).search_experiments(max_results=1)
 
 
 class Client:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from backends.recipe import Recipe
 
-from .data import DataConfig
+from .data import SEED_LIMIT, DataConfig
 from .model import PRESETS, ModelConfig
 
 Precision = Literal["auto", "bf16", "fp32"]
@@ -108,8 +108,14 @@ class RunConfig:
     """Where checkpoints go; a run finding one there resumes from it."""
 
     def __post_init__(self) -> None:
-        if self.seed < 0:
-            raise ValueError(f"seed: must be >= 0, got {self.seed}")
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise ValueError(f"seed: must be in [0, 2^32), got {self.seed}")
+        if self.data.val_tokens < self.train.seq_len + 1:
+            raise ValueError(
+                f"data.val_tokens: {self.data.val_tokens} held-out tokens make no validation window "
+                f"of train.seq_len + 1 = {self.train.seq_len + 1} tokens; raise data.val_tokens "
+                "or lower train.seq_len"
+            )
         max_len = self.model.max_seq_len
         if max_len is None and self.model.preset is not None and self.model.preset in PRESETS:
             max_len = PRESETS[self.model.preset].max_seq_len

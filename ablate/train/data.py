@@ -51,6 +51,10 @@ _FILE_EXT = {"text": ".txt", "jsonl": ".jsonl", "parquet": ".parquet", "tokens":
 _TORCH_DTYPE = {"uint16": torch.uint16, "uint32": torch.uint32}
 
 
+SEED_LIMIT = 2**32
+"""Seeds (model and data order) are below this: every random stream they key accepts them."""
+
+
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
     """Where the training tokens come from, how they are split, and in what order they are seen."""
@@ -121,8 +125,10 @@ class DataConfig:
             )
         if not _is_int(self.val_tokens) or self.val_tokens < 1:
             raise ValueError(f"data.val_tokens: must be an integer >= 1, got {self.val_tokens!r}")
-        if not _is_int(self.data_seed) or self.data_seed < 0:
-            raise ValueError(f"data.data_seed: must be an integer >= 0, got {self.data_seed!r}")
+        if not _is_int(self.data_seed) or not 0 <= self.data_seed < SEED_LIMIT:
+            raise ValueError(
+                f"data.data_seed: must be an integer in [0, 2^32), got {self.data_seed!r}"
+            )
 
 
 def _is_int(x: object) -> bool:

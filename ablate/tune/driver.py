@@ -71,7 +71,14 @@ from pydantic import ValidationError
 
 from ..errors import RunnerError, TrackingError, TuneError
 from ..executor import Executor, ExecutorName, Outcome, Task
-from ..runner import open_tracker, study_executor, study_lock, task_threads
+from ..runner import (
+    clean_failed_start,
+    open_tracker,
+    preflight,
+    study_executor,
+    study_lock,
+    task_threads,
+)
 from ..spec.axes import fmt_value
 from ..spec.schema import TuneSpec
 from ..spec.study import Study
@@ -368,10 +375,13 @@ def run_tune(
     searches = plan_searches(tune, study)
     target_ppl = resolve_target_ppl(study) if tune.objective == "tokens_to_target" else None
     uri = study.tracking_uri
+    preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
     lock = contextlib.ExitStack()
+    launched = lock.enter_context(clean_failed_start(study.output_dir))
     try:
         lock.enter_context(study_lock(study.output_dir / "tune", command="ablate tune"))
     except RunnerError as e:
+        lock.close()
         raise TuneError(str(e)) from None
     with lock:
         res = study.spec.resources
@@ -385,6 +395,7 @@ def run_tune(
             storage = optuna.storages.RDBStorage(storage_url(study))
             driver = _Driver(study, tune, tracker, parent, pool, out, target_ppl)
             states = [driver.open(s, storage) for s in searches]
+            launched.append(True)
             todo = sum(s.todo for s in states)
             print(
                 f"tune {study.name}: {len(states)} search(es) x {tune.trials} trials, {todo} to run "

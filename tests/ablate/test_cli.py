@@ -149,9 +149,9 @@ def test_native_backend_on_a_machine_without_the_hardware_fails_before_any_cell_
     )
     p = _write(tmp_path, study)
     out = tmp_path / "out"
-    for cmd in ("plan", "run"):  # run with its default executor: refused before Ray starts
+    for cmd in ("validate", "plan", "run"):  # run's default executor: refused before Ray starts
         res = CliRunner().invoke(main, [cmd, str(p), "-o", str(out)])
-        assert res.exit_code == 1, (cmd, res.output)
+        assert res.exit_code == 2, (cmd, res.output)  # refused before anything starts: status 2
         msg = res.output
         assert "backend native cannot run recipe" in msg and "on cpu" in msg, msg
         assert "mxfp4 (fprop, dgrad, wgrad) has no native GEMM on this device" in msg

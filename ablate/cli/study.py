@@ -1,9 +1,4 @@
-"""The ``ablate`` command line: a thin click layer over the library.
-
-Status goes to stderr, results to stdout, ``--json`` where a machine reads the output. The library
-raises ``ablate.errors.AblateError``s; here a ``SpecError`` exits with status 2 (a usage error,
-before anything starts) and any other with status 1, its message printed as it is.
-"""
+"""The study commands: ``recipe``, ``validate``, ``schema``, ``plan``, ``run``, ``status``, ``ui``."""
 
 from __future__ import annotations
 
@@ -13,44 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from backends.recipe import GEMMS, OPERANDS, Recipe
 
-from . import __version__
-from .errors import AblateError, SpecError
-from .spec import Study, load_study
+from ..errors import AblateError
+from ..spec import Study
+from .common import SpecProblem, load, max_cells_opt, output_opt, refuse, study_arg
 
 
-class SpecProblem(click.ClickException):
-    """A study that cannot run: exit status 2, like any usage error, before anything starts."""
-
-    exit_code = 2
-
-
-def _load(path: str, output: str | None = None) -> Study:
-    try:
-        study = load_study(path, output=output)
-    except SpecError as e:
-        raise SpecProblem(str(e)) from None
-    for note in study.notes:
-        click.echo(f"note: {note}", err=True)
-    return study
-
-
-study_arg = click.argument("study_file", metavar="STUDY.yaml", type=click.Path(dir_okay=False))
-output_opt = click.option(
-    "-o", "--output", default=None, help="Output folder (default: the study's output, runs/<name>)."
-)
-
-
-@click.group()
-@click.version_option(__version__, prog_name="ablate")
-def main() -> None:
-    """Controlled ablation studies of FP4 (MXFP4, NVFP4) and FP8 training recipes."""
-
-
-@main.command()
+@click.command()
 @click.option(
     "--fp4",
     "fp4_gemms",
@@ -86,9 +52,10 @@ def recipe(fp4_gemms: str, intervention: str, fp4_format: str, base: str, as_jso
         click.echo(f"  {g:6s} {a_op + '=' + a:22s} {b_op + '=' + b:22s}{had}".rstrip())
 
 
-@main.command()
+@click.command()
 @study_arg
 @output_opt
+@max_cells_opt
 @click.option(
     "--executor",
     type=click.Choice(["ray", "local"]),
@@ -111,6 +78,7 @@ def recipe(fp4_gemms: str, intervention: str, fp4_format: str, base: str, as_jso
 def run(
     study_file: str,
     output: str | None,
+    max_cells: int,
     executor: str,
     address: str | None,
     tracking_uri: str | None,
@@ -130,9 +98,9 @@ def run(
         ablate run studies/quickstart.yaml
         ablate run study.yaml --address ray://head:10001 --tracking-uri http://mlflow:5000
     """
-    from .runner import run_study
+    from ..runner import run_study
 
-    study = _load(study_file, output)
+    study = load(study_file, output, max_cells)
     if tracking_uri:
         study.spec.tracking.uri = tracking_uri
     try:
@@ -146,33 +114,50 @@ def run(
             progress=not quiet,
         )
     except AblateError as e:
-        raise click.ClickException(str(e)) from None
+        raise refuse(e) from None
     _print_cells(study, as_json=False)
     if result.interrupted:
         sys.exit(130)
     if not no_report:
-        from .report.study import report_study
+        from ..report.study import report_study
 
         try:
             rep = report_study(study)
             click.echo(f"report: {rep.report_md} ({rep.report_html})", err=True)
         except AblateError as e:
             click.echo(f"no report: {e}", err=True)
-    if result.failed:
+    left = [p for p in result.planned if p.action == "failed"]  # failed before, not rerun now
+    if result.failed or left:
+        now = f"{len(result.failed)} cell(s) failed" if result.failed else ""
+        before = f"{len(left)} cell(s) failed before and were left as they are" if left else ""
         click.echo(
-            f"{len(result.failed)} cell(s) failed; see `ablate status {study_file}` and rerun them "
-            "with --rerun-failed",
+            f"{'; '.join(x for x in (now, before) if x)}; see `ablate status {study_file}` and "
+            "rerun them with --rerun-failed",
             err=True,
         )
         sys.exit(1)
 
 
-@main.command()
+@click.command()
 @study_arg
 @output_opt
+@max_cells_opt
 @click.option("--rerun-failed", is_flag=True, help="Plan as `run --rerun-failed` would.")
+@click.option(
+    "--address",
+    default=None,
+    envvar="RAY_ADDRESS",
+    help="The Ray cluster the study will run on: its workers check their devices, not this machine.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def plan(study_file: str, output: str | None, rerun_failed: bool, as_json: bool) -> None:
+def plan(
+    study_file: str,
+    output: str | None,
+    max_cells: int,
+    rerun_failed: bool,
+    address: str | None,
+    as_json: bool,
+) -> None:
     """Show the expanded cells and what `run` would do to each: run, resume, skip, failed.
 
     Reads the study's MLflow store if there is one; creates nothing.
@@ -181,15 +166,15 @@ def plan(study_file: str, output: str | None, rerun_failed: bool, as_json: bool)
     Example:
         ablate plan studies/mxfp4_wgrad.yaml
     """
-    from .runner import check_devices, summarize
-    from .runner import plan as plan_study
+    from ..runner import plan as plan_study
+    from ..runner import preflight, summarize
 
-    study = _load(study_file, output)
+    study = load(study_file, output, max_cells)
     try:
-        check_devices(study)
+        preflight(study, address=address)
     except AblateError as e:
-        raise click.ClickException(
-            f"{e}\n(plan checks this machine's device; on a cluster, `ablate run --address` checks the workers')"
+        raise SpecProblem(
+            f"{e}\n(plan checks this machine; with --address, the cluster's workers check theirs)"
         ) from None
     planned = plan_study(study, rerun_failed=rerun_failed)
     if as_json:
@@ -215,17 +200,34 @@ def plan(study_file: str, output: str | None, rerun_failed: bool, as_json: bool)
     click.echo("would: " + ", ".join(f"{a} {n}" for a, n in summarize(planned).items()))
 
 
-@main.command()
+@click.command()
 @study_arg
 @output_opt
-def validate(study_file: str, output: str | None) -> None:
+@max_cells_opt
+@click.option(
+    "--address",
+    default=None,
+    envvar="RAY_ADDRESS",
+    help="The Ray cluster the study will run on: its workers check their devices, not this machine.",
+)
+def validate(study_file: str, output: str | None, max_cells: int, address: str | None) -> None:
     """Check a study without running anything (exit status 2 and every problem when invalid).
+
+    Runs every check `ablate run` makes before it starts: the spec, the data (found, and large
+    enough for a training and a validation batch), the tracking store, and (without --address)
+    whether this machine's device and cores can run every cell.
 
     \b
     Example:
         ablate validate studies/quickstart.yaml
     """
-    study = _load(study_file, output)
+    from ..runner import preflight
+
+    study = load(study_file, output, max_cells)
+    try:
+        preflight(study, address=address)
+    except AblateError as e:
+        raise refuse(e) from None
     configs = {c.config_label for c in study.cells}
     base = study.baseline_cells[0].config_label if study.baseline_cells else "none"
     click.echo(
@@ -234,7 +236,7 @@ def validate(study_file: str, output: str | None) -> None:
     )
 
 
-@main.command()
+@click.command()
 def schema() -> None:
     """Print the JSON Schema of a study file (for editors and validators).
 
@@ -242,29 +244,30 @@ def schema() -> None:
     Example:
         ablate schema > study.schema.json
     """
-    from .spec import json_schema
+    from ..spec import json_schema
 
     click.echo(json.dumps(json_schema(), indent=2))
 
 
-@main.command()
+@click.command()
 @study_arg
 @output_opt
+@max_cells_opt
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(study_file: str, output: str | None, as_json: bool) -> None:
+def status(study_file: str, output: str | None, max_cells: int, as_json: bool) -> None:
     """Show each cell's state from the study's MLflow store: status, step, last validation ppl.
 
     \b
     Example:
         ablate status studies/quickstart.yaml
     """
-    study = _load(study_file, output)
+    study = load(study_file, output, max_cells)
     _print_cells(study, as_json=as_json)
 
 
 def _print_cells(study: Study, *, as_json: bool) -> None:
-    from .tracking import StudyTracker, study_status
-    from .tracking.status import count
+    from ..tracking import StudyTracker, study_status
+    from ..tracking.status import count
 
     try:
         statuses = study_status(study)
@@ -274,8 +277,12 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         else:
             click.echo(f"{study.name}: nothing recorded yet ({e})")
         return
+    from ..runner import driver_running
+
     tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
     latest = tracker.latest_metrics([cs.run.run_id for cs in statuses if cs.run])
+    # a cell left running or pending by a driver that is gone (killed, machine lost) is abandoned
+    gone = driver_running(study.output_dir) is False
     rows: list[dict[str, Any]] = []
     for cs in statuses:
         c, r = cs.cell, cs.run
@@ -284,7 +291,9 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
             {
                 "key": c.key,
                 "label": c.label,
-                "status": cs.status,
+                "status": "abandoned"
+                if gone and cs.status in ("running", "pending")
+                else cs.status,
                 "step": m.get("train_loss", (None, None))[0],
                 "steps": c.config.train.steps,
                 "val_ppl": m.get("val_ppl", (None, None))[1],
@@ -303,10 +312,16 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         click.echo(
             f"{row['label']:{width}s}  {row['status']:11s} step {step:>11s}  val ppl {ppl:>8s}  tok/s {tps}"
         )
-    click.echo(", ".join(f"{n} {s}" for s, n in count([row["status"] for row in rows]).items()))
+    counts = count([row["status"] for row in rows])
+    click.echo(", ".join(f"{n} {s}" for s, n in counts.items()))
+    if counts.get("abandoned"):
+        click.echo(
+            f"{counts['abandoned']} cell(s) were running when their driver stopped (no `ablate "
+            "run` holds the study); run the study again to resume them"
+        )
 
 
-@main.command()
+@click.command()
 @click.argument("study_file", metavar="STUDY.yaml", required=False, type=click.Path(dir_okay=False))
 @output_opt
 @click.option("--tracking-uri", default=None, help="Browse this store instead of a study's.")
@@ -327,7 +342,7 @@ def ui(
     if tracking_uri is None:
         if study_file is None:
             raise click.UsageError("give a STUDY.yaml or --tracking-uri")
-        study = _load(study_file, output)
+        study = load(study_file, output)
         tracking_uri = study.tracking_uri
         db = tracking_uri.removeprefix("sqlite:///")
         if tracking_uri.startswith("sqlite:///") and not Path(db).exists():
@@ -338,139 +353,3 @@ def ui(
     cmd = [exe, "ui", "--backend-store-uri", tracking_uri, "--host", host, "--port", str(port)]
     click.echo(f"MLflow UI on http://{host}:{port} (Ctrl-C to stop)", err=True)
     os.execv(exe, cmd)
-
-
-@main.command()
-@click.argument("study_file", metavar="STUDY.yaml", required=False, type=click.Path(dir_okay=False))
-@click.option(
-    "-o", "--out", "out_dir", default=None, help="Report folder (default: reports/<study>/)."
-)
-@click.option("--runs", default=None, help="The study's output folder, if not its default.")
-@click.option("--tracking-uri", default=None, help="Read this MLflow store instead of the study's.")
-@click.option("--study", "study_name", default=None, help="With --tracking-uri and no STUDY.yaml.")
-@click.option(
-    "--no-attach", is_flag=True, help="Do not attach the report to the parent MLflow run."
-)
-def report(
-    study_file: str | None,
-    out_dir: str | None,
-    runs: str | None,
-    tracking_uri: str | None,
-    study_name: str | None,
-    no_attach: bool,
-) -> None:
-    """Tokens to target per configuration, relative cost, projected speedup and convergence plots.
-
-    Writes report.md, a self-contained report.html, summary.csv and PNG/SVG figures.
-
-    \b
-    Example:
-        ablate report studies/quickstart.yaml            # -> reports/quickstart/
-        ablate report --tracking-uri http://mlflow:5000 --study mxfp4_wgrad -o out/
-    """
-    from .report.study import report_study
-    from .spec import parse_study
-    from .tracking import read_study_text
-
-    if study_file is not None:
-        study = _load(study_file, runs)
-        if tracking_uri:
-            study.spec.tracking.uri = tracking_uri
-    elif tracking_uri and study_name:
-        try:
-            text = read_study_text(tracking_uri, study_name)
-            study = parse_study(yaml.safe_load(text), text=text, check_files=False)
-        except AblateError as e:
-            raise click.ClickException(str(e)) from None
-        study.spec.tracking.uri = tracking_uri
-    else:
-        raise click.UsageError("give a STUDY.yaml, or --tracking-uri and --study")
-    try:
-        rep = report_study(study, out_dir, attach=not no_attach)
-    except AblateError as e:
-        raise click.ClickException(str(e)) from None
-    click.echo(rep.report_md)
-    t = rep.config_table
-    click.echo(f"target: val ppl {rep.target_ppl:.4g}", err=True)
-    for _, r in t.iterrows():
-        reached = f"{r['n_reached']}/{r['n_seeds']} reached"
-        cost = (
-            f"{r['rel_token_cost']:+.1%} tokens"
-            if r["rel_token_cost"] == r["rel_token_cost"]
-            else "-"
-        )
-        sp = r["projected_speedup"]
-        speed = f"speedup x{sp:.3f} ({r['speedup_source']})" if sp == sp else ""
-        click.echo(f"  {r['config']:40s} {reached:12s} {cost:14s} {speed}", err=True)
-
-
-@main.command()
-@study_arg
-@output_opt
-@click.option(
-    "--executor",
-    type=click.Choice(["ray", "local"]),
-    default="ray",
-    show_default=True,
-    help="ray: each trial a Ray task (pruned ones are cancelled); local: one at a time in this process.",
-)
-@click.option(
-    "--address",
-    default=None,
-    envvar="RAY_ADDRESS",
-    help="An existing Ray cluster (ray://host:10001 or host:6379); default: start Ray locally.",
-)
-@click.option(
-    "--trials",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Trials per search in total, done ones included (overrides tune.trials).",
-)
-@click.option("--num-cpus", type=int, default=None, help="CPUs of a local Ray (default: all).")
-def tune(
-    study_file: str,
-    output: str | None,
-    executor: str,
-    address: str | None,
-    trials: int | None,
-    num_cpus: int | None,
-) -> None:
-    """Search the study's `tune:` space with Optuna, one search per group of cells.
-
-    Trials run like cells (Ray tasks or in this process) and appear in the study's MLflow
-    experiment as child runs tagged ablate.role=trial. The Optuna storage is <output>/optuna.db;
-    running the command again continues each search up to its trial count. Prints the best
-    parameters per search and writes them to <output>/tune/best.yaml as a study grid.
-
-    \b
-    Example:
-        ablate tune studies/tune_lr.yaml --executor local
-        ablate tune studies/tune_lr.yaml --trials 12      # continue to 12 trials per search
-    """
-    from .errors import TuneError
-    from .tune import format_summary, run_tune, tune_spec
-
-    study = _load(study_file, output)
-    try:
-        tune_spec(study)
-    except TuneError as e:
-        raise SpecProblem(str(e)) from None
-    try:
-        result = run_tune(
-            study,
-            executor="ray" if executor == "ray" else "local",
-            address=address,
-            trials=trials,
-            num_cpus=num_cpus,
-        )
-    except AblateError as e:
-        raise click.ClickException(str(e)) from None
-    click.echo(format_summary(result.summary))
-    if result.best_path is not None:
-        click.echo(f"best parameters per search: {result.best_path}", err=True)
-    if result.interrupted:
-        sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,33 @@
+"""The ``ablate`` command line: a thin click layer over the library.
+
+Status goes to stderr, results to stdout, ``--json`` where a machine reads the output. The library
+raises ``ablate.errors.AblateError``s; here a ``SpecError`` exits with status 2 (a usage error,
+before anything starts) and any other with status 1, its message printed as it is.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .. import __version__
+from . import results, study
+
+
+@click.group()
+@click.version_option(__version__, prog_name="ablate")
+def main() -> None:
+    """Controlled ablation studies of FP4 (MXFP4, NVFP4) and FP8 training recipes."""
+
+
+for command in (
+    study.recipe,
+    study.validate,
+    study.schema,
+    study.plan,
+    study.run,
+    study.status,
+    study.ui,
+    results.report,
+    results.tune,
+):
+    main.add_command(command)

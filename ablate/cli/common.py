@@ -1,0 +1,46 @@
+"""What every ``ablate`` command shares: loading a study, the common options, and how a library
+error becomes an exit status (a refusal before anything started: 2; anything else: 1)."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import AblateError, CannotRunError, SpecError
+from ..spec import Study, load_study
+from ..spec.expand import MAX_CELLS
+
+
+class SpecProblem(click.ClickException):
+    """A study that cannot run: exit status 2, like any usage error, before anything starts."""
+
+    exit_code = 2
+
+
+def refuse(e: AblateError) -> click.ClickException:
+    """The CLI's form of a library error: a refusal before anything started exits 2, the rest 1."""
+    if isinstance(e, SpecError | CannotRunError):
+        return SpecProblem(str(e))
+    return click.ClickException(str(e))
+
+
+def load(path: str, output: str | None = None, max_cells: int = MAX_CELLS) -> Study:
+    try:
+        study = load_study(path, output=output, max_cells=max_cells)
+    except SpecError as e:
+        raise SpecProblem(str(e)) from None
+    for note in study.notes:
+        click.echo(f"note: {note}", err=True)
+    return study
+
+
+study_arg = click.argument("study_file", metavar="STUDY.yaml", type=click.Path(dir_okay=False))
+output_opt = click.option(
+    "-o", "--output", default=None, help="Output folder (default: the study's output, runs/<name>)."
+)
+max_cells_opt = click.option(
+    "--max-cells",
+    type=click.IntRange(min=1),
+    default=MAX_CELLS,
+    show_default=True,
+    help="Refuse a grid of more cells than this (checked before it is expanded).",
+)

@@ -1,0 +1,149 @@
+"""The result commands: ``report`` (tokens to target, figures) and ``tune`` (Optuna searches)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import AblateError
+from .common import SpecProblem, load, max_cells_opt, output_opt, refuse, study_arg
+
+
+@click.command()
+@click.argument("study_file", metavar="STUDY.yaml", required=False, type=click.Path(dir_okay=False))
+@click.option(
+    "-o", "--out", "out_dir", default=None, help="Report folder (default: reports/<study>/)."
+)
+@click.option("--runs", default=None, help="The study's output folder, if not its default.")
+@click.option("--tracking-uri", default=None, help="Read this MLflow store instead of the study's.")
+@click.option("--study", "study_name", default=None, help="With --tracking-uri and no STUDY.yaml.")
+@max_cells_opt
+@click.option(
+    "--no-attach", is_flag=True, help="Do not attach the report to the parent MLflow run."
+)
+def report(
+    study_file: str | None,
+    out_dir: str | None,
+    runs: str | None,
+    tracking_uri: str | None,
+    study_name: str | None,
+    max_cells: int,
+    no_attach: bool,
+) -> None:
+    """Tokens to target per configuration, relative cost, projected speedup and convergence plots.
+
+    Writes report.md, a self-contained report.html, summary.csv and PNG/SVG figures.
+
+    \b
+    Example:
+        ablate report studies/quickstart.yaml            # -> reports/quickstart/
+        ablate report --tracking-uri http://mlflow:5000 --study mxfp4_wgrad -o out/
+    """
+    from ..report.study import report_study
+    from ..spec import parse_study
+    from ..spec.loader import parse_yaml
+    from ..tracking import read_study_text
+
+    if study_file is not None:
+        study = load(study_file, runs, max_cells)
+        if tracking_uri:
+            study.spec.tracking.uri = tracking_uri
+    elif tracking_uri and study_name:
+        try:
+            text = read_study_text(tracking_uri, study_name)
+            study = parse_study(
+                parse_yaml(text, study_name), text=text, check_files=False, max_cells=max_cells
+            )
+        except AblateError as e:
+            raise click.ClickException(str(e)) from None
+        study.spec.tracking.uri = tracking_uri
+    else:
+        raise click.UsageError("give a STUDY.yaml, or --tracking-uri and --study")
+    try:
+        rep = report_study(study, out_dir, attach=not no_attach)
+    except AblateError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(rep.report_md)
+    t = rep.config_table
+    click.echo(f"target: val ppl {rep.target_ppl:.4g}", err=True)
+    for _, r in t.iterrows():
+        reached = f"{r['n_reached']}/{r['n_seeds']} reached"
+        cost = (
+            f"{r['rel_token_cost']:+.1%} tokens"
+            if r["rel_token_cost"] == r["rel_token_cost"]
+            else "-"
+        )
+        sp = r["projected_speedup"]
+        speed = f"speedup x{sp:.3f} ({r['speedup_source']})" if sp == sp else ""
+        click.echo(f"  {r['config']:40s} {reached:12s} {cost:14s} {speed}", err=True)
+
+
+@click.command()
+@study_arg
+@output_opt
+@max_cells_opt
+@click.option(
+    "--executor",
+    type=click.Choice(["ray", "local"]),
+    default="ray",
+    show_default=True,
+    help="ray: each trial a Ray task (pruned ones are cancelled); local: one at a time in this process.",
+)
+@click.option(
+    "--address",
+    default=None,
+    envvar="RAY_ADDRESS",
+    help="An existing Ray cluster (ray://host:10001 or host:6379); default: start Ray locally.",
+)
+@click.option(
+    "--trials",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Trials per search in total, done ones included (overrides tune.trials).",
+)
+@click.option("--num-cpus", type=int, default=None, help="CPUs of a local Ray (default: all).")
+def tune(
+    study_file: str,
+    output: str | None,
+    max_cells: int,
+    executor: str,
+    address: str | None,
+    trials: int | None,
+    num_cpus: int | None,
+) -> None:
+    """Search the study's `tune:` space with Optuna, one search per group of cells.
+
+    Trials run like cells (Ray tasks or in this process) and appear in the study's MLflow
+    experiment as child runs tagged ablate.role=trial. The Optuna storage is <output>/optuna.db;
+    running the command again continues each search up to its trial count. Prints the best
+    parameters per search and writes them to <output>/tune/best.yaml as a study grid.
+
+    \b
+    Example:
+        ablate tune studies/tune_lr.yaml --executor local
+        ablate tune studies/tune_lr.yaml --trials 12      # continue to 12 trials per search
+    """
+    from ..errors import TuneError
+    from ..tune import format_summary, run_tune, tune_spec
+
+    study = load(study_file, output, max_cells)
+    try:
+        tune_spec(study)
+    except TuneError as e:
+        raise SpecProblem(str(e)) from None
+    try:
+        result = run_tune(
+            study,
+            executor="ray" if executor == "ray" else "local",
+            address=address,
+            trials=trials,
+            num_cpus=num_cpus,
+        )
+    except AblateError as e:
+        raise refuse(e) from None
+    click.echo(format_summary(result.summary))
+    if result.best_path is not None:
+        click.echo(f"best parameters per search: {result.best_path}", err=True)
+    if result.interrupted:
+        sys.exit(130)

@@ -1,0 +1,137 @@
+"""Reading a study file safely: bytes -> strict UTF-8 -> YAML with limits -> plain Python data.
+
+A study file is small and hand-written; anything else is refused with one ``SpecError`` line that
+names the file and what is wrong, before any of it is expanded:
+
+- not UTF-8 (a binary file, UTF-16, a stray Latin-1 byte): the byte offset of the first bad byte;
+- a key given twice in one mapping (YAML says keys are unique; PyYAML would keep the last one
+  silently, and a study could quietly get another name): both lines;
+- nesting deeper than ``MAX_DEPTH`` (PyYAML's composer recurses, so 20,000 nested brackets would
+  overflow Python's stack), more than ``MAX_ALIASES`` alias references, more than ``MAX_NODES``
+  values once aliases are expanded (a "billion laughs" bomb is a few lines that expand to 10^9
+  values), or a file larger than ``MAX_BYTES``.
+
+The depth, alias and size limits are checked on PyYAML's event stream (an iterative parser) before
+any node is composed, so a hostile file costs at most a linear scan of its bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import SpecError
+
+MAX_BYTES = 1 << 20  # 1 MiB: a study is a few KB
+MAX_DEPTH = 64
+MAX_ALIASES = 1_000
+MAX_NODES = 200_000  # values after alias expansion; a 10,000-cell grid written out is far less
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: let PyYAML say so
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"the key {_short(key)!r} is given twice (line {first.start_mark.line + 1} and "
+                    f"line {key_node.start_mark.line + 1}); keep one",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    text = str(v)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_events(text: str) -> None:
+    """Depth, alias and expanded-size limits, from the event stream (nothing composed yet)."""
+    depth = aliases = 0
+    # expanded size of each anchored node, and of the collections being read (a stack)
+    sizes: dict[str, int] = {}
+    stack: list[list[Any]] = []  # [anchor, size so far]
+    total = 0
+
+    def add(n: int) -> None:
+        nonlocal total
+        if stack:
+            stack[-1][1] += n
+        else:
+            total += n
+        if total + sum(s for _, s in stack) > MAX_NODES:
+            raise ValueError(
+                f"it expands to more than {MAX_NODES:,} values (YAML aliases repeat what they "
+                "point at); a study is a few hundred values: write it out without the aliases"
+            )
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark else "?"
+                raise ValueError(
+                    f"line {line}: nested more than {MAX_DEPTH} levels deep; a study needs a handful"
+                )
+            stack.append([event.anchor, 1])
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+            anchor, size = stack.pop()
+            if anchor is not None:
+                sizes[anchor] = size
+            add(size)
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+            add(1)
+        elif isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_ALIASES:
+                raise ValueError(f"more than {MAX_ALIASES:,} YAML aliases (*name); write it out")
+            add(sizes.get(event.anchor or "", 1))
+
+
+def read_study_text(path: str | Path) -> str:
+    """The study file as text; ``SpecError`` if it is missing, too large or not UTF-8."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError([f"{path}: no such study file"])
+    size = p.stat().st_size
+    if size > MAX_BYTES:
+        raise SpecError([f"{path}: {size:,} bytes; a study file is at most {MAX_BYTES:,}"])
+    data = p.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(
+            [
+                f"{path}: not UTF-8 text (byte {e.start}: {data[e.start : e.start + 1]!r}); save "
+                "the study as UTF-8 YAML"
+            ]
+        ) from None
+
+
+def parse_yaml(text: str, source: str | None = None) -> Any:
+    """The YAML document in ``text`` as plain data; ``SpecError`` naming what is wrong."""
+    try:
+        _check_events(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except ValueError as e:  # the limits above
+        raise SpecError([str(e)], source) from None
+    except yaml.YAMLError as e:
+        raise SpecError([f"not valid YAML: {e}"], source) from None
+    except RecursionError:  # a limit above should have caught it; never a 3,000-line traceback
+        raise SpecError(["nested too deeply to read"], source) from None

@@ -1,0 +1,234 @@
+"""Every bad study is refused in seconds with exit status 2, one line naming what is wrong, and
+nothing written; nothing hangs, nothing tracebacks. A corpus of hostile and mistaken files (each a
+case that once hung, tracebacked or slipped through `validate`), a property test over generated
+and mutated studies, and the exit statuses of `run` and `status`."""
+
+from __future__ import annotations
+
+import fcntl
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ablate.cli import main
+from ablate.spec import load_study, parse_study
+from ablate.spec.axes import fmt_value
+from ablate.tracking import StudyTracker, prepare_store
+
+HANG_GUARD_S = 30  # far above the seconds these take; only a hang or a blow-up crosses it
+
+GOOD = """\
+name: ok
+base:
+  model: {preset: tiny}
+  data: {val_tokens: 4096}
+  train: {steps: 4, batch_size: 4, seq_len: 32, eval_every: 2, warmup_steps: 1}
+grid:
+  fp4_gemms: [[], [fprop]]
+baseline: {fp4_gemms: []}
+"""
+
+_BOMB = "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefg", "bcdefgh", strict=True)
+)
+
+# name -> (file content, a phrase the one-line error must contain)
+CORPUS: dict[str, tuple[bytes | str, str]] = {
+    "alias bomb in the baseline": (
+        "name: bomb\ngrid: {seed: [0]}\na: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+        + _BOMB
+        + "baseline: {seed: *h}\n",
+        "expands to more than",
+    ),
+    "10 axes x 10 values": (
+        "name: huge\ngrid:\n"
+        "  train.lr: [1.0e-3, 2.0e-3, 3.0e-3, 4.0e-3, 5.0e-3, 6.0e-3, 7.0e-3, 8.0e-3, 9.0e-3, 0.01]\n"
+        "  train.warmup_steps: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\n"
+        "  train.batch_size: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n"
+        "  train.seq_len: [8, 16, 24, 32, 40, 48, 56, 64, 72, 80]\n"
+        "  train.steps: [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]\n"
+        "  train.eval_every: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n"
+        "  seed: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\n"
+        "  data.data_seed: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\n"
+        "  train.min_lr_ratio: [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]\n"
+        "  train.weight_decay: [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]\n",
+        "10,000,000,000 cells",
+    ),
+    "binary": (bytes(range(256)) * 4, "not UTF-8"),
+    "UTF-16": ("name: u\ngrid: {seed: [0]}\n".encode("utf-16"), "not UTF-8"),
+    "invalid UTF-8": (b"name: caf\xe9\ngrid: {seed: [0]}\n", "not UTF-8"),
+    "20,000 nested brackets": (
+        "name: deep\ngrid: {seed: " + "[" * 20000 + "]" * 20000 + "}\n",
+        "nested more than",
+    ),
+    "a key given twice": (GOOD + "name: other\n", "the key 'name' is given twice"),
+    "unusable tracking scheme": (
+        GOOD + "tracking: {uri: 'postgresql://db/mlflow'}\n",
+        "unsupported tracking URI",
+    ),
+    "in-memory SQLite": (GOOD + "tracking: {uri: 'sqlite:///:memory:'}\n", "names no database"),
+    "no validation window": (
+        GOOD.replace("val_tokens: 4096", "val_tokens: 16"),
+        "make no validation window",
+    ),
+    "seed of 10^23": (
+        GOOD.replace("fp4_gemms: [[], [fprop]]", "seed: [0, 100000000000000000000000]"),
+        "seed",
+    ),
+    "more cores per cell than the machine": (
+        GOOD + "resources: {cpus: 100000}\n",
+        "resources.cpus: 100000 per cell",
+    ),
+    "not a mapping": ("- a list\n- not a study\n", "must be a mapping"),
+    "empty file": ("", "must be a mapping"),
+}
+
+
+@pytest.mark.parametrize("case", list(CORPUS))
+def test_a_bad_study_is_refused_in_seconds_with_exit_2_and_nothing_written(tmp_path, case):
+    content, phrase = CORPUS[case]
+    p = tmp_path / "study.yaml"
+    if isinstance(content, bytes):
+        p.write_bytes(content)
+    else:
+        p.write_text(content)
+    out = tmp_path / "out"
+    for cmd in ("validate", "run"):
+        t0 = time.perf_counter()
+        local = ["--executor", "local"] if cmd == "run" else []  # never starts Ray if it slips
+        res = CliRunner().invoke(main, [cmd, str(p), "-o", str(out), *local])
+        took = time.perf_counter() - t0
+        assert res.exit_code == 2, (case, cmd, res.output, res.exception)
+        assert phrase in res.output, (case, cmd, res.output)
+        assert "Traceback" not in res.output and took < HANG_GUARD_S, (case, cmd, took)
+        assert len(res.output) < 4000, (case, cmd, len(res.output))
+    assert not out.exists()  # nothing written, no lock left behind
+
+
+def test_the_grid_cap_is_checked_before_expanding_and_raised_with_an_option(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(
+        GOOD.replace("fp4_gemms: [[], [fprop]]", "fp4_gemms: [[], [fprop]]\n  seed: [0, 1, 2]")
+    )
+    res = CliRunner().invoke(main, ["validate", str(p), "--max-cells", "5"])
+    assert res.exit_code == 2 and "grid: 6 cells (2x3) is more than the 5 allowed" in res.output
+    assert "--max-cells" in res.output
+    res = CliRunner().invoke(main, ["validate", str(p), "--max-cells", "6"])
+    assert res.exit_code == 0, res.output
+    assert len(load_study(p, max_cells=6).cells) == 6
+
+
+def test_error_messages_never_materialise_a_huge_value():
+    x: list = [1] * 10
+    for _ in range(30):  # 10^31 leaves once expanded: walking it would never end
+        x = [x] * 10
+    t0 = time.perf_counter()
+    text = fmt_value(x, limit=200)
+    assert len(text) == 200 and text.endswith("...") and time.perf_counter() - t0 < 1
+    assert fmt_value([0.003, "a", [1]]) == "[0.003,a,[1]]"  # short values are whole
+
+
+# --- property test: generated and mutated studies ------------------------------------------------
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+_keys = st.sampled_from(
+    ["name", "base", "grid", "exclude", "baseline", "target", "resources", "tracking", "tune",
+     "speedup", "output", "seed", "fp4_gemms", "intervention", "train.lr", "train.steps",
+     "model", "data", "train", "val_tokens", "preset", "zip", "xyz"]
+)  # fmt: skip
+
+
+def _mutate(study: dict, path: list[str], value: object) -> dict:
+    """``study`` with the value at ``path`` (created as needed) replaced by ``value``."""
+    d = study
+    for k in path[:-1]:
+        if not isinstance(d.get(k), dict):
+            d[k] = {}
+        d = d[k]
+    d[path[-1]] = value
+    return study
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    mutations=st.lists(st.tuples(st.lists(_keys, min_size=1, max_size=3), _values), max_size=3),
+    garbage=st.one_of(st.none(), st.text(max_size=40)),
+)
+def test_validate_never_raises_and_answers_0_or_2_in_bounded_time(tmp_path, mutations, garbage):
+    study = yaml.safe_load(GOOD)
+    for path, value in mutations:
+        study = _mutate(study, path, value)
+    text = yaml.safe_dump(study, allow_unicode=True) if garbage is None else garbage
+    p = tmp_path / "prop.yaml"
+    p.write_text(text, encoding="utf-8")
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(main, ["validate", str(p), "-o", str(tmp_path / "never")])
+    assert res.exit_code in (0, 2), (text, res.output, res.exception)
+    assert res.exception is None or isinstance(res.exception, SystemExit), (text, res.exception)
+    assert time.perf_counter() - t0 < HANG_GUARD_S
+    assert not (tmp_path / "never").exists()
+
+
+# --- exit statuses -------------------------------------------------------------------------------
+
+
+def _recorded(tmp_path: Path, status_of_first: str) -> tuple[Path, Path]:
+    p = tmp_path / "s.yaml"
+    p.write_text(GOOD)
+    out = tmp_path / "out"
+    study = parse_study(yaml.safe_load(GOOD), output=out, text=GOOD)
+    prepare_store(study.tracking_uri, out)
+    tracker = StudyTracker(study.tracking_uri, study.name)
+    parent = tracker.parent_run(GOOD)
+    c = study.cells[0]
+    rid = tracker.create_run(parent, c.key, c.label, {}, {})
+    tracker.set_status(
+        rid, status_of_first, {"reason": "boom"} if status_of_first == "failed" else {}
+    )
+    return p, out
+
+
+def test_a_rerun_that_leaves_a_failed_cell_in_place_exits_1_with_the_hint(tmp_path):
+    p, out = _recorded(tmp_path, "failed")
+    res = CliRunner().invoke(
+        main, ["run", str(p), "-o", str(out), "--executor", "local", "--quiet", "--no-report"]
+    )
+    assert res.exit_code == 1, res.output
+    assert "1 cell(s) failed before and were left as they are" in res.output
+    assert "--rerun-failed" in res.output
+
+
+def test_status_tells_a_running_cell_from_one_whose_driver_is_gone(tmp_path):
+    p, out = _recorded(tmp_path, "running")
+    res = CliRunner().invoke(main, ["status", str(p), "-o", str(out)])
+    assert " running " in res.output and "abandoned" not in res.output  # never run: no lock file
+    lock = out / ".lock"
+    lock.write_text("pid 1 on gone")  # a driver that was killed leaves its lock file, unlocked
+    res = CliRunner().invoke(main, ["status", str(p), "-o", str(out)])
+    assert "abandoned" in res.output and "run the study again to resume them" in res.output
+    with open(lock) as held:  # a live driver holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        res = CliRunner().invoke(main, ["status", str(p), "-o", str(out)])
+        assert " running " in res.output and "abandoned" not in res.output
