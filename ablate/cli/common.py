@@ -3,11 +3,16 @@ error becomes an exit status (a refusal before anything started: 2; anything els
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import click
 
 from ..errors import AblateError, CannotRunError, SpecError
 from ..spec import Study, load_study
 from ..spec.expand import MAX_CELLS
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class SpecProblem(click.ClickException):
@@ -44,3 +49,31 @@ max_cells_opt = click.option(
     show_default=True,
     help="Refuse a grid of more cells than this (checked before it is expanded).",
 )
+address_opt = click.option(
+    "--address",
+    default=None,
+    envvar="RAY_ADDRESS",
+    help="An existing Ray cluster (ray://host:10001 or host:6379), whose workers check their own "
+    "devices; default: this machine (a local Ray).",
+)
+
+
+def executor_opt(each: str) -> Callable[[F], F]:
+    """``--executor ray|local``; ``each`` says what one Ray task runs (a cell, a trial)."""
+    return click.option(
+        "--executor",
+        type=click.Choice(["ray", "local"]),
+        default="ray",
+        show_default=True,
+        help=f"ray: each {each} a Ray task; local: one after another in this process.",
+    )
+
+
+def preflight_or_exit(study: Study, address: str | None) -> None:
+    """``runner.preflight`` (what ``run`` checks before it starts), its refusal as exit 2."""
+    from ..runner import preflight
+
+    try:
+        preflight(study, address=address)
+    except AblateError as e:
+        raise refuse(e) from None

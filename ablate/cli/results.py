@@ -7,7 +7,16 @@ import sys
 import click
 
 from ..errors import AblateError
-from .common import SpecProblem, load, max_cells_opt, output_opt, refuse, study_arg
+from .common import (
+    SpecProblem,
+    address_opt,
+    executor_opt,
+    load,
+    max_cells_opt,
+    output_opt,
+    refuse,
+    study_arg,
+)
 
 
 @click.command()
@@ -83,19 +92,8 @@ def report(
 @study_arg
 @output_opt
 @max_cells_opt
-@click.option(
-    "--executor",
-    type=click.Choice(["ray", "local"]),
-    default="ray",
-    show_default=True,
-    help="ray: each trial a Ray task (pruned ones are cancelled); local: one at a time in this process.",
-)
-@click.option(
-    "--address",
-    default=None,
-    envvar="RAY_ADDRESS",
-    help="An existing Ray cluster (ray://host:10001 or host:6379); default: start Ray locally.",
-)
+@executor_opt("trial (a pruned one is cancelled)")
+@address_opt
 @click.option(
     "--trials",
     type=click.IntRange(min=1),

@@ -13,7 +13,16 @@ from backends.recipe import GEMMS, OPERANDS, Recipe
 
 from ..errors import AblateError
 from ..spec import Study
-from .common import SpecProblem, load, max_cells_opt, output_opt, refuse, study_arg
+from .common import (
+    address_opt,
+    executor_opt,
+    load,
+    max_cells_opt,
+    output_opt,
+    preflight_or_exit,
+    refuse,
+    study_arg,
+)
 
 
 @click.command()
@@ -56,19 +65,8 @@ def recipe(fp4_gemms: str, intervention: str, fp4_format: str, base: str, as_jso
 @study_arg
 @output_opt
 @max_cells_opt
-@click.option(
-    "--executor",
-    type=click.Choice(["ray", "local"]),
-    default="ray",
-    show_default=True,
-    help="ray: each cell a Ray task; local: one after another in this process.",
-)
-@click.option(
-    "--address",
-    default=None,
-    envvar="RAY_ADDRESS",
-    help="An existing Ray cluster (ray://host:10001 or host:6379); default: start Ray locally.",
-)
+@executor_opt("cell")
+@address_opt
 @click.option("--tracking-uri", default=None, help="MLflow tracking URI (overrides the study's).")
 @click.option("--rerun-failed", is_flag=True, help="Run cells that failed before again.")
 @click.option("--max-concurrent", type=int, default=None, help="At most N cells at once.")
@@ -143,12 +141,7 @@ def run(
 @output_opt
 @max_cells_opt
 @click.option("--rerun-failed", is_flag=True, help="Plan as `run --rerun-failed` would.")
-@click.option(
-    "--address",
-    default=None,
-    envvar="RAY_ADDRESS",
-    help="The Ray cluster the study will run on: its workers check their devices, not this machine.",
-)
+@address_opt
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan(
     study_file: str,
@@ -167,15 +160,10 @@ def plan(
         ablate plan studies/mxfp4_wgrad.yaml
     """
     from ..runner import plan as plan_study
-    from ..runner import preflight, summarize
+    from ..runner import summarize
 
     study = load(study_file, output, max_cells)
-    try:
-        preflight(study, address=address)
-    except AblateError as e:
-        raise SpecProblem(
-            f"{e}\n(plan checks this machine; with --address, the cluster's workers check theirs)"
-        ) from None
+    preflight_or_exit(study, address)
     planned = plan_study(study, rerun_failed=rerun_failed)
     if as_json:
         rows = [
@@ -204,12 +192,7 @@ def plan(
 @study_arg
 @output_opt
 @max_cells_opt
-@click.option(
-    "--address",
-    default=None,
-    envvar="RAY_ADDRESS",
-    help="The Ray cluster the study will run on: its workers check their devices, not this machine.",
-)
+@address_opt
 def validate(study_file: str, output: str | None, max_cells: int, address: str | None) -> None:
     """Check a study without running anything (exit status 2 and every problem when invalid).
 
@@ -221,13 +204,8 @@ def validate(study_file: str, output: str | None, max_cells: int, address: str |
     Example:
         ablate validate studies/quickstart.yaml
     """
-    from ..runner import preflight
-
     study = load(study_file, output, max_cells)
-    try:
-        preflight(study, address=address)
-    except AblateError as e:
-        raise refuse(e) from None
+    preflight_or_exit(study, address)
     configs = {c.config_label for c in study.cells}
     base = study.baseline_cells[0].config_label if study.baseline_cells else "none"
     click.echo(
