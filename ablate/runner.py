@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
-from .errors import CannotRunError, RunnerError, TrackingError
+from .errors import AblateError, CannotRunError, RunnerError, TrackingError
 from .executor import Executor, ExecutorName, LocalExecutor, Outcome, RayExecutor, Task
 from .progress import CellProgress, Progress, fmt_s
 from .spec import Cell, Study
@@ -177,8 +177,11 @@ def _ckpt_step(study: Study, cell: Cell) -> int | None:
 
 
 @contextlib.contextmanager
-def study_lock(output_dir: Path, command: str = "ablate run") -> Iterator[None]:
-    """One driver per study: an exclusive lock on <output>/.lock (released when the process dies)."""
+def study_lock(
+    output_dir: Path, command: str = "ablate run", error: type[AblateError] = RunnerError
+) -> Iterator[None]:
+    """One driver per study: an exclusive lock on <output>/.lock (released when the process dies);
+    a held lock raises ``error`` naming ``command``."""
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / ".lock"
     with open(path, "a+") as f:
@@ -187,7 +190,7 @@ def study_lock(output_dir: Path, command: str = "ablate run") -> Iterator[None]:
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "another process"
-            raise RunnerError(
+            raise error(
                 f"{output_dir}: another `{command}` is running this study ({holder}); wait for "
                 "it or stop it first"
             ) from None

@@ -23,7 +23,7 @@ from . import vocab
 from .store import MAX_PARAMS, MAX_TAG_LEN, Client, chunks, sqlite_path
 
 if TYPE_CHECKING:
-    from mlflow.entities import Run, RunTag
+    from mlflow.entities import Run
 
 
 @dataclass
@@ -60,19 +60,20 @@ def latest_points(run: Run) -> dict[str, tuple[int, float]]:
     return {m.key: (m.step, m.value) for m in run.data.to_proto().metrics}
 
 
-def _status_tags(status: str, info: Mapping[str, Any]) -> list[RunTag]:
+def log_details(client: Client, run_id: str, info: Mapping[str, Any]) -> None:
+    """Tag ``ablate.<k>`` = str(v) for each item (``vocab``), in batches MLflow accepts."""
     from mlflow.entities import RunTag
 
-    if status not in vocab.STATUSES:
-        raise ValueError(f"unknown run status {status!r}; expected one of {list(vocab.STATUSES)}")
-    tags = {vocab.STATUS: status, **{vocab.tag(k): str(v)[:MAX_TAG_LEN] for k, v in info.items()}}
-    return [RunTag(k, v) for k, v in tags.items()]
+    tags = [RunTag(vocab.tag(k), str(v)[:MAX_TAG_LEN]) for k, v in info.items()]
+    for batch in chunks(tags, MAX_PARAMS):
+        client.log_batch(run_id, tags=batch)
 
 
 def log_status(client: Client, run_id: str, status: str, info: Mapping[str, Any]) -> None:
     """Tag a run's ablate status and its details (``vocab``), leaving its MLflow status alone."""
-    for batch in chunks(_status_tags(status, info), MAX_PARAMS):
-        client.log_batch(run_id, tags=batch)
+    if status not in vocab.STATUSES:
+        raise ValueError(f"unknown run status {status!r}; expected one of {list(vocab.STATUSES)}")
+    log_details(client, run_id, {"status": status, **info})
 
 
 def _search(client: Client, experiment_id: str, role: vocab.Role) -> list[Run]:
@@ -198,11 +199,7 @@ class StudyTracker:
 
     def set_tags(self, run_id: str, info: Mapping[str, Any]) -> None:
         """Tag ``ablate.<k>`` = str(v) for each item, leaving the run's status alone."""
-        from mlflow.entities import RunTag
-
-        tags = [RunTag(vocab.tag(k), str(v)[:MAX_TAG_LEN]) for k, v in info.items()]
-        for batch in chunks(tags, MAX_PARAMS):
-            self._client.log_batch(run_id, tags=batch)
+        log_details(self._client, run_id, info)
 
     def latest_metrics(self, run_ids: Iterable[str]) -> dict[str, dict[str, tuple[int, float]]]:
         """run_id -> {metric: (step, latest value)}, cheap enough for a progress display."""

@@ -69,7 +69,7 @@ import optuna
 from optuna.trial import Trial, TrialState
 from pydantic import ValidationError
 
-from ..errors import RunnerError, TrackingError, TuneError
+from ..errors import TrackingError, TuneError
 from ..executor import Executor, ExecutorName, Outcome, Task
 from ..runner import (
     clean_failed_start,
@@ -376,14 +376,8 @@ def run_tune(
     target_ppl = resolve_target_ppl(study) if tune.objective == "tokens_to_target" else None
     uri = study.tracking_uri
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
-    lock = contextlib.ExitStack()
-    launched = lock.enter_context(clean_failed_start(study.output_dir))
-    try:
-        lock.enter_context(study_lock(study.output_dir / "tune", command="ablate tune"))
-    except RunnerError as e:
-        lock.close()
-        raise TuneError(str(e)) from None
-    with lock:
+    lock = study_lock(study.output_dir / "tune", command="ablate tune", error=TuneError)
+    with clean_failed_start(study.output_dir) as launched, lock:
         res = study.spec.resources
         pool = study_executor(study, executor, address=address, num_cpus=num_cpus)
         limit = 1 if pool.in_process else res.max_concurrent or 1 << 30
