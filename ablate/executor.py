@@ -76,6 +76,7 @@ def run_one(task: Task) -> Outcome:
     from .tracking import MlflowLogger
     from .train import RunConfig, train
     from .train.checkpoint import checkpoint_info
+    from .train.provenance import environment
 
     if os.path.isdir(task.workdir):
         os.chdir(task.workdir)
@@ -86,6 +87,7 @@ def run_one(task: Task) -> Outcome:
         cfg = RunConfig.from_dict(task.config)
         ckpt = checkpoint_info(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         where = {"host": socket.gethostname(), "pid": os.getpid()}
+        logger.log_environment(environment(cfg))
         logger.log_status("running", {**where, "resumed_from": ckpt["step"] if ckpt else 0})
         res = train(cfg, logger, stop_after=task.stop_after)
     except Exception as e:  # a failed cell is a result, not a crash of the study

@@ -32,6 +32,7 @@ from .errors import AblateError, CannotRunError, RunnerError, TrackingError
 from .executor import Executor, ExecutorName, LocalExecutor, Outcome, RayExecutor, Task
 from .progress import CellProgress, Progress, fmt_s
 from .spec import Cell, Study
+from .targets import headroom_warning, reached_fraction, schedule_fraction, target_ppl_of
 from .tracking import (
     CellRun,
     CellStatus,
@@ -42,9 +43,10 @@ from .tracking import (
     prepare_store,
     study_status,
 )
-from .tracking.status import count
-from .tracking.vocab import cell_tags, outcome_details
+from .tracking.status import baseline_curves, count
+from .tracking.vocab import cell_tags, env_tag, outcome_details
 from .train.checkpoint import checkpoint_info
+from .train.provenance import code_hash
 
 Action = Literal["run", "skip", "resume", "failed", "rerun"]
 ACTIONS: tuple[Action, ...] = ("run", "resume", "rerun", "skip", "failed")
@@ -60,15 +62,39 @@ class PlannedCell:
     action: Action
     run: CellRun | None = None
     why: str = ""
+    fresh: bool = False
+    """Rerun from step 0 in a new MLflow run (a stale result: the old run and its checkpoint are
+    kept, the checkpoint moved aside)."""
+
+
+def stale(run: CellRun) -> str:
+    """Why a recorded result came from other numerics code than this process runs ("" when it did
+    not, or when the run predates provenance records)."""
+    recorded = run.tags.get(env_tag("code_hash"))
+    if not recorded or recorded == code_hash():
+        return ""
+    return f"code_hash {recorded}, now {code_hash()}"
 
 
 def plan_cell(
-    cell: Cell, run: CellRun | None, *, rerun_failed: bool, ckpt_step: int | None
+    cell: Cell,
+    run: CellRun | None,
+    *,
+    rerun_failed: bool,
+    ckpt_step: int | None,
+    rerun_stale: bool = False,
 ) -> PlannedCell:
     """What ``run`` does to one cell, given its recorded run and its checkpoint's step."""
     if run is None:
         return PlannedCell(cell, "run", None, "new")
     if run.status in ("finished", "diverged"):
+        old = stale(run)
+        if old and rerun_stale:
+            why = f"{run.status} by other code ({old}); again from step 0 in a new run"
+            return PlannedCell(cell, "rerun", run, why, fresh=True)
+        if old:
+            why = f"{run.status}; stale: other training code ({old}); --rerun-stale reruns it"
+            return PlannedCell(cell, "skip", run, why)
         return PlannedCell(cell, "skip", run, run.status)
     where = f"from the step-{ckpt_step} checkpoint" if ckpt_step else "from step 0"
     if run.status == "failed":
@@ -80,22 +106,55 @@ def plan_cell(
 
 
 def plan_cells(
-    study: Study, statuses: Iterable[CellStatus], *, rerun_failed: bool = False
+    study: Study,
+    statuses: Iterable[CellStatus],
+    *,
+    rerun_failed: bool = False,
+    rerun_stale: bool = False,
 ) -> list[PlannedCell]:
     return [
-        plan_cell(cs.cell, cs.run, rerun_failed=rerun_failed, ckpt_step=_ckpt_step(study, cs.cell))
+        plan_cell(
+            cs.cell,
+            cs.run,
+            rerun_failed=rerun_failed,
+            ckpt_step=_ckpt_step(study, cs.cell),
+            rerun_stale=rerun_stale,
+        )
         for cs in statuses
     ]
 
 
-def plan(study: Study, *, rerun_failed: bool = False) -> list[PlannedCell]:
+def plan(
+    study: Study, *, rerun_failed: bool = False, rerun_stale: bool = False
+) -> list[PlannedCell]:
     """What ``run`` would do to each cell, from the study's MLflow store if it exists (read only:
     planning creates nothing)."""
     try:
         statuses = study_status(study)
     except TrackingError:  # nothing recorded yet: every cell is new
         statuses = join_runs(study, {})
-    return plan_cells(study, statuses, rerun_failed=rerun_failed)
+    return plan_cells(study, statuses, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
+
+
+def target_headroom(study: Study) -> str | None:
+    """The warning when the baseline reaches the study's target late in its budget (so costly
+    configurations show as "not reached" instead of their cost): from the baseline's recorded
+    curves when it has finished runs, else from the schedule (``ablate.targets``)."""
+    t = study.target
+    if t is None:
+        return None
+    try:
+        curves = baseline_curves(study)
+    except TrackingError:  # nothing recorded yet
+        curves = []
+    if not curves:
+        fraction = schedule_fraction(t.from_baseline, t.at)
+        return headroom_warning(fraction, measured=False, tolerance=t.tolerance)
+    try:
+        target = target_ppl_of(t, curves)
+    except ValueError:
+        return None
+    return headroom_warning(reached_fraction(curves, target), measured=True)
 
 
 def summarize(planned: Iterable[PlannedCell]) -> dict[str, int]:
@@ -141,12 +200,23 @@ def check_resources(study: Study, *, num_cpus: int | None = None) -> None:
         problems.append(f"resources.cpus: {res.cpus:g} per cell, but this machine has {cpus}")
     if res.gpus > gpus:
         problems.append(f"resources.gpus: {res.gpus:g} per cell, but this machine has {gpus}")
+    if gpus and not res.gpus and any(_device(study, c) == "auto" for c in study.cells):
+        problems.append(
+            f"device: auto with resources.gpus: 0 trains on the CPU, but this machine has {gpus} "
+            "GPU(s); set resources.gpus: 1 to train on a GPU, or device: cpu to train on the CPU "
+            "on purpose"
+        )
     if problems:
         raise CannotRunError(
             "this machine cannot run the study: "
             + "; ".join(problems)
             + " (lower them, or run on a cluster with --address)"
         )
+
+
+def _device(study: Study, cell: Cell) -> str:
+    """The device a cell's study asked for (``auto`` included), before expansion resolved it."""
+    return str(cell.values.get("device", study.spec.base.device))
 
 
 def preflight(
@@ -300,6 +370,7 @@ def run_study(
     executor: ExecutorName = "ray",
     address: str | None = None,
     rerun_failed: bool = False,
+    rerun_stale: bool = False,
     max_concurrent: int | None = None,
     num_cpus: int | None = None,
     progress: bool = True,
@@ -318,7 +389,10 @@ def run_study(
         try:
             tracker, parent = open_tracker(study, ex)
             planned = plan_cells(
-                study, join_runs(study, tracker.cell_runs()), rerun_failed=rerun_failed
+                study,
+                join_runs(study, tracker.cell_runs()),
+                rerun_failed=rerun_failed,
+                rerun_stale=rerun_stale,
             )
             counts = ", ".join(f"{n} {a}" for a, n in summarize(planned).items())
             print(
@@ -352,7 +426,11 @@ def _launch(
         if p.action not in TO_RUN:
             continue
         c = p.cell
-        if p.run is not None:
+        if p.fresh and p.run is not None:  # keep the stale run and its checkpoint, start anew
+            ckpt = study.checkpoint_dir(c)
+            if ckpt.exists():
+                ckpt.rename(ckpt.with_name(f"{ckpt.name}.stale-{p.run.run_id[:12]}"))
+        if p.run is not None and not p.fresh:
             rid = p.run.run_id
         else:
             rid = tracker.create_run(parent, c.key, c.label, cell_tags(c), c.config.to_dict())

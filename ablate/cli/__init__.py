@@ -26,6 +26,7 @@ for command in (
     study.plan,
     study.run,
     study.status,
+    study.adopt,
     study.ui,
     results.report,
     results.tune,

@@ -70,10 +70,14 @@ def executor_opt(each: str) -> Callable[[F], F]:
 
 
 def preflight_or_exit(study: Study, address: str | None) -> None:
-    """``runner.preflight`` (what ``run`` checks before it starts), its refusal as exit 2."""
-    from ..runner import preflight
+    """``runner.preflight`` (what ``run`` checks before it starts), its refusal as exit 2; then the
+    target-headroom warning (``runner.target_headroom``) on stderr."""
+    from ..runner import preflight, target_headroom
 
     try:
         preflight(study, address=address)
     except AblateError as e:
         raise refuse(e) from None
+    warning = target_headroom(study)
+    if warning:
+        click.echo(f"warning: {warning}", err=True)

@@ -50,6 +50,7 @@ def report(
         ablate report --tracking-uri http://mlflow:5000 --study mxfp4_wgrad -o out/
     """
     from ..report.study import report_study
+    from ..report.verdict import cost_and_speedup, verdict
     from ..spec import parse_study
     from ..spec.loader import parse_yaml
     from ..tracking import read_study_text
@@ -76,16 +77,17 @@ def report(
     click.echo(rep.report_md)
     t = rep.config_table
     click.echo(f"target: val ppl {rep.target_ppl:.4g}", err=True)
-    for _, r in t.iterrows():
-        reached = f"{r['n_reached']}/{r['n_seeds']} reached"
-        cost = (
-            f"{r['rel_token_cost']:+.1%} tokens"
-            if r["rel_token_cost"] == r["rel_token_cost"]
-            else "-"
+    for r in t.to_dict("records"):
+        reached = f"{r['seeds_reached']}/{r['seeds_total']} reached"
+        if r["baseline"]:
+            click.echo(f"  {r['config']:40s} {reached:12s} baseline", err=True)
+            continue
+        cost, speed = cost_and_speedup(r)
+        click.echo(
+            f"  {r['config']:40s} {reached:12s} {verdict(r)[0]:17s} tokens {cost:28s} "
+            f"speedup {speed}",
+            err=True,
         )
-        sp = r["projected_speedup"]
-        speed = f"speedup x{sp:.3f} ({r['speedup_source']})" if sp == sp else ""
-        click.echo(f"  {r['config']:40s} {reached:12s} {cost:14s} {speed}", err=True)
 
 
 @click.command()

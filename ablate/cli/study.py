@@ -69,6 +69,12 @@ def recipe(fp4_gemms: str, intervention: str, fp4_format: str, base: str, as_jso
 @address_opt
 @click.option("--tracking-uri", default=None, help="MLflow tracking URI (overrides the study's).")
 @click.option("--rerun-failed", is_flag=True, help="Run cells that failed before again.")
+@click.option(
+    "--rerun-stale",
+    is_flag=True,
+    help="Run again, in new runs, finished cells that other training code produced "
+    "(env.code_hash differs; the old runs are kept).",
+)
 @click.option("--max-concurrent", type=int, default=None, help="At most N cells at once.")
 @click.option("--num-cpus", type=int, default=None, help="CPUs of a local Ray (default: all).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
@@ -81,6 +87,7 @@ def run(
     address: str | None,
     tracking_uri: str | None,
     rerun_failed: bool,
+    rerun_stale: bool,
     max_concurrent: int | None,
     num_cpus: int | None,
     quiet: bool,
@@ -107,6 +114,7 @@ def run(
             executor="ray" if executor == "ray" else "local",
             address=address,
             rerun_failed=rerun_failed,
+            rerun_stale=rerun_stale,
             max_concurrent=max_concurrent,
             num_cpus=num_cpus,
             progress=not quiet,
@@ -141,6 +149,7 @@ def run(
 @output_opt
 @max_cells_opt
 @click.option("--rerun-failed", is_flag=True, help="Plan as `run --rerun-failed` would.")
+@click.option("--rerun-stale", is_flag=True, help="Plan as `run --rerun-stale` would.")
 @address_opt
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan(
@@ -148,6 +157,7 @@ def plan(
     output: str | None,
     max_cells: int,
     rerun_failed: bool,
+    rerun_stale: bool,
     address: str | None,
     as_json: bool,
 ) -> None:
@@ -164,7 +174,7 @@ def plan(
 
     study = load(study_file, output, max_cells)
     preflight_or_exit(study, address)
-    planned = plan_study(study, rerun_failed=rerun_failed)
+    planned = plan_study(study, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
     if as_json:
         rows = [
             {
@@ -225,6 +235,53 @@ def schema() -> None:
     from ..spec import json_schema
 
     click.echo(json.dumps(json_schema(), indent=2))
+
+
+@click.command()
+@study_arg
+@output_opt
+@max_cells_opt
+@click.option("--yes", is_flag=True, help="Adopt without asking.")
+def adopt(study_file: str, output: str | None, max_cells: int, yes: bool) -> None:
+    """Adopt a study's runs recorded before cell keys named the device and precision.
+
+    Re-tags each such run with its cell's new key (and moves its checkpoint), so that `run`
+    skips or resumes it instead of training it again. This asserts that the old runs trained
+    on the device kind and precision the study now resolves to; if not, let them rerun.
+
+    \b
+    Example:
+        ablate adopt studies/quickstart.yaml
+    """
+    from ..errors import TrackingError
+    from ..runner import study_lock
+    from ..tracking import StudyTracker
+    from ..tracking.adopt import adopt as adopt_runs
+    from ..tracking.adopt import adoptable
+    from ..train.config import device_kind, resolved_precision
+
+    study = load(study_file, output, max_cells)
+    try:
+        with study_lock(study.output_dir):
+            tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
+            found = adoptable(study, tracker)
+            if not found:
+                click.echo(f"{study.name}: no run recorded under an old key; nothing to adopt")
+                return
+            for a in found:
+                kind = device_kind(a.cell.config.device)
+                prec = resolved_precision(a.cell.config.train.precision, kind)
+                ck = ", checkpoint" if a.checkpoint else ""
+                click.echo(
+                    f"  {a.old_key} -> {a.cell.key}  {a.cell.label}  ({a.status}{ck}; "
+                    f"asserted {kind}/{prec})"
+                )
+            if not yes and not click.confirm(f"adopt these {len(found)} runs?", default=False):
+                raise SystemExit(1)
+            adopt_runs(study, tracker, found)
+            click.echo(f"adopted {len(found)} runs")
+    except (AblateError, TrackingError) as e:
+        raise refuse(e) from None
 
 
 @click.command()

@@ -52,6 +52,25 @@ def times(x: float) -> str:
     return f"{x:.2f}×" if math.isfinite(x) else "–"
 
 
+def ratio(x: float) -> str:
+    """A plain ratio as ``1.07``."""
+    return f"{x:#.3g}" if math.isfinite(x) else "–"
+
+
+def interval(value: float, lo: float, hi: float, fmt: Any = num) -> str:
+    """``value [lo, hi]``; the value alone without an interval; ``≥ lo`` for a lower bound (an
+    infinite upper end and no value)."""
+    if not math.isfinite(value):
+        if math.isfinite(lo) and hi == math.inf:
+            return f"≥ {fmt(lo)}"
+        return "–"
+    if math.isfinite(lo) and math.isfinite(hi):
+        return f"{fmt(value)} [{fmt(lo)}, {fmt(hi)}]"
+    if math.isfinite(lo) and hi == math.inf:
+        return f"{fmt(value)} [{fmt(lo)}, ∞)"
+    return fmt(value)
+
+
 def plus_minus(mean: float, std: float, fmt: Any = num, fmt_std: Any = None) -> str:
     """``mean ± std`` (just the mean when std is NaN, e.g. one seed)."""
     if not math.isfinite(mean):

@@ -4,8 +4,10 @@ The input contract (``cells`` and ``evals``) is documented and checked in ``abla
 
 Perplexity is exp(val_loss). Tokens to target is the first crossing of the target perplexity,
 interpolated linearly in log-perplexity (= in loss) between the two bracketing evaluations. Per
-configuration, means are over the seeds that reached the target; diverged seeds never count, even if
-they crossed before diverging. The relative token cost's interval is documented in ``stats``.
+configuration, seeds that did not reach the target are right-censored at their last evaluation,
+never dropped (``censored``: the estimates, their intervals and kinds); diverged seeds are failures
+in the success rate. The equal-loss token ratio is in ``equal_loss``, the speedup model in
+``speedup``.
 """
 
 from __future__ import annotations
@@ -19,16 +21,24 @@ import pandas as pd
 
 from ..errors import ReportError
 from ..spec.speedup import ROLES, SpeedupSpec
-from ..targets import tokens_to_target
+from ..targets import (
+    DEFAULT_AT,
+    TARGET_FIELDS,
+    Curve,
+    target_fields,
+    target_ppl_of,
+    tokens_to_target,
+)
+from .censored import NONE, Estimate, Seeds, relative_cost, tokens_estimate
+from .equal_loss import final_ratio, ratio_curve
 from .inputs import _CLEAN, check_inputs, clean_evals, curves
-from .speedup import projected_speedup, role_formats, throughput_gain
-from .stats import ratio_interval
+from .speedup import projected_speedup, role_formats, role_interventions, throughput_gain
 
 OUTCOMES = ("reached", "not reached", "diverged", "incomplete", "no evals")
 
 __all__ = [
     "resolve_target", "clean_evals", "per_cell", "per_config", "report_notes", "config_sort_key",
-    "check_inputs",
+    "check_inputs", "equal_loss_curves", "baseline_curves",
 ]  # fmt: skip
 
 
@@ -39,11 +49,13 @@ class TargetLike(Protocol):
     val_loss: float | None
     from_baseline: str | None
     tolerance: float
+    at: float | None
 
 
 def per_cell(cells: Any, evals: Any, target_ppl: float) -> Any:
     """One row per cell: the ``cells`` columns plus n_evals, last_step, last_tokens, tokens_to_target
-    (NaN unless reached), reached, outcome (reached | not reached | diverged | incomplete | no evals),
+    (NaN unless reached), crossed_tokens (the crossing before any divergence, also for a diverged
+    run: what the censored estimate uses), reached, outcome (reached | not reached | diverged | incomplete | no evals),
     best_ppl and final_ppl (over finite evaluations before any divergence), and diverged_at filled
     from the first non-finite evaluation when the status did not give it."""
     check_inputs(cells, evals)
@@ -93,6 +105,7 @@ def per_cell(cells: Any, evals: Any, target_ppl: float) -> Any:
                 "last_step": f.get("last_step", math.nan),
                 "last_tokens": f.get("last_tokens", math.nan),
                 "tokens_to_target": crossing if outcome == "reached" else math.nan,
+                "crossed_tokens": crossing if crossing is not None else math.nan,
                 "reached": outcome == "reached",
                 "outcome": outcome,
                 "best_ppl": f.get("best_ppl", math.nan),
@@ -102,66 +115,53 @@ def per_cell(cells: Any, evals: Any, target_ppl: float) -> Any:
     return pd.DataFrame(rows)
 
 
-def _target_fields(target: TargetLike | Mapping[str, Any]) -> tuple[Any, Any, Any, float]:
-    def get(name: str) -> Any:
-        return target.get(name) if isinstance(target, Mapping) else getattr(target, name, None)
-
-    tolerance = get("tolerance")
-    return get("val_ppl"), get("val_loss"), get("from_baseline"), float(tolerance or 0.0)
-
-
 def describe_target(target: TargetLike | Mapping[str, Any]) -> str:
     """The target as the study wrote it, e.g. ``val_ppl: 3.3`` or ``from_baseline: final (+1%)``."""
-    val_ppl, val_loss, from_baseline, tolerance = _target_fields(target)
+    f = target_fields(target)
+    val_ppl, val_loss, from_baseline, tolerance, at = (f[n] for n in TARGET_FIELDS)
     if val_ppl is not None:
         return f"val_ppl: {val_ppl:g}"
     if val_loss is not None:
         return f"val_loss: {val_loss:g}"
     tol = f" x (1 + {tolerance:g})" if tolerance else ""
+    if from_baseline == "slowest":
+        frac = DEFAULT_AT if at is None else at
+        return (
+            f"from_baseline: slowest, at: {frac:g} (the highest perplexity every baseline seed "
+            f"reaches by {frac:.0%} of its budget{tol})"
+        )
     return f"from_baseline: {from_baseline} (baseline mean {from_baseline} perplexity{tol})"
 
 
+def baseline_curves(cells: Any, evals: Any) -> list[Curve]:
+    """The baseline's finished, non-diverged seeds' validation curves (tokens, perplexity), cut at
+    the first non-finite evaluation: what a target derived from the baseline is computed from."""
+    ev = evals if evals.attrs.get(_CLEAN) else clean_evals(cells, evals)
+    keep = cells[cells["baseline"].astype(bool) & (cells["status"] == "finished")]["key"]
+    return [
+        Curve.of(tok, ppl)
+        for _, _, tok, ppl in curves(ev[ev["key"].isin(set(keep))])
+        if np.isfinite(ppl).all()  # a NaN loss: diverged, whatever its status says
+    ]
+
+
 def resolve_target(target: TargetLike | Mapping[str, Any], evals: Any, cells: Any) -> float:
-    """The target perplexity: absolute (``val_ppl``, or exp(``val_loss``)) or the baseline's mean final
-    (or best) perplexity over its finished, non-diverged runs, times (1 + ``tolerance``)."""
-    val_ppl, val_loss, from_baseline, tolerance = _target_fields(target)
-    given = [
-        n
-        for n, v in (("val_ppl", val_ppl), ("val_loss", val_loss), ("from_baseline", from_baseline))
-        if v is not None
-    ]
-    if len(given) != 1:
+    """The target perplexity by ``ablate.targets.target_ppl`` (the rule tune shares): absolute, or
+    from the baseline's finished, non-diverged seeds; ReportError when it cannot be resolved."""
+    from_baseline = target_fields(target)["from_baseline"]
+    base = baseline_curves(cells, evals) if from_baseline is not None else []
+    try:
+        return target_ppl_of(target, base)
+    except ValueError as e:
+        if from_baseline is None or base:
+            raise ReportError(str(e)) from None
+        b = cells[cells["baseline"].astype(bool)]
+        counts = ", ".join(f"{n} {s}" for s, n in b["status"].value_counts().items())
         raise ReportError(
-            f"the target needs exactly one of val_ppl, val_loss, from_baseline; got {', '.join(given) or 'none'}"
-        )
-    if val_ppl is not None:
-        if not (math.isfinite(val_ppl) and val_ppl > 0):
-            raise ReportError(f"target val_ppl must be a positive number, got {val_ppl}")
-        return float(val_ppl)
-    if val_loss is not None:
-        if not math.isfinite(val_loss):
-            raise ReportError(f"target val_loss must be a finite number, got {val_loss}")
-        return math.exp(val_loss)
-    if from_baseline not in ("final", "best"):
-        raise ReportError(f"target from_baseline must be 'final' or 'best', got {from_baseline!r}")
-    if not tolerance > -1:
-        raise ReportError(f"target tolerance is relative and must be > -1, got {tolerance}")
-    table = per_cell(
-        cells, evals, target_ppl=0.0
-    )  # a perplexity is never <= 0: no crossings needed
-    base = table[table["baseline"].astype(bool)]
-    usable = base[
-        (base["status"] == "finished") & (base["outcome"] != "diverged") & (base["n_evals"] > 0)
-    ]
-    if len(usable) == 0:
-        counts = ", ".join(f"{n} {s}" for s, n in base["status"].value_counts().items())
-        raise ReportError(
-            f"the target is the baseline's {from_baseline} perplexity, but the baseline config "
-            f"{base['config'].iloc[0]!r} has no finished run with evaluations ({counts}); wait for it "
+            f"the target is derived from the baseline ({from_baseline}), but the baseline config "
+            f"{b['config'].iloc[0]!r} has no finished run with evaluations ({counts}); wait for it "
             "to finish or give an absolute target such as val_ppl: 3.3"
-        )
-    column = "final_ppl" if from_baseline == "final" else "best_ppl"
-    return float(usable[column].mean()) * (1.0 + tolerance)
+        ) from None
 
 
 def config_sort_key(
@@ -192,24 +192,69 @@ def _mean_tps(sub: Any) -> float:
     return float(tps.mean()) if len(tps) else math.nan
 
 
-def per_config(cell_table: Any, speedup: SpeedupSpec | None = None) -> Any:
+def seeds_of(sub: Any) -> Seeds:
+    """A configuration's seeds for the censored estimate: the tokens where each crossed the target
+    (also a seed that diverged after crossing: it did get there), the others censored at their last
+    finite evaluation (a diverged one at its last finite evaluation before the divergence; a seed
+    without evaluations says nothing and is left out)."""
+    crossed = sub["crossed_tokens"].astype(float)
+    last = sub["last_tokens"].astype(float)
+    reached = crossed[np.isfinite(crossed)].tolist()
+    censored = last[~np.isfinite(crossed) & np.isfinite(last) & (last > 0)].tolist()
+    return Seeds.of(reached, censored)
+
+
+def _ends(sub: Any) -> list[tuple[float, float]]:
+    """(tokens, ppl) at the end of training of the finished, non-diverged seeds."""
+    done = sub[(sub["status"] == "finished") & (sub["outcome"] != "diverged")]
+    return [
+        (float(t), float(p))
+        for t, p in zip(done["last_tokens"], done["final_ppl"], strict=True)
+        if math.isfinite(t) and math.isfinite(p)
+    ]
+
+
+def _gain(sub: Any, base: Any, spec: SpeedupSpec) -> tuple[float, str, str]:
+    """(step-throughput gain over the baseline, source, note): measured when both ran native GEMMs
+    with measured tokens/s, else the model with each side's interventions."""
+    base_native = (base["backend"] == "native").all() and math.isfinite(_mean_tps(base))
+    if base_native and (sub["backend"] == "native").all() and math.isfinite(_mean_tps(sub)):
+        return _mean_tps(sub) / _mean_tps(base), "measured", ""
+    r0, b0 = sub.iloc[0], base.iloc[0]
+    try:
+        gain = throughput_gain(
+            role_formats(r0["fp4_gemms"], r0["fp4_format"], r0["base_format"]),
+            role_formats(b0["fp4_gemms"], b0["fp4_format"], b0["base_format"]),
+            spec,
+            role_interventions(r0["fp4_gemms"], r0["intervention"]),
+            role_interventions(b0["fp4_gemms"], b0["intervention"]),
+        )
+    except ReportError as e:
+        return math.nan, spec.source(), f"no throughput model: {e}"
+    return gain, spec.source(), ""
+
+
+def per_config(
+    cell_table: Any, speedup: SpeedupSpec | None = None, evals: Any | None = None
+) -> Any:
     """One row per configuration (cells differing only by seed), baseline first.
 
-    Columns: config, baseline, fp4_gemms, intervention, fp4_format, base_format, backend, n_seeds,
-    n_reached, n_not_reached, n_diverged, n_incomplete, partial (some seeds did not reach),
-    tokens_to_target_mean/std/min/max (over seeds that reached), final_ppl_mean/std (finished,
-    non-diverged seeds), best_ppl, rel_token_cost (mean tokens / baseline mean tokens - 1) with its 95%
-    interval rel_token_cost_lo/hi (see ``stats``), throughput_gain, speedup_source ("measured" when the
-    config and the baseline ran native GEMMs with measured tokens/s, else "model:<device>"),
-    projected_speedup (gain / (1 + rel_token_cost)) and note (plain-language flags).
+    Columns: config, baseline, fp4_gemms, intervention, fp4_format, base_format, backend,
+    seeds_total, seeds_reached (diverged seeds count as failures), n_not_reached, n_diverged,
+    n_incomplete, partial (some seeds did not reach); tokens_to_target with _lo/_hi/_kind (the
+    censored log-normal estimate of the median, ``censored``); final_ppl_mean/std (finished,
+    non-diverged seeds), best_ppl; rel_token_cost with _lo/_hi/_kind (``censored.relative_cost``:
+    observed, censored, bound, none; the baseline's is ``reference``); equal_loss_token_ratio with
+    _lo/_hi/_kind (``equal_loss``; needs ``evals``, the cleaned evaluations); throughput_gain,
+    speedup_source ("measured" or "model:<device>"), projected_speedup with _lo/_hi (gain / (1 +
+    cost) over the cost's interval; no point for a bounded cost, only the upper end); note.
     """
     spec = speedup if speedup is not None else SpeedupSpec()
     groups = {cfg: sub for cfg, sub in cell_table.groupby("config", sort=False)}
     (base_cfg,) = cell_table.loc[cell_table["baseline"].astype(bool), "config"].unique()
     base = groups[base_cfg]
-    t_base = base.loc[base["reached"], "tokens_to_target"].astype(float).tolist()
-    b0 = base.iloc[0]
-    base_native = (base["backend"] == "native").all() and math.isfinite(_mean_tps(base))
+    base_seeds = seeds_of(base)
+    base_curves = list(_curves_by_key(evals, base).values())
 
     def order(cfg: str) -> tuple[Any, ...]:
         r = groups[cfg].iloc[0]
@@ -220,49 +265,23 @@ def per_config(cell_table: Any, speedup: SpeedupSpec | None = None) -> Any:
         sub = groups[cfg]
         r0 = sub.iloc[0]
         is_base = cfg == base_cfg
-        t = sub.loc[sub["reached"], "tokens_to_target"].astype(float).tolist()
         counts = {o: int((sub["outcome"] == o).sum()) for o in OUTCOMES}
-        finished = sub[(sub["status"] == "finished") & (sub["outcome"] != "diverged")]
-        notes = []
-        if not t:
-            who = "the baseline" if is_base else "no seed"
-            yet = (
-                counts["incomplete"] + counts["no evals"] > 0
-            )  # still running: "not yet", not "never"
-            verb = "has not reached the target yet" if yet else "never reached the target"
-            if not is_base:
-                verb = "has reached the target yet" if yet else "reached the target"
-            best = sub["best_ppl"].min()
-            notes.append(f"{who} {verb}" + (f" (best ppl {best:.4g})" if pd.notna(best) else ""))
-        elif len(t) < len(sub):
-            notes.append(f"{len(t)}/{len(sub)} seeds reached; mean and cost over those")
-        if counts["diverged"]:
-            notes.append("diverged: " + _seeds(sub, "diverged"))
-        if counts["incomplete"] or counts["no evals"]:
-            pending = ", ".join(
-                s for s in (_seeds(sub, "incomplete"), _seeds(sub, "no evals")) if s
-            )
-            notes.append("not finished: " + pending)
-        if t and not t_base and not is_base:
-            notes.append("no relative cost: the baseline never reached the target")
-
+        seeds = seeds_of(sub)
+        tokens = tokens_estimate(seeds)
         if is_base:
-            cost, lo, hi = (0.0, math.nan, math.nan) if t else (math.nan,) * 3
+            cost = Estimate(0.0, math.nan, math.nan, "reference") if seeds.reached else NONE
         else:
-            cost, lo, hi = ratio_interval(t, t_base)
-        if base_native and (sub["backend"] == "native").all() and math.isfinite(_mean_tps(sub)):
-            gain, source = _mean_tps(sub) / _mean_tps(base), "measured"
-        else:
-            source = spec.source()
-            try:
-                gain = throughput_gain(
-                    role_formats(r0["fp4_gemms"], r0["fp4_format"], r0["base_format"]),
-                    role_formats(b0["fp4_gemms"], b0["fp4_format"], b0["base_format"]),
-                    spec,
-                )
-            except ReportError as e:
-                gain = math.nan
-                notes.append(f"no throughput model: {e}")
+            cost = relative_cost(seeds, base_seeds)
+        ratio = (
+            final_ratio(_ends(sub), base_curves)
+            if evals is not None and not is_base
+            else (Estimate(1.0, math.nan, math.nan, "reference") if is_base else NONE)
+        )
+        gain, source, gain_note = _gain(sub, base, spec)
+        finished = sub[(sub["status"] == "finished") & (sub["outcome"] != "diverged")]
+        notes = _notes(sub, counts, is_base, seeds, cost, bool(base_seeds.reached))
+        if gain_note:
+            notes.append(gain_note)
         backends = sorted(set(sub["backend"]))
         rows.append(
             {
@@ -273,16 +292,16 @@ def per_config(cell_table: Any, speedup: SpeedupSpec | None = None) -> Any:
                 "fp4_format": r0["fp4_format"],
                 "base_format": r0["base_format"],
                 "backend": backends[0] if len(backends) == 1 else "mixed",
-                "n_seeds": len(sub),
-                "n_reached": len(t),
+                "seeds_total": len(sub),
+                "seeds_reached": counts["reached"],
                 "n_not_reached": counts["not reached"],
                 "n_diverged": counts["diverged"],
                 "n_incomplete": counts["incomplete"] + counts["no evals"],
-                "partial": 0 < len(t) < len(sub),
-                "tokens_to_target_mean": float(np.mean(t)) if t else math.nan,
-                "tokens_to_target_std": float(np.std(t, ddof=1)) if len(t) > 1 else math.nan,
-                "tokens_to_target_min": min(t) if t else math.nan,
-                "tokens_to_target_max": max(t) if t else math.nan,
+                "partial": 0 < counts["reached"] < len(sub),
+                "tokens_to_target": tokens.value,
+                "tokens_to_target_lo": tokens.lo,
+                "tokens_to_target_hi": tokens.hi,
+                "tokens_to_target_kind": tokens.kind,
                 "final_ppl_mean": float(finished["final_ppl"].mean())
                 if len(finished)
                 else math.nan,
@@ -290,23 +309,97 @@ def per_config(cell_table: Any, speedup: SpeedupSpec | None = None) -> Any:
                 if len(finished) > 1
                 else math.nan,
                 "best_ppl": float(sub["best_ppl"].min()),
-                "rel_token_cost": cost,
-                "rel_token_cost_lo": lo,
-                "rel_token_cost_hi": hi,
+                "rel_token_cost": cost.value,
+                "rel_token_cost_lo": cost.lo,
+                "rel_token_cost_hi": cost.hi,
+                "rel_token_cost_kind": cost.kind,
+                "log_sigma": cost.sigma,
+                "equal_loss_token_ratio": ratio.value,
+                "equal_loss_token_ratio_lo": ratio.lo,
+                "equal_loss_token_ratio_hi": ratio.hi,
+                "equal_loss_token_ratio_kind": ratio.kind,
                 "throughput_gain": gain,
                 "speedup_source": source,
-                "projected_speedup": projected_speedup(gain, cost),
+                "projected_speedup": projected_speedup(gain, cost.value),
+                "projected_speedup_lo": projected_speedup(gain, cost.hi),
+                "projected_speedup_hi": projected_speedup(gain, cost.lo),
                 "note": "; ".join(notes),
             }
         )
     return pd.DataFrame(rows)
 
 
+def equal_loss_curves(cell_table: Any, evals: Any) -> dict[str, tuple[Any, Any]]:
+    """Per non-baseline configuration, (tokens, equal-loss ratio) over training from its seeds'
+    curves (diverged ones cut before the divergence) against the baseline's finished seeds."""
+    base = cell_table[cell_table["baseline"].astype(bool)]
+    base_curves = list(_curves_by_key(evals, base).values())
+    out = {}
+    for cfg, sub in cell_table[~cell_table["baseline"].astype(bool)].groupby("config"):
+        seeds = [
+            Curve.of(tok, ppl)
+            for _, _, tok, ppl in curves(evals[evals["key"].isin(set(sub["key"]))])
+        ]
+        out[str(cfg)] = ratio_curve(seeds, base_curves)
+    return out
+
+
+def _curves_by_key(evals: Any | None, sub: Any) -> dict[str, Curve]:
+    """The finished, non-diverged seeds' curves of ``sub`` (cells), by key."""
+    if evals is None:
+        return {}
+    keep = set(sub[(sub["status"] == "finished") & (sub["outcome"] != "diverged")]["key"])
+    return {
+        key: Curve.of(tok, ppl)
+        for key, _, tok, ppl in curves(evals[evals["key"].isin(keep)])
+        if np.isfinite(ppl).all()
+    }
+
+
+def _notes(
+    sub: Any,
+    counts: dict[str, int],
+    is_base: bool,
+    seeds: Seeds,
+    cost: Estimate,
+    base_reached: bool,
+) -> list[str]:
+    notes = []
+    reached = counts["reached"]
+    if not seeds.reached:
+        who = "the baseline" if is_base else "no seed"
+        yet = counts["incomplete"] + counts["no evals"] > 0  # still running: "not yet", not "never"
+        verb = "has not reached the target yet" if yet else "never reached the target"
+        if not is_base:
+            verb = "has reached the target yet" if yet else "reached the target"
+        best = sub["best_ppl"].min()
+        notes.append(f"{who} {verb}" + (f" (best ppl {best:.4g})" if pd.notna(best) else ""))
+        if cost.kind == "bound":
+            notes.append(
+                f"cost only bounded: at least {cost.lo:+.1%} (censored at the last evaluation)"
+            )
+    elif reached < len(sub):
+        notes.append(
+            f"{reached}/{len(sub)} seeds reached; the others are censored at their last "
+            "evaluation in the estimate"
+        )
+    if counts["diverged"]:
+        notes.append("diverged: " + _seeds(sub, "diverged"))
+    if counts["incomplete"] or counts["no evals"]:
+        pending = ", ".join(s for s in (_seeds(sub, "incomplete"), _seeds(sub, "no evals")) if s)
+        notes.append("not finished: " + pending)
+    if seeds.reached and not base_reached and not is_base:
+        notes.append("no relative cost: the baseline never reached the target")
+    if cost.kind in ("observed", "censored") and math.isnan(cost.lo) and cost.sigma == 0:
+        notes.append("seeds reached the target at identical tokens: no spread, no interval")
+    return notes
+
+
 def report_notes(config_table: Any, target_ppl: float) -> list[str]:
     """Study-level messages for the top of the report (an unreachable baseline, missing seeds)."""
     notes = []
     base = config_table[config_table["baseline"]].iloc[0]
-    if base["n_reached"] == 0:
+    if base["seeds_reached"] == 0:
         best = f" (its best was {base['best_ppl']:.4g})" if pd.notna(base["best_ppl"]) else ""
         if base["n_incomplete"]:
             verb, advice = "has not reached", " until one of its runs does."
@@ -314,23 +407,23 @@ def report_notes(config_table: Any, target_ppl: float) -> list[str]:
         else:
             verb = "never reached"
             advice = (
-                ". Choose a target the baseline reaches, for example `from_baseline: final` with a "
-                "tolerance."
+                ". Choose a target the baseline reaches, for example the default "
+                "`from_baseline: slowest` (every baseline seed reaches it by 75% of its budget)."
             )
         notes.append(
             f"The baseline `{base['config']}` {verb} the target perplexity {target_ppl:.4g}{best}, "
             f"so relative token costs and projected speedups are undefined (NaN){advice}"
         )
-    elif base["n_reached"] < base["n_seeds"]:
+    elif base["seeds_reached"] < base["seeds_total"]:
         notes.append(
-            f"Only {base['n_reached']}/{base['n_seeds']} baseline seeds reached the target; relative "
-            "costs compare with the mean over those."
+            f"Only {base['seeds_reached']}/{base['seeds_total']} baseline seeds reached the target; "
+            "the others are censored at their last evaluation in every comparison."
         )
-    most = int(config_table["n_seeds"].max())
-    short = config_table[config_table["n_seeds"] < most]
+    most = int(config_table["seeds_total"].max())
+    short = config_table[config_table["seeds_total"] < most]
     if len(short):
         listed = ", ".join(
-            f"`{c}` ({n})" for c, n in zip(short["config"], short["n_seeds"], strict=True)
+            f"`{c}` ({n})" for c, n in zip(short["config"], short["seeds_total"], strict=True)
         )
         notes.append(f"Some configurations have fewer than {most} seeds: {listed}.")
     return notes

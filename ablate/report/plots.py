@@ -1,4 +1,5 @@
-"""Figures: convergence curves, a late-stage zoom, and relative token cost per configuration.
+"""Figures: convergence curves, a late-stage zoom, relative token cost per configuration, and the
+equal-loss token ratio over training.
 
 Figures are ``matplotlib.figure.Figure`` objects built without pyplot (so the caller's backend and
 figure registry are untouched; saving uses Agg for PNG and the SVG backend for SVG).
@@ -262,12 +263,23 @@ def plot_token_cost(config_table: Any, title: str = "") -> Figure:
         s = st[r["config"]]
         name = r["config"] + (" (baseline)" if r["baseline"] else "")
         if r["partial"]:
-            name += f"  [{r['n_reached']}/{r['n_seeds']} seeds]"
+            name += f"  [{r['seeds_reached']}/{r['seeds_total']} seeds]"
         labels.append(name)
         cost = r["rel_token_cost"]
+        if r["rel_token_cost_kind"] == "bound" and math.isfinite(r["rel_token_cost_lo"]):
+            lo = max(100 * r["rel_token_cost_lo"], x_lo)
+            ax.annotate(
+                "",
+                xy=(x_hi + 0.1 * width, yi),
+                xytext=(lo, yi),
+                arrowprops={"arrowstyle": "->", "color": s["color"], "linewidth": 2},
+            )
+            ax.plot([lo], [yi], marker="|", color=s["color"], markersize=10)
+            ax.text(lo, yi + 0.25, f"≥ {100 * r['rel_token_cost_lo']:+.1f}%", fontsize=8)
+            continue
         if not math.isfinite(cost):
-            if r["n_reached"] == 0:
-                why = "diverged" if r["n_diverged"] == r["n_seeds"] else "not reached"
+            if r["seeds_reached"] == 0:
+                why = "diverged" if r["n_diverged"] == r["seeds_total"] else "not reached"
                 if math.isfinite(r["best_ppl"]):
                     why += f" (best ppl {r['best_ppl']:.4g})"
             else:
@@ -305,10 +317,44 @@ def plot_token_cost(config_table: Any, title: str = "") -> Figure:
     ax.set_yticks(y, labels, fontsize=8)
     ax.set_ylim(-0.6, len(rows) - 0.4)  # rows without a bar (text only) do not autoscale
     ax.set_xlim(x_lo - 0.05 * width, x_hi + 0.15 * width)
-    ax.set_xlabel("relative token cost to target vs baseline (%), 95% interval over seeds")
+    ax.set_xlabel(
+        "relative token cost to target vs baseline (%), 95% interval over seeds "
+        "(censored estimate; arrow: lower bound only)"
+    )
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_title(
         (title + ": " if title else "") + "tokens to target relative to the baseline", fontsize=11
+    )
+    return fig
+
+
+def plot_equal_loss(
+    config_table: Any, ratio_curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str = ""
+) -> Figure:
+    """The equal-loss token ratio over training per configuration (``equal_loss.ratio_curve``):
+    tokens the configuration used / tokens the baseline needed for the same validation loss."""
+    st = styles(config_table)
+    fig = Figure(figsize=(9, 5), layout="constrained")
+    ax = fig.add_subplot()
+    for r in config_table.to_dict("records"):
+        if r["baseline"] or r["config"] not in ratio_curves:
+            continue
+        tok, ratio = ratio_curves[r["config"]]
+        if not len(tok):
+            continue
+        s = st[r["config"]]
+        ax.plot(
+            tok, ratio, color=s["color"], linestyle=s["linestyle"], marker=s["marker"],
+            markersize=3, label=r["config"],
+        )  # fmt: skip
+    ax.axhline(1.0, color=BASELINE_COLOUR, linewidth=0.8, label="baseline")
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("equal-loss token ratio (> 1: needs more tokens than the baseline)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title(
+        (title + ": " if title else "") + "tokens for the same loss vs baseline", fontsize=11
     )
     return fig
 

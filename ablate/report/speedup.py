@@ -17,7 +17,10 @@ units of a BF16 step (``step_time`` of an all-BF16 recipe is 1):
     ratio[f]     dense GEMM throughput of format f relative to BF16 on the named device (``DEVICES``,
                  vendor peak figures; ``throughput`` overrides them)
     overhead_r   ``quant_overhead`` for a role whose GEMM is quantized (any format but bf16), else 0:
-                 the cost of quantizing its operands as a fraction of that GEMM's BF16 time
+                 the cost of quantizing its operands as a fraction of that GEMM's BF16 time; plus
+                 the role's interventions: ``hadamard_overhead`` x g/16 for a g-point Hadamard
+                 transform and ``sr_overhead`` for stochastic rounding (none, SR, RHT16 and DHT16
+                 thus project different gains; the interventions apply to the FP4 GEMMs)
 
 Calibration. The defaults (device ``mi355x``, ``gemm_share`` 0.5, ``quant_overhead`` 0) reproduce the
 MXFP4 paper's measurement on MI355X (arXiv 2605.09825, Llama 3.1-8B): full MXFP4 (all three GEMMs)
@@ -28,8 +31,7 @@ versus an all-FP8 baseline gives +20% step throughput. With peak ratios fp8 = 2,
 
 A GEMM share of one half of a BF16 step is plausible for an 8B model at long sequence length, where
 attention, normalization, the optimizer and communication take the other half; the measured +20% also
-already contains the quantization and Hadamard-transform costs, which is why ``quant_overhead`` is 0
-by default (set it, and lower nothing else, and the calibration no longer holds). The model is a
+already contains the quantization cost, which is why ``quant_overhead`` is 0 by default (set it, and lower nothing else, and the calibration no longer holds). The model is a
 projection, not a measurement: the report always says which one it used ("measured" or
 "model:<device>").
 
@@ -40,6 +42,7 @@ model. Pure Python: no pandas, no matplotlib.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 
 from ..errors import ReportError
@@ -66,8 +69,33 @@ def role_formats(fp4_gemms: str, fp4_format: str, base_format: str) -> dict[str,
     return {r: fp4 if r in names else base for r in ROLES}
 
 
-def step_time(formats: Mapping[str, str], spec: SpeedupSpec) -> float:
-    """Modelled step time of a recipe (per-role formats) in units of an all-BF16 step."""
+def intervention_costs(intervention: str) -> tuple[int, bool]:
+    """(total Hadamard points, stochastic rounding?) of an intervention label such as ``none``,
+    ``sr``, ``dht16``, ``sr+rht64``; ValueError for a part it does not know."""
+    points, sr = 0, False
+    for part in (p.strip() for p in intervention.split("+")):
+        if part in ("", "none"):
+            continue
+        if part == "sr":
+            sr = True
+            continue
+        m = re.fullmatch(r"(rht|dht|fht)(\d+)?", part)
+        if m is None:
+            raise ReportError(
+                f"intervention {intervention!r}: unknown part {part!r}; allowed: none, sr, "
+                "rht[N], dht[N], fht[N]"
+            )
+        points += int(m.group(2) or 16)
+    return points, sr
+
+
+def step_time(
+    formats: Mapping[str, str],
+    spec: SpeedupSpec,
+    interventions: Mapping[str, tuple[int, bool]] | None = None,
+) -> float:
+    """Modelled step time of a recipe (per-role formats, and per role the Hadamard points and
+    stochastic rounding from ``intervention_costs``) in units of an all-BF16 step."""
     ratios = spec.ratios()
     shares = spec.shares()
     t = 1.0 - sum(shares.values())
@@ -79,19 +107,35 @@ def step_time(formats: Mapping[str, str], spec: SpeedupSpec) -> float:
                 f"pick another speedup device or give its throughput, e.g. throughput: {{{fmt}: 4.0}}"
             )
         overhead = spec.quant_overhead if fmt != "bf16" else 0.0
+        points, sr = (interventions or {}).get(role, (0, False))
+        overhead += spec.hadamard_overhead * points / 16 + (spec.sr_overhead if sr else 0.0)
         t += shares[role] * (1.0 / ratios[fmt] + overhead)
     return t
 
 
+def role_interventions(fp4_gemms: str, intervention: str) -> dict[str, tuple[int, bool]]:
+    """Per role, the intervention's cost terms: the intervention applies to the FP4 GEMMs."""
+    costs = intervention_costs(intervention)
+    names = {g.strip() for g in fp4_gemms.replace(",", "+").split("+") if g.strip()}
+    return {r: costs for r in ROLES if r in names}
+
+
 def throughput_gain(
-    cell_formats: Mapping[str, str], baseline_formats: Mapping[str, str], spec: SpeedupSpec
+    cell_formats: Mapping[str, str],
+    baseline_formats: Mapping[str, str],
+    spec: SpeedupSpec,
+    cell_interventions: Mapping[str, tuple[int, bool]] | None = None,
+    baseline_interventions: Mapping[str, tuple[int, bool]] | None = None,
 ) -> float:
     """Modelled step-throughput gain of a recipe over the baseline: baseline step time / its step time."""
-    return step_time(baseline_formats, spec) / step_time(cell_formats, spec)
+    return step_time(baseline_formats, spec, baseline_interventions) / step_time(
+        cell_formats, spec, cell_interventions
+    )
 
 
 def projected_speedup(gain: float, relative_token_cost: float) -> float:
-    """End-to-end speedup: gain / (1 + relative token cost); NaN when either is undefined."""
-    if not (math.isfinite(gain) and math.isfinite(relative_token_cost)):
+    """End-to-end speedup: gain / (1 + relative token cost); NaN when either is undefined (an
+    infinite cost, the open end of a lower bound, gives 0)."""
+    if not math.isfinite(gain) or math.isnan(relative_token_cost):
         return math.nan
     return gain / (1.0 + relative_token_cost)

@@ -1,24 +1,14 @@
-"""Confidence interval of a relative token cost over seeds (standard library only).
+"""Student's t quantiles for the report's 95% intervals (standard library only).
 
-The relative token cost of a configuration is ``R - 1`` with ``R = mean(t_cfg) / mean(t_base)``, the
-ratio of the mean tokens to target over the seeds of each that reached it. Its 95% interval is a
-Student-t interval on ``log R`` by the delta method, treating the two configurations' seeds as
-independent samples (conservative when seeds share data order: pairing would narrow it):
-
-    se(log R)^2 = s_c^2 / (n_c m_c^2) + s_b^2 / (n_b m_b^2)        s: sample std, m: mean, n: seeds
-    df          = Welch-Satterthwaite on the two relative-variance terms
-    interval    = exp(log R -/+ t_{0.975, df} se) - 1
-
-Working on ``log R`` keeps the interval's ratio positive and asymmetric as a ratio's should be. With
-fewer than two seeds on either side there is no spread to estimate and the interval is NaN. The t
-quantile at fractional df is computed here (Newton on a Simpson-integrated CDF) so that the report
-needs no SciPy.
+The intervals themselves are in ``censored`` (tokens to target and the relative token cost, with
+censored seeds) and ``equal_loss`` (the equal-loss token ratio, Welch degrees of freedom, which
+may be fractional). The t quantile at fractional df is computed here (Newton on a
+Simpson-integrated CDF) so that the report needs no SciPy.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 
 def _t_density(x: float, df: float) -> float:
@@ -65,32 +55,3 @@ def _normal_quantile(p: float) -> float:
 def t975(df: float) -> float:
     """The 0.975 quantile of Student's t: the half-width factor of a two-sided 95% interval."""
     return t_quantile(0.975, df)
-
-
-def _mean_var(x: Sequence[float]) -> tuple[float, float]:
-    m = sum(x) / len(x)
-    return m, sum((v - m) ** 2 for v in x) / (len(x) - 1)
-
-
-def ratio_interval(cfg: Sequence[float], base: Sequence[float]) -> tuple[float, float, float]:
-    """``(R - 1, low, high)`` for ``R = mean(cfg) / mean(base)``: the relative cost and its 95% interval.
-
-    The point estimate needs one value on each side; the interval needs two (else NaN). All values
-    must be positive (tokens to target).
-    """
-    if not cfg or not base:
-        return math.nan, math.nan, math.nan
-    m_c, m_b = sum(cfg) / len(cfg), sum(base) / len(base)
-    point = m_c / m_b - 1
-    if len(cfg) < 2 or len(base) < 2:
-        return point, math.nan, math.nan
-    _, v_c = _mean_var(cfg)
-    _, v_b = _mean_var(base)
-    a = v_c / (len(cfg) * m_c**2)  # relative variance of mean(cfg)
-    b = v_b / (len(base) * m_b**2)
-    if a + b == 0:
-        return point, point, point
-    df = (a + b) ** 2 / (a**2 / (len(cfg) - 1) + b**2 / (len(base) - 1))
-    half = t975(max(df, 1.0)) * math.sqrt(a + b)
-    log_r = math.log(m_c / m_b)
-    return point, math.exp(log_r - half) - 1, math.exp(log_r + half) - 1

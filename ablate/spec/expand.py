@@ -183,6 +183,8 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
             continue
         if "checkpoint_every" not in raw_train and rc.train.checkpoint_every == 0:
             rc.train.checkpoint_every = rc.train.eval_every  # resumable by default
+        if rc.device == "auto":  # from the study, not from the machine a command runs on
+            rc.device = "cuda" if spec.resources.gpus > 0 else "cpu"
         recipe_axes = {
             "fp4_gemms": "+".join(cc.fp4_gemms),
             "intervention": intervention_label(*parse_intervention(cc.intervention)),

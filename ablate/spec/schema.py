@@ -46,7 +46,8 @@ class CellConfig(BaseModel):
     seed: int = Field(default=0, ge=0, lt=2**32)
     """Model initialization and stochastic-rounding seed (data order: data.data_seed)."""
     device: str = "auto"
-    """cpu, cuda, cuda:N or auto; not part of a cell's key."""
+    """cpu, cuda, cuda:N or auto: cuda when resources.gpus > 0, else cpu. The kind (cpu or cuda)
+    is part of a cell's key, which GPU is not."""
     fp4_gemms: list[Gemm] = Field(default_factory=list)
     """GEMMs of every block linear that run in FP4: any of fprop, dgrad, wgrad."""
     intervention: str = "none"
@@ -190,16 +191,21 @@ class TuneSpec(BaseModel):
 
 
 class Target(BaseModel):
-    """The perplexity a run must reach: absolute, or derived from the baseline's."""
+    """The perplexity a run must reach: absolute, or derived from the baseline's finished seeds
+    (the rule is ``ablate.targets.target_ppl``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     val_ppl: float | None = Field(default=None, gt=1)
     val_loss: float | None = Field(default=None, gt=0)
-    from_baseline: Literal["final", "best"] | None = None
-    """Mean final (or best) validation perplexity of the baseline's seeds..."""
+    from_baseline: Literal["final", "best", "slowest"] | None = None
+    """slowest: the highest perplexity every baseline seed reaches by ``at`` of its budget (the
+    default target); final/best: the mean final/best perplexity of the baseline's seeds..."""
     tolerance: float = Field(default=0.0, ge=0)
     """...times (1 + tolerance)."""
+    at: float | None = Field(default=None, gt=0, le=1)
+    """For from_baseline: slowest, the fraction of the budget (default 0.75): configurations that
+    cost up to 1/at - 1 more tokens (+33%) can still show their cost."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Target:
@@ -212,6 +218,8 @@ class Target(BaseModel):
             )
         if self.tolerance and self.from_baseline is None:
             raise ValueError("tolerance applies to from_baseline only")
+        if self.at is not None and self.from_baseline != "slowest":
+            raise ValueError("at applies to from_baseline: slowest only")
         return self
 
 
@@ -255,7 +263,8 @@ class StudySpec(BaseModel):
     baseline: dict[str, Any] | None = None
     """Axis -> value selecting the baseline configuration (its seeds)."""
     target: Target | None = None
-    """Default: from_baseline final when a baseline is set."""
+    """Default, when a baseline is set: from_baseline slowest at 0.75 (every baseline seed reaches
+    it by 75% of its budget)."""
     resources: Resources = Field(default_factory=Resources)
     tracking: Tracking = Field(default_factory=Tracking)
     output: str | None = None

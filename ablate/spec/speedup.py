@@ -118,6 +118,27 @@ class SpeedupSpec(BaseModel):
         ),
     )
 
+    hadamard_overhead: float = Field(
+        default=0.01,
+        ge=0,
+        description=(
+            "Cost of a 16-point Hadamard transform of a GEMM's two operands, as a fraction of that "
+            "GEMM's BF16 time, added to every GEMM that has one and scaled by size/16 (a g-point "
+            "transform does g multiply-adds per element). Default 0.01: an estimate (one extra "
+            "pass over the operands of a memory-bound quantizer), not a measurement; set it from "
+            "a profile of your device."
+        ),
+    )
+    sr_overhead: float = Field(
+        default=0.01,
+        ge=0,
+        description=(
+            "Cost of stochastic rounding (a random number per element) on a GEMM's operands, as a "
+            "fraction of that GEMM's BF16 time, added to every GEMM that rounds stochastically. "
+            "Default 0.01: an estimate, not a measurement."
+        ),
+    )
+
     @field_validator("device")
     @classmethod
     def _known_device(cls, v: str) -> str:
@@ -181,6 +202,9 @@ class SpeedupSpec(BaseModel):
             f"throughput relative to BF16: {ratios}{overridden}; source: {DEVICES[self.device].source}. "
             f"A BF16 step spends {sum(shares.values()):.0%} of its time in the linear layers' GEMMs "
             f"({roles}); the rest does not change with the recipe. Quantization overhead: "
-            f"{self.quant_overhead:.0%} of a quantized GEMM's BF16 time. The defaults reproduce the "
-            "measured +20% step throughput of full MXFP4 over FP8 on MI355X."
+            f"{self.quant_overhead:.0%} of a quantized GEMM's BF16 time; interventions add "
+            f"{self.hadamard_overhead:.1%} per 16 Hadamard points and {self.sr_overhead:.1%} for "
+            "stochastic rounding of each GEMM they apply to (estimates, not measurements). The "
+            "defaults reproduce the measured +20% step throughput of full MXFP4 over FP8 on MI355X "
+            "(a recipe without interventions)."
         )

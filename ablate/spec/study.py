@@ -69,7 +69,7 @@ class Study:
         if self.spec.target is not None:
             return self.spec.target
         if self.spec.baseline is not None:
-            return Target(from_baseline="final")
+            return Target(from_baseline="slowest")
         return None
 
     def checkpoint_dir(self, cell: Cell) -> Path:

@@ -8,7 +8,7 @@ Modules, by concept:
     runs     the driver's StudyTracker (experiment, parent and child runs) and CellRun
     logger   MlflowLogger: the trainer's Logger into one run, batched and duplicate-free
     history  read_histories: metric curves for the report and tune
-    status   study_status: the study's cells joined with their recorded runs
+    status   study_status: the study's cells joined with their recorded runs; baseline_curves
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from .history import read_histories
 from .logger import MlflowLogger
 from .runs import CellRun, StudyTracker, read_cells, read_study_text
-from .status import CellStatus, join_runs, study_status
+from .status import CellStatus, baseline_curves, join_runs, study_status
 from .store import check_store, check_uri, default_uri, is_local_store, prepare_store
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "CellStatus",
     "MlflowLogger",
     "StudyTracker",
+    "baseline_curves",
     "check_store",
     "check_uri",
     "default_uri",

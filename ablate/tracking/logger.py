@@ -8,11 +8,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TrackingError
+from . import vocab
 from .runs import log_status
 from .store import (
     MAX_METRICS,
     MAX_PARAM_LEN,
     MAX_PARAMS,
+    MAX_TAG_LEN,
     Client,
     chunks,
     read_only,
@@ -82,6 +84,22 @@ class MlflowLogger:
             or time.monotonic() - self._last_flush >= self.flush_interval_s
         ):
             self.flush()
+
+    def log_environment(self, env: Mapping[str, str]) -> None:
+        """Record the run's provenance as ``env.<name>`` tags: the first attempt's values stay; a
+        resumed attempt whose value differs is recorded beside it as ``env.<name>.resumed``."""
+        from mlflow.entities import RunTag
+
+        old = self._client.get_run(self.run_id).data.tags
+        tags = []
+        for name, value in env.items():
+            t = vocab.env_tag(name)
+            if t not in old:
+                tags.append(RunTag(t, str(value)[:MAX_TAG_LEN]))
+            elif old[t] != str(value):
+                tags.append(RunTag(vocab.env_tag(name, resumed=True), str(value)[:MAX_TAG_LEN]))
+        for batch in chunks(tags, MAX_PARAMS):
+            self._client.log_batch(self.run_id, tags=batch)
 
     def log_status(self, status: str, info: Mapping[str, Any]) -> None:
         """Record how the trainer ended; the runner ends the MLflow run."""

@@ -201,6 +201,12 @@ class StudyTracker:
         """Tag ``ablate.<k>`` = str(v) for each item, leaving the run's status alone."""
         log_details(self._client, run_id, info)
 
+    def set_raw_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        """Set tags by their full names (``vocab``'s constants), e.g. a run's key on adoption."""
+        from mlflow.entities import RunTag
+
+        self._client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
     def latest_metrics(self, run_ids: Iterable[str]) -> dict[str, dict[str, tuple[int, float]]]:
         """run_id -> {metric: (step, latest value)}, cheap enough for a progress display."""
         return {run_id: latest_points(self._client.get_run(run_id)) for run_id in run_ids}

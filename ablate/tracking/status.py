@@ -1,12 +1,16 @@
 """A study's cells joined with what the store recorded of them: the one join that ``ablate status``,
-``ablate plan``, ``ablate run`` and the report all read."""
+``ablate plan``, ``ablate run`` and the report all read; and the baseline's recorded curves that a
+target derived from the baseline needs (tune, the validate/plan headroom warning)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..spec.study import Cell, Study
+from ..targets import Curve
+from .history import read_histories
 from .runs import CellRun, read_cells
 
 NOT_STARTED = "not started"
@@ -35,6 +39,26 @@ def study_status(study: Study) -> list[CellStatus]:
     experiment does not exist (nothing was ever recorded: callers decide what that means)."""
     runs = read_cells(study.tracking_uri, study.name, experiment=study.experiment)
     return join_runs(study, {r.key: r for r in runs})
+
+
+def baseline_curves(study: Study, statuses: list[CellStatus] | None = None) -> list[Curve]:
+    """The validation curves (tokens, perplexity) of the baseline's finished runs, as the target
+    rule (``ablate.targets.target_ppl``) takes them; raises ``TrackingError`` like
+    ``study_status`` when nothing was ever recorded."""
+    statuses = study_status(study) if statuses is None else statuses
+    ids = [
+        cs.run.run_id
+        for cs in statuses
+        if cs.cell.baseline and cs.run is not None and cs.run.status == "finished"
+    ]
+    out = []
+    for h in read_histories(study.tracking_uri, ids, ("val_loss", "tokens")).values():
+        tokens = dict(h["tokens"])
+        points = [(tokens.get(s, math.nan), v) for s, v in h["val_loss"]]
+        curve = Curve.of([t for t, _ in points], [math.exp(min(v, 700.0)) for _, v in points])
+        if len(curve.tokens):
+            out.append(curve)
+    return out
 
 
 def count(statuses: list[str]) -> dict[str, int]:

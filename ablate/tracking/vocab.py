@@ -16,6 +16,10 @@ Every run has ``ablate.status`` (``STATUSES``) and, once it ends, details as ``a
 ``pid``, ``resumed_from``; a trial also ``tune_state`` and ``value``; the parent ``cells``, ``failed``,
 ``tune_status`` and ``tune_trials``. Readers get these through ``CellRun``'s typed fields, never by
 spelling a tag.
+
+Every cell and trial run also records its provenance as ``env.<name>`` tags (``ablate.train.
+provenance``: code version, commit and code hash, torch, device, precision, backend). They keep the
+values of the attempt that started the run; a resumed attempt that differs adds ``env.<name>.resumed``.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ STATUS = PREFIX + "status"
 REASON = PREFIX + "reason"
 DIVERGED_AT = PREFIX + "diverged_at"
 TOKENS_PER_S = PREFIX + "tokens_per_s"
+ENV = "env."  # provenance: env.<name> (ablate.train.provenance), and env.<name>.resumed
 PARENT = "mlflow.parentRunId"  # MLflow's own: the UI nests child runs under it
 
 Role = Literal["study", "cell", "trial"]
@@ -57,6 +62,17 @@ STATUSES: dict[str, str | None] = {
 def tag(detail: str) -> str:
     """``ablate.<detail>``: the tag of a status detail or label (see the module docstring)."""
     return PREFIX + detail
+
+
+def env_tag(name: str, *, resumed: bool = False) -> str:
+    """``env.<name>``: one provenance field of the run (``ablate.train.provenance``); with
+    ``resumed``, ``env.<name>.resumed``: a later attempt's different value."""
+    return ENV + name + (".resumed" if resumed else "")
+
+
+def env_of(tags: Mapping[str, str]) -> dict[str, str]:
+    """The provenance fields a run's tags hold, by name (``.resumed`` variants included)."""
+    return {k[len(ENV) :]: v for k, v in tags.items() if k.startswith(ENV)}
 
 
 def role_filter(role: Role) -> str:

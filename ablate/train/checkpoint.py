@@ -86,6 +86,18 @@ def load_checkpoint(
     return TrainState.from_dict(ck["state"])
 
 
+def rekey_checkpoint(checkpoint_dir: Path, config_hash: str) -> bool:
+    """Record a new config hash in the checkpoint in ``checkpoint_dir`` (``ablate adopt``: the same
+    training under a key that now also names its device and precision); False when there is none."""
+    path = checkpoint_dir / CHECKPOINT
+    if not path.exists():
+        return False
+    ck = torch.load(path, map_location="cpu", weights_only=False)
+    ck["config_hash"] = config_hash
+    _atomic_save(path, ck)
+    return True
+
+
 def _atomic_save(path: Path, obj: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(obj, tmp)

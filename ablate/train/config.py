@@ -203,12 +203,57 @@ class RunResult:
         return min((e.val_loss for e in self.evals), default=math.nan)
 
 
+def device_kind(device: str) -> Literal["cpu", "cuda"]:
+    """The kind of device a run of ``RunConfig.device`` trains on: ``cuda`` for cuda and cuda:N;
+    ``auto`` is cuda when this process sees one (a study resolves ``auto`` when it expands, from
+    ``resources.gpus``, so that its keys do not depend on where a command runs)."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if device.split(":", 1)[0] == "cuda" else "cpu"
+
+
+def resolved_precision(precision: str, kind: str) -> Literal["bf16", "fp32"]:
+    """What ``train.precision`` means on a device kind: ``auto`` is bf16 autocast on CUDA and fp32
+    on the CPU (every GPU this project targets, sm_80+ and CDNA, computes in bf16)."""
+    if precision == "auto":
+        return "bf16" if kind == "cuda" else "fp32"
+    return "bf16" if precision == "bf16" else "fp32"
+
+
+KEY_EXCLUDED = ("checkpoint_dir", "device", "train.checkpoint_every")
+"""RunConfig fields that do not change a run's numbers: not in its key, not logged as params (a
+study can change how often it checkpoints, or move its output folder, and keep its results)."""
+
+
 def config_hash(cfg: RunConfig) -> str:
-    """Identity of what a checkpoint was trained with (where it lives and runs does not count)."""
+    """A run's identity, its cell key: a hash of everything that changes its numbers. That is the
+    resolved config without ``KEY_EXCLUDED``, plus the device *kind* (cpu or cuda, not which GPU)
+    and the resolved precision (bf16 or fp32); stable across YAML spelling and order."""
+    d = cfg.to_dict()
+    for k in ("checkpoint_dir", "device"):
+        d.pop(k)
+    d["train"].pop("checkpoint_every")
+    kind = device_kind(cfg.device)
+    d["device_kind"] = kind
+    d["train"]["precision"] = resolved_precision(cfg.train.precision, kind)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def legacy_config_hash(cfg: RunConfig) -> str:
+    """The key cells had before keys included the device kind and precision (and still counted
+    ``train.checkpoint_every``): what ``ablate adopt`` looks for in a study recorded then."""
     d = cfg.to_dict()
     for k in ("checkpoint_dir", "device"):
         d.pop(k)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_params(cfg: RunConfig) -> dict[str, Any]:
+    """The flattened config a run records as params (``KEY_EXCLUDED`` left out: they may change
+    between a run's attempts)."""
+    return {k: v for k, v in flatten(cfg.to_dict()).items() if k not in KEY_EXCLUDED}
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

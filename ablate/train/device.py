@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .config import Precision
+from .config import Precision, resolved_precision
 
 
 def resolve_device(name: str) -> torch.device:
@@ -27,10 +27,7 @@ def resolve_device(name: str) -> torch.device:
 
 def autocast(precision: Precision, device: torch.device) -> AbstractContextManager[Any]:
     """The context of one forward pass: bfloat16 autocast for ``bf16``, and for ``auto`` on a CUDA
-    device that supports bfloat16; no autocast (float32) otherwise."""
-    use_bf16 = precision == "bf16" or (
-        precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
-    )
-    if use_bf16:
+    device (``config.resolved_precision``, the rule the cell key records); float32 otherwise."""
+    if resolved_precision(precision, device.type) == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return nullcontext()

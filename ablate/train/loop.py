@@ -27,7 +27,7 @@ from torch import nn
 
 from .batches import BatchSampler
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import EvalPoint, RunConfig, RunResult, TrainConfig, config_hash, flatten
+from .config import EvalPoint, RunConfig, RunResult, TrainConfig, config_hash, run_params
 from .data import TokenData, load_data, val_batches
 from .device import autocast, resolve_device
 from .logger import Logger, NullLogger
@@ -50,7 +50,7 @@ def train(
         return run.result(state)  # already done: nothing to train, nothing to log again
     state.status = None
 
-    params = flatten(config.to_dict())
+    params = run_params(config)
     params.update({"data.fingerprint": run.data.fingerprint, "model.n_params": run.n_params})
     log.log_params(params)
     if state.step == 0 and not state.evals:

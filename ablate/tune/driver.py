@@ -83,8 +83,8 @@ from ..spec.axes import fmt_value
 from ..spec.schema import TuneSpec
 from ..spec.study import Study
 from ..spec.tune import Search, plan_searches, trial_config
-from ..targets import tokens_to_target
-from ..tracking import StudyTracker, read_histories, study_status
+from ..targets import Curve, target_ppl_of, tokens_to_target
+from ..tracking import StudyTracker, baseline_curves, read_histories
 from ..tracking.vocab import recipe_tags, trial_tags
 from ..train.checkpoint import CHECKPOINT
 from ..train.config import config_hash
@@ -418,33 +418,22 @@ def run_tune(
 
 
 def resolve_target_ppl(study: Study) -> float:
-    """The study's target perplexity for ``tokens_to_target``; raises TuneError when the baseline
-    that defines it has no finished run yet."""
+    """The study's target perplexity for ``tokens_to_target``, by the rule the report uses
+    (``ablate.targets.target_ppl``); raises TuneError when the baseline that defines it has no
+    finished run yet."""
     t = study.target
     assert t is not None  # check_tune refuses tokens_to_target without a target
-    if t.val_ppl is not None:
-        return t.val_ppl
-    if t.val_loss is not None:
-        return math.exp(t.val_loss)
-    need = (
-        f"tune.objective: tokens_to_target needs the target, the baseline's {t.from_baseline} "
-        "perplexity, but "
-    )
     fix = "; run the baseline first (`ablate run`) or give an absolute target: {val_ppl: ...}"
+    curves: list[Curve] = []
+    if t.from_baseline is not None:
+        try:
+            curves = baseline_curves(study)
+        except TrackingError as e:
+            raise TuneError(
+                f"tune.objective: tokens_to_target needs the target, derived from the baseline "
+                f"({t.from_baseline}), but the study has no results yet ({e}){fix}"
+            ) from None
     try:
-        statuses = study_status(study)
-    except TrackingError as e:
-        raise TuneError(f"{need}the study has no results yet ({e}){fix}") from None
-    ids = [
-        cs.run.run_id
-        for cs in statuses
-        if cs.cell.baseline and cs.run is not None and cs.run.status == "finished"
-    ]
-    ppls = []
-    for h in read_histories(study.tracking_uri, ids, ("val_loss",)).values():
-        losses = [v for _, v in h["val_loss"] if math.isfinite(v)]
-        if losses:
-            ppls.append(math.exp(losses[-1] if t.from_baseline == "final" else min(losses)))
-    if not ppls:
-        raise TuneError(f"{need}no baseline run has finished{fix}")
-    return sum(ppls) / len(ppls) * (1 + t.tolerance)
+        return target_ppl_of(t, curves)
+    except ValueError as e:
+        raise TuneError(f"tune.objective: tokens_to_target: {e}{fix}") from None

@@ -369,7 +369,9 @@ def test_tokens_to_target_from_a_baseline_without_results_is_refused_before_writ
     raw = raw_study(objective="tokens_to_target")
     raw["baseline"] = {"fp4_gemms": []}
     study = parse_study(raw, output=tmp_path / "out")
-    with pytest.raises(TuneError, match="the baseline's final perplexity, but the study has no"):
+    with pytest.raises(
+        TuneError, match=r"derived from the baseline \(slowest\), but the study has no"
+    ):
         run_tune(study, executor="local")
     assert not (tmp_path / "out").exists()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -91,10 +92,14 @@ def test_diverged_run_is_marked_with_its_step_and_does_not_count(study):
     d0 = table.set_index("key").loc["d0"]
     assert d0["outcome"] == "diverged" and d0["diverged_at"] == 300
     assert math.isnan(d0["tokens_to_target"]) and not d0["reached"]
+    # it did cross before diverging: 100k + 100k * ln(10/6) / ln(10/5) = 173,697
+    assert d0["crossed_tokens"] == pytest.approx(173_696.6, abs=0.1)
     assert d0["best_ppl"] == pytest.approx(5)  # over the finite evaluations before divergence
     cfg = per_config(table).set_index("config").loc["x"]
-    assert (cfg["n_seeds"], cfg["n_reached"], cfg["n_diverged"]) == (3 - 1, 1, 1)
-    assert cfg["tokens_to_target_mean"] == 200_000  # d1 alone: an exact hit at step 200
+    # a failure in the success rate...
+    assert (cfg["seeds_total"], cfg["seeds_reached"], cfg["n_diverged"]) == (2, 1, 1)
+    # ...but its crossing is data for the tokens estimate: geometric mean of 173.7k and 200k
+    assert cfg["tokens_to_target"] == pytest.approx(math.sqrt(173_696.6 * 200_000), rel=1e-6)
     assert "seed 0 at step 300" in cfg["note"]
 
 
@@ -153,47 +158,83 @@ def _three_configs(study, baseline_reaches=True):
     return study(runs)
 
 
-def test_relative_token_cost_is_ratio_of_means_minus_one_with_a_t_interval(study):
+def test_relative_token_cost_without_censoring_is_the_pooled_t_interval_on_log_tokens(study):
     cells, evals = _three_configs(study)
-    table = per_config(per_cell(cells, evals, 4.0)).set_index("config")
+    table = per_config(per_cell(cells, evals, 4.0), evals=clean_evals(cells, evals))
+    table = table.set_index("config")
     base, x = table.loc["fp8"], table.loc["mxfp4[fprop]/fp8"]
-    assert base["tokens_to_target_mean"] == 200_000 and base["tokens_to_target_std"] == 100_000
-    assert base["rel_token_cost"] == 0 and math.isnan(base["rel_token_cost_lo"])
-    # mean 300k / 200k - 1 = 0.5. Interval on log R: a = 1e10/(3*9e10) = 1/27, b = 1e10/(3*4e10) = 1/12,
-    # se = sqrt(a + b) = 0.346944; Welch df = (a+b)^2 / (a^2/2 + b^2/2) = 3.484536;
-    # t(0.975, 3.484536) = 2.946173 (scipy.stats.t.ppf); half-width 2.946173 * 0.346944 = 1.022158;
-    # 1.5 * exp(-/+1.022158) - 1 = -0.460274, +3.168778
-    assert x["rel_token_cost"] == pytest.approx(0.5)
-    assert x["rel_token_cost_lo"] == pytest.approx(-0.460274, abs=1e-6)
-    assert x["rel_token_cost_hi"] == pytest.approx(3.168778, abs=1e-6)
-    # mi355x model, fprop in MXFP4, the rest FP8, vs all FP8: 0.75 / (0.5 + (1/6)/4 + (2/6)/2) = 1.058824
+    assert base["rel_token_cost"] == 0 and base["rel_token_cost_kind"] == "reference"
+    # the baseline's median tokens: geometric mean of 100k, 200k, 300k
+    assert base["tokens_to_target"] == pytest.approx((100e3 * 200e3 * 300e3) ** (1 / 3))
+    # log tokens: b = ln(1e5, 2e5, 3e5), x = ln(2e5, 3e5, 4e5); pooled two-sample t on them
+    b = [math.log(t) for t in (1e5, 2e5, 3e5)]
+    c = [math.log(t) for t in (2e5, 3e5, 4e5)]
+    d = statistics.fmean(c) - statistics.fmean(b)
+    s2 = (statistics.variance(b) * 2 + statistics.variance(c) * 2) / 4
+    half = 2.7764451051977987 * math.sqrt(s2 * (1 / 3 + 1 / 3))  # t(0.975, 4), scipy.stats
+    assert x["rel_token_cost_kind"] == "observed"
+    assert x["rel_token_cost"] == pytest.approx(math.exp(d) - 1, rel=1e-9)
+    assert x["rel_token_cost_lo"] == pytest.approx(math.expm1(d - half), abs=1e-6)
+    assert x["rel_token_cost_hi"] == pytest.approx(math.expm1(d + half), abs=1e-6)
+    # mi355x model, fprop in MXFP4, the rest FP8, vs all FP8: 0.75 / (0.5 + (1/6)/4 + (2/6)/2)
     assert x["speedup_source"] == "model:mi355x"
     assert x["throughput_gain"] == pytest.approx(0.75 / (0.5 + 1 / 24 + 1 / 6))
-    assert x["projected_speedup"] == pytest.approx(x["throughput_gain"] / 1.5)
+    gain = x["throughput_gain"]
+    assert x["projected_speedup"] == pytest.approx(gain / math.exp(d))
+    assert x["projected_speedup_lo"] == pytest.approx(gain / (1 + x["rel_token_cost_hi"]))
+    assert x["projected_speedup_hi"] == pytest.approx(gain / (1 + x["rel_token_cost_lo"]))
 
 
 def test_a_missing_seed_is_counted_and_reported(study):
     cells, evals = _three_configs(study)
     table = per_config(per_cell(cells, evals, 4.0))
     y = table.set_index("config").loc["mxfp4[fprop,dgrad]/fp8"]
-    assert (y["n_seeds"], y["n_reached"], bool(y["partial"])) == (2, 2, False)
-    assert y["tokens_to_target_mean"] == 300_000 and y["rel_token_cost"] == pytest.approx(0.5)
+    assert (y["seeds_total"], y["seeds_reached"], bool(y["partial"])) == (2, 2, False)
+    assert y["tokens_to_target"] == pytest.approx(math.sqrt(200e3 * 400e3))
     notes = report_notes(table, 4.0)
     assert any("fewer than 3 seeds" in n and "mxfp4[fprop,dgrad]/fp8" in n for n in notes)
 
 
-def test_config_where_some_seeds_never_reach_is_flagged_partial(study):
+def test_a_seed_that_never_reaches_the_target_raises_the_cost_instead_of_vanishing(study):
+    # the survivor mean would say "+0%": x0 reaches exactly when the baseline seeds do, x1 never
+    # does in its budget. Censored at its last evaluation (500k), x1 must push the cost up.
     runs = {
-        "b0": {"config": "fp8", "baseline": True, "ppl": [8, 4]},
-        "b1": {"config": "fp8", "seed": 1, "baseline": True, "ppl": [8, 4]},
-        "x0": {"config": "x", "ppl": [8, 4]},
-        "x1": {"config": "x", "seed": 1, "ppl": [8, 7]},  # finished above the target
+        "b0": {"config": "fp8", "baseline": True, "ppl": [8, 4, 3, 3, 3]},
+        "b1": {"config": "fp8", "seed": 1, "baseline": True, "ppl": [8, 5, 4, 3, 3]},
+        "x0": {"config": "x", "ppl": [8, 4, 3, 3, 3]},
+        "x1": {"config": "x", "seed": 1, "ppl": [8, 7, 6, 5, 4.5]},  # finished above the target
     }
     cells, evals = study(runs)
     x = per_config(per_cell(cells, evals, 4.0)).set_index("config").loc["x"]
-    assert (x["n_seeds"], x["n_reached"], x["n_not_reached"], bool(x["partial"])) == (2, 1, 1, True)
-    assert x["rel_token_cost"] == 0  # over the reached seed; one seed: no interval
-    assert math.isnan(x["rel_token_cost_lo"]) and "1/2 seeds reached" in x["note"]
+    assert (x["seeds_total"], x["seeds_reached"], x["n_not_reached"]) == (2, 1, 1)
+    assert bool(x["partial"]) and x["rel_token_cost_kind"] == "censored"
+    survivor_mean_cost = 200e3 / math.sqrt(200e3 * 300e3) - 1  # x0 alone vs the baseline: -18%
+    assert x["rel_token_cost"] > 0.15 > survivor_mean_cost
+    assert "censored" in x["note"]
+
+
+def test_a_configuration_no_seed_of_which_reaches_the_target_gets_a_lower_bound_only(study):
+    runs = {
+        "b0": {"config": "fp8", "baseline": True, "ppl": [8, 4, 3]},
+        "b1": {"config": "fp8", "seed": 1, "baseline": True, "ppl": [8, 5, 4]},
+        "b2": {"config": "fp8", "seed": 2, "baseline": True, "ppl": [8, 4.5, 3.5]},
+        "x0": {"config": "x", "ppl": [8, 7, 6]},
+        "x1": {"config": "x", "seed": 1, "ppl": [8, 6, 5]},
+    }
+    cells, evals = study(runs)
+    x = per_config(per_cell(cells, evals, 4.0)).set_index("config").loc["x"]
+    assert x["rel_token_cost_kind"] == "bound" and math.isnan(x["rel_token_cost"])
+    # the bound allows for the seed noise (sigma from the baseline's three seeds): below the
+    # naive "censored tokens / baseline" ratio, above -100%
+    crossings = (200e3, 300e3, 200e3 + 100e3 * math.log(4.5 / 4) / math.log(4.5 / 3.5))
+    naive = 300e3 / statistics.geometric_mean(crossings) - 1
+    assert -1 < x["rel_token_cost_lo"] < naive and x["rel_token_cost_hi"] == math.inf
+    # no point speedup for a cost that is only bounded; the speedup is at most gain / (1 + lo)
+    assert math.isnan(x["projected_speedup"])
+    assert x["projected_speedup_hi"] == pytest.approx(
+        x["throughput_gain"] / (1 + x["rel_token_cost_lo"])
+    )
+    assert "cost only bounded" in x["note"]
 
 
 def test_baseline_that_never_reaches_the_target_gives_nan_costs_and_a_message(study):
@@ -275,3 +316,24 @@ def test_inputs_without_exactly_one_baseline_config_are_rejected(study):
     cells, evals = study({"a": {"config": "fp8", "ppl": [9, 5]}})
     with pytest.raises(ReportError, match="exactly one config must be the baseline; found none"):
         per_cell(cells, evals, 4.0)
+
+
+def test_target_from_the_slowest_baseline_seed_is_reached_by_every_seed_in_time(study):
+    # budgets 500k; at 0.75 -> 375k: b0 has reached 3.0 (at 300k), b1 is between 3.6 (300k) and
+    # 3.2 (400k): log-interpolated at 375k -> exp(0.25 ln 3.6 + 0.75 ln 3.2) = 3.2956
+    cells, evals = study(
+        {
+            "b0": {"config": "fp8", "baseline": True, "ppl": [9, 5, 3.0, 2.9, 2.8]},
+            "b1": {"config": "fp8", "seed": 1, "baseline": True, "ppl": [9, 6, 3.6, 3.2, 3.0]},
+            "x0": {"config": "x", "ppl": [9, 8, 7, 6, 5]},
+        }
+    )
+    expected = math.exp(0.25 * math.log(3.6) + 0.75 * math.log(3.2))
+    got = resolve_target({"from_baseline": "slowest"}, evals, cells)
+    assert got == pytest.approx(expected, rel=1e-12)
+    table = per_cell(cells, evals, got).set_index("key")
+    assert table.loc["b0", "tokens_to_target"] <= 375_000
+    assert table.loc["b1", "tokens_to_target"] == pytest.approx(375_000)
+    assert resolve_target({"from_baseline": "slowest", "at": 1.0}, evals, cells) == pytest.approx(
+        3.0
+    )

@@ -20,7 +20,7 @@ FILES = [
     "summary.csv",
     *(
         f"{name}.{ext}"
-        for name in ("convergence", "convergence_late", "token_cost")
+        for name in ("convergence", "convergence_late", "token_cost", "equal_loss")
         for ext in ("png", "svg")
     ),
 ]
@@ -49,7 +49,7 @@ def test_build_report_writes_every_file(report):
     for name in FILES:
         path = result.out_dir / name
         assert path.is_file() and path.stat().st_size > 0, name
-    assert set(result.figures) == {"convergence", "convergence_late", "token_cost"}
+    assert set(result.figures) == {"convergence", "convergence_late", "token_cost", "equal_loss"}
 
 
 def test_summary_csv_has_one_row_per_config(report):
@@ -58,20 +58,30 @@ def test_summary_csv_has_one_row_per_config(report):
     assert len(summary) == cells["config"].nunique() == 4
     assert summary["baseline"].tolist() == [True, False, False, False]
     for col in (
+        "seeds_reached",
+        "seeds_total",
         "rel_token_cost",
         "rel_token_cost_lo",
         "rel_token_cost_hi",
+        "rel_token_cost_kind",
+        "equal_loss_token_ratio",
+        "equal_loss_token_ratio_lo",
+        "equal_loss_token_ratio_hi",
         "projected_speedup",
+        "projected_speedup_lo",
+        "projected_speedup_hi",
         "speedup_source",
+        "target_ppl",
     ):
         assert col in summary.columns
+    assert set(summary["rel_token_cost_kind"]) <= {"reference", "observed", "censored", "bound"}
 
 
 def test_html_is_self_contained(report):
     html = report[0].report_html.read_text()
     assert not re.search(r'(src|href)="(https?:)?//', html)
     assert "<link" not in html and "<script" not in html
-    assert html.count("data:image/png;base64,") == 3
+    assert html.count("data:image/png;base64,") == 4
 
 
 def test_markdown_states_target_notes_missing_seed_divergence_and_the_speedup_model(report):
@@ -82,7 +92,7 @@ def test_markdown_states_target_notes_missing_seed_divergence_and_the_speedup_mo
     assert "fewer than 3 seeds" in md  # config 2 has 2
     assert "diverged: seed 2 at step" in md
     assert "model:mi355x" in md and "gemm" in md.lower()
-    for png in ("convergence.png", "convergence_late.png", "token_cost.png"):
+    for png in ("convergence.png", "convergence_late.png", "token_cost.png", "equal_loss.png"):
         assert f"]({png})" in md
 
 
@@ -91,11 +101,28 @@ def test_baseline_that_never_reaches_the_target_is_reported_not_raised(tmp_path)
     # target far below anything reached: the baseline (and everything else) never gets there
     result = build_report(cells, evals, {"val_ppl": 1.5}, None, tmp_path, study="unreachable")
     table = result.config_table
-    assert table["rel_token_cost"].isna().all() and table["n_reached"].eq(0).all()
+    assert table["rel_token_cost"].isna().all() and table["seeds_reached"].eq(0).all()
     md = result.report_md.read_text()
     assert "never reached the target perplexity 1.5" in md
     assert "relative token costs and projected speedups are undefined" in md
     assert pd.read_csv(result.summary_csv)["rel_token_cost"].isna().all()
+
+
+def test_the_report_opens_with_a_verdict_that_sorts_configurations_by_their_interval(report):
+    result, _ = report
+    md = result.report_md.read_text()
+    assert md.index("## Verdict") < md.index("## Summary") < md.index("## Figures")
+    html = result.report_html.read_text()
+    assert html.index("Verdict") < html.index("Summary")
+    verdict = md[md.index("## Verdict") : md.index("## Summary")]
+    table = result.config_table
+    for r in table[~table["baseline"]].to_dict("records"):
+        assert f"`{r['config']}`" in verdict
+    # the synthetic config 3 lost a seed to divergence: never called better
+    c3 = table.iloc[3]
+    assert c3["n_diverged"] == 1
+    undetermined = verdict[verdict.index("**Undetermined**") :]
+    assert f"`{c3['config']}`" in undetermined.split("\n")[0]
 
 
 def test_fp4_gemm_sets_get_distinct_colours_and_interventions_distinct_line_styles():

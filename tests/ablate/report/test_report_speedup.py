@@ -17,7 +17,7 @@ from ablate.report.speedup import (
     step_time,
     throughput_gain,
 )
-from ablate.report.stats import ratio_interval, t975
+from ablate.report.stats import t975
 from ablate.spec.speedup import DEVICES, SpeedupSpec
 
 FULL_MXFP4 = role_formats("fprop+dgrad+wgrad", "mxfp4", "fp8")
@@ -155,8 +155,27 @@ def test_t_quantiles_agree_with_scipy_at_fractional_degrees_of_freedom():
         assert t975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-6)
 
 
-def test_ratio_interval_needs_two_seeds_each_and_collapses_without_spread():
-    assert ratio_interval([300.0], [200.0])[0] == pytest.approx(0.5)
-    assert all(math.isnan(v) for v in ratio_interval([300.0], [200.0])[1:])
-    assert ratio_interval([300.0, 300.0], [200.0, 200.0]) == pytest.approx((0.5, 0.5, 0.5))
-    assert all(math.isnan(v) for v in ratio_interval([], [200.0]))
+def test_interventions_cost_throughput_in_the_model():
+    from ablate.report.speedup import intervention_costs, role_interventions
+
+    spec = SpeedupSpec()  # hadamard 1% per 16 points, SR 1%, of the GEMM's BF16 time
+    full = role_formats("fprop+dgrad+wgrad", "mxfp4", "fp8")
+    base = role_formats("", "mxfp4", "fp8")
+
+    def gain(intervention):
+        return throughput_gain(
+            full, base, spec, role_interventions("fprop+dgrad+wgrad", intervention)
+        )
+
+    # FP8 step 0.75; MXFP4 step 0.625 + 3 GEMMs x (1/6) x overhead
+    assert gain("none") == pytest.approx(0.75 / 0.625)
+    assert gain("dht16") == pytest.approx(0.75 / (0.625 + 0.5 * 0.01))
+    assert gain("rht64") == pytest.approx(0.75 / (0.625 + 0.5 * 0.04))
+    assert gain("sr") == pytest.approx(0.75 / (0.625 + 0.5 * 0.01))
+    assert gain("sr+rht16") == pytest.approx(0.75 / (0.625 + 0.5 * 0.02))
+    assert gain("none") > gain("dht16") > gain("sr+rht16") > gain("rht64")
+    assert intervention_costs("sr+dht32") == (32, True)
+    with pytest.raises(ReportError, match="unknown part 'xyz'"):
+        intervention_costs("xyz")
+    # interventions apply to the FP4 GEMMs only
+    assert role_interventions("wgrad", "dht16") == {"wgrad": (16, False)}

@@ -1,19 +1,63 @@
-"""``config_hash`` (a study cell's key: its values must never change) and ``flatten``."""
+"""``config_hash`` (a study cell's key: its values must never change), what it includes and leaves
+out, ``run_params`` and ``flatten``."""
 
 from __future__ import annotations
 
-from ablate.train.config import RunConfig, TrainConfig, config_hash, flatten
+import dataclasses
+
+from ablate.train.config import (
+    RunConfig,
+    TrainConfig,
+    config_hash,
+    flatten,
+    legacy_config_hash,
+    resolved_precision,
+    run_params,
+)
 
 
 def test_config_hash_values_are_stable():
     # study cells and existing results are looked up by these: a change here orphans them
-    assert config_hash(RunConfig()) == "cf1710eca5a47d3d"
-    assert config_hash(RunConfig(seed=3, train=TrainConfig(lr=1e-2))) == "7a18b7f77c876a21"
+    assert config_hash(RunConfig(device="cpu")) == "1f94548535cb9ce6"
+    assert config_hash(RunConfig(device="cpu", seed=3, train=TrainConfig(lr=1e-2))) == (
+        "d2a4e0ab013c6a73"
+    )
+    assert config_hash(RunConfig(device="cuda")) == "ae297ef2c7e5591f"
 
 
-def test_config_hash_ignores_where_a_run_lives_and_runs():
-    assert config_hash(RunConfig(device="cpu", checkpoint_dir="/x")) == config_hash(RunConfig())
-    assert config_hash(RunConfig(seed=1)) != config_hash(RunConfig())
+def test_the_legacy_key_is_the_key_before_device_and_precision_counted():
+    # the values cells had before: `ablate adopt` finds old runs by them
+    assert legacy_config_hash(RunConfig()) == "cf1710eca5a47d3d"
+    assert legacy_config_hash(RunConfig(seed=3, train=TrainConfig(lr=1e-2))) == "7a18b7f77c876a21"
+
+
+def test_config_hash_ignores_where_a_run_lives_and_how_often_it_checkpoints():
+    base = RunConfig(device="cpu")
+    assert config_hash(RunConfig(device="cpu", checkpoint_dir="/x")) == config_hash(base)
+    moved = dataclasses.replace(base, train=TrainConfig(checkpoint_every=7))
+    assert config_hash(moved) == config_hash(base)
+    assert config_hash(RunConfig(device="cuda:0")) == config_hash(RunConfig(device="cuda:3"))
+    assert config_hash(RunConfig(device="cpu", seed=1)) != config_hash(base)
+
+
+def test_config_hash_counts_the_device_kind_and_the_resolved_precision():
+    cpu, gpu = RunConfig(device="cpu"), RunConfig(device="cuda")
+    assert config_hash(cpu) != config_hash(gpu)  # a GPU bf16 run is not a CPU fp32 run
+    # auto resolves: fp32 on the CPU (the same key as saying fp32), bf16 on CUDA
+    fp32 = RunConfig(device="cpu", train=TrainConfig(precision="fp32"))
+    bf16_cpu = RunConfig(device="cpu", train=TrainConfig(precision="bf16"))
+    assert config_hash(fp32) == config_hash(cpu) != config_hash(bf16_cpu)
+    bf16 = RunConfig(device="cuda", train=TrainConfig(precision="bf16"))
+    assert config_hash(bf16) == config_hash(gpu)
+    assert (
+        resolved_precision("auto", "cuda") == "bf16" and resolved_precision("auto", "cpu") == "fp32"
+    )
+
+
+def test_run_params_leave_out_what_may_change_between_attempts():
+    params = run_params(RunConfig(checkpoint_dir="/somewhere"))
+    assert not {"checkpoint_dir", "device", "train.checkpoint_every"} & set(params)
+    assert params["train.lr"] == TrainConfig().lr
 
 
 def test_flatten_joins_nested_keys_with_dots():

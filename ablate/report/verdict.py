@@ -1,0 +1,148 @@
+"""The report's first section: which configurations beat the baseline, which cannot be told apart
+from it, which are worse, and whether the study had enough seeds to tell (pure functions).
+
+A configuration's verdict comes from its projected end-to-end speedup's 95% interval (the token
+cost's interval carried through gain / (1 + cost)):
+
+    better             the whole interval is above 1x
+    worse              the whole interval is below 1x (for a cost that is only bounded below: the
+                       largest speedup it allows is below 1x)
+    indistinguishable  the interval contains 1x
+    undetermined       no interval (too few seeds reached, no spread, no throughput model, the
+                       baseline never reached the target), or some seed diverged: an unstable
+                       recipe is never called better
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from . import markup
+from .censored import half_width
+
+VERDICTS = ("better", "indistinguishable", "worse", "undetermined")
+HEADINGS = {
+    "better": "Faster than the baseline",
+    "indistinguishable": "Indistinguishable from the baseline",
+    "worse": "Slower than the baseline",
+    "undetermined": "Undetermined",
+}
+
+
+def verdict(r: Mapping[str, Any]) -> tuple[str, str]:
+    """(verdict, why) of one configuration row of ``metrics.per_config``."""
+    if r["baseline"]:
+        return "baseline", ""
+    lo, hi = r["projected_speedup_lo"], r["projected_speedup_hi"]
+    kind = r["rel_token_cost_kind"]
+    if not math.isfinite(r["throughput_gain"]):
+        return "undetermined", "no throughput model for its formats"
+    if kind == "none":
+        return "undetermined", "no token cost (the baseline or every seed lacks a crossing)"
+    if kind == "bound":
+        if math.isfinite(hi) and hi < 1:
+            return "worse", f"cost at least {markup.pct(r['rel_token_cost_lo'])}"
+        return "undetermined", (
+            f"no seed reached the target; cost at least {markup.pct(r['rel_token_cost_lo'])}"
+        )
+    if r["n_diverged"]:
+        return "undetermined", f"{r['n_diverged']}/{r['seeds_total']} seeds diverged"
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "undetermined", "no interval (fewer than two reached seeds, or no spread)"
+    if lo > 1:
+        return "better", ""
+    if hi < 1:
+        return "worse", ""
+    return "indistinguishable", ""
+
+
+def cost_and_speedup(r: Mapping[str, Any]) -> tuple[str, str]:
+    """(token cost, projected speedup) of a configuration row as text with their intervals; a cost
+    that is only bounded reads ``at least +X%`` and its speedup ``at most Y×``."""
+    if r["rel_token_cost_kind"] == "bound":
+        return (
+            f"at least {markup.pct(r['rel_token_cost_lo'])}",
+            f"at most {markup.times(r['projected_speedup_hi'])}",
+        )
+    cost = markup.interval(
+        r["rel_token_cost"], r["rel_token_cost_lo"], r["rel_token_cost_hi"], markup.pct
+    )
+    speed = markup.interval(
+        r["projected_speedup"], r["projected_speedup_lo"], r["projected_speedup_hi"], markup.times
+    )
+    return cost, speed
+
+
+def _item(r: Mapping[str, Any], why: str) -> str:
+    cost, speed = cost_and_speedup(r)
+    ratio = markup.interval(
+        r["equal_loss_token_ratio"],
+        r["equal_loss_token_ratio_lo"],
+        r["equal_loss_token_ratio_hi"],
+        markup.ratio,
+    )
+    seeds = f"{r['seeds_reached']}/{r['seeds_total']} seeds reached"
+    parts = [f"speedup {speed}", f"token cost {cost}", f"equal-loss ratio {ratio}", seeds]
+    return f"`{r['config']}`: " + ", ".join(parts) + (f" ({why})" if why else "")
+
+
+def power_note(config_table: Any) -> str | None:
+    """When some configuration has fewer than 3 seeds: how wide its intervals are, and what 3 and
+    5 seeds would resolve, from the seed noise the study measured (median over comparisons)."""
+    rows = config_table[~config_table["baseline"].astype(bool)]
+    if len(rows) == 0 or int(config_table["seeds_total"].min()) >= 3:
+        return None
+    sigmas = [s for s in rows["log_sigma"] if isinstance(s, float) and s > 0 and math.isfinite(s)]
+    widths = [
+        (hi - lo) / 2
+        for lo, hi in zip(rows["rel_token_cost_lo"], rows["rel_token_cost_hi"], strict=True)
+        if math.isfinite(lo) and math.isfinite(hi)
+    ]
+    n = int(config_table["seeds_total"].min())
+    if not sigmas:
+        return (
+            f"With {n} seed{'s' if n != 1 else ''} per configuration no seed noise could be "
+            "estimated, so no configuration has an interval: run 3 or more seeds."
+        )
+    sigma = sorted(sigmas)[len(sigmas) // 2]
+    now = (
+        f"the relative-cost intervals span about ±{sorted(widths)[len(widths) // 2]:.0%}"
+        if widths
+        else "no relative cost has an interval"
+    )
+    return (
+        f"With {n} seeds per configuration {now}; 3 seeds would separate about "
+        f"±{half_width(sigma, 3):.0%} and 5 seeds ±{half_width(sigma, 5):.0%} (from the seed "
+        f"noise measured here, σ = {sigma:.3f} in log tokens to target)."
+    )
+
+
+def verdict_lines(config_table: Any) -> tuple[str, list[str]]:
+    """(lead paragraph, bullet items) of the Verdict section."""
+    groups: dict[str, list[str]] = {v: [] for v in VERDICTS}
+    base = ""
+    for r in config_table.to_dict("records"):
+        v, why = verdict(r)
+        if v == "baseline":
+            base = r["config"]
+            continue
+        groups[v].append(_item(r, why))
+    source = sorted(set(config_table["speedup_source"]))
+    lead = (
+        f"Against the baseline `{base}`: the projected end-to-end speedup is step-throughput gain / "
+        f"(1 + relative token cost), with the 95% interval of the token cost (gain: "
+        f"{', '.join(source)}). Token cost is the censored estimate of median tokens to target "
+        "relative to the baseline's; the equal-loss ratio compares the losses at the end of "
+        "training."
+    )
+    items = []
+    for v in VERDICTS:
+        if groups[v] or v != "undetermined":
+            body = "; ".join(groups[v]) if groups[v] else "none"
+            items.append(f"**{HEADINGS[v]}**: {body}")
+    note = power_note(config_table)
+    if note:
+        items.append(f"**Seeds**: {note}")
+    return lead, items

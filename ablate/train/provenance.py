@@ -1,0 +1,102 @@
+"""What produced a result: the code, the software and the device a run trained with.
+
+``environment(config)`` is recorded with every cell's run (as ``env.*`` tags, by the executor), so
+a number in a report can be traced to the code, device and precision that produced it:
+
+    ablate_version  the installed distribution's version
+    git_commit      the commit of the source tree ablate runs from ("unknown" outside a checkout)
+    git_dirty       whether that tree had uncommitted changes to ablate/ or backends/
+    code_hash       a hash of the code that computes the numbers (backends/ and ablate/train/,
+                    Python and C sources): equal hashes, equal numerics. ``ablate plan`` marks a
+                    finished cell whose hash differs from the current one as stale
+    torch, python   versions; cuda the CUDA runtime torch was built with (GPU runs)
+    device          the device kind (cpu, cuda) and device_name (CPU model or GPU name)
+    precision       the resolved autocast precision (bf16, fp32)
+    backend         the GEMM backend
+
+The code hash is computed once per process (a few ms of reading files).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from backends.bench import describe
+
+from .config import RunConfig, device_kind, resolved_precision
+
+_ROOT = Path(__file__).resolve().parents[2]  # the folder holding ablate/ and backends/
+_NUMERICS = ("backends", "ablate/train")
+
+
+@functools.cache
+def code_hash() -> str:
+    """sha256 (16 hex digits) of the sources that compute a run's numbers, by relative path."""
+    h = hashlib.sha256()
+    for top in _NUMERICS:
+        for path in sorted((_ROOT / top).rglob("*")):
+            if path.suffix in (".py", ".c", ".h") and "__pycache__" not in path.parts:
+                h.update(path.relative_to(_ROOT).as_posix().encode() + b"\0")
+                h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def _git() -> tuple[str, str]:
+    """(commit, dirty) of the checkout ablate runs from, or ("unknown", "unknown")."""
+
+    def git(*args: str) -> str:
+        out = subprocess.run(
+            ["git", "-C", str(_ROOT), *args], capture_output=True, text=True, timeout=10
+        )
+        if out.returncode:
+            raise OSError(out.stderr.strip())
+        return out.stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--", "ablate", "backends"))
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", "unknown"
+    return commit, str(dirty).lower()
+
+
+def _version() -> str:
+    try:
+        return metadata.version("ablate")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def device_name(kind: str) -> str:
+    """The GPU's name (with its architecture) on CUDA; the CPU's model name otherwise."""
+    cuda = kind == "cuda" and torch.cuda.is_available()
+    return describe(torch.device("cuda" if cuda else "cpu"))
+
+
+def environment(config: RunConfig) -> dict[str, str]:
+    """The provenance of a run of ``config`` in this process (module docstring)."""
+    kind = device_kind(config.device)
+    commit, dirty = _git()
+    env = {
+        "ablate_version": _version(),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "code_hash": code_hash(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": kind,
+        "device_name": device_name(kind),
+        "precision": resolved_precision(config.train.precision, kind),
+        "backend": config.backend,
+    }
+    if kind == "cuda" and torch.version.cuda:
+        env["cuda"] = str(torch.version.cuda)
+    return env
