@@ -23,6 +23,7 @@ from .model import PRESETS, ModelConfig
 
 Precision = Literal["auto", "bf16", "fp32"]
 Status = Literal["finished", "diverged", "stopped"]
+ProbeGemm = Literal["fprop", "dgrad", "wgrad"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -90,6 +91,94 @@ class TrainConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class ProbeConfig:
+    """Gradient-fidelity probes during training (``ablate.train.probe``, numerics in
+    ``backends.probe``): at every ``every``-th step, on fixed probe batches, each quantized GEMM of
+    the chosen layers is compared with the exact GEMM on the same operands. Probes change nothing
+    the run computes: a run is bit-identical with them on or off, and they are not in its key."""
+
+    every: int = 10
+    """Probe at step 0 and every N optimizer steps."""
+    batches: int = 1
+    """Probe batches: the first N full validation batches (train.batch_size x train.seq_len each,
+    split into train.grad_accum micro-batches as a training step is)."""
+    gemms: list[ProbeGemm] = field(default_factory=lambda: ["wgrad"])
+    """GEMMs to probe, any of fprop, dgrad, wgrad (those a layer runs in high precision are
+    skipped). Default wgrad, the GEMM of the structured-error diagnosis; each GEMM adds about a
+    training step's worth of work to a probe step on the CPU (see the README's measured cost)."""
+    layers: list[int] | Literal["all"] = "all"
+    """Transformer blocks to probe: all, or a list of block indices."""
+    repeats: int = 2
+    """Draws of the randomness of a random GEMM (SR, random Hadamard) for its bias and variance;
+    each draw beyond the first costs about one quantized GEMM per probed GEMM."""
+    window: int = 4
+    """K: probes summed for the error-structure ratio |sum of K errors| / (K x mean error)."""
+
+    def __post_init__(self) -> None:
+        for name in ("every", "batches", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"probe.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.window < 2:
+            raise ValueError(f"probe.window: must be >= 2, got {self.window}")
+        allowed = ("fprop", "dgrad", "wgrad")
+        if not self.gemms:
+            raise ValueError(f"probe.gemms: empty; allowed: {', '.join(allowed)}")
+        for i, g in enumerate(self.gemms):
+            if g not in allowed:
+                raise ValueError(f"probe.gemms[{i}]: unknown {g!r}; allowed: {', '.join(allowed)}")
+        if len(set(self.gemms)) != len(self.gemms):
+            raise ValueError(f"probe.gemms: a GEMM is listed twice in {self.gemms}")
+        if isinstance(self.layers, str):
+            if self.layers != "all":
+                raise ValueError(
+                    f"probe.layers: unknown {self.layers!r}; allowed: all or a list of block indices"
+                )
+        else:
+            if not self.layers:
+                raise ValueError("probe.layers: empty; give all or a list of block indices")
+            for i, b in enumerate(self.layers):
+                if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+                    raise ValueError(
+                        f"probe.layers[{i}]: {b!r} is not a block index (an integer >= 0)"
+                    )
+            if len(set(self.layers)) != len(self.layers):
+                raise ValueError(f"probe.layers: a block is listed twice in {self.layers}")
+
+    def problems(self, run: RunConfig) -> list[str]:
+        """What stops these probes on ``run``'s model and data (each line names its path)."""
+        out: list[str] = []
+        n_layers = run.model.resolved().n_layers
+        if self.layers != "all" and n_layers is not None:
+            for i, b in enumerate(self.layers):
+                if b >= n_layers:
+                    out.append(
+                        f"probe.layers[{i}]: block {b} does not exist; the model has "
+                        f"{n_layers} blocks (0-{n_layers - 1})"
+                    )
+        tc = run.train
+        full = ((run.data.val_tokens - 1) // tc.seq_len) // tc.batch_size
+        if self.batches > full:
+            need = self.batches * tc.batch_size * tc.seq_len + 1
+            out.append(
+                f"probe.batches: {self.batches} probe batches of train.batch_size x train.seq_len "
+                f"= {tc.batch_size} x {tc.seq_len} tokens need data.val_tokens >= {need} (it is "
+                f"{run.data.val_tokens}: {full} full batches); lower probe.batches or raise "
+                "data.val_tokens"
+            )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "every": self.every,
+            "batches": self.batches,
+            "gemms": list(self.gemms),
+            "layers": self.layers if isinstance(self.layers, str) else list(self.layers),
+            "repeats": self.repeats,
+            "window": self.window,
+        }
+
+
+@dataclass(kw_only=True, slots=True)
 class RunConfig:
     """Everything one training run depends on."""
 
@@ -106,6 +195,8 @@ class RunConfig:
     """cpu, cuda, cuda:N, or auto (cuda when available)."""
     checkpoint_dir: str | None = None
     """Where checkpoints go; a run finding one there resumes from it."""
+    probe: ProbeConfig | None = None
+    """Gradient-fidelity probes (None: off). Not part of the run's key, nor of its params."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.seed < SEED_LIMIT:
@@ -136,11 +227,13 @@ class RunConfig:
             "seed": self.seed,
             "device": self.device,
             "checkpoint_dir": self.checkpoint_dir,
-        }
+        } | ({"probe": self.probe.to_dict()} if self.probe is not None else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
-        known = {"model", "data", "train", "recipe", "backend", "seed", "device", "checkpoint_dir"}
+        known = {
+            "model", "data", "train", "recipe", "backend", "seed", "device", "checkpoint_dir", "probe"
+        }  # fmt: skip
         unknown = set(d) - known
         if unknown:
             raise ValueError(
@@ -155,6 +248,7 @@ class RunConfig:
             seed=d.get("seed", 0),
             device=d.get("device", "auto"),
             checkpoint_dir=d.get("checkpoint_dir"),
+            probe=ProbeConfig(**d["probe"]) if d.get("probe") is not None else None,
         )
 
 
@@ -224,7 +318,8 @@ def resolved_precision(precision: str, kind: str) -> Literal["bf16", "fp32"]:
 
 KEY_EXCLUDED = ("checkpoint_dir", "device", "train.checkpoint_every")
 """RunConfig fields that do not change a run's numbers: not in its key, not logged as params (a
-study can change how often it checkpoints, or move its output folder, and keep its results)."""
+study can change how often it checkpoints, or move its output folder, and keep its results).
+``probe`` is left out of both the same way (``config_hash``, ``run_params``)."""
 
 
 def config_hash(cfg: RunConfig) -> str:
@@ -234,6 +329,7 @@ def config_hash(cfg: RunConfig) -> str:
     d = cfg.to_dict()
     for k in ("checkpoint_dir", "device"):
         d.pop(k)
+    d.pop("probe", None)  # probes change no number of the run
     d["train"].pop("checkpoint_every")
     kind = device_kind(cfg.device)
     d["device_kind"] = kind
@@ -247,13 +343,16 @@ def legacy_config_hash(cfg: RunConfig) -> str:
     d = cfg.to_dict()
     for k in ("checkpoint_dir", "device"):
         d.pop(k)
+    d.pop("probe", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def run_params(cfg: RunConfig) -> dict[str, Any]:
     """The flattened config a run records as params (``KEY_EXCLUDED`` left out: they may change
     between a run's attempts)."""
-    return {k: v for k, v in flatten(cfg.to_dict()).items() if k not in KEY_EXCLUDED}
+    d = cfg.to_dict()
+    d.pop("probe", None)  # may be switched on for a resumed run: not a param
+    return {k: v for k, v in flatten(d).items() if k not in KEY_EXCLUDED}
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -4,7 +4,8 @@ AdamW with linear warmup and cosine decay (``schedule``), gradient clipping and 
 bfloat16 autocast where the device supports it (``device``), validation loss/perplexity on the fixed
 held-out set (at step 0, every ``eval_every`` steps and at the end), tokens seen as the x-axis of
 everything, and a divergence guard (non-finite loss or gradient norm, or a smoothed loss that runs
-away) that ends the run as ``diverged`` with the step instead of raising.
+away) that ends the run as ``diverged`` with the step instead of raising. With ``config.probe`` set,
+gradient-fidelity probes (``probe``) run at their steps and log beside the step's metrics.
 
 The run's progress is a ``TrainState`` (``state``); checkpoints (``checkpoint``) are atomic and hold
 everything the next step depends on. A run that finds a checkpoint in ``checkpoint_dir`` resumes
@@ -32,6 +33,7 @@ from .data import TokenData, load_data, val_batches
 from .device import autocast, resolve_device
 from .logger import Logger, NullLogger
 from .model import build_model, count_parameters
+from .probe import make_prober
 from .schedule import lr_at
 from .state import TrainState
 
@@ -49,6 +51,7 @@ def train(
     if state.status in ("finished", "diverged"):
         return run.result(state)  # already done: nothing to train, nothing to log again
     state.status = None
+    prober = make_prober(config, run.model, run.data.val, run.ctx)  # None: probes off
 
     params = run_params(config)
     params.update({"data.fingerprint": run.data.fingerprint, "model.n_params": run.n_params})
@@ -56,6 +59,8 @@ def train(
     if state.step == 0 and not state.evals:
         m0: dict[str, float] = {"tokens": 0.0}
         run.record_eval(state, m0)
+        if prober is not None and prober.due(0):
+            m0.update(prober.run())
         log.log_metrics(m0, 0)
 
     run.model.train()
@@ -74,6 +79,8 @@ def train(
             return run.result(state)
         if state.step % tc.eval_every == 0 or state.step == tc.steps:
             run.record_eval(state, metrics)
+        if prober is not None and prober.due(state.step):
+            metrics.update(prober.run(step_seconds=state.train_time / state.step))
         log.log_metrics(metrics, state.step)
         if state.step == tc.steps:
             state.status = "finished"
