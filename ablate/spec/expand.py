@@ -185,6 +185,9 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
             rc.train.checkpoint_every = rc.train.eval_every  # resumable by default
         if rc.device == "auto":  # from the study, not from the machine a command runs on
             rc.device = "cuda" if spec.resources.gpus > 0 else "cpu"
+        if spec.probe is not None:  # the same probes for every cell; not part of its key
+            rc.probe = spec.probe
+            errors.extend(m for m in spec.probe.problems(rc) if m not in errors)
         recipe_axes = {
             "fp4_gemms": "+".join(cc.fp4_gemms),
             "intervention": intervention_label(*parse_intervention(cc.intervention)),

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from backends.recipe import GEMMS, Recipe, parse_intervention
 from backends.registry import available_backends
 
-from ..train.config import RunConfig, TrainConfig
+from ..train.config import ProbeConfig, RunConfig, TrainConfig
 from ..train.data import DataConfig
 from ..train.model import ModelConfig
 from .speedup import SpeedupSpec
@@ -273,6 +273,26 @@ class StudySpec(BaseModel):
     """How the report projects step throughput where it was not measured on native GEMMs."""
     tune: TuneSpec | None = None
     """Optuna search over config paths, per group of cells (``ablate tune``; see ablate.spec.tune)."""
+    probe: ProbeConfig | None = None
+    """Gradient-fidelity probes of every cell during training (off when absent; see
+    ablate.train.probe): every, batches, gemms, layers, repeats, window. Not part of a cell's key:
+    adding probes to a study reruns nothing (``ablate probe`` probes saved checkpoints)."""
+
+    @field_validator("probe", mode="before")
+    @classmethod
+    def _probe_layers(cls, v: Any) -> Any:
+        """One clear message for ``layers`` (pydantic's would list each member of the union)."""
+        if isinstance(v, dict) and "layers" in v:
+            layers = v["layers"]
+            blocks = isinstance(layers, list) and all(
+                isinstance(b, int) and not isinstance(b, bool) for b in layers
+            )
+            if layers != "all" and not blocks:
+                raise ValueError(
+                    f"probe.layers: {str(layers)[:80]!r} is neither all nor a list of block "
+                    "indices (integers >= 0)"
+                )
+        return v
 
     @field_validator("name")
     @classmethod

@@ -84,6 +84,14 @@ CORPUS: dict[str, tuple[bytes | str, str]] = {
         GOOD + "resources: {cpus: 100000}\n",
         "resources.cpus: 100000 per cell",
     ),
+    "probe of a block the model lacks": (
+        GOOD + "probe: {layers: [0, 9]}\n",
+        "probe.layers[1]: block 9 does not exist",
+    ),
+    "more probe batches than the validation set": (
+        GOOD + "probe: {batches: 40}\n",
+        "probe.batches: 40 probe batches",
+    ),
     "not a mapping": ("- a list\n- not a study\n", "must be a mapping"),
     "empty file": ("", "must be a mapping"),
 }

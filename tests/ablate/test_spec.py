@@ -141,6 +141,30 @@ def test_duplicate_cells_run_once():
         ),
         ({"grid": {"zip": {"seed": [0, 1], "train.lr": [1]}}}, "grid.zip", ["equal lengths"]),
         ({"grid": {"seed": [0]}, "name": "a b"}, "name", ["letters, digits"]),
+        ({"grid": {"seed": [0]}, "probe": {"evry": 5}}, "probe.evry", ["did you mean 'every'"]),
+        ({"grid": {"seed": [0]}, "probe": {"every": 0}}, "probe.every", ["must be >= 1"]),
+        (
+            {"grid": {"seed": [0]}, "probe": {"gemms": ["wgard"]}},
+            "probe.gemms[0]",
+            ["'fprop'", "'wgrad'"],
+        ),
+        (
+            {"grid": {"seed": [0]}, "probe": {"layers": "first"}},
+            "probe.layers",
+            ["neither all nor a list of block indices"],
+        ),
+        ({"grid": {"seed": [0]}, "probe": {"layers": [0, -2]}}, "probe.layers[1]", ["block index"]),
+        (
+            {"grid": {"seed": [0]}, "probe": {"layers": [1, 7]}},
+            "probe.layers[1]",
+            ["block 7 does not exist", "4 blocks (0-3)"],
+        ),
+        (
+            {"grid": {"seed": [0]}, "probe": {"batches": 1000}},
+            "probe.batches",
+            ["data.val_tokens >=", "lower probe.batches"],
+        ),
+        ({"grid": {"seed": [0]}, "probe": {"window": 1}}, "probe.window", [">= 2"]),
     ],
 )
 def test_bad_specs_name_the_yaml_path_and_what_is_allowed(kw, path, words):
@@ -241,3 +265,19 @@ def test_json_schema_describes_the_study():
     sch = json_schema()
     assert {"name", "base", "grid", "exclude", "baseline", "target"} <= set(sch["properties"])
     assert sch["additionalProperties"] is False
+
+
+def test_probes_are_off_by_default_reach_every_cell_and_leave_keys_alone():
+    grid = {"fp4_gemms": [[], ["wgrad"]], "seed": [0, 1]}
+    plain = study(grid=grid)
+    assert all(c.config.probe is None for c in plain.cells)
+    probed = study(grid=grid, probe={"every": 5, "gemms": ["wgrad", "dgrad"], "layers": [0, 3]})
+    assert [c.key for c in probed.cells] == [c.key for c in plain.cells]
+    for c in probed.cells:
+        assert c.config.probe is not None and c.config.probe.every == 5
+        assert c.config.probe.layers == [0, 3] and c.config.probe.gemms == ["wgrad", "dgrad"]
+        assert c.config.to_dict()["probe"]["every"] == 5  # what a Ray task carries
+    d = study(grid=grid, probe={}).cells[0].config.probe
+    assert d is not None and (d.every, d.batches, d.gemms, d.layers, d.repeats, d.window) == (
+        10, 1, ["wgrad"], "all", 2, 4
+    )  # fmt: skip
