@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from . import results, study
+from . import probe, results, study
 
 
 @click.group()
@@ -30,5 +30,6 @@ for command in (
     study.ui,
     results.report,
     results.tune,
+    probe.probe,
 ):
     main.add_command(command)

@@ -10,6 +10,7 @@
     convergence_late.*   the same from LATE_FRACTION of training on, linear axes, near the target
     token_cost.*         relative token cost with 95% intervals
     equal_loss.*         equal-loss token ratio over training
+    probe_*.*            with probe metrics: the gradient-fidelity section (``report.probes``)
 
 The inputs follow the contract in ``ablate.report.metrics``; the target is any object (or dict) with
 ``val_ppl``, ``val_loss``, ``from_baseline`` and ``tolerance``.
@@ -35,6 +36,7 @@ from .metrics import (
     report_notes,
     resolve_target,
 )
+from .probes import probe_blocks
 from .verdict import cost_and_speedup, verdict, verdict_lines
 
 LATE_FRACTION = 0.5
@@ -72,10 +74,13 @@ def build_report(
     title: str | None = None,
     notes: Sequence[str] = (),
     tuning: Sequence[Mapping[str, Any]] = (),
+    probes: Any = None,
+    probe_settings: Mapping[str, Any] | None = None,
 ) -> ReportResult:
     """Compute tokens to target per cell and configuration, draw the figures and write the report.
 
     ``notes`` are the caller's own lines (e.g. runs still in progress), shown under the target.
+    ``probes`` (the contract of ``report.probes``), when it has rows, adds the probe section.
     Raises ``ReportError`` when the inputs break the contract or the target cannot be resolved; a
     baseline that never reaches the target is not an error (its costs are NaN and the report says so).
     """
@@ -123,6 +128,13 @@ def build_report(
     if tuning:
         at = next(i for i, b in enumerate(blocks) if b == ("h2", "Runs"))
         blocks[at:at] = _tuning_blocks(tuning)
+    probe_section, probe_paths, _ = probe_blocks(
+        config_table, cell_table, probes, out, study=study, settings=dict(probe_settings or {})
+    )
+    if probe_section:
+        at = next(i for i, b in enumerate(blocks) if b == ("h2", "Runs"))
+        blocks[at:at] = probe_section
+        paths.update(probe_paths)
     report_md = out / "report.md"
     report_md.write_text(markup.to_markdown(blocks), encoding="utf-8")
     report_html = out / "report.html"

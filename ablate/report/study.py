@@ -71,6 +71,25 @@ def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
     return cells.drop(columns=["run_id"]), evals
 
 
+def probe_frame(study: Study, cells: pd.DataFrame) -> pd.DataFrame:
+    """The probe metrics the report shows (``report.probes``), from the cells' MLflow runs; empty
+    when none logged any."""
+    from ..tracking import read_metric_keys
+    from .probes import PROBE_COLUMNS, probe_keys
+
+    runs = study_status(study)
+    key_of = {cs.run.run_id: cs.cell.key for cs in runs if cs.run is not None}
+    names = read_metric_keys(study.tracking_uri, list(key_of), prefix="probe.")
+    rows: list[tuple[str, int, str, float]] = []
+    for rid, hist in read_histories(
+        study.tracking_uri,
+        [r for r in key_of if names.get(r)],
+        keys=probe_keys(sorted({m for ms in names.values() for m in ms})),
+    ).items():
+        rows.extend((key_of[rid], s, m, v) for m, pts in hist.items() for s, v in pts)
+    return pd.DataFrame(rows, columns=list(PROBE_COLUMNS))
+
+
 def report_study(
     study: Study, out_dir: str | Path | None = None, *, attach: bool = True
 ) -> ReportResult:
@@ -99,8 +118,18 @@ def report_study(
         from ..tune.storage import tune_summary
 
         tuning = tune_summary(study)
+    probes = probe_frame(study, cells)
     result = build_report(
-        cells, evals, target, study.spec.speedup, out, study=study.name, notes=notes, tuning=tuning
+        cells,
+        evals,
+        target,
+        study.spec.speedup,
+        out,
+        study=study.name,
+        notes=notes,
+        tuning=tuning,
+        probes=probes,
+        probe_settings=study.spec.probe.to_dict() if study.spec.probe is not None else None,
     )
     if attach:
         tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)

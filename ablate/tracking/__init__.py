@@ -13,7 +13,7 @@ Modules, by concept:
 
 from __future__ import annotations
 
-from .history import read_histories
+from .history import read_histories, read_metric_keys
 from .logger import MlflowLogger
 from .runs import CellRun, StudyTracker, read_cells, read_study_text
 from .status import CellStatus, baseline_curves, join_runs, study_status
@@ -33,6 +33,7 @@ __all__ = [
     "prepare_store",
     "read_cells",
     "read_histories",
+    "read_metric_keys",
     "read_study_text",
     "study_status",
 ]

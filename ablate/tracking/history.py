@@ -1,4 +1,5 @@
-"""Reading metric histories back: the validation curves the report and ``ablate tune`` need."""
+"""Reading metric histories back: the validation curves the report and ``ablate tune`` need, and
+which metrics a run has (the report's probe section)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,12 @@ def read_histories(
     finally:
         if db is not None:
             db.close()
+
+
+def read_metric_keys(uri: str, run_ids: Sequence[str], prefix: str = "") -> dict[str, list[str]]:
+    """run_id -> the names of the metrics it logged that start with ``prefix``, sorted."""
+    client = Client(uri, must_exist=True)
+    return {
+        rid: sorted(k for k in client.get_run(rid).data.metrics if k.startswith(prefix))
+        for rid in run_ids
+    }

@@ -200,19 +200,27 @@ def _mean(values: list[float]) -> float:
 
 
 def probe_checkpoints(
-    config: RunConfig, checkpoints: Sequence[str | Path], cfg: ProbeConfig | None = None
+    config: RunConfig,
+    checkpoints: Sequence[str | Path],
+    cfg: ProbeConfig | None = None,
+    *,
+    device: str | None = None,
 ) -> list[tuple[int, dict[str, float]]]:
     """The probes of ``cfg`` (default: ``config.probe`` or ``ProbeConfig()``) run post hoc on saved
     checkpoints of ``config``'s run, in step order (the error-structure history runs across them):
     ``[(step, metrics)]``. A checkpoint (a ``checkpoint.pt`` or the folder holding one) that another
-    configuration wrote is refused with a ValueError."""
+    configuration wrote is refused with a ValueError. ``device`` overrides where it runs (default:
+    ``config.device``); the run's numbers are those of its device kind."""
     from .checkpoint import CHECKPOINT
     from .data import load_data
     from .device import autocast, resolve_device
     from .model import build_model
 
     cfg = cfg or config.probe or ProbeConfig()
-    device = resolve_device(config.device)
+    problems = cfg.problems(config)
+    if problems:
+        raise ValueError("; ".join(problems))
+    dev = resolve_device(device or config.device)
     data = load_data(config.data)
     model = build_model(
         config.model,
@@ -220,7 +228,7 @@ def probe_checkpoints(
         recipe=config.recipe,
         backend=config.backend,
         seed=config.seed,
-        device=device,
+        device=dev,
     )
     want = config_hash(config)
     loaded = []
@@ -243,7 +251,7 @@ def probe_checkpoints(
         model,
         probe_batches(data.val, cfg, tc.seq_len, tc.batch_size),
         grad_accum=tc.grad_accum,
-        ctx=lambda: autocast(tc.precision, device),
+        ctx=lambda: autocast(tc.precision, dev),
     )
     out = []
     for step, _, state in loaded:
