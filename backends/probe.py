@@ -37,7 +37,9 @@ a block clips).
 Error structure over steps (``ErrorHistory``, on the same probe batch at consecutive probe steps):
 ``step_cos``, the cosine between this probe's error and the previous one's; ``sum_ratio``, over the
 last ``window`` probes, ``|sum_t e_t| / sum_t |e_t|`` (1 when the errors point the same way, about
-``1/sqrt(window)`` when they are independent).
+``1/sqrt(window)`` when they are independent); ``step_cos_perp``, the cosine of the errors' parts
+orthogonal to their exact outputs (a shrinkage along g, ``align < 1``, is shared by consecutive
+errors whatever the pattern of the rest).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ counter counts forwards and never gets there, so a redraw is never a stream trai
 
 GEMM_METRICS = ("cos", "align", "rel_err", "sqnr_db")
 REPEAT_METRICS = ("bias", "noise", "bias_ratio", "draw_cos")
-STEP_METRICS = ("step_cos", "sum_ratio")
+STEP_METRICS = ("step_cos", "step_cos_perp", "sum_ratio")
 OPERAND_METRICS = ("sat", "ftz", "util")
 
 
@@ -252,6 +254,8 @@ class GemmProbe:
     """``GEMM_METRICS``, ``REPEAT_METRICS`` and ``<operand>.<OPERAND_METRICS>``."""
     error: torch.Tensor
     """The error of draw 0 (what training computes), flattened float32: ``ErrorHistory``'s input."""
+    exact: torch.Tensor
+    """The exact output g, flattened float32."""
     alignments: list[float] = field(default_factory=list)
     """``align`` of each draw."""
 
@@ -324,7 +328,9 @@ def probe_gemm(
             stats = gemm_operand_stats(layer, calls, side)
             if stats is not None:
                 m.update({f"{op}.{k}": v for k, v in stats.metrics().items()})
-    return GemmProbe(metrics=m, error=e[0].clone() if draws > 1 else e[0], alignments=align)
+    return GemmProbe(
+        metrics=m, error=e[0].clone() if draws > 1 else e[0], exact=exact, alignments=align
+    )
 
 
 def gemm_operand_stats(
@@ -356,17 +362,30 @@ class ErrorHistory:
             raise ValueError(f"window: must be >= 2, got {window}")
         self.window = window
         self._errors: dict[str, deque[torch.Tensor]] = {}
+        self._perp: dict[str, torch.Tensor] = {}
 
-    def update(self, key: str, error: torch.Tensor) -> dict[str, float]:
+    def update(
+        self, key: str, error: torch.Tensor, exact: torch.Tensor | None = None
+    ) -> dict[str, float]:
         """Add this probe's error for ``key``; returns ``step_cos`` once there is a previous one
-        and ``sum_ratio`` once there are ``window``."""
+        and ``sum_ratio`` once there are ``window``. With the exact output ``exact`` also
+        ``step_cos_perp``: the cosine of the errors' parts orthogonal to their exact outputs (what
+        is left once the error along g, a shrinkage or growth of the output, is taken out)."""
         past = self._errors.setdefault(key, deque(maxlen=self.window))
         if past and past[-1].shape != error.shape:
             raise ValueError(f"{key}: error shape changed ({past[-1].shape} -> {error.shape})")
         out: dict[str, float] = {}
+        error = error.detach().float().flatten()
         if past:
             out["step_cos"] = _cos(error, past[-1])
-        past.append(error.detach().float().flatten())
+        if exact is not None:
+            g = exact.detach().float().flatten()
+            gg = _dot(g, g)
+            perp = error - (_dot(error, g) / gg) * g if gg else error
+            if key in self._perp:
+                out["step_cos_perp"] = _cos(perp, self._perp[key])
+            self._perp[key] = perp
+        past.append(error)
         if len(past) == self.window:
             total = float(torch.linalg.vector_norm(torch.stack(list(past)).sum(0)))
             norms = sum(float(torch.linalg.vector_norm(e)) for e in past)

@@ -8,11 +8,11 @@ metric is the mean over its seeds at each probe step.
     probe_metrics.*    per GEMM (columns), relative error and alignment over training (rows)
     probe_layers.*     layer x GEMM heatmap of the relative error at the last probe step
     probe_structure.*  the error-structure measures of the wgrad error per configuration, late in
-                       training: step_cos and sum_ratio, against their values for independent
-                       errors (0 and 1/sqrt(K))
+                       training: step_cos, step_cos_perp and sum_ratio, against their values for
+                       independent errors (0, 0 and 1/sqrt(K))
 
 The section's table lists, per configuration and GEMM, the final relative error, cosine and
-alignment and the late means of step_cos, sum_ratio and bias_ratio.
+alignment and the late means of step_cos, step_cos_perp, sum_ratio and bias_ratio.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ FIGURES = {
     "probe_layers": "Probes: relative error per transformer block and GEMM at the last probe step "
     "(mean over the block's linears and the seeds)",
     "probe_structure": "Probes: structure of the wgrad error over training steps, late in training: "
-    "cosine between consecutive probes' errors (0: independent, 1: the same pattern) and "
-    "|sum of K errors| / (K x mean error) (1/sqrt(K): independent, 1: structured)",
+    "cosine between consecutive probes' errors (0: independent, 1: the same pattern), the same for "
+    "their parts orthogonal to the exact output, and |sum of K errors| / (K x mean error) "
+    "(1/sqrt(K): independent, 1: structured)",
 }
 _LAYER = re.compile(r"^probe\.(\w+)\.(\w+)\.L(\d+)$")
 
@@ -48,7 +49,7 @@ _LAYER = re.compile(r"^probe\.(\w+)\.(\w+)\.L(\d+)$")
 def probe_keys(metrics: Sequence[str]) -> list[str]:
     """The probe metrics the report reads, of those a run has: per-GEMM means of the metrics it
     shows, the structure measures and the per-block relative error."""
-    wanted = {"rel_err", "cos", "align", "step_cos", "sum_ratio", "bias_ratio", "sqnr_db"}
+    wanted = {"rel_err", "cos", "align", "step_cos", "step_cos_perp", "sum_ratio", "bias_ratio"}
 
     def shown(m: str) -> bool:
         parts = m.split(".")
@@ -117,6 +118,7 @@ def probe_table(config_table: Any, agg: Any) -> pd.DataFrame:
                     "cos": _final(agg, c, f"probe.{g}.cos"),
                     "align": _final(agg, c, f"probe.{g}.align"),
                     "step_cos": _late_mean(agg, c, f"probe.{g}.step_cos")[0],
+                    "step_cos_perp": _late_mean(agg, c, f"probe.{g}.step_cos_perp")[0],
                     "sum_ratio": _late_mean(agg, c, f"probe.{g}.sum_ratio")[0],
                     "bias_ratio": _late_mean(agg, c, f"probe.{g}.bias_ratio")[0],
                 }
@@ -206,12 +208,13 @@ def plot_layers(config_table: Any, agg: Any, title: str = "") -> Figure:
 def plot_structure(config_table: Any, agg: Any, window: int | None, title: str = "") -> Figure:
     configs = [c for c in config_table["config"] if (agg["config"] == c).any()]
     st = plots.styles(config_table)
-    fig = Figure(figsize=(9, 4.8), layout="constrained")
-    axes = fig.subplots(1, 2)
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    axes = fig.subplots(1, 3)
     for ax, (m, label, ref, ref_label) in zip(
         axes,
         (
             ("step_cos", "cosine of consecutive wgrad errors", 0.0, "independent"),
+            ("step_cos_perp", "the same, parts orthogonal to g", 0.0, "independent"),
             (
                 "sum_ratio",
                 f"|sum of {window or 'K'} wgrad errors| / ({window or 'K'} x mean)",
@@ -246,6 +249,7 @@ def plot_structure(config_table: Any, agg: Any, window: int | None, title: str =
         ax.grid(True, axis="x", alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     axes[1].set_yticklabels([])
+    axes[2].set_yticklabels([])
     fig.suptitle(
         (title + ": " if title else "")
         + f"wgrad error structure (mean over probes from {LATE:.0%} of training; bars: seeds)",
@@ -294,12 +298,13 @@ def probe_blocks(
         )
     headers = [
         "configuration", "GEMM", "rel. error (final)", "cosine (final)", "alignment (final)",
-        "step cos (late)", "sum ratio (late)", "bias ratio (late)",
+        "step cos (late)", "step cos ⊥ g (late)", "sum ratio (late)", "bias ratio (late)",
     ]  # fmt: skip
     rows = [
         [
             r["config"], r["gemm"], markup.num(r["rel_err"]), markup.num(r["cos"], 5),
-            markup.num(r["align"], 5), markup.num(r["step_cos"], 3), markup.num(r["sum_ratio"], 3),
+            markup.num(r["align"], 5), markup.num(r["step_cos"], 3),
+            markup.num(r["step_cos_perp"], 3), markup.num(r["sum_ratio"], 3),
             markup.num(r["bias_ratio"], 3),
         ]
         for r in table.to_dict("records")
@@ -319,8 +324,11 @@ def probe_blocks(
                 "against the exact g on the same operands, **alignment** ⟨g_q, g⟩/⟨g, g⟩ (1: "
                 "unbiased in the direction of g); mean over the probed layers, at the last probe.",
                 "**step cos**: cosine between the error of one probe and the previous one's on the "
-                "same batch; **sum ratio**: |sum of the last K errors| / (K × their mean norm), "
-                "1/√K for independent errors and 1 for a fixed pattern; both averaged over the "
+                "same batch; **step cos ⊥ g**: the same for the errors' parts orthogonal to the "
+                "exact output (a shrinkage of the output, alignment < 1, is common to consecutive "
+                "errors whatever the rest does); **sum ratio**: |sum of the last K errors| / (K × "
+                "their mean norm), "
+                "1/√K for independent errors and 1 for a fixed pattern; all three averaged over the "
                 f"probes from {LATE:.0%} of training on. **bias ratio**: |mean error over redraws| "
                 "/ mean |error| (1 for a deterministic recipe, 1/√repeats for unbiased noise).",
                 "A recipe keeps its pattern when the step cos is high and the sum ratio near 1: "

@@ -150,7 +150,7 @@ class Prober:
                         continue
                     draws = draws_for(layer.recipe.gemm(gemm), self.cfg.repeats)
                     p = probe_gemm(layer, mine, draws)
-                    p.metrics.update(self.history.update(f"{name}.{gemm}", p.error))
+                    p.metrics.update(self.history.update(f"{name}.{gemm}", p.error, p.exact))
                     m.update({f"{gemm}.{k}": v for k, v in p.metrics.items()})
                 per_layer[name] = m
         out = aggregate(per_layer)

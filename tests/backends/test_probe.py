@@ -200,8 +200,12 @@ def test_random_hadamard_redrawn_per_call_decorrelates_the_error_a_deterministic
         cosines, ratios = [], []
         for call in range(8):
             p = probe_gemm(layer, [_call(layer, a, b, call)], draws=1)
-            s = hist.update("l.fprop", p.error)
+            s = hist.update("l.fprop", p.error, p.exact)
             cosines += [s["step_cos"]] if "step_cos" in s else []
+            if "step_cos_perp" in s:
+                assert lo < s["step_cos_perp"] < hi and (
+                    iv != "rht" or abs(s["step_cos_perp"]) < 0.1
+                )
             ratios += [s["sum_ratio"]] if "sum_ratio" in s else []
         assert all(lo < c < hi for c in cosines), (iv, cosines)
         if iv == "rht":  # independent-ish errors: |sum of 4| ~ sqrt(4) x one
@@ -276,6 +280,25 @@ def test_error_history_of_independent_errors_shrinks_as_one_over_sqrt_k():
         ErrorHistory(window=1)
     with pytest.raises(ValueError, match="shape changed"):
         hist.update("k", torch.randn(10))
+
+
+def test_a_shared_shrinkage_is_told_apart_from_a_kept_pattern():
+    """Errors e_t = -0.3 g + independent noise: consecutive errors share the shrinkage along g
+    (step_cos = 0.09 / (0.09 + 1) here), their parts orthogonal to g share nothing."""
+    gen = torch.Generator().manual_seed(0)
+    n = 200_000
+    g = torch.randn(n, generator=gen)
+    hist = ErrorHistory(window=2)
+    for _ in range(4):
+        noise = torch.randn(n, generator=gen)
+        s = hist.update("k", -0.3 * g + noise, exact=g)
+    assert s["step_cos"] == pytest.approx(0.09 / 1.09, abs=0.01)
+    assert abs(s["step_cos_perp"]) < 0.01
+    hist = ErrorHistory(window=2)
+    pattern = torch.randn(n, generator=gen)
+    for _ in range(3):
+        s = hist.update("k", pattern - 0.3 * g, exact=g)
+    assert s["step_cos_perp"] == pytest.approx(1.0, abs=1e-6)
 
 
 def test_one_draw_of_a_random_gemm_reports_no_spread(ab):

@@ -101,6 +101,7 @@ def test_probe_metrics_are_named_per_gemm_metric_and_block():
         assert f"probe.wgrad.{op}.ftz" in m0 and f"probe.wgrad.{op}.ftz.L1" in m0
     # error structure: a previous probe is needed for step_cos, `window` of them for sum_ratio
     assert "probe.wgrad.step_cos" not in m0 and "probe.wgrad.step_cos" in m1
+    assert "probe.wgrad.step_cos_perp" in m1 and "probe.fprop.step_cos_perp.L0" in m1
     assert "probe.wgrad.sum_ratio" not in m1 and "probe.wgrad.sum_ratio" in m2
     assert abs(m1["probe.wgrad.step_cos"]) < 0.5  # SR + random Hadamard: redrawn every step
     assert m0["probe.seconds"] > 0 and "probe.cost" not in m0 and m1["probe.cost"] > 0
