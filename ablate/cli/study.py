@@ -368,21 +368,48 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
 @click.command()
 @click.argument("study_file", metavar="STUDY.yaml", required=False, type=click.Path(dir_okay=False))
 @output_opt
-@click.option("--tracking-uri", default=None, help="Browse this store instead of a study's.")
+@click.option(
+    "--tracking-uri",
+    default=None,
+    help="Browse this store instead of a study's; an http(s) server is not started, only linked.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--port", default=5000, show_default=True, type=int)
+@click.option("--port", default=5000, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Server worker processes (each holds ~300 MB; one serves a person browsing).",
+)
+@click.option(
+    "--timeout", default=120.0, show_default=True, help="Seconds to wait for the UI to answer."
+)
+@click.option("--study", "study_name", default=None, help="With --tracking-uri: the study to open.")
 def ui(
-    study_file: str | None, output: str | None, tracking_uri: str | None, host: str, port: int
+    study_file: str | None,
+    output: str | None,
+    tracking_uri: str | None,
+    host: str,
+    port: int,
+    workers: int,
+    timeout: float,
+    study_name: str | None,
 ) -> None:
-    """Open the MLflow UI on a study's store (bound to 127.0.0.1 unless --host says otherwise).
+    """Open the MLflow UI on a study's store, at the study's runs table.
+
+    Starts `mlflow server` on the study's SQLite store (bound to 127.0.0.1 unless --host says
+    otherwise, one worker, no job runner), waits until it answers and prints the URL of the study's
+    runs. With --tracking-uri http(s)://... the server is already running: the URL is printed.
 
     \b
     Example:
-        ablate ui studies/quickstart.yaml      # then browse http://127.0.0.1:5000
+        ablate ui studies/quickstart.yaml      # then open the printed URL
+        ablate ui --tracking-uri http://mlflow-host:5000 --study mxfp4_wgrad
     """
-    import os
-    import shutil
+    from ..tracking.ui import serve, study_url
 
+    study = None
     if tracking_uri is None:
         if study_file is None:
             raise click.UsageError("give a STUDY.yaml or --tracking-uri")
@@ -393,7 +420,24 @@ def ui(
             raise click.ClickException(
                 f"{db}: no MLflow store yet; run `ablate run {study_file}` first"
             )
-    exe = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
-    cmd = [exe, "ui", "--backend-store-uri", tracking_uri, "--host", host, "--port", str(port)]
-    click.echo(f"MLflow UI on http://{host}:{port} (Ctrl-C to stop)", err=True)
-    os.execv(exe, cmd)
+    elif study_file is not None:
+        study = load(study_file, output)
+    name = (study.experiment or study.name) if study is not None else study_name
+    axes = study.axes if study is not None else []
+    try:
+        if tracking_uri.startswith(("http://", "https://")):
+            click.echo(study_url(tracking_uri, tracking_uri, name, axes=axes))
+            return
+        status = serve(
+            tracking_uri,
+            host=host,
+            port=port,
+            workers=workers,
+            timeout=timeout,
+            experiment=name,
+            axes=axes,
+            echo=lambda m: click.echo(m, err=True),
+        )
+    except AblateError as e:
+        raise click.ClickException(str(e)) from None
+    sys.exit(status)

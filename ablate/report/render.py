@@ -17,6 +17,7 @@ The inputs follow the contract in ``ablate.report.metrics``; the target is any o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from .metrics import (
     report_notes,
     resolve_target,
 )
+from .run_metrics import run_summaries
 from .verdict import cost_and_speedup, verdict, verdict_lines
 
 LATE_FRACTION = 0.5
@@ -57,6 +59,7 @@ class ReportResult:
     figures: dict[str, dict[str, Path]]  # name -> {"png": path, "svg": path}
     config_table: Any  # DataFrame, one row per configuration (metrics.per_config)
     cell_table: Any  # DataFrame, one row per cell (metrics.per_cell)
+    run_summaries: dict[str, dict[str, float]]  # key -> its run's summary metrics (run_metrics)
     target_ppl: float
     notes: list[str] = field(default_factory=list)
 
@@ -135,6 +138,7 @@ def build_report(
         figures=paths,
         config_table=config_table,
         cell_table=cell_table,
+        run_summaries=run_summaries(cell_table, ev, target_ppl),
         target_ppl=target_ppl,
         notes=all_notes,
     )
@@ -154,7 +158,7 @@ def _summary_rows(config_table: Any) -> tuple[list[str], list[list[str]]]:
         "notes",
     ]
     rows = []
-    for r in config_table.to_dict("records"):
+    for r in sorted(config_table.to_dict("records"), key=_by_speedup):
         name = f"**{r['config']}** (baseline)" if r["baseline"] else r["config"]
         v, why = verdict(r)
         cost, speed = cost_and_speedup(r)
@@ -194,6 +198,15 @@ def _summary_rows(config_table: Any) -> tuple[list[str], list[list[str]]]:
 
 
 _KIND_MARK = {"censored": " (censored)", "bound": ""}
+
+
+def _by_speedup(r: Mapping[str, Any]) -> tuple[int, float]:
+    """Summary order: the baseline, then configurations by projected speedup, fastest first;
+    those without a point estimate (a bounded cost, no model) last, in the table's own order."""
+    if r["baseline"]:
+        return (0, 0.0)
+    point = r["projected_speedup"]
+    return (1, -point) if math.isfinite(point) else (2, 0.0)
 
 
 def _cell_rows(cell_table: Any, config_table: Any) -> tuple[list[str], list[list[str]]]:

@@ -252,8 +252,11 @@ def legacy_config_hash(cfg: RunConfig) -> str:
 
 def run_params(cfg: RunConfig) -> dict[str, Any]:
     """The flattened config a run records as params (``KEY_EXCLUDED`` left out: they may change
-    between a run's attempts)."""
-    return {k: v for k, v in flatten(cfg.to_dict()).items() if k not in KEY_EXCLUDED}
+    between a run's attempts; unset fields (None, e.g. a preset's dimensions) left out: the
+    resolved model is in ``model.n_params`` and ``config.json``)."""
+    return {
+        k: v for k, v in flatten(cfg.to_dict()).items() if k not in KEY_EXCLUDED and v is not None
+    }
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -261,6 +261,25 @@ def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, ray_cluster):
     assert res.outcomes[cell.key].final_val_loss == ref_res.outcomes[cell.key].final_val_loss
 
 
+def test_a_ctrl_c_that_something_swallows_still_interrupts_the_study(tmp_path):
+    # under load, a KeyboardInterrupt raised inside a cell was once lost (CI: all cells finished,
+    # exit 0); the driver notes every SIGINT itself and stops at the next cell boundary
+    study = tiny_study(tmp_path, steps=2, seed=[0, 1, 2])
+
+    def swallow(cell, outcome):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the KeyboardInterrupt arrives here and is swallowed
+        except KeyboardInterrupt:
+            pass
+
+    res = run_study(study, executor="local", progress=False, on_outcome=swallow)
+    assert res.interrupted and len(res.outcomes) == 1
+    assert [p.action for p in plan(study)].count("skip") == 1
+    # the handler is Python's again afterwards
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 @pytest.mark.slow
 def test_interrupting_the_driver_keeps_finished_cells(tmp_path):
     study_file = tmp_path / "s.yaml"

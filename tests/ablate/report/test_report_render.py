@@ -145,6 +145,39 @@ def test_fp4_gemm_sets_get_distinct_colours_and_interventions_distinct_line_styl
     assert len(looks) == len(table)  # dht16 and dht64 share style but not shade and marker
 
 
+def test_html_turns_every_inline_markdown_span_into_markup_and_escapes_the_rest():
+    from ablate.report.markup import _inline
+
+    assert _inline("*not reached*, *partial*") == "<em>not reached</em>, <em>partial</em>"
+    assert _inline("**fp8** (baseline)") == "<strong>fp8</strong> (baseline)"
+    assert _inline("`a*b*c` and `x<y`") == "<code>a*b*c</code> and <code>x&lt;y</code>"
+    assert _inline("2 * 3 * 4 < 5 & 6") == "2 * 3 * 4 &lt; 5 &amp; 6"  # no emphasis, escaped
+    assert _inline("([SVG](token_cost.svg))") == '(<a href="token_cost.svg">SVG</a>)'
+
+
+def test_html_has_no_literal_markdown_left_and_its_tables_scroll_in_a_box(report):
+    html = report[0].report_html.read_text()
+    body = html[html.index("<body>") :]
+    text = re.sub(r"<[^>]+>", "", body)
+    assert not re.search(r"\*\S[^*]*\S\*|`", text), "literal Markdown left in the HTML"
+    assert "<em>" in body
+    assert body.count('<div class="table-wrap">') == body.count("<table>") > 0
+
+
+def test_summary_table_is_sorted_by_projected_speedup_after_the_baseline(report):
+    result, _ = report
+    md = result.report_md.read_text()
+    summary = md[md.index("## Summary") : md.index("## Figures")]
+    rows = [line for line in summary.splitlines() if line.startswith("| ")][2:]
+    assert "(baseline)" in rows[0]
+    by_name = result.config_table.set_index("config")["projected_speedup"]
+    order = [r.split(" | ")[0].lstrip("| ") for r in rows[1:]]
+    speedups = [by_name[c] for c in order]
+    finite = [x for x in speedups if math.isfinite(x)]
+    assert finite == sorted(finite, reverse=True) and len(finite) >= 2
+    assert speedups[: len(finite)] == finite  # the ones without a point come last
+
+
 def test_markdown_table_and_token_formatting():
     assert tokens(1.55e9) == "1.55B" and tokens(4.2e7) == "42.0M" and tokens(math.nan) == "–"
     md = markdown_table(["config", "cost"], [["a|b", "+8.5%"]])
