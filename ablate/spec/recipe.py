@@ -300,20 +300,28 @@ def select(r: Recipe, *, keep_first: int, keep_last: int, layers: LayersSpec | N
 def recipe_axes(r: Recipe, base_format: str) -> dict[str, str]:
     """The recipe in the report's terms (``fp4_gemms``, ``intervention``, ``fp4_format``,
     ``base_format``), derived from the resolved GEMMs: the FP4 GEMMs, the format of their first FP4
-    operand, and as intervention ``sr`` if any of their operands rounds stochastically plus the
-    Hadamard transform of the first FP4 GEMM that has one (the report's speedup model charges it to
-    every FP4 GEMM)."""
+    operand, and their intervention: ``sr`` where an operand rounds stochastically, plus the
+    Hadamard transform's short form; one label when every FP4 GEMM has the same (``sr+rht64``),
+    else one per FP4 GEMM (``fprop:none,dgrad:sr,wgrad:sr+fht16``), which the report's speedup
+    model charges GEMM by GEMM."""
     fp4 = [g for g in GEMMS if r.gemm(g).is_fp4]
     fmt = next(
         (s.format for g in fp4 for s in (r.gemm(g).a, r.gemm(g).b) if s and s.fmt.is_fp4),
         "mxfp4",
     )
-    sr = any(s is not None and s.rounding == "sr" for g in fp4 for s in (r.gemm(g).a, r.gemm(g).b))
-    had = next((h for g in fp4 if (h := r.gemm(g).hadamard) is not None), None)
-    parts = (["sr"] if sr else []) + ([had.short()] if had else [])
+    labels = {}
+    for g in fp4:
+        gr = r.gemm(g)
+        sr = any(s is not None and s.rounding == "sr" for s in (gr.a, gr.b))
+        parts = (["sr"] if sr else []) + ([gr.hadamard.short()] if gr.hadamard else [])
+        labels[g] = "+".join(parts) or "none"
+    if len(set(labels.values())) <= 1:
+        intervention = next(iter(labels.values()), "none")
+    else:
+        intervention = ",".join(f"{g}:{v}" for g, v in labels.items())
     return {
         "fp4_gemms": "+".join(fp4),
-        "intervention": "+".join(parts) or "none",
+        "intervention": intervention,
         "fp4_format": fmt,
         "base_format": base_format,
     }

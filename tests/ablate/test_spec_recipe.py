@@ -50,12 +50,14 @@ def test_named_recipes_as_an_axis_next_to_shorthand_baselines():
     # the report's terms, derived from the resolved GEMMs
     assert dict(by["nvidia_nvfp4"].recipe_axes) == {
         "fp4_gemms": "fprop+dgrad+wgrad",
-        "intervention": "sr+fht16",
+        "intervention": "fprop:none,dgrad:sr,wgrad:sr+fht16",
         "fp4_format": "nvfp4",
         "base_format": "bf16",
     }
     assert by["tseng_mxfp4/bf16"].recipe_axes["fp4_gemms"] == "dgrad+wgrad"
     assert by["tseng_mxfp4/bf16"].recipe_axes["intervention"] == "sr+rht64"
+    assert by["amd_mxfp4_h16"].recipe_axes["intervention"] == "dht16"
+    assert by["quartet"].recipe_axes["intervention"] == "fprop:dht32,dgrad:sr+rht32,wgrad:sr+rht32"
     assert [c.label for c in s.baseline_cells] == ["fp8/seed0", "fp8/seed1"]
 
 
