@@ -383,7 +383,7 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         else:
             click.echo(f"{study.name}: nothing recorded yet ({e})")
         return
-    from ..runner import driver_running
+    from ..runner import driver_running, stale
 
     tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
     latest = tracker.latest_metrics([cs.run.run_id for cs in statuses if cs.run])
@@ -405,6 +405,7 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
                 "val_ppl": m.get("val_ppl", (None, None))[1],
                 "tokens_per_s": m.get("tokens_per_s", (None, None))[1],
                 "run_id": r.run_id if r else None,
+                "stale": stale(r) if r and cs.status in ("finished", "diverged") else "",
             }
         )
     if as_json:
@@ -415,11 +416,19 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         step = f"{row['step'] or 0}/{row['steps']}"
         ppl = f"{row['val_ppl']:.3f}" if row["val_ppl"] is not None else "-"
         tps = f"{row['tokens_per_s']:,.0f}" if row["tokens_per_s"] is not None else "-"
+        mark = "  stale" if row["stale"] else ""
         click.echo(
-            f"{row['label']:{width}s}  {row['status']:11s} step {step:>11s}  val ppl {ppl:>8s}  tok/s {tps}"
+            f"{row['label']:{width}s}  {row['status']:11s} step {step:>11s}  val ppl {ppl:>8s}  "
+            f"tok/s {tps}{mark}"
         )
     counts = count([row["status"] for row in rows])
     click.echo(", ".join(f"{n} {s}" for s, n in counts.items()))
+    n_stale = sum(bool(row["stale"]) for row in rows)
+    if n_stale:
+        click.echo(
+            f"{n_stale} result(s) are stale: other training code produced them (env.code_hash); "
+            "`ablate run --rerun-stale` trains them again in new runs"
+        )
     if counts.get("abandoned"):
         click.echo(
             f"{counts['abandoned']} cell(s) were running when their driver stopped (no `ablate "

@@ -9,6 +9,8 @@ Input contract (the tracking layer builds these from MLflow):
     fp4_gemms str ("", "fprop", "fprop+dgrad", ...), intervention str (none, sr, rht16, dht16, sr+rht64,
     ...), fp4_format str (mxfp4 | nvfp4), base_format str (bf16 | fp8 | mxfp8), backend str
     (emulated | native), tokens_per_step int, tokens_per_s float (measured throughput, NaN if unknown).
+    Optional: the provenance columns of ``ablate.report.provenance.PROVENANCE`` (str; "" or missing
+    reads as unknown).
 
 ``evals``, one row per (cell, evaluation):
     key, step int, tokens float, val_loss float. Duplicate (key, step) rows keep the last one (a resumed

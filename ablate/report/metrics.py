@@ -13,6 +13,7 @@ in the success rate. The equal-loss token ratio is in ``equal_loss``, the speedu
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -127,8 +128,8 @@ def describe_target(target: TargetLike | Mapping[str, Any]) -> str:
     if from_baseline == "slowest":
         frac = DEFAULT_AT if at is None else at
         return (
-            f"from_baseline: slowest, at: {frac:g} (the highest perplexity every baseline seed "
-            f"reaches by {frac:.0%} of its budget{tol})"
+            f"from_baseline: slowest, at: {frac:g} (the lowest perplexity that every baseline "
+            f"seed reaches within {frac:.0%} of its budget{tol})"
         )
     return f"from_baseline: {from_baseline} (baseline mean {from_baseline} perplexity{tol})"
 
@@ -279,7 +280,7 @@ def per_config(
         )
         gain, source, gain_note = _gain(sub, base, spec)
         finished = sub[(sub["status"] == "finished") & (sub["outcome"] != "diverged")]
-        notes = _notes(sub, counts, is_base, seeds, cost, bool(base_seeds.reached))
+        notes = _notes(sub, counts, is_base, seeds, cost, base_seeds)
         if gain_note:
             notes.append(gain_note)
         backends = sorted(set(sub["backend"]))
@@ -362,9 +363,10 @@ def _notes(
     is_base: bool,
     seeds: Seeds,
     cost: Estimate,
-    base_reached: bool,
+    base_seeds: Seeds,
 ) -> list[str]:
     notes = []
+    base_reached = bool(base_seeds.reached)
     reached = counts["reached"]
     if not seeds.reached:
         who = "the baseline" if is_base else "no seed"
@@ -375,8 +377,13 @@ def _notes(
         best = sub["best_ppl"].min()
         notes.append(f"{who} {verb}" + (f" (best ppl {best:.4g})" if pd.notna(best) else ""))
         if cost.kind == "bound":
+            # what was observed: every seed still above the target after this many tokens
+            ended = math.exp(statistics.fmean(math.log(t) for t in seeds.censored))
+            ratio = ended / tokens_estimate(base_seeds).value
             notes.append(
-                f"cost only bounded: at least {cost.lo:+.1%} (censored at the last evaluation)"
+                f"cost only bounded: every seed was still above the target after {ratio:.2f}x "
+                f"the baseline's median tokens to it; the 95% lower bound on the cost, with the "
+                f"baseline's seed noise, is {cost.lo:+.1%}"
             )
     elif reached < len(sub):
         notes.append(

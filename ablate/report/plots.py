@@ -318,8 +318,8 @@ def plot_token_cost(config_table: Any, title: str = "") -> Figure:
     ax.set_ylim(-0.6, len(rows) - 0.4)  # rows without a bar (text only) do not autoscale
     ax.set_xlim(x_lo - 0.05 * width, x_hi + 0.15 * width)
     ax.set_xlabel(
-        "relative token cost to target vs baseline (%), 95% interval over seeds "
-        "(censored estimate; arrow: lower bound only)"
+        "relative token cost to target vs baseline (%), 95% interval over seeds\n"
+        "(censored estimate; a lone arrow: a lower bound only)"
     )
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_title(

@@ -1,9 +1,11 @@
 """``build_report``: from a study's cells and evaluations to ``report.md``, ``report.html``,
 ``summary.csv`` and the figures (PNG and SVG) in one output folder.
 
-    report.md            verdict, target, notes, summary table, figures linked, per-run table, method
+    report.md            verdict, target, notes, summary table, figures linked, per-run table,
+                         provenance (which code, commit, device, precision, torch), method
     report.html          the same, self-contained (inline CSS, figures as base64 PNG)
-    summary.csv          one row per configuration (``metrics.per_config`` columns + target_ppl)
+    summary.csv          one row per configuration (``metrics.per_config`` columns + target_ppl +
+                         ``provenance.PER_CONFIG``)
     convergence.*        validation perplexity against tokens, every configuration
     convergence_late.*   the same from LATE_FRACTION of training on, linear axes, near the target
     token_cost.*         relative token cost with 95% intervals
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..spec.speedup import SpeedupSpec
-from . import markup, plots
+from . import markup, plots, provenance
 from .markup import Block
 from .metrics import (
     check_inputs,
@@ -87,7 +89,7 @@ def build_report(
     target_ppl = resolve_target(target, ev, cells)
     cell_table = per_cell(cells, ev, target_ppl)
     config_table = per_config(cell_table, spec, ev)
-    all_notes = [*notes, *report_notes(config_table, target_ppl)]
+    all_notes = [*notes, *report_notes(config_table, target_ppl), *provenance.notes(cells)]
 
     data = plots.curves(cell_table, ev)
     figures = {
@@ -105,10 +107,19 @@ def build_report(
     paths = {name: plots.save(fig, out, name) for name, fig in figures.items()}
 
     summary_csv = out / "summary.csv"
-    config_table.assign(target_ppl=target_ppl).to_csv(summary_csv, index=False)
+    summary = config_table.assign(target_ppl=target_ppl)
+    summary.merge(provenance.per_config(cells), on="config", how="left").to_csv(
+        summary_csv, index=False
+    )
     blocks = _blocks(
         title, study, target, target_ppl, all_notes, config_table, cell_table, spec, paths
     )
+    at = next(i for i, b in enumerate(blocks) if b == ("h2", "Method"))
+    blocks[at:at] = [
+        ("h2", "Provenance"),
+        ("p", "What produced the runs (their `env.*` tags in MLflow), one row per combination:"),
+        ("table", provenance.table(cells)),
+    ]
     if tuning:
         at = next(i for i, b in enumerate(blocks) if b == ("h2", "Runs"))
         blocks[at:at] = _tuning_blocks(tuning)
@@ -173,7 +184,10 @@ def _summary_rows(config_table: Any) -> tuple[list[str], list[list[str]]]:
                 markup.plus_minus(r["final_ppl_mean"], r["final_ppl_std"]),
                 f"{markup.times(r['throughput_gain'])} ({r['speedup_source']})",
                 speed,
-                "; ".join(x for x in (why, r["note"]) if x),
+                # a bounded cost's note already says why it is undetermined
+                "; ".join(
+                    x for x in (why if r["rel_token_cost_kind"] != "bound" else "", r["note"]) if x
+                ),
             ]
         )
     return headers, rows

@@ -15,6 +15,8 @@ import pandas as pd
 
 from ..errors import ReportError, TrackingError
 from ..tracking import StudyTracker, read_histories, study_status
+from ..tracking.vocab import env_of
+from .provenance import PROVENANCE
 from .render import ReportResult, build_report
 
 if TYPE_CHECKING:
@@ -24,7 +26,8 @@ _STATUSES = {"finished", "diverged", "failed", "running", "interrupted", "pendin
 
 
 def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(cells, evals) in the report's input contract (``ablate.report.inputs``)."""
+    """(cells, evals) in the report's input contract (``ablate.report.inputs``), the cells with
+    each run's provenance (``ablate.report.provenance.PROVENANCE``, "" where none was recorded)."""
     try:
         statuses = study_status(study)
     except TrackingError as e:
@@ -50,6 +53,7 @@ def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "tokens_per_step": c.config.train.tokens_per_step,
                 "tokens_per_s": run.tokens_per_s if run else math.nan,
                 "run_id": run.run_id if run else None,
+                **{k: env_of(run.tags).get(k, "") if run else "" for k in PROVENANCE},
             }
         )
     cells = pd.DataFrame(rows)

@@ -44,9 +44,7 @@ def verdict(r: Mapping[str, Any]) -> tuple[str, str]:
     if kind == "bound":
         if math.isfinite(hi) and hi < 1:
             return "worse", f"cost at least {markup.pct(r['rel_token_cost_lo'])}"
-        return "undetermined", (
-            f"no seed reached the target; cost at least {markup.pct(r['rel_token_cost_lo'])}"
-        )
+        return "undetermined", "no seed reached the target: its cost is only bounded"
     if r["n_diverged"]:
         return "undetermined", f"{r['n_diverged']}/{r['seeds_total']} seeds diverged"
     if not (math.isfinite(lo) and math.isfinite(hi)):
@@ -63,7 +61,7 @@ def cost_and_speedup(r: Mapping[str, Any]) -> tuple[str, str]:
     that is only bounded reads ``at least +X%`` and its speedup ``at most Y×``."""
     if r["rel_token_cost_kind"] == "bound":
         return (
-            f"at least {markup.pct(r['rel_token_cost_lo'])}",
+            f"at least {markup.pct(r['rel_token_cost_lo'])} (95% lower bound)",
             f"at most {markup.times(r['projected_speedup_hi'])}",
         )
     cost = markup.interval(

@@ -149,6 +149,17 @@ def test_run_local_then_status_and_plan_say_skip(tmp_path, monkeypatch):
     )
     assert res.exit_code == 0, res.output
     assert (tmp_path / "r" / "report.html").exists() and "target: val ppl" in res.output
+    # the report says what produced its numbers: this code, on this machine's CPU, in fp32
+    import pandas as pd
+
+    from ablate.train.provenance import code_hash, device_name
+
+    summary = pd.read_csv(tmp_path / "r" / "summary.csv")
+    assert set(summary["code_hash"]) == {code_hash()}
+    assert set(summary["precision"]) == {"fp32"}
+    assert set(summary["device_name"]) == {device_name("cpu")}
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "## Provenance" in md and code_hash() in md and "recorded no provenance" not in md
 
 
 def test_every_command_has_help_with_an_example():

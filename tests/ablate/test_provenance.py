@@ -114,7 +114,7 @@ def test_the_key_counts_device_kind_and_precision_from_the_study_not_the_machine
     assert not {c.key for c in cpu.cells} & {c.key for c in gpu.cells}
 
 
-def test_a_result_from_other_training_code_is_marked_stale_and_rerun_on_request(tmp_path):
+def test_a_result_from_other_training_code_is_marked_stale_and_rerun_on_request(tmp_path, capsys):
     study = tiny_study(tmp_path, steps=3, fp4_gemms=[[]], seed=[0])
     run_study(study, executor="local", progress=False)
     client, runs = _runs(study)
@@ -122,6 +122,11 @@ def test_a_result_from_other_training_code_is_marked_stale_and_rerun_on_request(
     client.set_tag(old.info.run_id, "env.code_hash", "0000000000000000")
     (p,) = plan(study)
     assert p.action == "skip" and "stale" in p.why and "--rerun-stale" in p.why
+    from ablate.cli.study import _print_cells  # what `ablate status` prints
+
+    _print_cells(study, as_json=False)
+    out = capsys.readouterr().out
+    assert "finished" in out and "stale" in out and "1 result(s) are stale" in out
     (p,) = plan(study, rerun_stale=True)
     assert p.action == "rerun" and p.fresh
     run_study(study, executor="local", progress=False, rerun_stale=True)
@@ -131,6 +136,8 @@ def test_a_result_from_other_training_code_is_marked_stale_and_rerun_on_request(
     assert client.get_run(old.info.run_id).data.tags["ablate.status"] == "finished"  # kept
     assert list(study.output_dir.glob("cells/*.stale-*"))  # the old checkpoint kept aside
     assert [p.action for p in plan(study)] == ["skip"]
+    _print_cells(study, as_json=False)
+    assert "stale" not in capsys.readouterr().out
 
 
 def test_a_study_recorded_under_the_old_keys_is_adopted_not_rerun(tmp_path):

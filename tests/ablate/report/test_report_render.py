@@ -172,3 +172,37 @@ def test_tuning_section_lists_best_value_and_parameters_per_search(tmp_path):
     assert "train.lr=0.00312, train.warmup_steps=8" in md
     assert "train.lr 80%" in md and "5 / 1 / 0" in md and "1.235" in md
     assert "Tuning" in res.report_html.read_text()
+
+
+def test_provenance_is_reported_per_configuration_and_mixed_code_is_called_out(tmp_path):
+    cells, evals, target = synthetic_study(2, 2, 20)
+    # synthetic frames carry no provenance: the report says so instead of failing
+    bare = build_report(cells, evals, {"val_ppl": target}, SpeedupSpec(), tmp_path / "a", study="d")
+    assert any("4 of 4 runs recorded no provenance" in n for n in bare.notes)
+    assert set(pd.read_csv(bare.summary_csv)["code_hash"]) == {"unknown"}
+    # one run produced by other training code, on the same device and precision
+    cells = cells.assign(
+        code_hash=["aaaa", "aaaa", "aaaa", "bbbb"],
+        git_commit="0123456789abcdef",
+        git_dirty=["false", "false", "false", "true"],
+        device_name="cpu: test",
+        precision="fp32",
+        torch="2.13.0",
+        ablate_version="0.1.0",
+    )
+    result = build_report(
+        cells, evals, {"val_ppl": target}, SpeedupSpec(), tmp_path / "b", study="d"
+    )
+    (mixed,) = [n for n in result.notes if "versions of the training code" in n]
+    assert "2 versions" in mixed and "aaaa, bbbb" in mixed and "--rerun-stale" in mixed
+    assert not any(
+        "devices" in n or "precisions" in n or "no provenance" in n for n in result.notes
+    )
+    summary = pd.read_csv(result.summary_csv).set_index("config")
+    last = cells["config"].iloc[-1]
+    assert summary.loc[last, "code_hash"] == "aaaa; bbbb"
+    assert summary.loc[cells["config"].iloc[0], "code_hash"] == "aaaa"
+    md = result.report_md.read_text()
+    section = md.split("## Provenance")[1].split("## Method")[0]
+    assert "| 3 | aaaa | 0123456789ab |" in section
+    assert "| 1 | bbbb | 0123456789ab (dirty) |" in section

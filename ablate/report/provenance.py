@@ -1,0 +1,103 @@
+"""What produced the report's numbers: each run's ``env.*`` provenance (``ablate.train.provenance``,
+read from MLflow by ``ablate.report.study``) gathered per configuration and for the whole study.
+
+The provenance columns are optional in the report's ``cells`` input (``PROVENANCE``): a report built
+from frames without them (synthetic studies, runs recorded before provenance existed) says that the
+provenance is unknown rather than failing. pandas only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PROVENANCE = (
+    "code_hash",
+    "git_commit",
+    "git_dirty",
+    "device_name",
+    "precision",
+    "torch",
+    "ablate_version",
+)
+"""The ``env.*`` fields a report carries per run (the names of ``ablate.train.provenance``)."""
+PER_CONFIG = ("code_hash", "git_commit", "device_name", "precision", "torch")
+"""The fields summary.csv carries per configuration (distinct values over its runs, "; "-joined)."""
+UNKNOWN = "unknown"
+
+
+def _columns(cells: Any) -> Any:
+    """``cells`` restricted to runs that exist, with every provenance column present (unknown
+    where missing or empty)."""
+    ran = cells[cells["status"] != "pending"].copy()
+    for col in PROVENANCE:
+        if col not in ran.columns:
+            ran[col] = UNKNOWN
+        ran[col] = ran[col].fillna("").astype(str).replace("", UNKNOWN)
+    return ran
+
+
+def _distinct(values: Any) -> str:
+    return "; ".join(sorted(set(values)))
+
+
+def per_config(cells: Any) -> Any:
+    """One row per configuration: ``config`` and the distinct values of each ``PER_CONFIG`` field
+    over its runs ("; "-joined; ``unknown`` for runs that recorded none)."""
+    import pandas as pd
+
+    ran = _columns(cells)
+    rows = [
+        {"config": cfg, **{col: _distinct(sub[col]) for col in PER_CONFIG}}
+        for cfg, sub in ran.groupby("config", sort=False)
+    ]
+    return pd.DataFrame(rows, columns=["config", *PER_CONFIG])
+
+
+def table(cells: Any) -> tuple[list[str], list[list[str]]]:
+    """The report's Provenance table: one row per distinct (code, commit, device, precision, torch,
+    ablate) combination, with how many runs and which configurations it produced."""
+    ran = _columns(cells)
+    headers = [
+        "runs",
+        "code hash",
+        "git commit",
+        "device",
+        "precision",
+        "torch",
+        "ablate",
+        "configs",
+    ]
+    rows = []
+    keys = ["code_hash", "git_commit", "git_dirty", "device_name", "precision", "torch"]
+    for values, sub in ran.groupby([*keys, "ablate_version"], sort=True):
+        code, commit, dirty, device, precision, torch, version = values
+        commit_text = commit[:12] + (" (dirty)" if dirty == "true" else "")
+        configs = ", ".join(f"`{c}`" for c in dict.fromkeys(sub["config"]))
+        rows.append([str(len(sub)), code, commit_text, device, precision, torch, version, configs])
+    return headers, rows
+
+
+def notes(cells: Any) -> list[str]:
+    """Warnings for the top of the report: results produced by different training code, on
+    different devices or precisions, or by runs that recorded no provenance."""
+    ran = _columns(cells)
+    out = []
+    known = ran[ran["code_hash"] != UNKNOWN]
+    codes = sorted(set(known["code_hash"]))
+    if len(codes) > 1:
+        out.append(
+            f"The runs were produced by {len(codes)} versions of the training code (code hashes "
+            f"{', '.join(codes)}; see Provenance): `ablate plan` marks the older ones stale and "
+            "`ablate run --rerun-stale` reruns them."
+        )
+    for field, what in (("device_name", "devices"), ("precision", "precisions")):
+        values = sorted(set(known[field]))
+        if len(values) > 1:
+            out.append(f"The runs ran on {len(values)} {what}: {', '.join(values)}.")
+    missing = len(ran) - len(known)
+    if missing:
+        out.append(
+            f"{missing} of {len(ran)} runs recorded no provenance (recorded before `env.*` tags "
+            "existed): which code produced them is unknown."
+        )
+    return out
