@@ -204,7 +204,8 @@ class Recipe:
         layer_types: Iterable[str] | None = None,
         blocks: Iterable[int] | None = None,
     ) -> Recipe:
-        """This recipe on a subset of the layers, its label suffixed with the selection."""
+        """This recipe (one without a selection of its own) on a subset of the layers, its label
+        suffixed with the selection (``/keep0,2``, ``/mlp``, ``/blocks0,-1``)."""
         types = None if layer_types is None else tuple(layer_types)
         blk = None if blocks is None else tuple(blocks)
         r = replace(self, keep_first=keep_first, keep_last=keep_last, layer_types=types, blocks=blk)

@@ -38,7 +38,6 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from backends.hadamard import SIZES
 from backends.named import NAMED_RECIPES, USES_BASE, named_recipe
 from backends.quant import BLOCK_SIZES, FORMATS, QuantSpec
 from backends.recipe import GEMMS, OPERANDS, GemmRecipe, HadamardSpec, Recipe, _base_gemm
@@ -48,7 +47,6 @@ from .messages import did_you_mean
 FormatName = Literal[
     "bf16", "mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2", "fp8_e4m3", "fp8_e5m2"
 ]  # fmt: skip
-assert set(FormatName.__args__) == {"bf16", *FORMATS}  # type: ignore[attr-defined]
 
 
 class OperandSpec(BaseModel):
@@ -101,9 +99,6 @@ class HadamardModel(BaseModel):
             signs=self.signs,
             vector=None if self.vector is None else tuple(self.vector),
         )
-
-
-assert tuple(HadamardModel.model_fields["size"].annotation.__args__) == SIZES  # type: ignore[union-attr]
 
 
 class _GemmSpec(OperandSpec):

@@ -28,6 +28,17 @@ def errors_of(**kw) -> list[str]:
     return e.value.errors
 
 
+def test_the_vocabulary_lists_what_the_numerics_have():
+    from typing import get_args
+
+    from ablate.spec.recipe import FormatName, HadamardModel
+    from backends.hadamard import SIZES
+    from backends.quant import FORMATS
+
+    assert set(get_args(FormatName)) == {"bf16", *FORMATS}
+    assert get_args(HadamardModel.model_fields["size"].annotation) == SIZES
+
+
 def test_named_recipes_as_an_axis_next_to_shorthand_baselines():
     s = study(
         grid=[
