@@ -22,6 +22,7 @@ from ..train.data import check_sources, load_data
 from .axes import check_axis_name, fmt_value, get_path, with_values
 from .loader import parse_yaml, read_study_text
 from .messages import pydantic_errors
+from .recipe import recipe_axes as derived_recipe_axes
 from .schema import LIST_AXES, RECIPE_AXES, CellConfig, StudySpec
 from .study import Cell, Study
 from .tune import check_tune
@@ -185,12 +186,15 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
             rc.train.checkpoint_every = rc.train.eval_every  # resumable by default
         if rc.device == "auto":  # from the study, not from the machine a command runs on
             rc.device = "cuda" if spec.resources.gpus > 0 else "cpu"
-        recipe_axes = {
-            "fp4_gemms": "+".join(cc.fp4_gemms),
-            "intervention": intervention_label(*parse_intervention(cc.intervention)),
-            "fp4_format": cc.fp4_format,
-            "base_format": cc.base_format,
-        }
+        if cc.recipe is not None or cc.gemms is not None:
+            recipe_axes = derived_recipe_axes(rc.recipe, cc.base_format)
+        else:
+            recipe_axes = {
+                "fp4_gemms": "+".join(cc.fp4_gemms),
+                "intervention": intervention_label(*parse_intervention(cc.intervention)),
+                "fp4_format": cc.fp4_format,
+                "base_format": cc.base_format,
+            }
         resolved.append((vals, rc, recipe_axes))
     if errors:
         more = [f"... and {len(errors) - 20} more"] if len(errors) > 20 else []
@@ -280,7 +284,7 @@ def _axis_options(
             cfg = CellConfig.model_validate(with_values(base, {name: v}))
         except ValidationError as e:
             for m in pydantic_errors(e, CellConfig):
-                rest = m[len(name) :] if m.startswith(name) and m[len(name)] in ":[" else f": {m}"
+                rest = m[len(name) :] if m.startswith(name) and m[len(name)] in ":[." else f": {m}"
                 errors.append(f"{path}[{i}]{rest}")
             continue
         out.append((name, get_path(cfg.model_dump(mode="python"), name)))

@@ -192,7 +192,9 @@ def test_yaml_syntax_errors_and_missing_files(tmp_path):
         load_study(bad)
 
 
-@pytest.mark.parametrize("name", ["quickstart", "mxfp4_wgrad", "tseng_sr_rht"])
+@pytest.mark.parametrize(
+    "name", ["quickstart", "mxfp4_wgrad", "tseng_sr_rht", "recipes", "recipes_gpu"]
+)
 def test_shipped_studies_are_valid(name):
     s = load_study(ROOT / "studies" / f"{name}.yaml")
     assert s.name == name
