@@ -8,7 +8,8 @@
                          ``provenance.PER_CONFIG``)
     convergence.*        validation perplexity against tokens, every configuration
     convergence_late.*   the same from LATE_FRACTION of training on, linear axes, near the target
-    token_cost.*         relative token cost with 95% intervals
+    token_cost.*         relative token cost with 95% intervals (hollow bars: censored seeds)
+    speedup.*            projected end-to-end speedup with 95% intervals
     equal_loss.*         equal-loss token ratio over training
 
 The inputs follow the contract in ``ablate.report.metrics``; the target is any object (or dict) with
@@ -41,9 +42,12 @@ from .verdict import cost_and_speedup, verdict, verdict_lines
 
 LATE_FRACTION = 0.5
 FIGURES = {
-    "convergence": "Validation perplexity against tokens (geometric mean over seeds, band: min-max)",
+    "convergence": "Validation perplexity against tokens (geometric mean over seeds; thin lines: "
+    "each seed, or a min-max band beyond three seeds)",
     "convergence_late": f"Late stage: from {LATE_FRACTION:.0%} of training, near the target",
-    "token_cost": "Tokens to target relative to the baseline, 95% interval over seeds",
+    "token_cost": "Tokens to target relative to the baseline, 95% interval over seeds (hollow: "
+    "some seeds did not reach the target)",
+    "speedup": "Projected end-to-end speedup vs the baseline, 95% interval from the token cost",
     "equal_loss": "Equal-loss token ratio over training (geometric mean over seed pairs)",
 }
 
@@ -75,10 +79,12 @@ def build_report(
     title: str | None = None,
     notes: Sequence[str] = (),
     tuning: Sequence[Mapping[str, Any]] = (),
+    titles: bool = True,
 ) -> ReportResult:
     """Compute tokens to target per cell and configuration, draw the figures and write the report.
 
-    ``notes`` are the caller's own lines (e.g. runs still in progress), shown under the target.
+    ``notes`` are the caller's own lines (e.g. runs still in progress), shown under the target;
+    ``titles`` False leaves the figures' titles out (a paper's captions carry them).
     Raises ``ReportError`` when the inputs break the contract or the target cannot be resolved; a
     baseline that never reaches the target is not an error (its costs are NaN and the report says so).
     """
@@ -95,17 +101,15 @@ def build_report(
     all_notes = [*notes, *report_notes(config_table, target_ppl), *provenance.notes(cells)]
 
     data = plots.curves(cell_table, ev)
+    t: dict[str, Any] = {"title": study, "titles": titles}
     figures = {
-        "convergence": plots.plot_convergence(
-            config_table, cell_table, data, target_ppl, title=study
-        ),
+        "convergence": plots.plot_convergence(config_table, cell_table, data, target_ppl, **t),
         "convergence_late": plots.plot_convergence(
-            config_table, cell_table, data, target_ppl, late=LATE_FRACTION, title=study
+            config_table, cell_table, data, target_ppl, late=LATE_FRACTION, **t
         ),
-        "token_cost": plots.plot_token_cost(config_table, title=study),
-        "equal_loss": plots.plot_equal_loss(
-            config_table, equal_loss_curves(cell_table, ev), title=study
-        ),
+        "token_cost": plots.plot_token_cost(config_table, **t),
+        "speedup": plots.plot_speedup(config_table, **t),
+        "equal_loss": plots.plot_equal_loss(config_table, equal_loss_curves(cell_table, ev), **t),
     }
     paths = {name: plots.save(fig, out, name) for name, fig in figures.items()}
 

@@ -73,9 +73,10 @@ def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def report_study(
-    study: Study, out_dir: str | Path | None = None, *, attach: bool = True
+    study: Study, out_dir: str | Path | None = None, *, attach: bool = True, titles: bool = True
 ) -> ReportResult:
-    """Write the study's report (default ``reports/<study>/``) and attach it to the parent run."""
+    """Write the study's report (default ``reports/<study>/``) and attach it to the parent run;
+    ``titles`` False leaves the figures' titles out."""
     cells, evals = study_frames(study)
     ended = cells["status"].isin(["finished", "diverged"])
     if not ended.any():
@@ -101,7 +102,15 @@ def report_study(
 
         tuning = tune_summary(study)
     result = build_report(
-        cells, evals, target, study.spec.speedup, out, study=study.name, notes=notes, tuning=tuning
+        cells,
+        evals,
+        target,
+        study.spec.speedup,
+        out,
+        study=study.name,
+        notes=notes,
+        tuning=tuning,
+        titles=titles,
     )
     if attach:
         tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)

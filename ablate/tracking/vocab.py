@@ -133,13 +133,17 @@ _RECIPE_AXES = ("fp4_gemms", "intervention", "fp4_format", "base_format")
 def short_name(cell: Cell, *, seed: bool = True) -> str:
     """The run's name in the MLflow UI: short, and leading with what tells cells apart, e.g.
     ``dht16·fdw/fp8·s1`` (intervention, FP4 GEMMs by initial, base format, seed), ``fp8·s0`` for a
-    baseline, ``nvfp4:fdw/fp8·s0`` for another FP4 format, other axes as ``lr=0.003``. The full
+    baseline, ``nvfp4:fdw/fp8·s0`` for another FP4 format, a named recipe by its name
+    (``nvidia_nvfp4·s0``), other axes as ``lr=0.003``. The full
     label stays in the tag ``ablate.label``. Without ``seed``: the configuration's short name."""
     r, ax = cell.config.recipe, cell.recipe_axes
     fp4 = "".join(_GEMM_LETTER[g] for g in GEMMS if r.gemm(g).is_fp4)
     base = str(ax.get("base_format", "bf16"))
     parts = []
-    if fp4:
+    named = cell.values.get("recipe")
+    if named:  # a named recipe says it all (its GEMMs may differ: per-GEMM interventions)
+        parts.append(str(named))
+    elif fp4:
         fmt = str(ax.get("fp4_format", "mxfp4"))
         recipe = (f"{fmt}:" if fmt != "mxfp4" else "") + f"{fp4}/{base}"
         intervention = str(ax.get("intervention", "none"))
@@ -147,7 +151,7 @@ def short_name(cell: Cell, *, seed: bool = True) -> str:
     else:
         parts.append(base)
     for axis, v in cell.values.items():
-        if axis not in _RECIPE_AXES and axis != "seed":
+        if axis not in (*_RECIPE_AXES, "recipe", "seed") and v is not None:
             parts.append(f"{axis.rsplit('.', 1)[-1]}={fmt_value(v)}")
     if seed:
         parts.append(f"s{cell.seed}")

@@ -88,7 +88,7 @@ def test_report_html_loads_everything_from_itself_and_fits_1000_px(browser, stud
     assert errors == []
     assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
     images = page.eval_on_selector_all("img", "els => els.map(e => [e.complete, e.naturalWidth])")
-    assert len(images) == 4 and all(done and width > 0 for done, width in images)
+    assert len(images) == 5 and all(done and width > 0 for done, width in images)
     # the page never scrolls sideways; a wide table scrolls inside its own box
     assert page.evaluate("document.documentElement.scrollWidth") <= 1000
     wraps = page.eval_on_selector_all(
