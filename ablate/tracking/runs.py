@@ -12,8 +12,10 @@ starts; workers log into their run through ``MlflowLogger``.
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from .store import (
     MAX_TAG_LEN,
     Client,
     chunks,
+    sqlite_move_artifacts,
     sqlite_path,
 )
 
@@ -142,6 +145,25 @@ def _study_experiment(client: Client, study: str, experiment: str | None) -> str
     return found
 
 
+def repair_artifacts(uri: str, location: str | None) -> str | None:
+    """If a SQLite store's experiment keeps its artifacts at ``location`` (a file URI) that no
+    longer exists while the store's folder has ``artifacts/`` (the study folder was moved), point
+    the experiment and its runs there (``store.sqlite_move_artifacts``) and say so on stderr;
+    returns that message (None when nothing needed repair). A copied folder whose original still
+    exists keeps linking into the original."""
+    db = sqlite_path(uri)
+    if db is None or not location or not location.startswith("file://"):
+        return None
+    here = db.parent / "artifacts"
+    old = Path(urllib.parse.urlparse(location).path)
+    if old.exists() or not here.is_dir() or old == here.resolve():
+        return None
+    n = sqlite_move_artifacts(db, location, here.resolve().as_uri())
+    msg = f"ablate: the study folder moved: artifact locations {old} -> {here} ({n} runs repaired)"
+    print(msg, file=sys.stderr)
+    return msg
+
+
 class StudyTracker:
     """The driver's handle on one study's experiment: the parent run, the cells' runs, statuses."""
 
@@ -165,8 +187,10 @@ class StudyTracker:
                 location = Path(location).resolve().as_uri()
             found = self._client.create_experiment(name, artifact_location=location)
         self.experiment_id: str = found
+        info = self._client.get_experiment(found)
+        repair_artifacts(uri, info.artifact_location)
         # MLflow 3 opens an experiment without this tag in its GenAI view (traces, no runs)
-        kind = self._client.get_experiment(found).tags.get(vocab.EXPERIMENT_KIND)
+        kind = info.tags.get(vocab.EXPERIMENT_KIND)
         if kind != vocab.TRAINING_KIND:
             self._client.set_experiment_tag(found, vocab.EXPERIMENT_KIND, vocab.TRAINING_KIND)
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import TrackingError
 from . import vocab
+from .runs import repair_artifacts
 from .store import Client
 
 
@@ -60,6 +61,7 @@ def study_url(base: str, uri: str, experiment: str | None, *, axes: Sequence[str
     if found is None:
         raise TrackingError(f"no experiment {experiment!r} in {uri}: has the study been run there?")
     eid = found.experiment_id
+    repair_artifacts(uri, found.artifact_location)
     if found.tags.get(vocab.EXPERIMENT_KIND) != vocab.TRAINING_KIND:
         client.set_experiment_tag(eid, vocab.EXPERIMENT_KIND, vocab.TRAINING_KIND)
     client.set_experiment_tag(eid, vocab.SHARED_VIEW + vocab.VIEW, json.dumps(view_state(axes)))

@@ -324,3 +324,30 @@ grid: {{seed: [0, 1, 2]}}
         for r in client.search_runs([exp.experiment_id], "tags.`ablate.role` = 'cell'")
     ]
     assert all(h == list(range(1, 31)) for h in assert_store_holds_30)
+
+
+def test_a_cell_starts_its_run_clock_when_it_starts_not_when_it_was_queued(tmp_path):
+    # the driver creates every run when the study starts; the local executor trains one cell at a
+    # time, so the second cell waited for the first: its MLflow start is after the first's end
+    study = tiny_study(tmp_path, steps=3, seed=[0, 1])
+    run_study(study, executor="local", progress=False)
+    client = MlflowClient(tracking_uri=study.tracking_uri)
+    runs = sorted(
+        (client.get_run(c.run.run_id) for c in _statuses(study)),
+        key=lambda r: r.info.start_time,
+    )
+    first, second = runs
+    assert second.info.start_time >= first.info.end_time - 50  # ms; not created-at-queue time
+    assert second.info.end_time - second.info.start_time < 60_000
+    # the one write around MLflow's client: the column it sets is MLflow's
+    import sqlite3
+
+    db = sqlite3.connect(study.output_dir / "mlflow.db")
+    assert "start_time" in {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+    db.close()
+
+
+def _statuses(study):
+    from ablate.tracking import study_status
+
+    return [cs for cs in study_status(study) if cs.run is not None]
