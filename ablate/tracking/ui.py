@@ -33,7 +33,8 @@ def view_state(axes: Sequence[str] = ()) -> dict[str, Any]:
     """The runs-table view ``ablate ui`` opens (MLflow's shared view state): the cells only (the
     parent run's per-configuration metrics would otherwise nest the cells under it and fill the
     charts), their recipe axes, seed and other axes as param columns, the report's summary metrics
-    as metric columns, and line charts against tokens."""
+    as metric columns, every cell in the charts (validation against tokens is the chart of
+    ``val_ppl_by_tokens``, whose step is the tokens seen)."""
     params = [*vocab.AXIS_PARAMS, "seed", *(a for a in axes if "." in a)]
     return {
         "searchFilter": vocab.role_filter("cell"),
@@ -41,11 +42,7 @@ def view_state(axes: Sequence[str] = ()) -> dict[str, Any]:
         "orderByAsc": True,
         "selectedColumns": [f"params.`{p}`" for p in dict.fromkeys(params)]
         + [f"metrics.`{m}`" for m in vocab.SUMMARY_METRICS],
-        "globalLineChartConfig": {
-            "xAxisKey": "metric",
-            "selectedXAxisMetricKey": "tokens",
-            "lineSmoothness": 0,
-        },
+        "runsHiddenMode": "SHOW_ALL",  # charts compare every cell, not MLflow's first ten
     }
 
 

@@ -189,3 +189,19 @@ def test_ui_on_a_tracking_server_links_to_it_instead_of_starting_one(ui):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == url
+
+
+def test_ui_charts_validation_against_tokens(browser, ui):
+    url, _, _ = ui
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    page.goto(url + "&compareRunsMode=CHART")
+    search = page.get_by_placeholder("Search metric charts")
+    search.wait_for(timeout=60_000)
+    search.fill("val_ppl_by_tokens")
+    page.get_by_text("val_ppl_by_tokens").first.wait_for(timeout=60_000)
+    page.wait_for_timeout(2000)
+    _shot(page, "charts")
+    text = page.inner_text("body")
+    # every cell is charted (MLflow's default shows the first ten), the parent is not listed
+    assert "4 matching runs" in text and "Unhide run" not in text
+    page.close()
