@@ -243,3 +243,16 @@ def test_json_schema_describes_the_study():
     sch = json_schema()
     assert {"name", "base", "grid", "exclude", "baseline", "target"} <= set(sch["properties"])
     assert sch["additionalProperties"] is False
+
+
+def test_scale_mode_as_an_axis_gives_each_cell_its_own_label():
+    # it used to collide (the label ignored the scale mode) and validation refused the study
+    study = parse_study(
+        {
+            "name": "sm",
+            "base": {"model": {"preset": "tiny"}, "fp4_gemms": ["fprop"]},
+            "grid": {"scale_mode": ["floor", "ceil"], "seed": [0]},
+        }
+    )
+    labels = [c.label for c in study.cells]
+    assert labels == ["mxfp4[fprop]/bf16", "mxfp4-ceil[fprop]/bf16"]
