@@ -478,11 +478,16 @@ def _collect(
 
 @contextlib.contextmanager
 def _ctrl_c_noted() -> Iterator[list[bool]]:
-    """Note every SIGINT (then raise KeyboardInterrupt as Python does): a library that swallows
-    the KeyboardInterrupt somewhere inside a cell (seen under load in the local executor) cannot
-    make the driver miss a Ctrl-C; the collect loop checks the note after each wait."""
+    """Note every SIGINT (then raise KeyboardInterrupt as Python does), so that a KeyboardInterrupt
+    that some library swallows inside a cell (a bare ``except:``, a finalizer) cannot make the
+    driver miss a Ctrl-C: the collect loop checks the note after each wait. Defensive: no such
+    library is known to be in the path today."""
     noted: list[bool] = []
-    if threading.current_thread() is not threading.main_thread():
+    # not from a worker thread, and not where SIGINT is ignored (a background job): leave it be
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
         yield noted
         return
 

@@ -262,8 +262,8 @@ def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, ray_cluster):
 
 
 def test_a_ctrl_c_that_something_swallows_still_interrupts_the_study(tmp_path):
-    # under load, a KeyboardInterrupt raised inside a cell was once lost (CI: all cells finished,
-    # exit 0); the driver notes every SIGINT itself and stops at the next cell boundary
+    # a library that swallows the KeyboardInterrupt inside a cell must not make the driver miss
+    # the Ctrl-C: the driver notes every SIGINT itself and stops at the next cell boundary
     study = tiny_study(tmp_path, steps=2, seed=[0, 1, 2])
 
     def swallow(cell, outcome):
@@ -273,11 +273,15 @@ def test_a_ctrl_c_that_something_swallows_still_interrupts_the_study(tmp_path):
         except KeyboardInterrupt:
             pass
 
-    res = run_study(study, executor="local", progress=False, on_outcome=swallow)
-    assert res.interrupted and len(res.outcomes) == 1
-    assert [p.action for p in plan(study)].count("skip") == 1
-    # the handler is Python's again afterwards
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        res = run_study(study, executor="local", progress=False, on_outcome=swallow)
+        assert res.interrupted and len(res.outcomes) == 1
+        assert [p.action for p in plan(study)].count("skip") == 1
+        # the handler is Python's again afterwards
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.mark.slow
@@ -296,7 +300,15 @@ grid: {{seed: [0, 1, 2]}}
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "ablate.cli", "run", str(study_file), "--executor", "local"]
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    # the driver as in a terminal: SIGINT at its default even when the tests run as a background
+    # job (a shell starts those with SIGINT ignored, and a child inherits that)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     lines: list[str] = []
     assert proc.stderr is not None
     for line in proc.stderr:
