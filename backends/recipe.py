@@ -276,9 +276,7 @@ class Recipe:
                     b = replace(b, rounding="sr", prescale=True) if b else b
                 r = GemmRecipe(a=a, b=b, hadamard=had)
             gemms[g] = r
-        mode = ScaleMode(scale_mode)
-        fmt = fp4_format if mode == ScaleMode.FLOOR else f"{fp4_format}-{mode.value}"  # a grid axis
-        label = f"{fmt}[{','.join(g for g in GEMMS if g in fp4)}]" if fp4 else base
+        label = f"{fp4_format}[{','.join(g for g in GEMMS if g in fp4)}]" if fp4 else base
         if sr or had:
             label += "+" + intervention_label(sr, had)
             if apply_to is not None:

@@ -295,7 +295,9 @@ def _labels(rc: RunConfig, vals: Mapping[str, Any], varying: Sequence[str]) -> t
     """(label, config label): the recipe's short form (when a recipe axis varies, or nothing else
     does), then the other varying axes as leaf=value, then seedN."""
     parts: list[str] = []
-    others = [a for a in varying if a not in RECIPE_AXES and a != "seed"]
+    # the recipe's short form leaves the scale mode out (it is in the recipe's hashed dict, so its
+    # label cannot change without changing keys): a varying scale mode is named like other axes
+    others = [a for a in varying if (a not in RECIPE_AXES or a == "scale_mode") and a != "seed"]
     if any(a in RECIPE_AXES for a in varying) or not others:
         parts.append(rc.recipe.short())
     parts.extend(f"{a.rpartition('.')[2]}={fmt_value(vals[a])}" for a in others)

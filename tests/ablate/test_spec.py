@@ -255,4 +255,4 @@ def test_scale_mode_as_an_axis_gives_each_cell_its_own_label():
         }
     )
     labels = [c.label for c in study.cells]
-    assert labels == ["mxfp4[fprop]/bf16", "mxfp4-ceil[fprop]/bf16"]
+    assert labels == ["mxfp4[fprop]/bf16/scale_mode=floor", "mxfp4[fprop]/bf16/scale_mode=ceil"]
