@@ -22,6 +22,9 @@ so a resumed run continues the same streams). Fixed Hadamard signs are a buffer 
 rotates it, W is quantized once, in the forward pass, and dgrad multiplies by the transpose of that
 quantization (``QTensor.t``): W and W^T are the same quantized values, as in NVIDIA's NVFP4 recipe.
 
+``QuantLinear.gemm_hook``, when set, sees every GEMM call of the layer (name, operands as the backend
+receives them, call index, output); ``backends.probe`` uses it to capture operands. It changes nothing.
+
 ``convert_model`` swaps a model's ``nn.Linear`` modules for ``QuantLinear`` by name; embeddings are
 not linears, and the LM head (``lm_head``/``output``/``head``) stays in high precision because its
 logits feed the softmax directly and every published FP4 recipe keeps it there. A recipe's layer
@@ -48,6 +51,7 @@ from .rng import GEMM_IDS, OPERAND_IDS, derive_key
 
 _SIGNS_STREAM = 0  # operand id used for Hadamard sign keys
 DEFAULT_EXCLUDE = ("lm_head", "output", "head")
+GemmHook = Callable[[str, torch.Tensor, Any, int, torch.Tensor], None]
 
 
 class _QuantLinearFn(torch.autograd.Function):
@@ -103,6 +107,8 @@ class QuantLinear(nn.Linear):
     sr_seed: torch.Tensor  # () int64: seed of the layer's random streams
     calls: torch.Tensor  # () int64: training forwards so far (the "step" of the streams)
     hadamard_signs: torch.Tensor  # (3, 256) +-1: fixed sign vectors for fprop, dgrad, wgrad
+    gemm_hook: GemmHook | None
+    """Called after every GEMM with (gemm, a, b, call, output); None: nothing (see module doc)."""
 
     def __init__(
         self,
@@ -132,6 +138,7 @@ class QuantLinear(nn.Linear):
             ]
         )
         self.register_buffer("hadamard_signs", signs.to(device))  # (3, 256) +-1
+        self.gemm_hook = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kwargs: Any) -> QuantLinear:
@@ -175,6 +182,14 @@ class QuantLinear(nn.Linear):
         )
 
     def _mm(self, gemm: str, a: torch.Tensor, b: torch.Tensor | QTensor, call: int) -> torch.Tensor:
+        out = self._gemm(gemm, a, b, call)
+        if self.gemm_hook is not None:  # b is a QTensor where fprop's W quantization is shared
+            self.gemm_hook(gemm, a, b, call, out)
+        return out
+
+    def _gemm(
+        self, gemm: str, a: torch.Tensor, b: torch.Tensor | QTensor, call: int
+    ) -> torch.Tensor:
         g = self.recipe.gemm(gemm)
         if g.high_precision:
             assert isinstance(b, torch.Tensor)
