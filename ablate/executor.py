@@ -88,6 +88,8 @@ def run_one(task: Task) -> Outcome:
         ckpt = checkpoint_info(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         where = {"host": socket.gethostname(), "pid": os.getpid()}
         logger.log_environment(environment(cfg))
+        if not ckpt:
+            logger.mark_started()  # the run's start: now, not when the driver queued it
         logger.log_status("running", {**where, "resumed_from": ckpt["step"] if ckpt else 0})
         res = train(cfg, logger, stop_after=task.stop_after)
     except Exception as e:  # a failed cell is a result, not a crash of the study

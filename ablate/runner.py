@@ -20,13 +20,15 @@ import contextlib
 import dataclasses
 import fcntl
 import os
+import signal
 import socket
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 from .errors import AblateError, CannotRunError, RunnerError, TrackingError
 from .executor import Executor, ExecutorName, LocalExecutor, Outcome, RayExecutor, Task
@@ -44,8 +46,9 @@ from .tracking import (
     study_status,
 )
 from .tracking.status import baseline_curves, count
-from .tracking.vocab import cell_tags, env_tag, outcome_details
+from .tracking.vocab import cell_params, cell_tags, env_tag, outcome_details, short_name
 from .train.checkpoint import checkpoint_info
+from .train.config import flatten
 from .train.provenance import code_hash
 
 Action = Literal["run", "skip", "resume", "failed", "rerun"]
@@ -341,7 +344,8 @@ def open_tracker(study: Study, ex: Executor) -> tuple[StudyTracker, str]:
     tracker = StudyTracker(
         uri, study.name, experiment=study.experiment, artifact_root=study.output_dir / "artifacts"
     )
-    return tracker, tracker.parent_run(study.text)
+    base = flatten(study.spec.base.model_dump(mode="json", exclude_none=True), "base.")
+    return tracker, tracker.parent_run(study.text, description=study.spec.description, params=base)
 
 
 def task_threads(study: Study) -> int:
@@ -433,7 +437,15 @@ def _launch(
         if p.run is not None and not p.fresh:
             rid = p.run.run_id
         else:
-            rid = tracker.create_run(parent, c.key, c.label, cell_tags(c), c.config.to_dict())
+            rid = tracker.create_run(
+                parent,
+                c.key,
+                c.label,
+                cell_tags(c),
+                c.config.to_dict(),
+                name=short_name(c),
+                params=cell_params(c),
+            )
         result.run_ids[c.key] = rid
         cfg = dataclasses.replace(c.config, checkpoint_dir=str(study.checkpoint_dir(c).resolve()))
         tracker.set_status(rid, "pending")
@@ -460,8 +472,52 @@ def _collect(
     live = progress and bool(result.run_ids)
     if live:
         prog.start()
+    with _ctrl_c_noted() as ctrl_c:
+        _collect_outcomes(ex, tracker, result, prog, out, by_key, progress, on_outcome, ctrl_c)
+
+
+@contextlib.contextmanager
+def _ctrl_c_noted() -> Iterator[list[bool]]:
+    """Note every SIGINT (then raise KeyboardInterrupt as Python does), so that a KeyboardInterrupt
+    that some library swallows inside a cell (a bare ``except:``, a finalizer) cannot make the
+    driver miss a Ctrl-C: the collect loop checks the note after each wait. Defensive: no such
+    library is known to be in the path today."""
+    noted: list[bool] = []
+    # not from a worker thread, and not where SIGINT is ignored (a background job): leave it be
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
+        yield noted
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        noted.append(True)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _collect_outcomes(
+    ex: Executor,
+    tracker: StudyTracker,
+    result: StudyResult,
+    prog: Progress,
+    out: IO[str],
+    by_key: dict[str, Cell],
+    progress: bool,
+    on_outcome: Callable[[Cell, Outcome], None] | None,
+    ctrl_c: list[bool],
+) -> None:
+    live = progress and bool(result.run_ids)
     try:
         while len(ex):
+            if ctrl_c:
+                raise KeyboardInterrupt
             for o in ex.wait(1.0):
                 result.outcomes[o.key] = o
                 tracker.set_status(result.run_ids[o.key], o.status, outcome_details(o))

@@ -1,8 +1,9 @@
 """The ``emulated`` GEMM backend: quantize, dequantize, multiply in FP32 (any device, CPU included).
 
 Each operand goes through the optional Hadamard transform and then ``fake_quantize`` along the
-reduction dimension; the product is accumulated in float32, and the clip-free SR prescale (3/4 per
-operand) is undone on the output (16/9 when both operands use it), as a native GEMM's alpha would.
+reduction dimension (an operand already quantized, a ``QTensor``, is dequantized); the product is
+accumulated in float32, and the clip-free SR prescale (3/4 per operand) is undone on the output
+(16/9 when both operands use it), as a native GEMM's alpha would.
 """
 
 from __future__ import annotations
@@ -11,13 +12,19 @@ import torch
 
 from .gemm import GemmKeys
 from .hadamard import hadamard_transform
-from .quant import QuantSpec, fake_quantize
+from .quant import QTensor, QuantSpec, fake_quantize
 from .recipe import GemmRecipe, Recipe
 
 
 def _operand(
-    t: torch.Tensor, spec: QuantSpec | None, key: int, gemm: GemmRecipe, signs: torch.Tensor | None
+    t: torch.Tensor | QTensor,
+    spec: QuantSpec | None,
+    key: int,
+    gemm: GemmRecipe,
+    signs: torch.Tensor | None,
 ) -> torch.Tensor:
+    if isinstance(t, QTensor):  # quantized by the caller (a weight shared by fprop and dgrad)
+        return t.dequantize(torch.float32)
     h = gemm.hadamard
     if spec is None:
         return (t if h is None else hadamard_transform(t, 1, h.size, signs)).float()
@@ -33,8 +40,8 @@ class EmulatedBackend:
 
     def mm(
         self,
-        a: torch.Tensor,
-        b: torch.Tensor,
+        a: torch.Tensor | QTensor,
+        b: torch.Tensor | QTensor,
         gemm: GemmRecipe,
         keys: GemmKeys,
         signs: torch.Tensor | None,

@@ -78,6 +78,7 @@ class Plan:
     elem: Elem
     scale: str  # "e8m0", "nv" or "tensor"
     block: int  # elements per scale; 0: the whole row (per-tensor formats)
+    rows: int  # rows per scale: 1, or ``block`` for square 2-D tiles (a 2-D input only)
     mode: int  # E8M0 rule: 0 FLOOR, 1 CEIL, 2 EVEN, 3 RCEIL (quant._MODE_CODES)
     sr: bool
     prescale: float
@@ -184,6 +185,16 @@ def _tensor_scales(
     return enc, _div(torch.ones_like(enc), enc), finite
 
 
+def _tiles(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """(R, nb) per-row block values -> the maximum over each tile of ``rows`` rows, repeated on
+    every row of the tile (zero rows pad a ragged last tile: no amax or NaN flag changes)."""
+    R = t.shape[0]
+    pad = -R % rows
+    tp = torch.nn.functional.pad(t, (0, 0, 0, pad)) if pad else t
+    m = tp.unflatten(0, (-1, rows)).amax(1)  # (ceil(R / rows), nb)
+    return m.repeat_interleave(rows, 0)[:R]
+
+
 # ----------------------------------------------------------------------------------------------
 # the quantizer
 
@@ -210,6 +221,8 @@ def run(
     xb = torch.nn.functional.pad(x, (0, Kp - K)).unflatten(-1, (-1, B))  # (..., nb, B)
     nonfinite = (~torch.isfinite(xb)).any(-1)  # (..., nb)
     amax = xb.abs().amax(-1)
+    if p.rows > 1:  # 2-D tiles: the maximum over the tile's rows of the row blocks' maxima
+        nonfinite, amax = _tiles(nonfinite, p.rows), _tiles(amax, p.rows)
     e = p.elem
     gdec = None
     if p.scale == "e8m0":

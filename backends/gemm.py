@@ -6,7 +6,8 @@ keys passed to each call (``GemmKeys``) and the error a backend raises for a for
 ``registry`` names them.
 
 A backend computes ``a @ b^T`` for one GEMM of a linear layer, both operands reduced over their last
-dimension, from the high-precision operands and the GEMM's recipe (it quantizes them itself, so a
+dimension, from the high-precision operands and the GEMM's recipe (it quantizes them itself, unless
+one comes already quantized, so a
 native backend can produce packed codes and hardware scales while ``emulated`` dequantizes and
 multiplies in FP32). ``check`` runs before any training step and refuses a recipe the device cannot
 run, naming the device, the format and what the device supports.
@@ -19,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from .quant import QTensor
 from .recipe import GemmRecipe, Recipe
 
 
@@ -40,13 +42,15 @@ class GemmBackend(Protocol):
 
     def mm(
         self,
-        a: torch.Tensor,
-        b: torch.Tensor,
+        a: torch.Tensor | QTensor,
+        b: torch.Tensor | QTensor,
         gemm: GemmRecipe,
         keys: GemmKeys,
         signs: torch.Tensor | None,
     ) -> torch.Tensor:
-        """``a @ b^T`` (a: (M, K), b: (N, K), possibly transposed views) as float32."""
+        """``a @ b^T`` (a: (M, K), b: (N, K), possibly transposed views) as float32. An operand
+        given as a ``QTensor`` is already quantized along K with the GEMM's spec for it (a weight
+        quantized once for fprop and dgrad); the backend multiplies those codes as they are."""
         ...
 
 

@@ -15,14 +15,21 @@ The bias gradient is a high-precision sum. With an all-high-precision recipe the
 
 Random streams: stochastic rounding and random Hadamard signs come from keys derived from
 (seed, layer, GEMM, operand, call), where ``call`` counts the layer's training forwards (a buffer,
-so a resumed run continues the same streams). Fixed Hadamard signs are a buffer drawn once per layer.
+so a resumed run continues the same streams). Fixed Hadamard signs are a buffer drawn once per layer
+(or the recipe's own vector, the same for every layer).
+
+2-D weight blocks: when fprop and dgrad quantize W with the same square 2-D blocks and neither GEMM
+rotates it, W is quantized once, in the forward pass, and dgrad multiplies by the transpose of that
+quantization (``QTensor.t``): W and W^T are the same quantized values, as in NVIDIA's NVFP4 recipe.
 
 ``QuantLinear.gemm_hook``, when set, sees every GEMM call of the layer (name, operands as the backend
 receives them, call index, output); ``backends.probe`` uses it to capture operands. It changes nothing.
 
 ``convert_model`` swaps a model's ``nn.Linear`` modules for ``QuantLinear`` by name; embeddings are
 not linears, and the LM head (``lm_head``/``output``/``head``) stays in high precision because its
-logits feed the softmax directly and every published FP4 recipe keeps it there.
+logits feed the softmax directly and every published FP4 recipe keeps it there. A recipe's layer
+selection (``Recipe.layer_types``, ``blocks``, ``keep_first``/``keep_last``) reads a linear's type and
+block from its path (``layer_type``; ``layers.3.attention.wq`` is an attention linear of block 3).
 """
 
 from __future__ import annotations
@@ -37,13 +44,14 @@ from torch import nn
 
 from .gemm import GemmKeys
 from .hadamard import SIZES, sign_vector
+from .quant import QTensor, quantize
 from .recipe import GEMMS, OPERANDS, Recipe
 from .registry import get_backend
 from .rng import GEMM_IDS, OPERAND_IDS, derive_key
 
 _SIGNS_STREAM = 0  # operand id used for Hadamard sign keys
 DEFAULT_EXCLUDE = ("lm_head", "output", "head")
-GemmHook = Callable[[str, torch.Tensor, torch.Tensor, int, torch.Tensor], None]
+GemmHook = Callable[[str, torch.Tensor, Any, int, torch.Tensor], None]
 
 
 class _QuantLinearFn(torch.autograd.Function):
@@ -59,8 +67,15 @@ class _QuantLinearFn(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])  # (T, in)
         ctx.save_for_backward(x2, weight)
         ctx.layer, ctx.call, ctx.x_shape, ctx.has_bias = layer, call, x.shape, bias is not None
-        # fprop: X (T, in) and W (out, in) both quantized along in_features
-        y = layer._mm("fprop", x2, weight, call)  # (T, out) float32
+        # fprop: X (T, in) and W (out, in) both quantized along in_features; with shared 2-D
+        # weight blocks W is quantized here once, and dgrad uses the same quantization
+        w: torch.Tensor | QTensor = weight
+        if layer.shares_weight_quantization:
+            spec = layer.recipe.fprop.b
+            assert spec is not None
+            w = quantize(weight, spec, axis=1, key=layer._keys("fprop", call).b)
+        ctx.wq = w if isinstance(w, QTensor) else None
+        y = layer._mm("fprop", x2, w, call)  # (T, out) float32
         if bias is not None:
             y = y + bias.float()
         return y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
@@ -73,7 +88,10 @@ class _QuantLinearFn(torch.autograd.Function):
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             # dgrad: dY (T, out) and W^T (in, out) both quantized along out_features
-            dx = layer._mm("dgrad", dy2, weight.t(), ctx.call)  # (T, in)
+            wt = (
+                weight.t() if ctx.wq is None else ctx.wq.t()
+            )  # the forward's quantized W, transposed
+            dx = layer._mm("dgrad", dy2, wt, ctx.call)  # (T, in)
             dx = dx.to(x2.dtype).reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             # wgrad: dY^T (out, T) and X^T (in, T) both quantized along the token dimension
@@ -149,20 +167,39 @@ class QuantLinear(nn.Linear):
             signs=derive_key(seed, self.layer_id, gid, _SIGNS_STREAM, call),
         )
 
-    def _mm(self, gemm: str, a: torch.Tensor, b: torch.Tensor, call: int) -> torch.Tensor:
+    @property
+    def shares_weight_quantization(self) -> bool:
+        """Whether fprop and dgrad use one quantization of W: the same 2-D-block spec for W in
+        both, and no Hadamard transform in either (a rotation along different axes would make
+        their values differ)."""
+        f, d = self.recipe.fprop, self.recipe.dgrad
+        return (
+            f.b is not None
+            and f.b.block_rows > 1
+            and f.b == d.b
+            and f.hadamard is None
+            and d.hadamard is None
+        )
+
+    def _mm(self, gemm: str, a: torch.Tensor, b: torch.Tensor | QTensor, call: int) -> torch.Tensor:
         out = self._gemm(gemm, a, b, call)
-        if self.gemm_hook is not None:
+        if self.gemm_hook is not None:  # b is a QTensor where fprop's W quantization is shared
             self.gemm_hook(gemm, a, b, call, out)
         return out
 
-    def _gemm(self, gemm: str, a: torch.Tensor, b: torch.Tensor, call: int) -> torch.Tensor:
+    def _gemm(
+        self, gemm: str, a: torch.Tensor, b: torch.Tensor | QTensor, call: int
+    ) -> torch.Tensor:
         g = self.recipe.gemm(gemm)
         if g.high_precision:
+            assert isinstance(b, torch.Tensor)
             return (a @ b.t()).float()
         keys = self._keys(gemm, call)
         signs = None
         h = g.hadamard
-        if h is not None and h.signs == "fixed":
+        if h is not None and h.vector is not None:  # the recipe's one vector, for every layer
+            signs = torch.tensor(h.vector, dtype=torch.float32, device=a.device)
+        elif h is not None and h.signs == "fixed":
             signs = self.hadamard_signs[GEMMS.index(gemm), : h.size]
         elif h is not None and h.signs == "random":
             signs = sign_vector(h.size, keys.signs, device=a.device)
@@ -186,6 +223,22 @@ class QuantLinear(nn.Linear):
 
 
 _BLOCK_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+LAYER_TYPE_NAMES = {
+    "attention": ("attention", "attn", "self_attn", "self_attention", "cross_attn"),
+    "mlp": ("feed_forward", "mlp", "ffn", "ff"),
+}
+"""Path components that mark a linear's type (this project's model: ``attention``, ``feed_forward``;
+Hugging Face Llama: ``self_attn``, ``mlp``)."""
+
+
+def layer_type(name: str) -> str | None:
+    """``attention``, ``mlp`` or None for a linear's dotted path: the type of its closest
+    enclosing module whose name marks one."""
+    for part in reversed(name.split(".")[:-1]):
+        for t, marks in LAYER_TYPE_NAMES.items():
+            if part in marks:
+                return t
+    return None
 
 
 def convert_model(
@@ -201,8 +254,10 @@ def convert_model(
 
     Modules whose last name component is in ``exclude`` (the LM head) stay as they are, as do those
     ``include(name, module)`` rejects. The transformer block of a linear is the first integer in its
-    path (``layers.3.attn.wq`` is block 3); ``recipe.keep_first``/``keep_last`` blocks get the
-    all-high-precision recipe. Layer ids (for random streams) number the converted layers in order.
+    path (``layers.3.attn.wq`` is block 3), its type what ``layer_type`` reads from the path; the
+    linears the recipe's layer selection leaves out (``keep_first``/``keep_last`` blocks, blocks not
+    in ``blocks``, types not in ``layer_types``) get the all-high-precision recipe. Layer ids (for
+    random streams) number the converted layers in order.
     """
     excluded = set(exclude)
     targets: list[tuple[str, nn.Linear, int | None]] = []
@@ -215,11 +270,13 @@ def convert_model(
         targets.append((name, mod, int(m.group(1)) if m else None))
     blocks = [b for _, _, b in targets if b is not None]
     n_blocks = max(blocks) + 1 if blocks else None
+    if n_blocks is not None:
+        recipe.check_blocks(n_blocks)
     get_backend(backend).check(recipe, next(model.parameters()).device)
     for layer_id, (name, mod, block) in enumerate(targets):
         q = QuantLinear.from_linear(
             mod,
-            recipe=recipe.for_block(block, n_blocks),
+            recipe=recipe.for_layer(layer_type(name), block, n_blocks),
             backend=backend,
             layer_id=layer_id,
             seed=seed,

@@ -48,7 +48,7 @@ import torch
 
 from .formats import E2M1, ElementFormat, decode_e8m0, pack_fp4, unpack_fp4
 from .gemm import GemmKeys, UnsupportedFormatError
-from .quant import FORMATS, QuantSpec, quantize
+from .quant import FORMATS, QTensor, QuantSpec, quantize
 from .recipe import GEMMS, GemmRecipe, Recipe
 
 _FP8 = frozenset({"fp8_e4m3", "fp8_e5m2"})
@@ -311,10 +311,24 @@ def pack_operand(
     if x.dim() != 2:
         raise ValueError(f"pack_operand needs a 2-D (rows, K) tensor, got shape {tuple(x.shape)}")
     q = quantize(x, spec, axis=1, key=key, hadamard=hadamard)  # (rows, Kq) codes, K padded
+    return pack_quantized(q, layout=layout, device=x.device)
+
+
+def pack_quantized(
+    q: QTensor, *, layout: Layout = CUDA_LAYOUT, device: torch.device | None = None
+) -> PackedOperand:
+    """``pack_operand`` of a tensor already quantized along its last dimension (2-D)."""
+    if len(q.shape) != 2 or q.axis != 1:
+        raise ValueError(
+            f"pack_quantized needs a 2-D (rows, K) tensor quantized along K, got shape {q.shape} "
+            f"quantized along axis {q.axis}"
+        )
+    spec = q.spec
+    device = device if device is not None else q.codes.device
     f, B = spec.fmt, spec.block or 1
     rows, K = q.codes.shape
     R, Kp = _round_up(rows, layout.row_align), _round_up(K, math.lcm(layout.k_align, B))
-    codes = _pad(q.codes, R, Kp).to(x.device)
+    codes = _pad(q.codes, R, Kp).to(device)
     if f.is_fp4:
         data = pack_fp4(codes).view(torch.float4_e2m1fn_x2)
     elif layout.fnuz and f.scale == "tensor":  # MI300 has FNUZ FP8 and no MX GEMM
@@ -324,18 +338,18 @@ def pack_operand(
         data = codes.view(f.elem.torch_dtype)
     if f.scale == "tensor":
         assert q.global_dec is not None
-        dec = q.global_dec.to(device=x.device, dtype=torch.float32).reshape(())
+        dec = q.global_dec.to(device=device, dtype=torch.float32).reshape(())
         if layout.fnuz:
             dec = dec * 2  # the FNUZ codes mean half as much
         return PackedOperand(data, dec, None, rows, spec, False, torch.float32)
     assert q.scales is not None
-    s = _pad(q.scales, R, Kp // B).to(x.device)
+    s = _pad(q.scales, R, Kp // B).to(device)
     s = swizzle_scales(s) if layout.swizzle else s.contiguous()
     s = s.view(torch.float8_e8m0fnu if f.scale == "e8m0" else torch.float8_e4m3fn)
     g = None
     if f.scale == "nv":
         assert q.global_dec is not None
-        g = q.global_dec.to(device=x.device, dtype=torch.float32).reshape(())
+        g = q.global_dec.to(device=device, dtype=torch.float32).reshape(())
     out_dtype = layout.block_out
     if spec.format == "mxfp4" and layout.swizzle:
         out_dtype = torch.bfloat16  # MSLK's MXFP4 kernel writes bf16
@@ -429,8 +443,8 @@ class NativeBackend:
 
     def mm(
         self,
-        a: torch.Tensor,
-        b: torch.Tensor,
+        a: torch.Tensor | QTensor,
+        b: torch.Tensor | QTensor,
         gemm: GemmRecipe,
         keys: GemmKeys,
         signs: torch.Tensor | None,
@@ -440,13 +454,20 @@ class NativeBackend:
                 f"backend native: GEMM {gemm.short()} has a high-precision operand; a native GEMM "
                 "needs both operands quantized (use `backend: emulated`)"
             )
-        layout = self._layouts.get(a.device)
+        device = a.codes.device if isinstance(a, QTensor) else a.device
+        layout = self._layouts.get(device)
         if layout is None:
-            layout = self._layouts[a.device] = layout_for(device_arch(a.device))
+            layout = self._layouts[device] = layout_for(device_arch(device))
         h = gemm.hadamard
         had = None if h is None else (h.size, signs)
-        pa = pack_operand(a, gemm.a, key=keys.a, hadamard=had, layout=layout)  # (M, K)
-        pb = pack_operand(b, gemm.b, key=keys.b, hadamard=had, layout=layout)  # (N, K)
+
+        def pack(t: torch.Tensor | QTensor, spec: QuantSpec, key: int) -> PackedOperand:
+            if isinstance(t, QTensor):  # quantized by the caller: its codes as they are
+                return pack_quantized(t, layout=layout, device=device)
+            return pack_operand(t, spec, key=key, hadamard=had, layout=layout)
+
+        pa = pack(a, gemm.a, keys.a)  # (M, K)
+        pb = pack(b, gemm.b, keys.b)  # (N, K)
         out = self.gemm(pa, pb)  # (M, N) float32
         comp = gemm.output_scale  # undoes the clip-free SR prescale
         return out * comp if comp != 1.0 else out
@@ -485,6 +506,7 @@ __all__ = [
     "formats_for",
     "layout_for",
     "pack_operand",
+    "pack_quantized",
     "scaled_mm",
     "scaled_mm_reference",
     "supported_formats",

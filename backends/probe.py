@@ -55,7 +55,7 @@ import torch
 from . import _kernel
 from .hadamard import hadamard_transform, sign_vector
 from .linear import QuantLinear
-from .quant import QuantSpec, _global_scales, _run_kernel, quantize
+from .quant import QTensor, QuantSpec, _global_scales, _run_kernel, quantize
 from .recipe import GEMMS, OPERANDS, GemmRecipe
 
 REDRAW_STRIDE = 1 << 32
@@ -71,14 +71,32 @@ OPERAND_METRICS = ("sat", "ftz", "util")
 @dataclass(frozen=True, slots=True)
 class GemmCall:
     """One GEMM call of a layer as training ran it: ``a`` (M, K) and ``b`` (N, K) as the backend
-    received them (possibly transposed views), the call index that keys its random streams, and the
-    quantized output (M, N) float32."""
+    received them (possibly transposed views; ``b`` is a ``QTensor`` where fprop and dgrad share
+    one 2-D-block quantization of W), the call index that keys its random streams, the quantized
+    output (M, N) float32, and ``b_exact``: ``b`` in high precision (W or W^T where ``b`` is
+    already quantized)."""
 
     gemm: str
     a: torch.Tensor
-    b: torch.Tensor
+    b: torch.Tensor | QTensor
     call: int
     out: torch.Tensor
+    b_exact: torch.Tensor
+
+    @classmethod
+    def of(
+        cls,
+        layer: QuantLinear,
+        gemm: str,
+        a: torch.Tensor,
+        b: torch.Tensor | QTensor,
+        call: int,
+        out: torch.Tensor,
+    ) -> GemmCall:
+        if isinstance(b, QTensor):  # the shared quantization of W (from W as the layer cast it)
+            w = layer.weight.detach().to(a.dtype)
+            return cls(gemm, a.detach(), b, call, out.detach(), w if gemm == "fprop" else w.t())
+        return cls(gemm, a.detach(), b.detach(), call, out.detach(), b.detach())
 
 
 @contextmanager
@@ -93,12 +111,13 @@ def capture(layers: Mapping[str, QuantLinear]) -> Iterator[dict[str, list[GemmCa
         def hook(
             gemm: str,
             a: torch.Tensor,
-            b: torch.Tensor,
+            b: torch.Tensor | QTensor,
             call: int,
             out: torch.Tensor,
             _into: list[GemmCall] = calls[name],
+            _layer: QuantLinear = layer,
         ) -> None:
-            _into.append(GemmCall(gemm, a.detach(), b.detach(), call, out.detach()))
+            _into.append(GemmCall.of(_layer, gemm, a, b, call, out))
 
         layer.gemm_hook = hook
     try:
@@ -133,6 +152,8 @@ def signs_of(layer: QuantLinear, gemm: str, call: int) -> torch.Tensor | None:
     h = layer.recipe.gemm(gemm).hadamard
     if h is None or h.signs == "none":
         return None
+    if h.vector is not None:  # the recipe's one vector, for every layer
+        return torch.tensor(h.vector, dtype=torch.float32, device=layer.hadamard_signs.device)
     if h.signs == "fixed":
         return layer.hadamard_signs[GEMMS.index(gemm), : h.size]
     return sign_vector(h.size, layer._keys(gemm, call).signs, device=layer.hadamard_signs.device)
@@ -169,16 +190,22 @@ def operand_stats(
     spec: QuantSpec,
     key: int,
     hadamard: tuple[int, torch.Tensor | None] | None = None,
+    quantized: QTensor | None = None,
 ) -> OperandStats:
     """Saturation, flush-to-zero and block-scale utilisation of quantizing the 2-D operand ``t``
-    along its last dimension as a GEMM does (``key`` and ``hadamard`` as the layer passes them)."""
+    along its last dimension as a GEMM does (``key`` and ``hadamard`` as the layer passes them), or
+    of ``quantized``, the quantization of ``t`` that the GEMM used. With 2-D blocks a block is a
+    tile of ``spec.block_rows`` rows."""
     xt = t.float() if hadamard is None else hadamard_transform(t, 1, hadamard[0], hadamard[1])
     M, K = xt.shape
     elem, f = spec.fmt.elem, spec.fmt
     B = spec.block or K
     nb = -(-K // B)
     Kp = nb * B
-    elements, scales = _elements_and_scales(xt, spec, key)
+    if quantized is not None:
+        elements, scales = quantized.elements()[:, :K], quantized.scales
+    else:
+        elements, scales = _elements_and_scales(xt, spec, key)
     if Kp != K:
         xt = torch.nn.functional.pad(xt, (0, Kp - K))
         elements = torch.nn.functional.pad(elements, (0, Kp - K))
@@ -206,6 +233,12 @@ def operand_stats(
     # |x| * mul in float32 is monotone in |x|: the block maximum after scaling is amax(|x|) * mul
     amax = ax.amax(-1) * mul
     used = finite & (amax > 0)
+    tile_amax, tile_used = amax, used
+    R = spec.block_rows
+    if R > 1:  # a 2-D block's amax is its tile's: the maximum over its rows
+        rows = -(-M // R) * R
+        tile_amax = torch.nn.functional.pad(amax, (0, 0, 0, rows - M)).view(-1, R, nb).amax(1)
+        tile_used = finite[::R] & (tile_amax > 0)
     real: torch.Tensor | None = None
     if Kp != K or not bool(finite.all()):  # leave out the padding and non-finite blocks
         real = (torch.arange(Kp, device=xt.device) < K).view(1, nb, B) & finite.unsqueeze(-1)
@@ -225,8 +258,8 @@ def operand_stats(
         elements=n,
         saturated=saturated,
         flushed=flushed,
-        blocks=_count(used),
-        util_sum=float(amax[used].double().sum()) / elem.max,
+        blocks=_count(tile_used),
+        util_sum=float(tile_amax[tile_used].double().sum()) / elem.max,
     )
 
 
@@ -239,7 +272,7 @@ def _elements_and_scales(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The quantizer's element values (element units, (M, K)) and block scale codes ((M, nb), None
     for per-tensor formats) of the already transformed 2-D ``xt`` quantized along its last axis."""
-    if _kernel.usable(xt):  # the C kernel hands both over without encoding the elements
+    if _kernel.usable(xt) and spec.block_rows == 1:  # the kernel hands both over, not encoded
         elements, scales, _ = _run_kernel(xt, spec, 1, key, torch.float32, elements=True)
         return elements, scales
     q = quantize(xt, spec, axis=1, key=key)
@@ -292,7 +325,7 @@ def probe_gemm(
         raise ValueError("probe_gemm: calls of different GEMMs")
     # float32 vectors, float32 products (relative error ~1e-6 at these sizes, far below the
     # quantization error measured), float64 from there on
-    exact = torch.cat([(c.a.float() @ c.b.float().t()).flatten() for c in calls])
+    exact = torch.cat([(c.a.float() @ c.b_exact.float().t()).flatten() for c in calls])
     q = torch.stack(
         [torch.cat([redraw(layer, c, r).float().flatten() for c in calls]) for r in range(draws)]
     )  # (draws, n)
@@ -348,8 +381,11 @@ def gemm_operand_stats(
         keys = layer._keys(gemm, c.call)
         h = g.hadamard
         had = None if h is None else (h.size, signs_of(layer, gemm, c.call))
-        t = c.a if side == "a" else c.b
-        total.add(operand_stats(t, spec, keys.a if side == "a" else keys.b, had))
+        key = keys.a if side == "a" else keys.b
+        if side == "b" and isinstance(c.b, QTensor):  # the shared 2-D quantization of W
+            total.add(operand_stats(c.b_exact, spec, key, quantized=c.b))
+        else:
+            total.add(operand_stats(c.a if side == "a" else c.b_exact, spec, key, had))
     return total
 
 

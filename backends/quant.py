@@ -16,6 +16,10 @@ the branch-free torch arithmetic of ``fused.py``, compiled into fused kernels on
 
 - quantization runs along ``axis`` (a GEMM's reduction dimension) in blocks of ``spec.block``; a
   ragged last block is zero padded (padding changes no amax and is dropped from the output);
+- with 2-D blocks (``spec.block_rows`` > 1, a 2-D tensor only) one scale serves a square tile of
+  ``block_rows`` rows x ``block`` elements along ``axis``: the tile's amax decides it, and a ragged
+  tile is zero padded likewise. Element rounding is per element as ever, so a tensor and its
+  transpose quantize to the same values (``QTensor.t`` gives one from the other without rounding);
 - elements round to nearest, ties to even, then saturate to +-max; or stochastically (round up with
   probability equal to the fractional distance, from ``rng.uniform24(key, flat_index)``);
 - a block containing NaN or +-Inf is entirely NaN (E8M0 scale code 255, E4M3 scale code 0x7F); for
@@ -95,6 +99,9 @@ class QuantSpec:
     """Scale by 3/4 before rounding so nothing saturates (compensated on the GEMM output)."""
     block_size: int | None = None
     """Override of the format's block size (MX: 32, NVFP4: 16); a power of two up to 1024."""
+    block_rows: int = 1
+    """Rows per scale: 1 (one scale per ``block`` elements of a row) or ``block`` (2-D square
+    tiles of a 2-D operand, e.g. NVIDIA's 16x16 NVFP4 weight blocks)."""
     fmt: BlockFormat = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -122,6 +129,17 @@ class QuantSpec:
                     f"block_size: {self.block_size} is not allowed; allowed: "
                     f"{', '.join(map(str, BLOCK_SIZES))}"
                 )
+        if self.block_rows != 1:
+            if self.fmt.block is None:
+                raise ValueError(
+                    f"block_rows: {self.format} is scaled per tensor and takes no 2-D blocks"
+                )
+            if self.block_rows != self.block:
+                raise ValueError(
+                    f"block_rows: {self.block_rows} is not allowed for blocks of {self.block}; "
+                    f"allowed: 1 (1x{self.block} blocks) or {self.block} "
+                    f"({self.block}x{self.block} tiles)"
+                )
 
     @property
     def block(self) -> int:
@@ -139,6 +157,8 @@ class QuantSpec:
             s += f"/{self.scale_mode.value}"
         if self.block_size is not None:
             s += f"/b{self.block_size}"
+        if self.block_rows != 1:
+            s += f"/{self.block_rows}x{self.block}"
         if self.rounding == "sr":
             s += "/sr"
         if self.prescale:
@@ -188,6 +208,28 @@ class QTensor:
         out = out[..., : self.shape[self.axis]].movedim(-1, self.axis)
         return out.to(dtype)
 
+    def t(self) -> QTensor:
+        """The quantization of ``x.t()`` along the same axis position, from this one of a 2-D ``x``
+        with square 2-D blocks, without rounding anything again: the same element codes and tile
+        scales, laid out for the other dimension. For ``W`` (out, in) quantized along ``in`` (a
+        layer's fprop operand) it is ``W^T`` (in, out) quantized along ``out`` (its dgrad operand),
+        bit for bit what ``quantize(W.t(), spec, axis=1)`` returns with round-to-nearest.
+        """
+        if self.spec.block_rows == 1 or len(self.shape) != 2:
+            raise ValueError(
+                "QTensor.t() needs a 2-D tensor quantized in 2-D blocks (spec.block_rows > 1); "
+                f"this one is {self.spec.short()} of shape {self.shape}"
+            )
+        assert self.scales is not None
+        B = self.spec.block
+        rows, K = self.codes.shape[0], self.shape[self.axis]  # codes: (rows, Kp), axis last
+        rows_p = -(-rows // B) * B
+        codes = torch.nn.functional.pad(self.codes[:, :K].t(), (0, rows_p - rows)).contiguous()
+        tiles = self.scales[::B]  # (ceil(rows / B), Kp / B): one row of scales per tile row
+        scales = tiles.t().repeat_interleave(B, 0)[:K].contiguous()  # (K, rows_p / B)
+        shape = (self.shape[1], self.shape[0])
+        return QTensor(codes, scales, self.global_dec, self.spec, self.axis, shape)
+
     def packed(self) -> torch.Tensor:
         """E2M1 codes packed two per byte (``float4_e2m1fn_x2`` layout), FP4 formats only."""
         if not self.spec.fmt.is_fp4:
@@ -211,6 +253,11 @@ def _check(x: torch.Tensor, spec: QuantSpec, axis: int) -> int:
         raise ValueError("quantize needs a tensor with at least one dimension")
     if not -x.dim() <= axis < x.dim():
         raise ValueError(f"axis {axis} is out of range for a tensor of shape {tuple(x.shape)}")
+    if spec.block_rows != 1 and x.dim() != 2:
+        raise ValueError(
+            f"2-D blocks ({spec.block_rows}x{spec.block}) need a 2-D tensor, got shape "
+            f"{tuple(x.shape)}"
+        )
     return axis % x.dim()
 
 
@@ -323,7 +370,7 @@ def quantize(
     axis = _check(x, spec, axis)
     if hadamard is not None:
         check_size(hadamard[0])
-    if not _kernel.usable(x):
+    if not _kernel.usable(x) or spec.block_rows != 1:  # the C kernel scales 1-D blocks only
         return quantize_fused(x, spec, axis, key, hadamard)
     if hadamard is not None:
         x = hadamard_transform(x, axis, hadamard[0], hadamard[1])
@@ -357,7 +404,7 @@ def fake_quantize(
     od = out_dtype or (torch.float32 if hadamard is not None else x.dtype)
     if hadamard is not None:
         check_size(hadamard[0])
-    if not (_kernel.usable(x) and od in _kernel.DTYPE_CODES):
+    if not (_kernel.usable(x) and od in _kernel.DTYPE_CODES) or spec.block_rows != 1:
         return fake_quantize_fused(x, spec, axis, key, od, hadamard)
     if hadamard is not None:
         size, signs = hadamard
@@ -388,6 +435,7 @@ def _plan(
         elem=fused.Elem.of(spec.fmt.elem),
         scale=spec.fmt.scale,
         block=spec.block,
+        rows=spec.block_rows,
         mode=_MODE_CODES[spec.scale_mode],
         sr=spec.rounding == "sr",
         prescale=spec.prescale_factor,

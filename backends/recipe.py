@@ -34,6 +34,7 @@ from .quant import FORMATS, QuantSpec
 GEMMS = ("fprop", "dgrad", "wgrad")
 OPERANDS = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("dy", "x")}
 BASE_FORMATS = ("bf16", "fp8", "mxfp8")
+LAYER_TYPES = ("attention", "mlp")
 FP4_FORMATS = ("mxfp4", "nvfp4")
 _INTERVENTION_RE = re.compile(r"^(sr|rht|dht|fht)(\d+)?$")
 
@@ -46,6 +47,9 @@ class HadamardSpec:
     """Block size g: 16, 32, 64, 128 or 256."""
     signs: SignPolicy = "none"
     """none: deterministic H; fixed: one seeded sign vector per layer/GEMM; random: redrawn per call."""
+    vector: tuple[int, ...] | None = None
+    """With ``signs="fixed"``: this one sign vector (``size`` entries of +-1) for every layer,
+    instead of a seeded one per layer and GEMM (TransformerEngine's NVFP4 recipe hard-codes one)."""
 
     def __post_init__(self) -> None:
         check_size(self.size)
@@ -53,6 +57,19 @@ class HadamardSpec:
             raise ValueError(
                 f"signs: unknown policy {self.signs!r}; allowed: {', '.join(SIGN_POLICIES)}"
             )
+        if self.vector is not None:
+            v = tuple(int(x) for x in self.vector)
+            if self.signs != "fixed":
+                raise ValueError(
+                    f"vector: a sign vector goes with signs 'fixed', not {self.signs!r}"
+                )
+            if len(v) != self.size or any(x not in (1, -1) for x in v):
+                raise ValueError(
+                    f"vector: must be {self.size} entries of 1 or -1 (the Hadamard size), got "
+                    f"{len(v)} entries"
+                    + ("" if all(x in (1, -1) for x in v) else " with values other than +-1")
+                )
+            object.__setattr__(self, "vector", v)
 
     def short(self) -> str:
         return {"none": "dht", "fixed": "fht", "random": "rht"}[self.signs] + str(self.size)
@@ -111,13 +128,36 @@ class Recipe:
     """The first N transformer blocks stay in high precision."""
     keep_last: int = 0
     """The last N transformer blocks stay in high precision."""
+    layer_types: tuple[str, ...] | None = None
+    """Only linears of these types follow the recipe (``attention``: the attention projections,
+    ``mlp``: the feed-forward ones; see ``linear.layer_type``); None: every linear."""
+    blocks: tuple[int, ...] | None = None
+    """Only linears of these transformer blocks follow the recipe (negative: from the end);
+    None: every block."""
     label: str | None = field(default=None, compare=False)
-    """Short name (set by ``from_shorthand``); derived from the GEMMs when None."""
+    """Short name (set by ``from_shorthand`` and the named recipes); derived from the GEMMs when
+    None."""
 
     def __post_init__(self) -> None:
         for name in ("keep_first", "keep_last"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.layer_types is not None:
+            bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+            if bad or not self.layer_types or len(set(self.layer_types)) < len(self.layer_types):
+                raise ValueError(
+                    f"layers.types: {list(self.layer_types)} is not a list of distinct layer "
+                    f"types; allowed: {', '.join(LAYER_TYPES)}"
+                )
+            order = tuple(t for t in LAYER_TYPES if t in self.layer_types)
+            object.__setattr__(self, "layer_types", order)
+        if self.blocks is not None:
+            if not self.blocks or len(set(self.blocks)) < len(self.blocks):
+                raise ValueError(
+                    f"layers.blocks: {list(self.blocks)} must list distinct block indices "
+                    "(negative ones count from the end); omit it for every block"
+                )
+            object.__setattr__(self, "blocks", tuple(int(b) for b in self.blocks))
 
     def gemm(self, name: str) -> GemmRecipe:
         if name not in GEMMS:
@@ -130,12 +170,46 @@ class Recipe:
         return all(self.gemm(g).high_precision for g in GEMMS)
 
     def for_block(self, index: int | None, n_blocks: int | None) -> Recipe:
-        """This recipe, or all-high-precision where block ``index`` of ``n_blocks`` is exempt."""
+        """This recipe, or all-high-precision where block ``index`` of ``n_blocks`` is exempt
+        (kept first/last, or not among ``blocks``)."""
         if index is None or n_blocks is None:
-            return self
+            return Recipe(label="bf16") if self.blocks is not None else self
         if index < self.keep_first or index >= n_blocks - self.keep_last:
             return Recipe(label="bf16")
+        if self.blocks is not None and index not in {b % n_blocks for b in self.blocks}:
+            return Recipe(label="bf16")
         return self
+
+    def for_layer(self, layer_type: str | None, index: int | None, n_blocks: int | None) -> Recipe:
+        """The recipe of one linear: of type ``layer_type`` (None: neither attention nor MLP) in
+        block ``index`` of ``n_blocks``; all-high-precision where the selection leaves it out."""
+        if self.layer_types is not None and layer_type not in self.layer_types:
+            return Recipe(label="bf16")
+        return self.for_block(index, n_blocks)
+
+    def check_blocks(self, n_blocks: int) -> None:
+        """Raise ValueError when ``blocks`` names a block a model of ``n_blocks`` does not have."""
+        for i, b in enumerate(self.blocks or ()):
+            if not -n_blocks <= b < n_blocks:
+                raise ValueError(
+                    f"layers.blocks[{i}]: block {b} does not exist in a model of {n_blocks} "
+                    f"blocks; allowed: {-n_blocks} to {n_blocks - 1}"
+                )
+
+    def select(
+        self,
+        *,
+        keep_first: int = 0,
+        keep_last: int = 0,
+        layer_types: Iterable[str] | None = None,
+        blocks: Iterable[int] | None = None,
+    ) -> Recipe:
+        """This recipe (one without a selection of its own) on a subset of the layers, its label
+        suffixed with the selection (``/keep0,2``, ``/mlp``, ``/blocks0,-1``)."""
+        types = None if layer_types is None else tuple(layer_types)
+        blk = None if blocks is None else tuple(blocks)
+        r = replace(self, keep_first=keep_first, keep_last=keep_last, layer_types=types, blocks=blk)
+        return replace(r, label=self.short() + selection_label(r))
 
     def short(self) -> str:
         if self.label is not None:
@@ -211,7 +285,62 @@ class Recipe:
             label += f"/{base}"
         if keep_first or keep_last:
             label += f"/keep{keep_first},{keep_last}"
-        return cls(**gemms, keep_first=keep_first, keep_last=keep_last, label=label)
+        return cls(
+            fprop=gemms["fprop"],
+            dgrad=gemms["dgrad"],
+            wgrad=gemms["wgrad"],
+            keep_first=keep_first,
+            keep_last=keep_last,
+            label=label,
+        )
+
+    def table(self) -> dict[str, Any]:
+        """The resolved table, operand by operand (what ``ablate recipe --json`` prints)::
+
+            {"gemms": {"fprop"|"dgrad"|"wgrad": {"a": OPERAND, "b": OPERAND,
+                                                 "hadamard": {"size", "signs"} | None}},
+             "keep_first", "keep_last", "layers": {"types", "blocks"}}
+
+        OPERAND is ``{"operand": x|w|dy, "format", "rounding", "prescale", "block": [rows, cols]}``;
+        a high-precision operand has format ``bf16``, rounding None, block None; a per-tensor
+        format has block None. ``layers`` None entries mean every layer type / every block.
+        """
+
+        def operand(name: str, s: QuantSpec | None) -> dict[str, Any]:
+            if s is None:
+                return {
+                    "operand": name,
+                    "format": "bf16",
+                    "rounding": None,
+                    "prescale": False,
+                    "block": None,
+                }
+            return {
+                "operand": name,
+                "format": s.format,
+                "rounding": s.rounding,
+                "prescale": s.prescale,
+                "block": [s.block_rows, s.block] if s.block else None,
+            }
+
+        gemms: dict[str, Any] = {}
+        for g in GEMMS:
+            r, (a_op, b_op) = self.gemm(g), OPERANDS[g]
+            h = r.hadamard
+            gemms[g] = {
+                "a": operand(a_op, r.a),
+                "b": operand(b_op, r.b),
+                "hadamard": None if h is None else {"size": h.size, "signs": h.signs},
+            }
+        return {
+            "gemms": gemms,
+            "keep_first": self.keep_first,
+            "keep_last": self.keep_last,
+            "layers": {
+                "types": None if self.layer_types is None else list(self.layer_types),
+                "blocks": None if self.blocks is None else list(self.blocks),
+            },
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (for configs, params and hashing)."""
@@ -219,28 +348,39 @@ class Recipe:
         def spec(s: QuantSpec | None) -> dict[str, Any] | None:
             if s is None:
                 return None
-            return {
+            d = {
                 "format": s.format,
                 "scale_mode": s.scale_mode.value,
                 "rounding": s.rounding,
                 "prescale": s.prescale,
                 "block_size": s.block_size,
             }
+            if s.block_rows != 1:  # only when set: the keys of recipes without it stay as they were
+                d["block_rows"] = s.block_rows
+            return d
+
+        def had(h: HadamardSpec | None) -> dict[str, Any] | None:
+            if h is None:
+                return None
+            d: dict[str, Any] = {"size": h.size, "signs": h.signs}
+            if h.vector is not None:
+                d["vector"] = list(h.vector)
+            return d
 
         out: dict[str, Any] = {}
         for g in GEMMS:
             r = self.gemm(g)
-            h = r.hadamard
-            out[g] = {
-                "a": spec(r.a),
-                "b": spec(r.b),
-                "hadamard": None if h is None else {"size": h.size, "signs": h.signs},
-            }
+            out[g] = {"a": spec(r.a), "b": spec(r.b), "hadamard": had(r.hadamard)}
         out["keep_first"], out["keep_last"], out["label"] = (
             self.keep_first,
             self.keep_last,
             self.label,
         )
+        if self.layer_types is not None or self.blocks is not None:  # likewise only when set
+            out["layers"] = {
+                "types": None if self.layer_types is None else list(self.layer_types),
+                "blocks": None if self.blocks is None else list(self.blocks),
+            }
         return out
 
     @classmethod
@@ -252,15 +392,21 @@ class Recipe:
         for g in GEMMS:
             r = d.get(g) or {}
             h = r.get("hadamard")
+            if h is not None and h.get("vector") is not None:
+                h = {**h, "vector": tuple(h["vector"])}
             gemms[g] = GemmRecipe(
                 a=spec(r.get("a")),
                 b=spec(r.get("b")),
                 hadamard=None if h is None else HadamardSpec(**h),
             )
+        layers = d.get("layers") or {}
+        types, blocks = layers.get("types"), layers.get("blocks")
         return cls(
             **gemms,
             keep_first=int(d.get("keep_first", 0)),
             keep_last=int(d.get("keep_last", 0)),
+            layer_types=None if types is None else tuple(types),
+            blocks=None if blocks is None else tuple(blocks),
             label=d.get("label"),
         )
 
@@ -307,11 +453,22 @@ def intervention_label(sr: bool, had: HadamardSpec | None) -> str:
     return "+".join(parts) or "none"
 
 
+def selection_label(r: Recipe) -> str:
+    """The label suffix of a layer selection: ``/keep0,2``, ``/mlp``, ``/blocks0,-1``."""
+    out = f"/keep{r.keep_first},{r.keep_last}" if r.keep_first or r.keep_last else ""
+    if r.layer_types is not None and set(r.layer_types) != set(LAYER_TYPES):
+        out += "/" + "+".join(r.layer_types)
+    if r.blocks is not None:
+        out += "/blocks" + ",".join(map(str, r.blocks))
+    return out
+
+
 __all__ = [
     "BASE_FORMATS",
     "FORMATS",
     "FP4_FORMATS",
     "GEMMS",
+    "LAYER_TYPES",
     "OPERANDS",
     "GemmRecipe",
     "HadamardSpec",

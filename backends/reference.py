@@ -70,6 +70,13 @@ def quantize_reference(x: torch.Tensor, spec: QuantSpec, axis: int = -1, key: in
     xb = xm.unflatten(-1, (-1, B))  # (..., nb, B)
     nonfinite = (~torch.isfinite(xb)).any(-1)  # (..., nb)
     amax = xb.abs().amax(-1)
+    if spec.block_rows > 1:  # 2-D tiles of a (rows, K) tensor: one amax per tile
+        R, rb = xb.shape[0], spec.block_rows
+        tiles = torch.nn.functional.pad(xb, (0, 0, 0, 0, 0, -R % rb)).unflatten(0, (-1, rb))
+        tile_nonfinite = (~torch.isfinite(tiles)).any(3).any(1)  # (R / rb, nb)
+        tile_amax = tiles.abs().amax((1, 3))
+        nonfinite = tile_nonfinite.repeat_interleave(rb, 0)[:R]
+        amax = tile_amax.repeat_interleave(rb, 0)[:R]
     global_dec = None
     scales: torch.Tensor | None
     if f.scale == "e8m0":

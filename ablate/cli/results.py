@@ -31,6 +31,9 @@ from .common import (
 @click.option(
     "--no-attach", is_flag=True, help="Do not attach the report to the parent MLflow run."
 )
+@click.option(
+    "--no-titles", is_flag=True, help="Figures without titles (a paper's captions carry them)."
+)
 def report(
     study_file: str | None,
     out_dir: str | None,
@@ -39,6 +42,7 @@ def report(
     study_name: str | None,
     max_cells: int,
     no_attach: bool,
+    no_titles: bool,
 ) -> None:
     """Tokens to target per configuration, relative cost, projected speedup and convergence plots.
 
@@ -71,7 +75,7 @@ def report(
     else:
         raise click.UsageError("give a STUDY.yaml, or --tracking-uri and --study")
     try:
-        rep = report_study(study, out_dir, attach=not no_attach)
+        rep = report_study(study, out_dir, attach=not no_attach, titles=not no_titles)
     except AblateError as e:
         raise click.ClickException(str(e)) from None
     click.echo(rep.report_md)

@@ -9,10 +9,12 @@ from typing import Any
 
 import click
 
-from backends.recipe import GEMMS, OPERANDS, Recipe
+from backends.named import named_recipe
+from backends.recipe import GEMMS, Recipe
 
 from ..errors import AblateError
 from ..spec import Study
+from ..spec.recipe import select
 from .common import (
     address_opt,
     executor_opt,
@@ -26,6 +28,7 @@ from .common import (
 
 
 @click.command()
+@click.argument("name", required=False)
 @click.option(
     "--fp4",
     "fp4_gemms",
@@ -35,30 +38,98 @@ from .common import (
 @click.option("--intervention", default="none", show_default=True, help="none, sr, rht, dht, ...")
 @click.option("--format", "fp4_format", default="mxfp4", show_default=True, help="mxfp4 or nvfp4.")
 @click.option("--base", default="bf16", show_default=True, help="Other GEMMs: bf16, fp8, mxfp8.")
-@click.option("--json", "as_json", is_flag=True, help="Print the resolved recipe as JSON.")
-def recipe(fp4_gemms: str, intervention: str, fp4_format: str, base: str, as_json: bool) -> None:
-    """Show what a recipe shorthand resolves to, operand by operand.
+@click.option("--keep-first", default=0, type=click.IntRange(min=0), help="First N blocks in BF16.")
+@click.option("--keep-last", default=0, type=click.IntRange(min=0), help="Last N blocks in BF16.")
+@click.option("--json", "as_json", is_flag=True, help="Print the resolved table as JSON.")
+def recipe(
+    name: str | None,
+    fp4_gemms: str,
+    intervention: str,
+    fp4_format: str,
+    base: str,
+    keep_first: int,
+    keep_last: int,
+    as_json: bool,
+) -> None:
+    """Show what a named recipe or a recipe shorthand resolves to, operand by operand.
+
+    NAME is a named recipe (nvidia_nvfp4, tseng_mxfp4, amd_mxfp4_h16, quartet); without it the
+    shorthand options describe the recipe. --json prints {"gemms": {GEMM: {"a": OPERAND, "b":
+    OPERAND, "hadamard": {"size", "signs"} | null}}, "keep_first", "keep_last", "layers"} with
+    OPERAND = {"operand", "format", "rounding", "prescale", "block": [rows, cols]}.
 
     \b
     Example:
+        ablate recipe nvidia_nvfp4
+        ablate recipe tseng_mxfp4 --base bf16 --json
         ablate recipe --fp4 fprop,dgrad,wgrad --intervention dht --base fp8
     """
     gemms = [g.strip() for g in fp4_gemms.split(",") if g.strip()]
     try:
-        r = Recipe.from_shorthand(gemms, intervention, fp4_format=fp4_format, base=base)
+        if name is not None:
+            if gemms or intervention != "none" or fp4_format != "mxfp4":
+                raise ValueError(
+                    f"recipe: {name!r} is a named recipe; --fp4, --intervention and --format "
+                    "describe a shorthand instead (give one or the other)"
+                )
+            r = select(
+                named_recipe(name, base), keep_first=keep_first, keep_last=keep_last, layers=None
+            )
+        else:
+            r = Recipe.from_shorthand(
+                gemms,
+                intervention,
+                fp4_format=fp4_format,
+                base=base,
+                keep_first=keep_first,
+                keep_last=keep_last,
+            )
     except ValueError as e:
         raise click.BadParameter(str(e)) from e
     if as_json:
-        click.echo(json.dumps(r.to_dict(), indent=2))
+        click.echo(json.dumps(r.table(), indent=2))
         return
     click.echo(r.short())
+    click.echo(recipe_table_text(r))
+
+
+def recipe_table_text(r: Recipe) -> str:
+    """``Recipe.table()`` as aligned text: one row per GEMM operand, then the layer selection."""
+    t = r.table()
+    rows = [["gemm", "operand", "format", "rounding", "prescale", "block", "hadamard"]]
     for g in GEMMS:
-        gr = r.gemm(g)
-        a_op, b_op = OPERANDS[g]
-        a = gr.a.short() if gr.a else "bf16"
-        b = gr.b.short() if gr.b else "bf16"
-        had = f"  hadamard={gr.hadamard.short()}" if gr.hadamard else ""
-        click.echo(f"  {g:6s} {a_op + '=' + a:22s} {b_op + '=' + b:22s}{had}".rstrip())
+        row = t["gemms"][g]
+        h = row["hadamard"]
+        had = "-" if h is None else f"{h['size']} {h['signs']}"
+        h_obj = r.gemm(g).hadamard
+        if h_obj is not None and h_obj.vector is not None:
+            had += " (one vector: " + "".join("+" if v > 0 else "-" for v in h_obj.vector) + ")"
+        for op in ("a", "b"):
+            o = row[op]
+            block = "-" if o["block"] is None else "x".join(map(str, o["block"]))
+            rows.append(
+                [
+                    g,
+                    o["operand"],
+                    o["format"],
+                    o["rounding"] or "-",
+                    "3/4" if o["prescale"] else "-",
+                    block,
+                    had,
+                ]
+            )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+    layers = t["layers"]
+    types = "attention+mlp" if layers["types"] is None else "+".join(layers["types"])
+    blocks = "all" if layers["blocks"] is None else ",".join(map(str, layers["blocks"]))
+    lines.append(
+        f"keep_first {t['keep_first']}, keep_last {t['keep_last']} (blocks in BF16); "
+        f"layers: {types}, blocks {blocks}"
+    )
+    return "\n".join(lines)
 
 
 @click.command()
@@ -368,21 +439,48 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
 @click.command()
 @click.argument("study_file", metavar="STUDY.yaml", required=False, type=click.Path(dir_okay=False))
 @output_opt
-@click.option("--tracking-uri", default=None, help="Browse this store instead of a study's.")
+@click.option(
+    "--tracking-uri",
+    default=None,
+    help="Browse this store instead of a study's; an http(s) server is not started, only linked.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--port", default=5000, show_default=True, type=int)
+@click.option("--port", default=5000, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Server worker processes (each holds ~300 MB; one serves a person browsing).",
+)
+@click.option(
+    "--timeout", default=120.0, show_default=True, help="Seconds to wait for the UI to answer."
+)
+@click.option("--study", "study_name", default=None, help="With --tracking-uri: the study to open.")
 def ui(
-    study_file: str | None, output: str | None, tracking_uri: str | None, host: str, port: int
+    study_file: str | None,
+    output: str | None,
+    tracking_uri: str | None,
+    host: str,
+    port: int,
+    workers: int,
+    timeout: float,
+    study_name: str | None,
 ) -> None:
-    """Open the MLflow UI on a study's store (bound to 127.0.0.1 unless --host says otherwise).
+    """Open the MLflow UI on a study's store, at the study's runs table.
+
+    Starts `mlflow server` on the study's SQLite store (bound to 127.0.0.1 unless --host says
+    otherwise, one worker, no job runner), waits until it answers and prints the URL of the study's
+    runs. With --tracking-uri http(s)://... the server is already running: the URL is printed.
 
     \b
     Example:
-        ablate ui studies/quickstart.yaml      # then browse http://127.0.0.1:5000
+        ablate ui studies/quickstart.yaml      # then open the printed URL
+        ablate ui --tracking-uri http://mlflow-host:5000 --study mxfp4_wgrad
     """
-    import os
-    import shutil
+    from ..tracking.ui import serve, study_url
 
+    study = None
     if tracking_uri is None:
         if study_file is None:
             raise click.UsageError("give a STUDY.yaml or --tracking-uri")
@@ -393,7 +491,24 @@ def ui(
             raise click.ClickException(
                 f"{db}: no MLflow store yet; run `ablate run {study_file}` first"
             )
-    exe = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
-    cmd = [exe, "ui", "--backend-store-uri", tracking_uri, "--host", host, "--port", str(port)]
-    click.echo(f"MLflow UI on http://{host}:{port} (Ctrl-C to stop)", err=True)
-    os.execv(exe, cmd)
+    elif study_file is not None:
+        study = load(study_file, output)
+    name = (study.experiment or study.name) if study is not None else study_name
+    axes = study.axes if study is not None else []
+    try:
+        if tracking_uri.startswith(("http://", "https://")):
+            click.echo(study_url(tracking_uri, tracking_uri, name, axes=axes))
+            return
+        status = serve(
+            tracking_uri,
+            host=host,
+            port=port,
+            workers=workers,
+            timeout=timeout,
+            experiment=name,
+            axes=axes,
+            echo=lambda m: click.echo(m, err=True),
+        )
+    except AblateError as e:
+        raise click.ClickException(str(e)) from None
+    sys.exit(status)

@@ -2,8 +2,8 @@
 
 A report is a list of blocks, rendered twice: ``("h1"|"h2", text)``, ``("p", text)``,
 ``("ul", [text, ...])``, ``("table", (headers, rows))`` and ``("figure", (caption, png_path, file))``.
-Text may use Markdown's ``**bold**`` and ``code`` spans; the HTML renderer converts those two and
-escapes everything else. Figures are linked by file name in Markdown and embedded as base64 PNG in
+Text may use Markdown's inline spans (``**bold**``, ``*italic*``, ``code``, ``[text](file)``); the
+HTML renderer converts those and escapes everything else. Figures are linked by file name in Markdown and embedded as base64 PNG in
 HTML, so the HTML file needs nothing else.
 """
 
@@ -125,17 +125,33 @@ def to_markdown(blocks: Sequence[Block]) -> str:
     return "\n\n".join(out) + "\n"
 
 
+_BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*")
+_ITALIC = re.compile(r"(?<![*\w])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![*\w])")
+_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
+
+
 def _inline(text: str) -> str:
-    """Escape, then turn ``**bold**`` and ```code``` into HTML."""
-    s = html.escape(str(text))
-    s = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", s)
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", s)
+    """Markdown's inline spans as HTML, everything else escaped: ```code``` (its content verbatim),
+    ``**bold**``, ``*italic*`` (``*`` that opens and closes next to non-space, as CommonMark asks,
+    so ``2 * 3`` stays text) and ``[text](url)`` links (to relative files: the report's SVGs)."""
+    out = []
+    for i, part in enumerate(re.split(r"`([^`]+)`", str(text))):
+        if i % 2:  # inside a code span
+            out.append(f"<code>{html.escape(part)}</code>")
+            continue
+        s = html.escape(part, quote=False)
+        s = _BOLD.sub(r"<strong>\1</strong>", s)
+        s = _ITALIC.sub(r"<em>\1</em>", s)
+        s = _LINK.sub(lambda m: f'<a href="{html.escape(m[2])}">{m[1]}</a>', s)
+        out.append(s)
+    return "".join(out)
 
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
        max-width: 1200px; padding: 0 1em; color: #222; line-height: 1.45; }
-table { border-collapse: collapse; font-size: 0.85em; margin: 1em 0; }
+.table-wrap { overflow-x: auto; max-width: 100%; margin: 1em 0; }
+table { border-collapse: collapse; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; vertical-align: top; }
 th { background: #f3f3f3; text-align: left; }
 td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
@@ -169,8 +185,9 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
                 + "</tr>"
                 for r in rows
             ]
-            body.append(
-                f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(trs)}</tbody></table>"
+            body.append(  # a wide table scrolls inside its box instead of widening the page
+                f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead>'
+                f"<tbody>{''.join(trs)}</tbody></table></div>"
             )
         elif kind == "figure":
             caption, png, _file = content

@@ -1,19 +1,21 @@
-"""Figures: convergence curves, a late-stage zoom, relative token cost per configuration, and the
-equal-loss token ratio over training.
+"""Figures: convergence curves, a late-stage zoom, relative token cost per configuration, the
+projected speedup per configuration, and the equal-loss token ratio over training.
 
 Figures are ``matplotlib.figure.Figure`` objects built without pyplot (so the caller's backend and
 figure registry are untouched; saving uses Agg for PNG and the SVG backend for SVG).
 
-Encoding, the same in every figure:
-    colour     which GEMMs are FP4 (fprop: blue, fprop+dgrad: green, fprop+dgrad+wgrad: red, other
-               subsets their own hue, no FP4 GEMM: grey, the baseline: black)
+Encoding, the same in every figure (Paul Tol's colour-blind-safe palettes):
+    colour     a family per set of FP4 GEMMs (fprop: blues, fprop+dgrad: greens, fprop+dgrad+wgrad:
+               reds to purples, other subsets their own, no FP4 GEMM: greys, the baseline: black),
+               and inside a family one distinct colour per intervention
     line style the intervention (none solid, sr dotted, rht dashed, dht dash-dot, fht dash-dot-dot,
                combinations their own dash pattern); bars use a hatch per intervention instead
-    shade and marker  tell apart configurations that share both (e.g. dht16 and dht64)
+    marker     tells apart configurations that still look alike (e.g. dht16 and dht64)
 
 A configuration's curve is the geometric mean of perplexity over its seeds at each evaluation (the
-mean of the loss), with a min-max band over seeds; a diverged seed's curve ends at its last finite
-evaluation, marked with an x.
+mean of the loss), a marker at each evaluation, with each seed as a thin line (up to three seeds) or
+a min-max band over seeds (more); a diverged seed's curve ends at its last finite evaluation, marked
+with an x. Token axes read 20k, 1.2M. Every figure takes ``titles=False`` for a paper's caption.
 """
 
 from __future__ import annotations
@@ -28,16 +30,21 @@ from matplotlib import colors as mcolors
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-GEMM_COLOURS = {
-    "": "#7f7f7f",
-    "fprop": "#1f77b4",
-    "fprop+dgrad": "#2ca02c",
-    "fprop+dgrad+wgrad": "#d62728",
-    "dgrad": "#9467bd",
-    "wgrad": "#8c564b",
-    "fprop+wgrad": "#e377c2",
-    "dgrad+wgrad": "#bcbd22",
+# Paul Tol's colour-blind-safe palettes: one family per set of FP4 GEMMs, one distinct colour per
+# intervention inside it (none first, then in the order the study lists them)
+GEMM_FAMILIES = {
+    "": ["#888888", "#BBBBBB", "#555555"],
+    "fprop": ["#0077BB", "#33BBEE", "#004488", "#77AADD"],
+    "fprop+dgrad": ["#009988", "#117733", "#44AA99", "#999933"],
+    "fprop+dgrad+wgrad": ["#CC3311", "#EE7733", "#EE3377", "#882255", "#AA4499", "#994455"],
+    "dgrad": ["#AA3377", "#CC6677"],
+    "wgrad": ["#997700", "#DDAA33"],
+    "fprop+wgrad": ["#6699CC", "#004488"],
+    "dgrad+wgrad": ["#EECC66", "#997700", "#DDCC77", "#BB5566"],
 }
+OTHER_FAMILY = ["#17BECF", "#4477AA", "#228833"]
+GEMM_COLOURS = {g: family[0] for g, family in GEMM_FAMILIES.items()}
+"""The first colour of each family: a set of FP4 GEMMs without an intervention."""
 BASELINE_COLOUR = "#000000"
 LINE_STYLES: dict[str, Any] = {  # dash patterns in units of the line width
     "none": "-",
@@ -61,6 +68,8 @@ HATCHES = {
 MARKERS = [None, "o", "s", "^", "D", "v", "P"]
 SHADES = [0.0, 0.45, -0.4, 0.25, -0.2, 0.6, -0.55]  # toward white (+) or black (-)
 MAX_POINTS = 400  # per plotted curve; more adds file size, not information
+MAX_MARKERS = 40  # a marker at every evaluation up to this many, else at every tenth
+SEED_LINES = 3  # up to this many seeds: a thin line per seed; more: a min-max band
 
 
 def _kind(intervention: str) -> str:
@@ -76,32 +85,61 @@ def _shade(colour: str, amount: float) -> tuple[float, float, float]:
 
 
 def styles(config_table: Any) -> dict[str, dict[str, Any]]:
-    """Per config: colour, linestyle, hatch, marker (in the config table's order)."""
+    """Per config: colour, linestyle, hatch, marker (in the config table's order). The colour is
+    the k-th of its GEMM set's family for the k-th intervention seen with that set (the baseline is
+    black); the line style and hatch say the intervention again (redundant on purpose: print and
+    colour-blind readers); a marker tells apart configurations that still look alike."""
     out: dict[str, dict[str, Any]] = {}
     seen: dict[Any, int] = {}
     for r in config_table.to_dict("records"):
         gemms = "+".join(g for g in r["fp4_gemms"].replace(",", "+").split("+") if g)
-        colour = BASELINE_COLOUR if r["baseline"] else GEMM_COLOURS.get(gemms, "#17becf")
         kind = _kind(r["intervention"])
-        n_colour = seen.get(colour, 0)  # k-th config of this colour: its shade
-        n_style = seen.get((colour, kind), 0)  # k-th of this colour and style: its marker
-        seen[colour], seen[(colour, kind)] = n_colour + 1, n_style + 1
-        shade = (
-            SHADES[n_colour % len(SHADES)] if colour != BASELINE_COLOUR else 0.55 * min(n_colour, 1)
-        )
+        rgb = mcolors.to_rgb(BASELINE_COLOUR)
+        if not r["baseline"]:
+            family = GEMM_FAMILIES.get(gemms, OTHER_FAMILY)
+            k = seen.get(gemms, 0)
+            seen[gemms] = k + 1
+            rgb = mcolors.to_rgb(family[k % len(family)])
+            if k >= len(family):  # more configurations than colours: darker, then lighter
+                rgb = _shade(family[k % len(family)], SHADES[(k // len(family)) % len(SHADES)])
+        n_look = seen.get((rgb, kind), 0)
+        seen[(rgb, kind)] = n_look + 1
         out[r["config"]] = {
-            "color": _shade(colour, shade),
+            "color": rgb,
             "linestyle": LINE_STYLES.get(kind, (0, (2, 2))),
             "hatch": HATCHES.get(kind, "--"),
-            "marker": MARKERS[n_style % len(MARKERS)],
+            "marker": MARKERS[n_look % len(MARKERS)],
         }
     return out
 
 
+def token_formatter() -> Any:
+    """Tick labels for a tokens axis: 20k, 1.2M, 3B (``markup.tokens`` without trailing zeros)."""
+    from matplotlib.ticker import FuncFormatter
+
+    def fmt(x: float, _pos: Any) -> str:
+        if x == 0:
+            return "0"
+        for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+            if abs(x) >= div:
+                return f"{x / div:.3g}{unit}"
+        return f"{x:.3g}"
+
+    return FuncFormatter(fmt)
+
+
+def _tokens_axis(ax: Any) -> None:
+    from matplotlib.ticker import NullFormatter
+
+    ax.xaxis.set_major_formatter(token_formatter())
+    if ax.get_xscale() == "log":
+        ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def curves(cell_table: Any, evals: Any) -> dict[str, Any]:
-    """Per config, a DataFrame (tokens, ppl, lo, hi, n): geometric-mean perplexity over seeds at each
-    evaluation with the min-max band, from cleaned evaluations (``metrics.clean_evals``); each cell's
-    curve stops at its first non-finite loss."""
+    """Per config, arrays (tokens, ppl, lo, hi, n): geometric-mean perplexity over seeds at each
+    evaluation with the min-max band, and ``seeds``: each seed's own (tokens, ppl), from cleaned
+    evaluations (``metrics.clean_evals``); each cell's curve stops at its first non-finite loss."""
     ev = evals.loc[:, ["key", "tokens", "ppl"]]
     bad = (~np.isfinite(ev["ppl"].to_numpy())).astype(int)
     after_bad = ev.assign(bad=bad).groupby("key", sort=False)["bad"].cumsum().to_numpy() > 0
@@ -120,7 +158,14 @@ def curves(cell_table: Any, evals: Any) -> dict[str, Any]:
             "lo": np.exp(sub["min"].to_numpy()),
             "hi": np.exp(sub["max"].to_numpy()),
             "n": sub["count"].to_numpy(),
+            "seeds": [],
         }
+    for _key, sub in ev.groupby("key", sort=False):
+        cfg = str(sub["config"].iloc[0])
+        if cfg in out:
+            out[cfg]["seeds"].append(
+                (sub["tokens"].to_numpy(dtype=float), sub["ppl"].to_numpy(dtype=float))
+            )
     return out
 
 
@@ -157,12 +202,18 @@ def plot_convergence(
     *,
     late: float | None = None,
     title: str = "",
+    titles: bool = True,
 ) -> Figure:
-    """Validation perplexity against tokens, one line per config (``data`` from ``curves``).
+    """Validation perplexity against tokens, one line per config (``data`` from ``curves``), a
+    marker at each evaluation (every tenth when there are more than ``MAX_MARKERS``). With at most
+    ``SEED_LINES`` seeds each seed is a thin line of its own (a min-max band of two or three seeds
+    says less than the seeds do); with more, a band.
 
     ``late``: show only the last part of training from this fraction of the longest run's tokens
-    (e.g. 0.5), with linear axes and a y-range fitted to the curves near the target. Otherwise log-y
+    (e.g. 0.5), with linear axes and a y-range fitted to the curves near the target; a curve that
+    ends above the frame is labelled at its top edge with its final perplexity. Otherwise log-y
     when perplexity spans more than a decade, log-x when tokens span more than two.
+    ``titles``: False leaves the title out (for a paper's own caption).
     """
     st = styles(config_table)
     baseline = config_table.loc[config_table["baseline"], "config"].iloc[0]
@@ -191,13 +242,22 @@ def plot_convergence(
             keep = keep[d["tokens"][keep] > 0]  # a step-0 evaluation has no place on a log axis
         idx = keep[_thin(len(keep))]
         t, p = d["tokens"][idx], d["ppl"][idx]
-        if len(idx) and d["n"].max() > 1:
+        n_seeds = len(d["seeds"])
+        if len(idx) and 1 < n_seeds <= SEED_LINES:
+            for st_tok, st_ppl in d["seeds"]:
+                m = st_tok >= t_min if late is not None else st_tok > 0
+                ax.plot(
+                    st_tok[m], st_ppl[m], color=s["color"], linestyle=s["linestyle"],
+                    linewidth=0.6, alpha=0.55,
+                )  # fmt: skip
+        elif len(idx) and d["n"].max() > 1:
             ax.fill_between(
                 t, d["lo"][idx], d["hi"][idx], color=s["color"], alpha=band_alpha, linewidth=0
             )
         (line,) = ax.plot(
-            t, p, color=s["color"], linestyle=s["linestyle"], linewidth=1.6, marker=s["marker"],
-            markevery=0.1, markersize=4,
+            t, p, color=s["color"], linestyle=s["linestyle"], linewidth=1.6,
+            marker=s["marker"] or "o", markevery=1 if len(idx) <= MAX_MARKERS else 0.1,
+            markersize=3.5,
         )  # fmt: skip
         handles.append(line)
         labels.append(cfg + (" (baseline)" if cfg == baseline else ""))
@@ -229,27 +289,44 @@ def plot_convergence(
         lo = min(float(np.nanmin(all_lo)), target_ppl)
         hi = max(float(np.nanquantile(all_p, 0.9)), target_ppl)
         pad = 0.06 * (hi - lo) if hi > lo else 0.05 * target_ppl
-        ax.set_ylim(lo - pad, hi + pad)
+        top = hi + pad
+        ax.set_ylim(lo - pad, top)
         ax.set_xlim(t_min, t_max * 1.01)
+        for cfg, line in zip(labels, handles, strict=False):
+            t_line = np.asarray(line.get_xdata(), dtype=float)
+            p_line = np.asarray(line.get_ydata(), dtype=float)
+            if len(p_line) and p_line[-1] > top:  # left the frame: say where it went
+                inside = np.flatnonzero(p_line <= top)
+                x = float(t_line[inside[-1]] if len(inside) else t_line[0])
+                right = x > t_min + 0.6 * (t_max - t_min)
+                ax.annotate(
+                    f"↑ {cfg.removesuffix(' (baseline)')}: {p_line[-1]:.4g}",
+                    xy=(x, top), xytext=(0, -10), textcoords="offset points", fontsize=7,
+                    color=line.get_color(), ha="right" if right else "left",
+                )  # fmt: skip
+    _tokens_axis(ax)
     ax.set_xlabel("tokens")
     ax.set_ylabel("validation perplexity")
     ax.grid(True, which="major", alpha=0.3)
     ax.grid(True, which="minor", alpha=0.1)
     zoom = f" (from {late:.0%} of training)" if late is not None else ""
-    ax.set_title((title + ": " if title else "") + f"validation perplexity{zoom}", fontsize=11)
+    if titles:
+        ax.set_title((title + ": " if title else "") + f"validation perplexity{zoom}", fontsize=11)
     _legend(fig, handles, labels)
     return fig
 
 
-def plot_token_cost(config_table: Any, title: str = "") -> Figure:
+def plot_token_cost(config_table: Any, title: str = "", *, titles: bool = True) -> Figure:
     """Horizontal bars of relative token cost (%) with 95% intervals; configs that never reached the
-    target, or whose baseline never did, are marked in words instead of a bar. An interval far wider
-    than the spread of the costs themselves is cut at the axis and ends in an arrowhead."""
+    target, or whose baseline never did, are marked in words instead of a bar; a bar is hollow when
+    some seeds did not reach the target (a censored estimate). An interval far wider than the
+    spread of the costs themselves is cut at the axis and ends in an arrowhead."""
     st = styles(config_table)
     rows = config_table.to_dict("records")
     fig = Figure(figsize=(9, 1.3 + 0.42 * len(rows)), layout="constrained")
     ax = fig.add_subplot()
     y = np.arange(len(rows))[::-1]
+    hollow = False
     finite = [r for r in rows if math.isfinite(r["rel_token_cost"])]
     points = [0.0] + [100 * r["rel_token_cost"] for r in finite]
     lows = [100 * r["rel_token_cost_lo"] for r in finite if math.isfinite(r["rel_token_cost_lo"])]
@@ -297,9 +374,17 @@ def plot_token_cost(config_table: Any, title: str = "") -> Figure:
             )
             continue
         c = 100 * cost
-        ax.barh(
-            yi, c, color=s["color"], alpha=0.85, hatch=s["hatch"], edgecolor="white", height=0.7
-        )
+        if r["partial"]:  # hollow: censored seeds in the estimate
+            ax.barh(
+                yi, c, facecolor="none", hatch=s["hatch"], edgecolor=s["color"], linewidth=1.5,
+                height=0.7,
+            )  # fmt: skip
+            hollow = True
+        else:
+            ax.barh(
+                yi, c, color=s["color"], alpha=0.85, hatch=s["hatch"], edgecolor="white",
+                height=0.7,
+            )  # fmt: skip
         lo, hi = 100 * r["rel_token_cost_lo"], 100 * r["rel_token_cost_hi"]
         right = c
         if math.isfinite(lo) and math.isfinite(hi):
@@ -322,14 +407,81 @@ def plot_token_cost(config_table: Any, title: str = "") -> Figure:
         "(censored estimate; a lone arrow: a lower bound only)"
     )
     ax.grid(True, axis="x", alpha=0.3)
-    ax.set_title(
-        (title + ": " if title else "") + "tokens to target relative to the baseline", fontsize=11
+    if hollow:
+        from matplotlib.patches import Patch
+
+        fig.legend(
+            [Patch(facecolor="#777777", alpha=0.85), Patch(facecolor="none", edgecolor="#777777")],
+            ["every seed reached the target", "some seeds did not (censored estimate)"],
+            fontsize=8, loc="outside lower center", ncol=2, frameon=False,
+        )  # fmt: skip
+    if titles:
+        ax.set_title(
+            (title + ": " if title else "") + "tokens to target relative to the baseline",
+            fontsize=11,
+        )
+    return fig
+
+
+def plot_speedup(config_table: Any, title: str = "", *, titles: bool = True) -> Figure:
+    """The projected end-to-end speedup per configuration with its 95% interval, against 1x (the
+    baseline); a cost that is only bounded gives an upper bound (a left arrow from it), a
+    configuration without a projection is named in words."""
+    st = styles(config_table)
+    rows = [r for r in config_table.to_dict("records") if not r["baseline"]]
+    fig = Figure(figsize=(9, 1.3 + 0.42 * max(len(rows), 1)), layout="constrained")
+    ax = fig.add_subplot()
+    y = np.arange(len(rows))[::-1]
+    xs = [1.0] + [
+        v
+        for r in rows
+        for v in (r["projected_speedup"], r["projected_speedup_lo"], r["projected_speedup_hi"])
+        if math.isfinite(v)
+    ]
+    x_lo, x_hi = min(min(xs), 0.9), max(max(xs), 1.1)
+    pad = 0.08 * (x_hi - x_lo)
+    left = max(0.0, x_lo - pad)  # a speedup is positive
+    for yi, r in zip(y, rows, strict=True):
+        s = st[r["config"]]
+        point, lo, hi = r["projected_speedup"], r["projected_speedup_lo"], r["projected_speedup_hi"]
+        if math.isfinite(point):
+            err = [[point - lo], [hi - point]] if math.isfinite(lo) and math.isfinite(hi) else None
+            ax.errorbar(
+                point, yi, xerr=err, color=s["color"], marker=s["marker"] or "o", markersize=6,
+                capsize=3, linewidth=1.5,
+            )  # fmt: skip
+            ax.text(point, yi + 0.22, f"{point:.2f}×", fontsize=8, ha="center")
+        elif math.isfinite(hi):  # only bounded: at most hi
+            ax.annotate(
+                "", xy=(left, yi), xytext=(hi, yi),
+                arrowprops={"arrowstyle": "->", "color": s["color"], "linewidth": 2},
+            )  # fmt: skip
+            ax.text(hi, yi + 0.22, f"≤ {hi:.2f}×", fontsize=8, ha="center")
+        else:
+            ax.text(
+                1.0, yi, "  no projection", va="center", fontsize=8, color="#555555",
+                style="italic",
+            )  # fmt: skip
+    ax.axvline(1.0, color=BASELINE_COLOUR, linewidth=0.8)
+    ax.set_yticks(y, [r["config"] for r in rows], fontsize=8)
+    ax.set_ylim(-0.6, max(len(rows), 1) - 0.4)
+    ax.set_xlim(left, x_hi + pad)
+    ax.set_xlabel(
+        "projected end-to-end speedup vs the baseline (×), 95% interval from the token cost\n"
+        "(> 1: faster to the target; a lone arrow: an upper bound only)"
     )
+    ax.grid(True, axis="x", alpha=0.3)
+    if titles:
+        ax.set_title((title + ": " if title else "") + "projected speedup", fontsize=11)
     return fig
 
 
 def plot_equal_loss(
-    config_table: Any, ratio_curves: dict[str, tuple[np.ndarray, np.ndarray]], title: str = ""
+    config_table: Any,
+    ratio_curves: dict[str, tuple[np.ndarray, np.ndarray]],
+    title: str = "",
+    *,
+    titles: bool = True,
 ) -> Figure:
     """The equal-loss token ratio over training per configuration (``equal_loss.ratio_curve``):
     tokens the configuration used / tokens the baseline needed for the same validation loss."""
@@ -349,13 +501,15 @@ def plot_equal_loss(
         )  # fmt: skip
     ax.axhline(1.0, color=BASELINE_COLOUR, linewidth=0.8, label="baseline")
     ax.set_xscale("log")
+    _tokens_axis(ax)
     ax.set_xlabel("training tokens")
     ax.set_ylabel("equal-loss token ratio (> 1: needs more tokens than the baseline)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    ax.set_title(
-        (title + ": " if title else "") + "tokens for the same loss vs baseline", fontsize=11
-    )
+    if titles:
+        ax.set_title(
+            (title + ": " if title else "") + "tokens for the same loss vs baseline", fontsize=11
+        )
     return fig
 
 

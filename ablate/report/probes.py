@@ -126,7 +126,7 @@ def probe_table(config_table: Any, agg: Any) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot_metrics(config_table: Any, agg: Any, title: str = "") -> Figure:
+def plot_metrics(config_table: Any, agg: Any, title: str = "", *, titles: bool = True) -> Figure:
     gemms = gemms_of(agg)
     rows = (("rel_err", "relative error"), ("align", "alignment"))
     fig = Figure(figsize=(3.6 * max(len(gemms), 1) + 1, 6.5), layout="constrained")
@@ -154,7 +154,8 @@ def plot_metrics(config_table: Any, agg: Any, title: str = "") -> Figure:
                 ax.set_xlabel("step")
     if handles:
         plots._legend(fig, list(handles.values()), list(handles))
-    fig.suptitle((title + ": " if title else "") + "gradient fidelity over training", fontsize=11)
+    if titles:
+        fig.suptitle((title + ": " if title else "") + "gradient fidelity over training")
     return fig
 
 
@@ -174,7 +175,7 @@ def layer_matrix(agg: Any, config: str, metric: str = "rel_err") -> tuple[np.nda
     return mat, blocks
 
 
-def plot_layers(config_table: Any, agg: Any, title: str = "") -> Figure:
+def plot_layers(config_table: Any, agg: Any, title: str = "", *, titles: bool = True) -> Figure:
     configs = [c for c in config_table["config"] if (agg["config"] == c).any()]
     mats = {c: layer_matrix(agg, c) for c in configs}
     configs = [c for c in configs if mats[c][1]]
@@ -201,11 +202,14 @@ def plot_layers(config_table: Any, agg: Any, title: str = "") -> Figure:
         axes[k // ncol][k % ncol].set_visible(False)
     if im is not None:
         fig.colorbar(im, ax=axes, shrink=0.8, label="relative error at the last probe")
-    fig.suptitle((title + ": " if title else "") + "relative error per block and GEMM", fontsize=11)
+    if titles:
+        fig.suptitle((title + ": " if title else "") + "relative error per block and GEMM")
     return fig
 
 
-def plot_structure(config_table: Any, agg: Any, window: int | None, title: str = "") -> Figure:
+def plot_structure(
+    config_table: Any, agg: Any, window: int | None, title: str = "", *, titles: bool = True
+) -> Figure:
     configs = [c for c in config_table["config"] if (agg["config"] == c).any()]
     st = plots.styles(config_table)
     fig = Figure(figsize=(12, 4.8), layout="constrained")
@@ -250,11 +254,12 @@ def plot_structure(config_table: Any, agg: Any, window: int | None, title: str =
         ax.legend(fontsize=7, loc="lower right")
     axes[1].set_yticklabels([])
     axes[2].set_yticklabels([])
-    fig.suptitle(
-        (title + ": " if title else "")
-        + f"wgrad error structure (mean over probes from {LATE:.0%} of training; bars: seeds)",
-        fontsize=10,
-    )
+    if titles:
+        fig.suptitle(
+            (title + ": " if title else "")
+            + f"wgrad error structure (mean over probes from {LATE:.0%} of training; bars: seeds)",
+            fontsize=10,
+        )
     return fig
 
 
@@ -266,6 +271,7 @@ def probe_blocks(
     *,
     study: str,
     settings: dict[str, Any] | None = None,
+    titles: bool = True,
 ) -> tuple[list[Block], dict[str, dict[str, Any]], pd.DataFrame]:
     """The section's blocks, its figure paths and its table (empty when there are no probes)."""
     if probes is None or not len(probes):
@@ -275,9 +281,9 @@ def probe_blocks(
         return [], {}, pd.DataFrame()
     window = (settings or {}).get("window")
     figs = {
-        "probe_metrics": plot_metrics(config_table, agg, title=study),
-        "probe_layers": plot_layers(config_table, agg, title=study),
-        "probe_structure": plot_structure(config_table, agg, window, title=study),
+        "probe_metrics": plot_metrics(config_table, agg, title=study, titles=titles),
+        "probe_layers": plot_layers(config_table, agg, title=study, titles=titles),
+        "probe_structure": plot_structure(config_table, agg, window, title=study, titles=titles),
     }
     paths = {name: plots.save(fig, out_dir, name) for name, fig in figs.items()}
     table = probe_table(config_table, agg)

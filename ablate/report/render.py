@@ -8,7 +8,8 @@
                          ``provenance.PER_CONFIG``)
     convergence.*        validation perplexity against tokens, every configuration
     convergence_late.*   the same from LATE_FRACTION of training on, linear axes, near the target
-    token_cost.*         relative token cost with 95% intervals
+    token_cost.*         relative token cost with 95% intervals (hollow bars: censored seeds)
+    speedup.*            projected end-to-end speedup with 95% intervals
     equal_loss.*         equal-loss token ratio over training
     probe_*.*            with probe metrics: the gradient-fidelity section (``report.probes``)
 
@@ -18,6 +19,7 @@ The inputs follow the contract in ``ablate.report.metrics``; the target is any o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,13 +39,17 @@ from .metrics import (
     resolve_target,
 )
 from .probes import probe_blocks
+from .run_metrics import run_summaries
 from .verdict import cost_and_speedup, verdict, verdict_lines
 
 LATE_FRACTION = 0.5
 FIGURES = {
-    "convergence": "Validation perplexity against tokens (geometric mean over seeds, band: min-max)",
+    "convergence": "Validation perplexity against tokens (geometric mean over seeds; thin lines: "
+    "each seed, or a min-max band beyond three seeds)",
     "convergence_late": f"Late stage: from {LATE_FRACTION:.0%} of training, near the target",
-    "token_cost": "Tokens to target relative to the baseline, 95% interval over seeds",
+    "token_cost": "Tokens to target relative to the baseline, 95% interval over seeds (hollow: "
+    "some seeds did not reach the target)",
+    "speedup": "Projected end-to-end speedup vs the baseline, 95% interval from the token cost",
     "equal_loss": "Equal-loss token ratio over training (geometric mean over seed pairs)",
 }
 
@@ -59,6 +65,7 @@ class ReportResult:
     figures: dict[str, dict[str, Path]]  # name -> {"png": path, "svg": path}
     config_table: Any  # DataFrame, one row per configuration (metrics.per_config)
     cell_table: Any  # DataFrame, one row per cell (metrics.per_cell)
+    run_summaries: dict[str, dict[str, float]]  # key -> its run's summary metrics (run_metrics)
     target_ppl: float
     notes: list[str] = field(default_factory=list)
 
@@ -76,10 +83,12 @@ def build_report(
     tuning: Sequence[Mapping[str, Any]] = (),
     probes: Any = None,
     probe_settings: Mapping[str, Any] | None = None,
+    titles: bool = True,
 ) -> ReportResult:
     """Compute tokens to target per cell and configuration, draw the figures and write the report.
 
-    ``notes`` are the caller's own lines (e.g. runs still in progress), shown under the target.
+    ``notes`` are the caller's own lines (e.g. runs still in progress), shown under the target;
+    ``titles`` False leaves the figures' titles out (a paper's captions carry them).
     ``probes`` (the contract of ``report.probes``), when it has rows, adds the probe section.
     Raises ``ReportError`` when the inputs break the contract or the target cannot be resolved; a
     baseline that never reaches the target is not an error (its costs are NaN and the report says so).
@@ -97,17 +106,15 @@ def build_report(
     all_notes = [*notes, *report_notes(config_table, target_ppl), *provenance.notes(cells)]
 
     data = plots.curves(cell_table, ev)
+    t: dict[str, Any] = {"title": study, "titles": titles}
     figures = {
-        "convergence": plots.plot_convergence(
-            config_table, cell_table, data, target_ppl, title=study
-        ),
+        "convergence": plots.plot_convergence(config_table, cell_table, data, target_ppl, **t),
         "convergence_late": plots.plot_convergence(
-            config_table, cell_table, data, target_ppl, late=LATE_FRACTION, title=study
+            config_table, cell_table, data, target_ppl, late=LATE_FRACTION, **t
         ),
-        "token_cost": plots.plot_token_cost(config_table, title=study),
-        "equal_loss": plots.plot_equal_loss(
-            config_table, equal_loss_curves(cell_table, ev), title=study
-        ),
+        "token_cost": plots.plot_token_cost(config_table, **t),
+        "speedup": plots.plot_speedup(config_table, **t),
+        "equal_loss": plots.plot_equal_loss(config_table, equal_loss_curves(cell_table, ev), **t),
     }
     paths = {name: plots.save(fig, out, name) for name, fig in figures.items()}
 
@@ -129,7 +136,13 @@ def build_report(
         at = next(i for i, b in enumerate(blocks) if b == ("h2", "Runs"))
         blocks[at:at] = _tuning_blocks(tuning)
     probe_section, probe_paths, _ = probe_blocks(
-        config_table, cell_table, probes, out, study=study, settings=dict(probe_settings or {})
+        config_table,
+        cell_table,
+        probes,
+        out,
+        study=study,
+        settings=dict(probe_settings or {}),
+        titles=titles,
     )
     if probe_section:
         at = next(i for i, b in enumerate(blocks) if b == ("h2", "Runs"))
@@ -147,6 +160,7 @@ def build_report(
         figures=paths,
         config_table=config_table,
         cell_table=cell_table,
+        run_summaries=run_summaries(cell_table, ev, target_ppl),
         target_ppl=target_ppl,
         notes=all_notes,
     )
@@ -166,7 +180,7 @@ def _summary_rows(config_table: Any) -> tuple[list[str], list[list[str]]]:
         "notes",
     ]
     rows = []
-    for r in config_table.to_dict("records"):
+    for r in sorted(config_table.to_dict("records"), key=_by_speedup):
         name = f"**{r['config']}** (baseline)" if r["baseline"] else r["config"]
         v, why = verdict(r)
         cost, speed = cost_and_speedup(r)
@@ -206,6 +220,15 @@ def _summary_rows(config_table: Any) -> tuple[list[str], list[list[str]]]:
 
 
 _KIND_MARK = {"censored": " (censored)", "bound": ""}
+
+
+def _by_speedup(r: Mapping[str, Any]) -> tuple[int, float]:
+    """Summary order: the baseline, then configurations by projected speedup, fastest first;
+    those without a point estimate (a bounded cost, no model) last, in the table's own order."""
+    if r["baseline"]:
+        return (0, 0.0)
+    point = r["projected_speedup"]
+    return (1, -point) if math.isfinite(point) else (2, 0.0)
 
 
 def _cell_rows(cell_table: Any, config_table: Any) -> tuple[list[str], list[list[str]]]:

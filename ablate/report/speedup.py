@@ -114,10 +114,23 @@ def step_time(
 
 
 def role_interventions(fp4_gemms: str, intervention: str) -> dict[str, tuple[int, bool]]:
-    """Per role, the intervention's cost terms: the intervention applies to the FP4 GEMMs."""
-    costs = intervention_costs(intervention)
+    """Per role, the intervention's cost terms: the intervention applies to the FP4 GEMMs; or, for
+    a per-GEMM intervention such as ``fprop:none,dgrad:sr,wgrad:sr+fht16`` (a named or explicit
+    recipe whose GEMMs differ), each listed role's own."""
     names = {g.strip() for g in fp4_gemms.replace(",", "+").split("+") if g.strip()}
-    return {r: costs for r in ROLES if r in names}
+    if ":" not in intervention:
+        costs = intervention_costs(intervention)
+        return {r: costs for r in ROLES if r in names}
+    out: dict[str, tuple[int, bool]] = {}
+    for item in intervention.split(","):
+        role, sep, label = item.partition(":")
+        if not sep or role.strip() not in ROLES:
+            raise ReportError(
+                f"intervention {intervention!r}: {item!r} is not ROLE:INTERVENTION with ROLE one "
+                f"of {', '.join(ROLES)}"
+            )
+        out[role.strip()] = intervention_costs(label)
+    return out
 
 
 def throughput_gain(

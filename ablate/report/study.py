@@ -15,9 +15,10 @@ import pandas as pd
 
 from ..errors import ReportError, TrackingError
 from ..tracking import StudyTracker, read_histories, study_status
-from ..tracking.vocab import env_of
+from ..tracking.vocab import env_of, short_name
 from .provenance import PROVENANCE
 from .render import ReportResult, build_report
+from .run_metrics import config_summaries
 
 if TYPE_CHECKING:
     from ..spec import Study
@@ -91,9 +92,10 @@ def probe_frame(study: Study, cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def report_study(
-    study: Study, out_dir: str | Path | None = None, *, attach: bool = True
+    study: Study, out_dir: str | Path | None = None, *, attach: bool = True, titles: bool = True
 ) -> ReportResult:
-    """Write the study's report (default ``reports/<study>/``) and attach it to the parent run."""
+    """Write the study's report (default ``reports/<study>/``) and attach it to the parent run;
+    ``titles`` False leaves the figures' titles out."""
     cells, evals = study_frames(study)
     ended = cells["status"].isin(["finished", "diverged"])
     if not ended.any():
@@ -130,13 +132,28 @@ def report_study(
         tuning=tuning,
         probes=probes,
         probe_settings=study.spec.probe.to_dict() if study.spec.probe is not None else None,
+        titles=titles,
     )
     if attach:
         tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
+        _log_summaries(tracker, study, result)
         parent = tracker.parent_run(study.text) if study.text else None
         if parent is not None:
             tracker.log_artifacts(parent, out, "report")
+            names = {c.config_label: short_name(c, seed=False) for c in study.cells}
+            tracker.log_metrics(parent, config_summaries(result.config_table, names), step=0)
     return result
+
+
+def _log_summaries(tracker: StudyTracker, study: Study, result: ReportResult) -> None:
+    """Each cell's summary metrics (``run_metrics``) into its run, at its last step."""
+    runs = tracker.cell_runs()
+    last = dict(zip(result.cell_table["key"], result.cell_table["last_step"], strict=True))
+    for key, metrics in result.run_summaries.items():
+        run = runs.get(key)
+        step = last.get(key, math.nan)
+        if run is not None and metrics:
+            tracker.log_metrics(run.run_id, metrics, step=int(step) if math.isfinite(step) else 0)
 
 
 def _counts(cells: pd.DataFrame) -> str:

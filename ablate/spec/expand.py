@@ -22,6 +22,7 @@ from ..train.data import check_sources, load_data
 from .axes import check_axis_name, fmt_value, get_path, with_values
 from .loader import parse_yaml, read_study_text
 from .messages import pydantic_errors
+from .recipe import recipe_axes as derived_recipe_axes
 from .schema import LIST_AXES, RECIPE_AXES, CellConfig, StudySpec
 from .study import Cell, Study
 from .tune import check_tune
@@ -188,12 +189,15 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
         if spec.probe is not None:  # the same probes for every cell; not part of its key
             rc.probe = spec.probe
             errors.extend(m for m in spec.probe.problems(rc) if m not in errors)
-        recipe_axes = {
-            "fp4_gemms": "+".join(cc.fp4_gemms),
-            "intervention": intervention_label(*parse_intervention(cc.intervention)),
-            "fp4_format": cc.fp4_format,
-            "base_format": cc.base_format,
-        }
+        if cc.recipe is not None or cc.gemms is not None:
+            recipe_axes = derived_recipe_axes(rc.recipe, cc.base_format)
+        else:
+            recipe_axes = {
+                "fp4_gemms": "+".join(cc.fp4_gemms),
+                "intervention": intervention_label(*parse_intervention(cc.intervention)),
+                "fp4_format": cc.fp4_format,
+                "base_format": cc.base_format,
+            }
         resolved.append((vals, rc, recipe_axes))
     if errors:
         more = [f"... and {len(errors) - 20} more"] if len(errors) > 20 else []
@@ -283,7 +287,7 @@ def _axis_options(
             cfg = CellConfig.model_validate(with_values(base, {name: v}))
         except ValidationError as e:
             for m in pydantic_errors(e, CellConfig):
-                rest = m[len(name) :] if m.startswith(name) and m[len(name)] in ":[" else f": {m}"
+                rest = m[len(name) :] if m.startswith(name) and m[len(name)] in ":[." else f": {m}"
                 errors.append(f"{path}[{i}]{rest}")
             continue
         out.append((name, get_path(cfg.model_dump(mode="python"), name)))
@@ -294,7 +298,9 @@ def _labels(rc: RunConfig, vals: Mapping[str, Any], varying: Sequence[str]) -> t
     """(label, config label): the recipe's short form (when a recipe axis varies, or nothing else
     does), then the other varying axes as leaf=value, then seedN."""
     parts: list[str] = []
-    others = [a for a in varying if a not in RECIPE_AXES and a != "seed"]
+    # the recipe's short form leaves the scale mode out (it is in the recipe's hashed dict, so its
+    # label cannot change without changing keys): a varying scale mode is named like other axes
+    others = [a for a in varying if (a not in RECIPE_AXES or a == "scale_mode") and a != "seed"]
     if any(a in RECIPE_AXES for a in varying) or not others:
         parts.append(rc.recipe.short())
     parts.extend(f"{a.rpartition('.')[2]}={fmt_value(vals[a])}" for a in others)

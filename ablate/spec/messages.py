@@ -29,9 +29,11 @@ def pydantic_errors(e: ValidationError, root: type) -> list[str]:
             msg = f"unknown key{hint}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
         elif err["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
-            # the trainer's messages start with their own dotted path (train.grad_accum: ...)
+            # the trainer's messages start with their own dotted path (train.grad_accum: ...), a
+            # model's cross-field checks with the key they blame (recipe: ...)
             head, sep, rest = msg.partition(": ")
-            if sep and " " not in head and "." in head:
+            field = head.split(".")[0].split("[")[0]
+            if sep and " " not in head and ("." in head or field in _allowed_keys(root, loc)):
                 parent = list(loc)
                 if parent and parent[-1] == head.split(".")[0]:
                     parent = parent[:-1]

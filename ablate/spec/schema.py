@@ -1,6 +1,7 @@
 """The study schema: pydantic models of a study file (``StudySpec``), of one cell's configuration in
-the study's vocabulary (``CellConfig``: the trainer's sections plus the recipe shorthands) and of the
-``tune:`` section (``TuneSpec``: what ``ablate tune`` searches; its checks are in ``spec.tune``)."""
+the study's vocabulary (``CellConfig``: the trainer's sections plus the recipe: the shorthands, a
+named recipe or the explicit per-GEMM form of ``spec.recipe``) and of the ``tune:`` section
+(``TuneSpec``: what ``ablate tune`` searches; its checks are in ``spec.tune``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from backends.registry import available_backends
 from ..train.config import ProbeConfig, RunConfig, TrainConfig
 from ..train.data import DataConfig
 from ..train.model import ModelConfig
+from .recipe import GemmsSpec, LayersSpec, check_recipe_name, explicit_recipe, select
 from .speedup import SpeedupSpec
 
 Gemm = Literal["fprop", "dgrad", "wgrad"]
@@ -27,7 +29,12 @@ RECIPE_AXES = (
     "apply_to",
     "keep_first",
     "keep_last",
+    "recipe",
+    "gemms",
+    "layers",
 )
+SHORTHANDS = ("fp4_gemms", "intervention", "apply_to")
+"""The recipe shorthands that do not combine with a named (``recipe``) or explicit (``gemms``) one."""
 TOP_AXES = (*RECIPE_AXES, "seed", "backend")
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
 LIST_AXES = ("fp4_gemms", "apply_to")  # axes whose single value is itself a list
@@ -63,6 +70,45 @@ class CellConfig(BaseModel):
     """First N transformer blocks stay in high precision."""
     keep_last: int = Field(default=0, ge=0)
     """Last N transformer blocks stay in high precision."""
+    recipe: str | None = None
+    """A named recipe instead of the shorthands: nvidia_nvfp4, tseng_mxfp4, amd_mxfp4_h16,
+    quartet (backends.named; ``ablate recipe NAME`` shows one)."""
+    gemms: GemmsSpec | None = None
+    """The explicit recipe instead of the shorthands: per GEMM (fprop, dgrad, wgrad) and operand
+    (x, w, dy) format, rounding, prescale, block, and a Hadamard transform (ablate.spec.recipe)."""
+    layers: LayersSpec | None = None
+    """Which block linears follow the recipe: types (attention, mlp) and block indices (negative:
+    from the end); default all. The rest stay in high precision, as keep_first/keep_last blocks."""
+
+    @field_validator("recipe")
+    @classmethod
+    def _named(cls, v: str | None) -> str | None:
+        return None if v is None else check_recipe_name(v)
+
+    @model_validator(mode="after")
+    def _one_recipe(self) -> CellConfig:
+        """At most one spelling of the recipe; a named or explicit one builds; the layer selection
+        fits the model (messages start with their path: layers.blocks[1]: ...)."""
+        given = [k for k in ("recipe", "gemms") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(
+                "gemms: give a named recipe (recipe) or an explicit one (gemms), not both"
+            )
+        if given:
+            shorthands = [k for k in SHORTHANDS if getattr(self, k) not in (None, [], "none")]
+            if shorthands:
+                kind = "a named" if given[0] == "recipe" else "an explicit"
+                raise ValueError(
+                    f"{given[0]}: {kind} recipe does not combine with the shorthand "
+                    f"{', '.join(shorthands)}; it sets every GEMM itself (drop "
+                    f"{', '.join(shorthands)}, or exclude such cells)"
+                )
+            self.recipe_object()  # (a shorthand's impossible cells are reported per cell)
+        if self.layers is not None and self.layers.blocks is not None:
+            n_layers = self.model.resolved().n_layers
+            if n_layers is not None:
+                Recipe(blocks=tuple(self.layers.blocks)).check_blocks(n_layers)
+        return self
 
     @field_validator("fp4_gemms", "apply_to")
     @classmethod
@@ -90,22 +136,37 @@ class CellConfig(BaseModel):
             raise ValueError(f"unknown backend {v!r}; allowed: {', '.join(allowed)}")
         return v
 
-    def run_config(self) -> RunConfig:
-        recipe = Recipe.from_shorthand(
+    def recipe_object(self) -> Recipe:
+        """The cell's ``backends.Recipe``, from whichever spelling it uses."""
+        if self.recipe is not None or self.gemms is not None:
+            return explicit_recipe(
+                self.recipe,
+                self.gemms,
+                self.base_format,
+                keep_first=self.keep_first,
+                keep_last=self.keep_last,
+                layers=self.layers,
+            )
+        r = Recipe.from_shorthand(
             self.fp4_gemms,
             self.intervention,
             fp4_format=self.fp4_format,
             base=self.base_format,
             scale_mode=self.scale_mode,
             apply_to=self.apply_to,
-            keep_first=self.keep_first,
-            keep_last=self.keep_last,
+            keep_first=0 if self.layers else self.keep_first,
+            keep_last=0 if self.layers else self.keep_last,
         )
+        if self.layers is None:  # the shorthand's recipe as ever (cell keys depend on it)
+            return r
+        return select(r, keep_first=self.keep_first, keep_last=self.keep_last, layers=self.layers)
+
+    def run_config(self) -> RunConfig:
         return RunConfig(
             model=self.model,
             data=self.data,
             train=self.train,
-            recipe=recipe,
+            recipe=self.recipe_object(),
             backend=self.backend,
             seed=self.seed,
             device=self.device,

@@ -9,6 +9,8 @@ Modules, by concept:
     logger   MlflowLogger: the trainer's Logger into one run, batched and duplicate-free
     history  read_histories: metric curves for the report and tune
     status   study_status: the study's cells joined with their recorded runs; baseline_curves
+    ui       ``ablate ui``: the MLflow server on a study's store, opened at ablate's runs view
+    uibench  ``python -m ablate.tracking.uibench``: the UI's start-up time and memory, measured
 """
 
 from __future__ import annotations

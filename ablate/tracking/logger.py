@@ -20,6 +20,7 @@ from .store import (
     read_only,
     sqlite_path,
     sqlite_points,
+    sqlite_start_clock,
 )
 
 if TYPE_CHECKING:
@@ -100,6 +101,14 @@ class MlflowLogger:
                 tags.append(RunTag(vocab.env_tag(name, resumed=True), str(value)[:MAX_TAG_LEN]))
         for batch in chunks(tags, MAX_PARAMS):
             self._client.log_batch(self.run_id, tags=batch)
+
+    def mark_started(self) -> None:
+        """A cell starts from step 0: its run's start time becomes now (on a SQLite store; a
+        server's runs keep the time the driver created them, queueing included)."""
+        if self._seen:  # resumed: the run started before
+            return
+        if (path := sqlite_path(self._client.uri)) is not None:
+            sqlite_start_clock(path, self.run_id, int(time.time() * 1000))
 
     def log_status(self, status: str, info: Mapping[str, Any]) -> None:
         """Record how the trainer ended; the runner ends the MLflow run."""

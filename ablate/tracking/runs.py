@@ -12,7 +12,10 @@ starts; workers log into their run through ``MlflowLogger``.
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
+import time
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import TrackingError
 from . import vocab
-from .store import MAX_PARAMS, MAX_TAG_LEN, Client, chunks, sqlite_path
+from .store import (
+    MAX_METRICS,
+    MAX_PARAM_LEN,
+    MAX_PARAMS,
+    MAX_TAG_LEN,
+    Client,
+    chunks,
+    sqlite_move_artifacts,
+    sqlite_path,
+)
 
 if TYPE_CHECKING:
     from mlflow.entities import Run
@@ -133,6 +145,25 @@ def _study_experiment(client: Client, study: str, experiment: str | None) -> str
     return found
 
 
+def repair_artifacts(uri: str, location: str | None) -> str | None:
+    """If a SQLite store's experiment keeps its artifacts at ``location`` (a file URI) that no
+    longer exists while the store's folder has ``artifacts/`` (the study folder was moved), point
+    the experiment and its runs there (``store.sqlite_move_artifacts``) and say so on stderr;
+    returns that message (None when nothing needed repair). A copied folder whose original still
+    exists keeps linking into the original."""
+    db = sqlite_path(uri)
+    if db is None or not location or not location.startswith("file://"):
+        return None
+    here = db.parent / "artifacts"
+    old = Path(urllib.parse.urlparse(location).path)
+    if old.exists() or not here.is_dir() or old == here.resolve():
+        return None
+    n = sqlite_move_artifacts(db, location, here.resolve().as_uri())
+    msg = f"ablate: the study folder moved: artifact locations {old} -> {here} ({n} runs repaired)"
+    print(msg, file=sys.stderr)
+    return msg
+
+
 class StudyTracker:
     """The driver's handle on one study's experiment: the parent run, the cells' runs, statuses."""
 
@@ -156,15 +187,41 @@ class StudyTracker:
                 location = Path(location).resolve().as_uri()
             found = self._client.create_experiment(name, artifact_location=location)
         self.experiment_id: str = found
+        info = self._client.get_experiment(found)
+        repair_artifacts(uri, info.artifact_location)
+        # MLflow 3 opens an experiment without this tag in its GenAI view (traces, no runs)
+        kind = info.tags.get(vocab.EXPERIMENT_KIND)
+        if kind != vocab.TRAINING_KIND:
+            self._client.set_experiment_tag(found, vocab.EXPERIMENT_KIND, vocab.TRAINING_KIND)
 
-    def parent_run(self, spec_text: str) -> str:
-        """Find or create the study's parent run, (re)store ``study.yaml``, return its id."""
+    def parent_run(
+        self,
+        spec_text: str,
+        *,
+        description: str | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Find or create the study's parent run, (re)store ``study.yaml``, return its id.
+
+        ``description`` becomes the run's description in the UI; ``params`` (the study's base
+        config, flattened) are logged where the run does not have them yet: a param cannot change
+        in MLflow, so a study whose base changed later keeps the first values there, and
+        ``study.yaml`` (always the latest) is the record."""
+        from mlflow.entities import Param, RunTag
+
         run_id = _parent_id(self._client, self.experiment_id, self.study)
         if run_id is None:
             tags = vocab.study_tags(self.study)
             run = self._client.create_run(self.experiment_id, tags=tags, run_name=self.study)
             run_id = str(run.info.run_id)
         self._client.log_text(run_id, spec_text, "study.yaml")
+        if description:
+            self._client.log_batch(run_id, tags=[RunTag(vocab.DESCRIPTION, description)])
+        if params:
+            have = self._client.get_run(run_id).data.params
+            new = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in params.items() if k not in have]
+            for batch in chunks(new, MAX_PARAMS):
+                self._client.log_batch(run_id, params=batch)
         return run_id
 
     def cell_runs(self) -> dict[str, CellRun]:
@@ -180,13 +237,21 @@ class StudyTracker:
         config: Mapping[str, Any],
         *,
         role: vocab.Role = "cell",
+        name: str | None = None,
+        params: Mapping[str, str] | None = None,
     ) -> str:
-        """A pending child run for one cell (or tune trial), its resolved config as ``config.json``."""
+        """A pending child run for one cell (or tune trial), its resolved config as ``config.json``;
+        ``name`` is its name in the UI (default: the label), ``params`` the study's axes as params."""
+        from mlflow.entities import Param
+
         all_tags = {**vocab.run_tags(role, key, label, parent_id), **tags}
-        run = self._client.create_run(self.experiment_id, tags=all_tags, run_name=label)
+        run = self._client.create_run(self.experiment_id, tags=all_tags, run_name=name or label)
+        run_id = str(run.info.run_id)
+        if params:
+            self._client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
         text = json.dumps(config, sort_keys=True, indent=2, default=str)
-        self._client.log_text(run.info.run_id, text, "config.json")
-        return str(run.info.run_id)
+        self._client.log_text(run_id, text, "config.json")
+        return run_id
 
     def set_status(self, run_id: str, status: str, info: Mapping[str, Any] | None = None) -> None:
         """Tag a run's ablate status (plus details) and end or reopen its MLflow run to match."""
@@ -206,6 +271,16 @@ class StudyTracker:
         from mlflow.entities import RunTag
 
         self._client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int) -> None:
+        """Log metrics at one step (a later call at the same step supersedes: MLflow shows the
+        newest point of the highest step)."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        points = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        for batch in chunks(points, MAX_METRICS):
+            self._client.log_batch(run_id, metrics=batch)
 
     def latest_metrics(self, run_ids: Iterable[str]) -> dict[str, dict[str, tuple[int, float]]]:
         """run_id -> {metric: (step, latest value)}, cheap enough for a progress display."""

@@ -5,7 +5,10 @@ through an explicit ``MlflowClient(tracking_uri=...)`` (fluent global state woul
 cells of a reused Ray worker) and retry while SQLite is locked by another writer or a server
 answers 5xx.
 
-One read goes around MLflow's client, on purpose and only here: ``sqlite_points`` reads a run's
+One read and two writes go around MLflow's client, on purpose and only here. The writes:
+``sqlite_start_clock`` moves a cell's start time to when it really started, ``sqlite_move_artifacts``
+points a moved study folder's artifact locations at its new place (MLflow has calls for neither).
+The read: ``sqlite_points`` reads a run's
 metric points straight from the SQLite store's ``metrics`` table. MLflow's ``get_metric_history``
 lets SQLite pick the primary-key index and scan every run's points of the key (200 runs x 2,000
 points: ~100 s against ~3 s for the same read ordered by step, which makes SQLite use the index
@@ -16,6 +19,7 @@ study. Other stores (an ``mlflow server``) are read through the client.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sqlite3
@@ -184,6 +188,32 @@ def read_only(path: Path) -> sqlite3.Connection:
 
 def chunks(items: Sequence[T], n: int) -> list[Sequence[T]]:
     return [items[i : i + n] for i in range(0, len(items), n)]
+
+
+def sqlite_start_clock(path: Path, run_id: str, start_ms: int) -> None:
+    """Set a run's start time in a SQLite store: the driver creates every cell's run when the study
+    starts, and MLflow has no call that moves a run's start, so without this a cell's Duration in
+    the UI would include the time it waited in the queue. The one write that goes around MLflow's
+    client (``tests/ablate/test_tracking.py`` pins the column it writes)."""
+    with contextlib.closing(sqlite3.connect(path, timeout=60)) as db, db:
+        db.execute("UPDATE runs SET start_time=? WHERE run_uuid=?", (start_ms, run_id))
+
+
+def sqlite_move_artifacts(path: Path, old_root: str, new_root: str) -> int:
+    """Point every experiment and run whose artifacts lay under ``old_root`` (a file URI) at
+    ``new_root`` instead, in a SQLite store; returns how many rows changed. MLflow stores artifact
+    locations as absolute URIs and has no call that changes them: a study folder that was moved or
+    copied would otherwise show its runs with artifact links into the old place."""
+    old, new = old_root.rstrip("/") + "/", new_root.rstrip("/") + "/"
+    with contextlib.closing(sqlite3.connect(path, timeout=60)) as db, db:
+        n = 0
+        for table, column in (("experiments", "artifact_location"), ("runs", "artifact_uri")):
+            n += db.execute(
+                f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                f"WHERE {column} = ? OR substr({column}, 1, ?) = ?",
+                (new.rstrip("/"), len(old), old.rstrip("/"), len(old), old),
+            ).rowcount
+        return n
 
 
 def sqlite_points(

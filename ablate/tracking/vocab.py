@@ -44,6 +44,22 @@ DIVERGED_AT = PREFIX + "diverged_at"
 TOKENS_PER_S = PREFIX + "tokens_per_s"
 ENV = "env."  # provenance: env.<name> (ablate.train.provenance), and env.<name>.resumed
 PARENT = "mlflow.parentRunId"  # MLflow's own: the UI nests child runs under it
+DESCRIPTION = "mlflow.note.content"  # MLflow's own: a run's description in the UI
+EXPERIMENT_KIND = "mlflow.experimentKind"  # MLflow's own: which view the UI opens the experiment in
+TRAINING_KIND = "custom_model_development"  # MLflow 3's training view (runs table), not GenAI's
+SHARED_VIEW = "mlflow.sharedViewState."  # MLflow's own: an experiment tag holding a runs-table view
+VIEW = "ablate"  # the view ``ablate ui`` opens: SHARED_VIEW + VIEW, ?viewStateShareKey=ablate
+SUMMARY_METRICS = (
+    "final_val_ppl",
+    "best_val_ppl",
+    "reached",
+    "tokens_to_target",
+    "equal_loss_token_ratio",
+    "diverged_at",
+)
+"""What ``ablate report`` writes into each cell's run (``ablate.report.run_metrics``)."""
+AXIS_PARAMS = ("recipe", "fp4_gemms", "intervention", "fp4_format", "base_format")
+"""The params the driver logs on each cell's run (``cell_params``)."""
 
 Role = Literal["study", "cell", "trial"]
 
@@ -108,6 +124,54 @@ def cell_tags(cell: Cell) -> dict[str, str]:
     for axis, v in cell.values.items():
         out[tag(f"axis.{axis}")] = fmt_value(v)
     return out
+
+
+_GEMM_LETTER = {"fprop": "f", "dgrad": "d", "wgrad": "w"}
+_RECIPE_AXES = ("fp4_gemms", "intervention", "fp4_format", "base_format")
+
+
+def short_name(cell: Cell, *, seed: bool = True) -> str:
+    """The run's name in the MLflow UI: short, and leading with what tells cells apart, e.g.
+    ``dht16·fdw/fp8·s1`` (intervention, FP4 GEMMs by initial, base format, seed), ``fp8·s0`` for a
+    baseline, ``nvfp4:fdw/fp8·s0`` for another FP4 format, a named recipe by its name
+    (``nvidia_nvfp4·s0``), other axes as ``lr=0.003``. The full
+    label stays in the tag ``ablate.label``. Without ``seed``: the configuration's short name."""
+    r, ax = cell.config.recipe, cell.recipe_axes
+    fp4 = "".join(_GEMM_LETTER[g] for g in GEMMS if r.gemm(g).is_fp4)
+    base = str(ax.get("base_format", "bf16"))
+    parts = []
+    named = cell.values.get("recipe")
+    if named:  # a named recipe says it all (its GEMMs may differ: per-GEMM interventions)
+        parts.append(str(named))
+    elif fp4:
+        fmt = str(ax.get("fp4_format", "mxfp4"))
+        recipe = (f"{fmt}:" if fmt != "mxfp4" else "") + f"{fp4}/{base}"
+        intervention = str(ax.get("intervention", "none"))
+        parts.append(recipe if intervention == "none" else f"{intervention}·{recipe}")
+    else:
+        parts.append(base)
+    for axis, v in cell.values.items():
+        if axis not in (*_RECIPE_AXES, "recipe", "seed") and v is not None:
+            parts.append(f"{axis.rsplit('.', 1)[-1]}={fmt_value(v)}")
+    if seed:
+        parts.append(f"s{cell.seed}")
+    return "·".join(parts)
+
+
+def cell_params(cell: Cell) -> dict[str, str]:
+    """The study's recipe axes as MLflow params (the driver logs them when it creates the run), so
+    that the UI can group, filter and compare runs by them; dotted axes such as ``train.lr`` and the
+    seed are params already (the worker logs the flattened config)."""
+    r = cell.config.recipe
+    fp4 = [g for g in GEMMS if r.gemm(g).is_fp4]
+    ax = cell.recipe_axes
+    return {
+        "recipe": r.short(),
+        "fp4_gemms": "+".join(fp4) or "none",
+        "intervention": str(ax.get("intervention", "none")),
+        "fp4_format": str(ax.get("fp4_format", "mxfp4")) if fp4 else "none",
+        "base_format": str(ax.get("base_format", "bf16")),
+    }
 
 
 def trial_tags(

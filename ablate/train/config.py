@@ -349,10 +349,12 @@ def legacy_config_hash(cfg: RunConfig) -> str:
 
 def run_params(cfg: RunConfig) -> dict[str, Any]:
     """The flattened config a run records as params (``KEY_EXCLUDED`` left out: they may change
-    between a run's attempts)."""
+    between a run's attempts; unset fields (None, e.g. a preset's dimensions) left out: the
+    resolved model is in ``model.n_params`` and ``config.json``; ``probe`` left out: it may be
+    switched on for a resumed run)."""
     d = cfg.to_dict()
-    d.pop("probe", None)  # may be switched on for a resumed run: not a param
-    return {k: v for k, v in flatten(d).items() if k not in KEY_EXCLUDED}
+    d.pop("probe", None)
+    return {k: v for k, v in flatten(d).items() if k not in KEY_EXCLUDED and v is not None}
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

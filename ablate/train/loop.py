@@ -7,6 +7,11 @@ everything, and a divergence guard (non-finite loss or gradient norm, or a smoot
 away) that ends the run as ``diverged`` with the step instead of raising. With ``config.probe`` set,
 gradient-fidelity probes (``probe``) run at their steps and log beside the step's metrics.
 
+Metrics, against the step: train_loss, lr, grad_norm, tokens, tokens_per_s; val_loss and val_ppl
+at evaluations (the untrained model's step-0 perplexity as init_val_ppl, so that it does not squash
+the UI's charts), and each evaluation again as val_loss_by_tokens / val_ppl_by_tokens with the tokens
+seen as the step, so the MLflow UI can chart validation against tokens.
+
 The run's progress is a ``TrainState`` (``state``); checkpoints (``checkpoint``) are atomic and hold
 everything the next step depends on. A run that finds a checkpoint in ``checkpoint_dir`` resumes
 from it and ends bit-identical to an uninterrupted run on the same CPU (same thread count); one that
@@ -59,6 +64,9 @@ def train(
     if state.step == 0 and not state.evals:
         m0: dict[str, float] = {"tokens": 0.0}
         run.record_eval(state, m0)
+        # the untrained model's perplexity (about the vocabulary size) would squash every val_ppl
+        # chart in the UI: it is logged as init_val_ppl; val_loss keeps step 0 for the report
+        m0["init_val_ppl"] = m0.pop("val_ppl")
         if prober is not None and prober.due(0):
             m0.update(prober.run())
         log.log_metrics(m0, 0)
@@ -79,6 +87,13 @@ def train(
             return run.result(state)
         if state.step % tc.eval_every == 0 or state.step == tc.steps:
             run.record_eval(state, metrics)
+            # the same evaluation with the tokens seen as its step: MLflow charts it against
+            # tokens (runs with other batch sizes share that axis, not the step)
+            by_tokens = {
+                "val_loss_by_tokens": metrics["val_loss"],
+                "val_ppl_by_tokens": metrics["val_ppl"],
+            }
+            log.log_metrics(by_tokens, int(state.tokens))
         if prober is not None and prober.due(state.step):
             metrics.update(prober.run(step_seconds=state.train_time / state.step))
         log.log_metrics(metrics, state.step)

@@ -14,14 +14,59 @@ def test_recipe_shows_each_gemm_operand():
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
     assert lines[0] == "mxfp4[fprop,dgrad,wgrad]+dht16/fp8"
-    assert "wgrad  dy=mxfp4" in lines[3] and "hadamard=dht16" in lines[3]
+    assert lines[1].split() == [
+        "gemm",
+        "operand",
+        "format",
+        "rounding",
+        "prescale",
+        "block",
+        "hadamard",
+    ]
+    assert lines[6].split() == ["wgrad", "dy", "mxfp4", "rne", "-", "1x32", "16", "none"]
+    # aligned: every column starts at the same offset on every row
+    starts = [lines[1].index(h) for h in ("operand", "format", "block", "hadamard")]
+    for line in lines[2:8]:
+        for pos in starts:
+            assert line[pos - 2 : pos] == "  " and line[pos] != " ", (line, pos)
 
 
-def test_recipe_json_round_trips():
+def test_recipe_json_is_the_resolved_table():
     res = CliRunner().invoke(main, ["recipe", "--fp4", "wgrad", "--intervention", "sr", "--json"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
-    assert d["wgrad"]["a"]["rounding"] == "sr" and d["fprop"]["a"] is None
+    assert set(d) == {"gemms", "keep_first", "keep_last", "layers"}
+    assert d["gemms"]["wgrad"]["a"] == {
+        "operand": "dy",
+        "format": "mxfp4",
+        "rounding": "sr",
+        "prescale": True,
+        "block": [1, 32],
+    }
+    assert d["gemms"]["fprop"]["a"]["format"] == "bf16" and d["gemms"]["fprop"]["hadamard"] is None
+
+
+def test_recipe_by_name_as_json_and_as_a_table():
+    res = CliRunner().invoke(main, ["recipe", "nvidia_nvfp4", "--keep-last", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["gemms"]["fprop"]["b"]["block"] == [16, 16]
+    assert d["gemms"]["dgrad"]["a"]["rounding"] == "sr"
+    assert d["gemms"]["wgrad"]["hadamard"] == {"size": 16, "signs": "fixed"}
+    assert d["gemms"]["fprop"]["hadamard"] is None and d["keep_last"] == 2
+    assert d["layers"] == {"types": None, "blocks": None}
+    res = CliRunner().invoke(main, ["recipe", "tseng_mxfp4"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0] == "tseng_mxfp4/bf16"
+    assert lines[4].split() == ["dgrad", "dy", "mxfp4", "sr", "3/4", "1x32", "64", "random"]
+
+
+def test_recipe_unknown_name_or_name_with_shorthand_is_a_usage_error():
+    res = CliRunner().invoke(main, ["recipe", "nvidia"])
+    assert res.exit_code == 2 and "allowed: nvidia_nvfp4, tseng_mxfp4" in res.output
+    res = CliRunner().invoke(main, ["recipe", "quartet", "--fp4", "wgrad"])
+    assert res.exit_code == 2 and "give one or the other" in res.output
 
 
 def test_recipe_bad_gemm_is_a_usage_error_naming_allowed_values():

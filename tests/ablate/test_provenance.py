@@ -220,3 +220,24 @@ def test_headroom_is_the_median_baseline_seeds_fraction_of_its_budget():
     w = headroom_warning(0.8, measured=True)
     assert w is not None and "+25%" in w
     assert math.isclose(reached_fraction(curves, 100.0), 0.0)
+
+
+def test_a_moved_study_folder_gets_its_artifact_locations_repaired_on_open(tmp_path, capsys):
+    from ablate.tracking import StudyTracker, default_uri, read_study_text
+
+    study = tiny_study(tmp_path / "before", steps=2, fp4_gemms=[[]], seed=[0])
+    run_study(study, executor="local", progress=False)
+    moved = tmp_path / "after"
+    shutil.move(study.output_dir, moved)
+    uri = default_uri(moved)
+    StudyTracker(uri, study.name)  # what run, report and ui open
+    assert "artifact locations" in capsys.readouterr().err
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(study.name)
+    assert exp.artifact_location == (moved / "artifacts").resolve().as_uri()
+    for run in client.search_runs([exp.experiment_id]):
+        assert run.info.artifact_uri.startswith(exp.artifact_location + "/")
+    assert read_study_text(uri, study.name) == study.text  # the parent's study.yaml, moved with it
+    capsys.readouterr()
+    StudyTracker(uri, study.name)  # nothing left to repair: silent
+    assert "artifact locations" not in capsys.readouterr().err

@@ -261,6 +261,29 @@ def test_a_killed_worker_resumes_from_its_checkpoint(tmp_path, ray_cluster):
     assert res.outcomes[cell.key].final_val_loss == ref_res.outcomes[cell.key].final_val_loss
 
 
+def test_a_ctrl_c_that_something_swallows_still_interrupts_the_study(tmp_path):
+    # a library that swallows the KeyboardInterrupt inside a cell must not make the driver miss
+    # the Ctrl-C: the driver notes every SIGINT itself and stops at the next cell boundary
+    study = tiny_study(tmp_path, steps=2, seed=[0, 1, 2])
+
+    def swallow(cell, outcome):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)  # the KeyboardInterrupt arrives here and is swallowed
+        except KeyboardInterrupt:
+            pass
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        res = run_study(study, executor="local", progress=False, on_outcome=swallow)
+        assert res.interrupted and len(res.outcomes) == 1
+        assert [p.action for p in plan(study)].count("skip") == 1
+        # the handler is Python's again afterwards
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.slow
 def test_interrupting_the_driver_keeps_finished_cells(tmp_path):
     study_file = tmp_path / "s.yaml"
@@ -277,7 +300,15 @@ grid: {{seed: [0, 1, 2]}}
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "ablate.cli", "run", str(study_file), "--executor", "local"]
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    # the driver as in a terminal: SIGINT at its default even when the tests run as a background
+    # job (a shell starts those with SIGINT ignored, and a child inherits that)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     lines: list[str] = []
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -305,3 +336,30 @@ grid: {{seed: [0, 1, 2]}}
         for r in client.search_runs([exp.experiment_id], "tags.`ablate.role` = 'cell'")
     ]
     assert all(h == list(range(1, 31)) for h in assert_store_holds_30)
+
+
+def test_a_cell_starts_its_run_clock_when_it_starts_not_when_it_was_queued(tmp_path):
+    # the driver creates every run when the study starts; the local executor trains one cell at a
+    # time, so the second cell waited for the first: its MLflow start is after the first's end
+    study = tiny_study(tmp_path, steps=3, seed=[0, 1])
+    run_study(study, executor="local", progress=False)
+    client = MlflowClient(tracking_uri=study.tracking_uri)
+    runs = sorted(
+        (client.get_run(c.run.run_id) for c in _statuses(study)),
+        key=lambda r: r.info.start_time,
+    )
+    first, second = runs
+    assert second.info.start_time >= first.info.end_time - 50  # ms; not created-at-queue time
+    assert second.info.end_time - second.info.start_time < 60_000
+    # the one write around MLflow's client: the column it sets is MLflow's
+    import sqlite3
+
+    db = sqlite3.connect(study.output_dir / "mlflow.db")
+    assert "start_time" in {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+    db.close()
+
+
+def _statuses(study):
+    from ablate.tracking import study_status
+
+    return [cs for cs in study_status(study) if cs.run is not None]

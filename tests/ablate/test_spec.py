@@ -216,7 +216,9 @@ def test_yaml_syntax_errors_and_missing_files(tmp_path):
         load_study(bad)
 
 
-@pytest.mark.parametrize("name", ["quickstart", "mxfp4_wgrad", "tseng_sr_rht", "probes"])
+@pytest.mark.parametrize(
+    "name", ["quickstart", "mxfp4_wgrad", "tseng_sr_rht", "recipes", "recipes_gpu", "probes"]
+)
 def test_shipped_studies_are_valid(name):
     s = load_study(ROOT / "studies" / f"{name}.yaml")
     assert s.name == name
@@ -281,3 +283,16 @@ def test_probes_are_off_by_default_reach_every_cell_and_leave_keys_alone():
     assert d is not None and (d.every, d.batches, d.gemms, d.layers, d.repeats, d.window) == (
         10, 1, ["wgrad"], "all", 2, 4
     )  # fmt: skip
+
+
+def test_scale_mode_as_an_axis_gives_each_cell_its_own_label():
+    # it used to collide (the label ignored the scale mode) and validation refused the study
+    study = parse_study(
+        {
+            "name": "sm",
+            "base": {"model": {"preset": "tiny"}, "fp4_gemms": ["fprop"]},
+            "grid": {"scale_mode": ["floor", "ceil"], "seed": [0]},
+        }
+    )
+    labels = [c.label for c in study.cells]
+    assert labels == ["mxfp4[fprop]/bf16/scale_mode=floor", "mxfp4[fprop]/bf16/scale_mode=ceil"]

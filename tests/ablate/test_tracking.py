@@ -442,3 +442,31 @@ def test_a_worker_killed_between_checkpoints_loses_no_step_on_resume(uri, tmp_pa
     for key in ("train_loss", "lr", "tokens"):
         assert steps(uri, run_id, key) == list(range(0 if key == "tokens" else 1, 17)), key
     assert steps(uri, run_id, "val_loss") == [0, 4, 8, 12, 16]
+
+
+def test_run_names_are_short_lead_with_what_differs_and_tell_every_cell_apart():
+    from ablate.spec import load_study
+    from ablate.tracking.vocab import cell_params, short_name
+
+    root = Path(__file__).resolve().parents[2] / "studies"
+    qs = load_study(root / "quickstart.yaml")
+    by_label = {c.label: c for c in qs.cells}
+    cell = by_label["mxfp4[fprop,dgrad,wgrad]+dht16/fp8/seed1"]
+    assert short_name(cell) == "dht16·fdw/fp8·s1"
+    assert short_name(cell, seed=False) == "dht16·fdw/fp8"
+    assert short_name(by_label["fp8/seed0"]) == "fp8·s0"
+    assert short_name(by_label["mxfp4[fprop]/fp8/seed0"]) == "f/fp8·s0"
+    assert cell_params(cell) == {
+        "recipe": "mxfp4[fprop,dgrad,wgrad]+dht16/fp8",
+        "fp4_gemms": "fprop+dgrad+wgrad",
+        "intervention": "dht16",
+        "fp4_format": "mxfp4",
+        "base_format": "fp8",
+    }
+    recipes = load_study(root / "recipes.yaml")
+    assert "nvidia_nvfp4·s2" in {short_name(c) for c in recipes.cells}
+    for path in sorted(root.glob("*.yaml")):
+        study = load_study(path)
+        names = [short_name(c) for c in study.cells]
+        assert len(set(names)) == len(names), path.name
+        assert max(map(len, names)) <= 40, path.name

@@ -9,6 +9,8 @@ from torch import nn
 
 from backends import QuantLinear, QuantSpec, Recipe, convert_model, fake_quantize
 from backends.hadamard import hadamard_transform, sign_vector
+from backends.linear import layer_type
+from backends.named import NAMED_RECIPES, named_recipe
 from backends.recipe import GEMMS, GemmRecipe, HadamardSpec
 from backends.rng import GEMM_IDS, OPERAND_IDS, derive_key
 
@@ -21,6 +23,11 @@ RECIPES = {
         dgrad=GemmRecipe(a=QuantSpec(format="mxfp4", rounding="sr"), b=None),
         wgrad=GemmRecipe(a=QuantSpec(format="fp8_e5m2"), b=QuantSpec(format="mxfp8_e4m3")),
     ),
+    "mx_32x32_weights_unshared": Recipe(  # 2-D W in fprop only: dgrad quantizes W^T itself
+        fprop=GemmRecipe(a=QuantSpec(format="mxfp4"), b=QuantSpec(format="mxfp4", block_rows=32)),
+        dgrad=GemmRecipe(a=QuantSpec(format="mxfp4"), b=QuantSpec(format="mxfp4")),
+    ),
+    **{name: named_recipe(name) for name in NAMED_RECIPES},
 }
 
 
@@ -65,7 +72,9 @@ def _expected_gemm(q: QuantLinear, gemm: str, a: torch.Tensor, b: torch.Tensor, 
     ka, kb = (derive_key(seed, q.layer_id, gid, OPERAND_IDS[o], call) for o in ops)
     h = g.hadamard
     signs = None
-    if h is not None and h.signs == "random":
+    if h is not None and h.vector is not None:
+        signs = torch.tensor(h.vector, dtype=torch.float32)
+    elif h is not None and h.signs == "random":
         signs = sign_vector(h.size, derive_key(seed, q.layer_id, gid, 0, call))
     elif h is not None and h.signs == "fixed":
         signs = sign_vector(256, derive_key(seed, q.layer_id, gid, 0))[: h.size]
@@ -197,3 +206,119 @@ def test_bad_recipe_input_is_refused_with_allowed_values():
 def test_recipe_round_trips_through_dict():
     for r in RECIPES.values():
         assert Recipe.from_dict(r.to_dict()) == r
+    sel = RECIPES["nvidia_nvfp4"].select(keep_last=1, layer_types=["mlp"], blocks=[0, -1])
+    assert Recipe.from_dict(sel.to_dict()) == sel
+
+
+# --- 2-D weight blocks: one quantization of W for fprop and dgrad -------------------------------
+
+
+def test_two_d_weights_are_quantized_once_and_dgrad_uses_the_forward_quantization():
+    # SR on W makes the point: a second quantization (dgrad's own key) would draw other values
+    w_spec = QuantSpec(format="nvfp4", block_rows=16, rounding="sr")
+    x_spec = QuantSpec(format="nvfp4")
+    recipe = Recipe(fprop=GemmRecipe(a=x_spec, b=w_spec), dgrad=GemmRecipe(a=x_spec, b=w_spec))
+    _, q = _pair(48, 40, recipe)
+    assert q.shares_weight_quantization
+    q.train()
+    x = torch.randn(20, 48, requires_grad=True)
+    y = q(x)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    seed, w = int(q.sr_seed), q.weight.detach()
+    kw = derive_key(seed, q.layer_id, GEMM_IDS["fprop"], OPERAND_IDS["w"], 0)
+    kdy = derive_key(seed, q.layer_id, GEMM_IDS["dgrad"], OPERAND_IDS["dy"], 0)
+    wq = fake_quantize(w, w_spec, axis=1, key=kw)  # the forward's one quantization of W
+    expect = fake_quantize(dy, x_spec, axis=1, key=kdy).double() @ wq.double()
+    torch.testing.assert_close(x.grad.double(), expect, rtol=1e-5, atol=1e-5)
+    kw_dgrad = derive_key(seed, q.layer_id, GEMM_IDS["dgrad"], OPERAND_IDS["w"], 0)
+    own = fake_quantize(w.t(), w_spec, axis=1, key=kw_dgrad)  # what an unshared dgrad would use
+    assert not torch.equal(own, wq.t())
+
+
+def test_weights_are_shared_only_with_equal_2d_specs_and_no_rotation():
+    nv = named_recipe("nvidia_nvfp4")
+    assert QuantLinear(32, 32, recipe=nv).shares_weight_quantization
+    for r in (
+        RECIPES["mx_32x32_weights_unshared"],
+        named_recipe("quartet"),
+        Recipe.from_shorthand(GEMMS, "none", fp4_format="nvfp4"),
+    ):
+        assert not QuantLinear(32, 32, recipe=r).shares_weight_quantization
+
+
+# --- layer selection -------------------------------------------------------------------------------
+
+
+class _Attn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wq = nn.Linear(16, 16)
+
+
+class _FF(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(16, 16)
+
+
+class _TypedBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = _Attn()
+        self.feed_forward = _FF()
+        self.gate = nn.Linear(16, 16)  # neither type
+
+
+class _Typed(nn.Module):
+    def __init__(self, n: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_TypedBlock() for _ in range(n))
+        self.lm_head = nn.Linear(16, 10)
+
+
+def _quantized(model: nn.Module) -> set[str]:
+    return {
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, QuantLinear) and not m.recipe.high_precision
+    }
+
+
+def test_layer_type_reads_the_path():
+    assert layer_type("layers.3.attention.wq") == "attention"
+    assert layer_type("model.layers.0.self_attn.q_proj") == "attention"
+    assert layer_type("layers.3.feed_forward.w2") == "mlp"
+    assert layer_type("model.layers.0.mlp.down_proj") == "mlp"
+    assert layer_type("layers.0.gate") is None and layer_type("mlp") is None
+
+
+@pytest.mark.parametrize(
+    ("select", "expect"),
+    [
+        ({"layer_types": ["mlp"]}, {f"layers.{i}.feed_forward.w1" for i in range(4)}),
+        (
+            {"layer_types": ["attention"], "blocks": [0, -1]},
+            {"layers.0.attention.wq", "layers.3.attention.wq"},
+        ),
+        ({"blocks": [1]}, {"layers.1.attention.wq", "layers.1.feed_forward.w1", "layers.1.gate"}),
+        (
+            {"keep_first": 1, "keep_last": 2, "layer_types": ["attention", "mlp"]},
+            {"layers.1.attention.wq", "layers.1.feed_forward.w1"},
+        ),
+    ],
+)
+def test_layer_selection_by_type_and_block(select, expect):
+    model = _Typed()
+    recipe = Recipe.from_shorthand(GEMMS, "none").select(**select)
+    convert_model(model, recipe)
+    assert _quantized(model) == expect
+
+
+def test_selection_labels_and_block_range():
+    r = named_recipe("nvidia_nvfp4").select(keep_last=2, layer_types=["mlp"], blocks=[0, -1])
+    assert r.short() == "nvidia_nvfp4/keep0,2/mlp/blocks0,-1"
+    with pytest.raises(ValueError, match=r"layers.blocks\[1\]: block 4 does not exist .* -4 to 3"):
+        convert_model(_Typed(), r.select(blocks=[0, 4]))
+    with pytest.raises(ValueError, match="allowed: attention, mlp"):
+        Recipe(layer_types=("attn",))

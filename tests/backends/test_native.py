@@ -527,3 +527,26 @@ def test_fp8_layer_trains_on_native_as_on_emulated():
 def test_device_arch_names_the_gpu():
     assert _ARCH is not None and (_ARCH.startswith("sm_") or _ARCH.startswith("gfx"))
     assert device_name("cuda").endswith(f"({_ARCH})")
+
+
+def test_a_weight_quantized_once_packs_as_it_is_and_matches_emulated():
+    # NVIDIA's recipe: W quantized in 16x16 tiles once; fprop packs W, dgrad packs its transpose
+    from backends.named import named_recipe
+    from backends.native import dequantize_packed, pack_operand, pack_quantized
+    from backends.quant import quantize
+
+    r = named_recipe("nvidia_nvfp4")
+    assert r.fprop.b is not None and r.dgrad.a is not None
+    w, x, dy = _x(48, 80, seed=1), _x(33, 80, seed=2), _x(33, 48, seed=3)
+    wq = quantize(w, r.fprop.b, axis=1, key=KEYS.b)
+    for a, b, gemm in ((x, wq, r.fprop), (dy, wq.t(), r.dgrad)):
+        got = NativeBackend(gemm=scaled_mm_reference).mm(a, b, gemm, KEYS, None)
+        ref = EmulatedBackend().mm(a, b, gemm, KEYS, None)
+        aq = fake_quantize(a, gemm.a, axis=1, key=KEYS.a, out_dtype=torch.float32)
+        assert ((got - ref).abs() <= _accumulation_bound(aq, b.dequantize(), ref)).all()
+    # packing the one quantization is packing a fresh quantization of W^T (round to nearest)
+    p1 = pack_quantized(wq.t())
+    p2 = pack_operand(w.t().contiguous(), r.dgrad.b, key=KEYS.b)
+    assert torch.equal(p1.data.view(torch.uint8), p2.data.view(torch.uint8))
+    assert torch.equal(p1.scale.view(torch.uint8), p2.scale.view(torch.uint8))
+    assert torch.equal(dequantize_packed(p1), dequantize_packed(p2))

@@ -12,6 +12,7 @@ import torch
 
 from backends import QuantLinear, QuantSpec, Recipe
 from backends.hadamard import hadamard_transform
+from backends.named import named_recipe
 from backends.probe import (
     REDRAW_STRIDE,
     ErrorHistory,
@@ -25,7 +26,7 @@ from backends.probe import (
     redraw,
     signs_of,
 )
-from backends.quant import quantize
+from backends.quant import QTensor, quantize
 from backends.recipe import GEMMS, GemmRecipe
 
 
@@ -36,7 +37,7 @@ def _layer(intervention: str = "none", **kw) -> QuantLinear:
 
 def _call(layer: QuantLinear, a: torch.Tensor, b: torch.Tensor, call: int, gemm="fprop"):
     """A GemmCall as training would have captured it at ``call``."""
-    return GemmCall(gemm, a, b, call, layer._gemm(gemm, a, b, call))
+    return GemmCall.of(layer, gemm, a, b, call, layer._gemm(gemm, a, b, call))
 
 
 @pytest.fixture
@@ -93,6 +94,7 @@ def test_capture_records_every_gemm_as_the_backend_saw_it_and_changes_nothing():
         Recipe.from_shorthand(GEMMS, "dht"),
         Recipe.from_shorthand(GEMMS, "fht64", fp4_format="nvfp4"),
         Recipe.from_shorthand(["wgrad"], "sr", base="fp8"),
+        named_recipe("nvidia_nvfp4"),  # the recipe's own sign vector on wgrad
     ],
     ids=lambda r: r.short(),
 )
@@ -121,8 +123,32 @@ def test_operand_statistics_see_the_operands_the_layer_quantizes(recipe, gemm):
 
     mine = deq(a, gr.a, keys.a) @ deq(b, gr.b, keys.b).t() * gr.output_scale
     torch.testing.assert_close(mine, layer._gemm(gemm, a, b, call), rtol=1e-5, atol=1e-5)
-    stats = gemm_operand_stats(layer, [GemmCall(gemm, a, b, call, mine)], "a")
+    stats = gemm_operand_stats(layer, [GemmCall.of(layer, gemm, a, b, call, mine)], "a")
     assert (stats is None) == (gr.a is None)
+
+
+def test_a_shared_2d_weight_quantization_is_probed_against_the_high_precision_weight():
+    """NVIDIA's NVFP4 recipe quantizes W once in 16x16 tiles for fprop and dgrad: the captured b is
+    that quantization (a QTensor), the exact GEMM uses the layer's W, and W's statistics come from
+    the shared quantization (its tiles' utilisation)."""
+    torch.manual_seed(0)
+    layer = QuantLinear(64, 48, bias=False, recipe=named_recipe("nvidia_nvfp4"), seed=2)
+    assert layer.shares_weight_quantization
+    x = torch.randn(32, 64, requires_grad=True)
+    with capture({"l": layer}) as calls:
+        layer(x).backward(torch.randn(32, 48))
+    fprop, dgrad, wgrad = calls["l"]
+    assert isinstance(fprop.b, QTensor) and isinstance(dgrad.b, QTensor)
+    assert torch.equal(fprop.b_exact, layer.weight) and torch.equal(dgrad.b_exact, layer.weight.t())
+    for c in (fprop, dgrad, wgrad):
+        m = probe_gemm(layer, [c], draws=draws_for(layer.recipe.gemm(c.gemm), 2)).metrics
+        assert 0.9 < m["cos"] <= 1 and 0 < m["rel_err"] < 0.3, (c.gemm, m)
+    m = probe_gemm(layer, [dgrad], draws=1).metrics
+    assert 0 <= m["w.sat"] < 1 / 16 and 0.8 < m["w.util"] < 1.1 and "dy.ftz" in m
+    # the tiles' statistics from the shared quantization are those of quantizing W^T afresh
+    # (round-to-nearest: QTensor.t() is bit for bit that quantization)
+    fresh = operand_stats(layer.weight.detach().t(), layer.recipe.dgrad.b, key=0).metrics()
+    assert fresh == gemm_operand_stats(layer, [dgrad], "b").metrics()
 
 
 def test_rne_errs_identically_across_draws_and_steps(ab):

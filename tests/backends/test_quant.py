@@ -836,8 +836,9 @@ _COMPILE_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
         (QuantSpec(format="mxfp4"), torch.bfloat16, 32, True),  # the emulated training path, H32
         (QuantSpec(format="nvfp4", rounding="sr", prescale=True), torch.float32, 0, True),
         (QuantSpec(format="fp8_e5m2"), torch.bfloat16, 0, False),  # codes, as native packs them
+        (QuantSpec(format="nvfp4", block_rows=16), torch.float32, 0, False),  # 16x16 tiles
     ],
-    ids=["mxfp4-h32-values", "nvfp4-sr-values", "fp8_e5m2-codes"],
+    ids=["mxfp4-h32-values", "nvfp4-sr-values", "fp8_e5m2-codes", "nvfp4-16x16-codes"],
 )
 def test_compiled_fused_path_equals_reference_bit_for_bit(spec, dtype, hadamard, values):
     from backends.hadamard import sign_vector
@@ -856,6 +857,7 @@ def test_compiled_fused_path_equals_reference_bit_for_bit(spec, dtype, hadamard,
                 q = quantize_fused(x, spec, axis, KEY, h, compile=True)
                 assert q.global_dec is not None
                 q.codes, q.global_dec = q.codes.cpu(), q.global_dec.cpu()
+                q.scales = None if q.scales is None else q.scales.cpu()
                 _assert_same_qtensor(q, ref)
         except AssertionError as e:
             raise AssertionError(f"layout {name}: {e}") from e

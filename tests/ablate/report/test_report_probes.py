@@ -69,7 +69,9 @@ def test_probe_section_reports_final_and_late_values_per_configuration_and_gemm(
         assert f"({name}.png)" in md
     assert md.index("Gradient fidelity") < md.index("## Runs")
     html = res.report_html.read_text()
-    assert html.count("data:image/png;base64") == 7  # 4 report figures + 3 probe figures
+    plain = build_report(cells, evals, {"val_ppl": 12}, None, tmp_path / "plain", study="p")
+    base = plain.report_html.read_text().count("data:image/png;base64")
+    assert html.count("data:image/png;base64") == base + 3  # the 3 probe figures, embedded
     agg = by_config(res.cell_table, probes)
     t = probe_table(res.config_table, agg).set_index(["config", "gemm"])
     assert list(t.index.get_level_values("gemm").unique()) == ["dgrad", "wgrad"]

@@ -20,7 +20,7 @@ FILES = [
     "summary.csv",
     *(
         f"{name}.{ext}"
-        for name in ("convergence", "convergence_late", "token_cost", "equal_loss")
+        for name in ("convergence", "convergence_late", "token_cost", "speedup", "equal_loss")
         for ext in ("png", "svg")
     ),
 ]
@@ -49,7 +49,13 @@ def test_build_report_writes_every_file(report):
     for name in FILES:
         path = result.out_dir / name
         assert path.is_file() and path.stat().st_size > 0, name
-    assert set(result.figures) == {"convergence", "convergence_late", "token_cost", "equal_loss"}
+    assert set(result.figures) == {
+        "convergence",
+        "convergence_late",
+        "token_cost",
+        "speedup",
+        "equal_loss",
+    }
 
 
 def test_summary_csv_has_one_row_per_config(report):
@@ -81,7 +87,7 @@ def test_html_is_self_contained(report):
     html = report[0].report_html.read_text()
     assert not re.search(r'(src|href)="(https?:)?//', html)
     assert "<link" not in html and "<script" not in html
-    assert html.count("data:image/png;base64,") == 4
+    assert html.count("data:image/png;base64,") == 5
 
 
 def test_markdown_states_target_notes_missing_seed_divergence_and_the_speedup_model(report):
@@ -92,7 +98,7 @@ def test_markdown_states_target_notes_missing_seed_divergence_and_the_speedup_mo
     assert "fewer than 3 seeds" in md  # config 2 has 2
     assert "diverged: seed 2 at step" in md
     assert "model:mi355x" in md and "gemm" in md.lower()
-    for png in ("convergence.png", "convergence_late.png", "token_cost.png", "equal_loss.png"):
+    for png in ("convergence.png", "convergence_late.png", "token_cost.png", "speedup.png"):
         assert f"]({png})" in md
 
 
@@ -141,8 +147,44 @@ def test_fp4_gemm_sets_get_distinct_colours_and_interventions_distinct_line_styl
         for i, c in zip(full["intervention"], full["config"], strict=True)
     }
     assert len(set(kinds.values())) == len(kinds)  # none, sr, rht, dht, fht, sr+rht all differ
+    # and each intervention on the full set has a colour of its own (not shades of one red)
+    colours = [st[c]["color"] for c in full["config"]]
+    assert len(set(colours)) == len(colours) >= 4
     looks = {(st[c]["color"], str(st[c]["linestyle"]), st[c]["marker"]) for c in table["config"]}
-    assert len(looks) == len(table)  # dht16 and dht64 share style but not shade and marker
+    assert len(looks) == len(table)
+
+
+def test_html_turns_every_inline_markdown_span_into_markup_and_escapes_the_rest():
+    from ablate.report.markup import _inline
+
+    assert _inline("*not reached*, *partial*") == "<em>not reached</em>, <em>partial</em>"
+    assert _inline("**fp8** (baseline)") == "<strong>fp8</strong> (baseline)"
+    assert _inline("`a*b*c` and `x<y`") == "<code>a*b*c</code> and <code>x&lt;y</code>"
+    assert _inline("2 * 3 * 4 < 5 & 6") == "2 * 3 * 4 &lt; 5 &amp; 6"  # no emphasis, escaped
+    assert _inline("([SVG](token_cost.svg))") == '(<a href="token_cost.svg">SVG</a>)'
+
+
+def test_html_has_no_literal_markdown_left_and_its_tables_scroll_in_a_box(report):
+    html = report[0].report_html.read_text()
+    body = html[html.index("<body>") :]
+    text = re.sub(r"<[^>]+>", "", body)
+    assert not re.search(r"\*\S[^*]*\S\*|`", text), "literal Markdown left in the HTML"
+    assert "<em>" in body
+    assert body.count('<div class="table-wrap">') == body.count("<table>") > 0
+
+
+def test_summary_table_is_sorted_by_projected_speedup_after_the_baseline(report):
+    result, _ = report
+    md = result.report_md.read_text()
+    summary = md[md.index("## Summary") : md.index("## Figures")]
+    rows = [line for line in summary.splitlines() if line.startswith("| ")][2:]
+    assert "(baseline)" in rows[0]
+    by_name = result.config_table.set_index("config")["projected_speedup"]
+    order = [r.split(" | ")[0].lstrip("| ") for r in rows[1:]]
+    speedups = [by_name[c] for c in order]
+    finite = [x for x in speedups if math.isfinite(x)]
+    assert finite == sorted(finite, reverse=True) and len(finite) >= 2
+    assert speedups[: len(finite)] == finite  # the ones without a point come last
 
 
 def test_markdown_table_and_token_formatting():
@@ -206,3 +248,20 @@ def test_provenance_is_reported_per_configuration_and_mixed_code_is_called_out(t
     section = md.split("## Provenance")[1].split("## Method")[0]
     assert "| 3 | aaaa | 0123456789ab |" in section
     assert "| 1 | bbbb | 0123456789ab (dirty) |" in section
+
+
+def test_figures_drop_titles_on_request_draw_censored_costs_hollow_and_label_tokens(report):
+    from ablate.report import plots
+
+    result, _ = report
+    table = result.config_table
+    assert table["partial"].any()
+    fig = plots.plot_token_cost(table, title="t", titles=False)
+    (ax,) = fig.axes
+    assert ax.get_title() == ""
+    hollow = [b for b in ax.patches if b.get_facecolor()[3] == 0 and b.get_width() != 0]
+    assert len(hollow) == int((table["partial"] & table["rel_token_cost"].notna()).sum())
+    fig = plots.plot_speedup(table, title="t")
+    assert fig.axes[0].get_title() == "t: projected speedup"
+    assert plots.token_formatter()(20_000, 0) == "20k"
+    assert plots.token_formatter()(1_200_000, 0) == "1.2M"

@@ -179,3 +179,18 @@ def test_interventions_cost_throughput_in_the_model():
         intervention_costs("xyz")
     # interventions apply to the FP4 GEMMs only
     assert role_interventions("wgrad", "dht16") == {"wgrad": (16, False)}
+
+
+def test_a_per_gemm_intervention_is_charged_gemm_by_gemm():
+    # a named recipe whose GEMMs differ (NVIDIA's: SR on dgrad and wgrad, RHT16 on wgrad only)
+    from ablate.report.speedup import role_interventions
+
+    per = role_interventions("fprop+dgrad+wgrad", "fprop:none,dgrad:sr,wgrad:sr+fht16")
+    assert per == {"fprop": (0, False), "dgrad": (0, True), "wgrad": (16, True)}
+    spec = SpeedupSpec(device="b200")  # runs NVFP4
+    full = role_formats("fprop+dgrad+wgrad", "nvfp4", "fp8")
+    base = role_formats("", "nvfp4", "fp8")
+    uniform = role_interventions("fprop+dgrad+wgrad", "sr+fht16")
+    assert throughput_gain(full, base, spec, per) > throughput_gain(full, base, spec, uniform)
+    with pytest.raises(ReportError, match="ROLE:INTERVENTION"):
+        role_interventions("wgrad", "wgard:sr")

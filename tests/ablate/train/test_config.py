@@ -25,6 +25,21 @@ def test_config_hash_values_are_stable():
     assert config_hash(RunConfig(device="cuda")) == "ae297ef2c7e5591f"
 
 
+def test_config_hash_of_shorthand_recipes_is_stable():
+    # the keys of studies that use only the recipe shorthands; recipe fields added later (2-D
+    # blocks, sign vectors, layer selection) enter the hash only when a recipe sets them
+    from backends.recipe import Recipe
+
+    full = Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "dht", base="fp8")
+    assert config_hash(RunConfig(device="cpu", recipe=full)) == "83a32e5e5266f68e"
+    back = Recipe.from_shorthand(["dgrad", "wgrad"], "sr+rht64", fp4_format="nvfp4", keep_last=1)
+    assert config_hash(RunConfig(device="cpu", recipe=back)) == "e54974f0499d98ca"
+    wgrad = Recipe.from_shorthand(
+        ["wgrad"], "fht32", base="mxfp8", scale_mode="rceil", apply_to=["dgrad", "wgrad"]
+    )
+    assert config_hash(RunConfig(device="cuda", recipe=wgrad)) == "fbb8a64e7b56b3f0"
+
+
 def test_the_legacy_key_is_the_key_before_device_and_precision_counted():
     # the values cells had before: `ablate adopt` finds old runs by them
     assert legacy_config_hash(RunConfig()) == "cf1710eca5a47d3d"

@@ -67,8 +67,12 @@ def test_resume_is_bit_exact_and_reports_every_step_once(tmp_path):
     assert stopped.status == "stopped" and stopped.steps == 5
     res_b = train(cfg_b, parts)
     assert res_b.status == "finished"
-    steps = [s for s, _ in parts.metrics]
+    steps = [s for s, m in parts.metrics if "val_ppl_by_tokens" not in m]
     assert steps == list(range(0, 13))  # step 0 (initial eval) then 1..12, each exactly once
+    # each evaluation after step 0 once more with the tokens seen as its step (the UI's x-axis)
+    by_tokens = [s for s, m in parts.metrics if "val_ppl_by_tokens" in m]
+    assert by_tokens == [int(e.tokens) for e in res_b.evals if e.step > 0]
+    assert "init_val_ppl" in parts.metrics[0][1] and "val_ppl" not in parts.metrics[0][1]
     assert parts.series("train_loss") == whole.series("train_loss")
     assert parts.series("val_loss") == whole.series("val_loss")
     wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")

@@ -1,0 +1,377 @@
+"""The recipe vocabulary of a study beyond the shorthands: a named recipe (``recipe: NAME``), the
+explicit per-GEMM, per-operand form (``gemms:``), the layer selection (``layers:``), how each becomes
+a ``backends.Recipe``, and the shorthands expanded into the explicit form (``to_gemms``).
+
+A cell's recipe is one of three spellings (never two at once), each over ``base_format`` for the
+GEMMs it leaves unquantized, and each selected onto layers by ``keep_first``/``keep_last`` and
+``layers``::
+
+    fp4_gemms: [fprop, dgrad, wgrad]       # the shorthands (with intervention, fp4_format, ...)
+    intervention: sr+rht64
+
+    recipe: nvidia_nvfp4                   # a named recipe: nvidia_nvfp4, tseng_mxfp4,
+                                           # amd_mxfp4_h16, quartet (backends.named)
+    gemms:                                 # the explicit form
+      fprop: {format: nvfp4, w: {block: [16, 16]}}
+      dgrad: {format: nvfp4, dy: {rounding: sr}, w: {block: [16, 16]}}
+      wgrad:
+        format: nvfp4
+        dy: {rounding: sr}
+        hadamard: {size: 16, signs: fixed}  # none | fixed | random; rotates both operands
+
+    layers: {types: [mlp], blocks: [0, -1]}  # attention / mlp linears; block indices (-1: last)
+
+In ``gemms`` a GEMM's own keys (format, rounding, prescale, scale_mode, block) apply to both of its
+operands, and an operand's keys, under its tensor name (fprop: x, w; dgrad: dy, w; wgrad: dy, x),
+override them. ``format`` is a ``backends.quant.FORMATS`` name or ``bf16`` (high precision);
+``block`` is ``[rows, cols]``: ``[1, N]`` for blocks of N along the reduction dimension, ``[N, N]``
+for 2-D tiles, which only the weight ``w`` takes (fprop and dgrad then share one quantization of W
+when they give it the same spec). ``prescale`` (the 3/4 clip-free scale, undone on the output) is
+independent of ``rounding``. A GEMM not listed runs in ``base_format``. Every problem is a
+``ValueError`` (a pydantic error at its YAML path) naming the allowed values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from backends.named import NAMED_RECIPES, USES_BASE, named_recipe
+from backends.quant import BLOCK_SIZES, FORMATS, QuantSpec
+from backends.recipe import GEMMS, OPERANDS, GemmRecipe, HadamardSpec, Recipe, _base_gemm
+
+from .messages import did_you_mean
+
+FormatName = Literal[
+    "bf16", "mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2", "fp8_e4m3", "fp8_e5m2"
+]  # fmt: skip
+
+
+class OperandSpec(BaseModel):
+    """How one operand is quantized; unset keys take the GEMM's, then the defaults (rne, no
+    prescale, floor, the format's own block)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: FormatName | None = None
+    """mxfp4, nvfp4, mxfp8_e4m3, mxfp8_e5m2, fp8_e4m3, fp8_e5m2, or bf16 (high precision)."""
+    rounding: Literal["rne", "sr"] | None = None
+    """rne (round to nearest, ties to even) or sr (stochastic)."""
+    prescale: bool | None = None
+    """Scale by 3/4 before rounding so nothing clips (undone on the GEMM output); any rounding."""
+    scale_mode: Literal["floor", "ceil", "even", "rceil"] | None = None
+    """MX shared-exponent rule (OCP: floor)."""
+    block: list[int] | None = None
+    """[rows, cols]: [1, N] (N elements along the reduction dimension share a scale) or [N, N]
+    (2-D tiles; the weight w only). Default: [1, 32] for MX, [1, 16] for NVFP4."""
+
+    @field_validator("block")
+    @classmethod
+    def _two_ints(cls, v: list[int] | None) -> list[int] | None:
+        if v is None:
+            return None
+        sizes = ", ".join(map(str, BLOCK_SIZES))
+        if len(v) != 2 or v[1] not in BLOCK_SIZES or v[0] not in (1, v[1]):
+            raise ValueError(
+                f"{v} is not a block; allowed: [1, N] or [N, N] (2-D, weights only) with N in "
+                f"{sizes}"
+            )
+        return v
+
+
+class HadamardModel(BaseModel):
+    """A Hadamard transform of both operands along the GEMM's reduction dimension."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: Literal[16, 32, 64, 128, 256] = 16
+    signs: Literal["none", "fixed", "random"] = "none"
+    """none: deterministic; fixed: one sign vector per layer and GEMM (or ``vector``) for the whole
+    run; random: redrawn at every call."""
+    vector: list[int] | None = None
+    """With signs: fixed, this sign vector (``size`` entries of 1 or -1) for every layer."""
+
+    def spec(self) -> HadamardSpec:
+        return HadamardSpec(
+            size=self.size,
+            signs=self.signs,
+            vector=None if self.vector is None else tuple(self.vector),
+        )
+
+
+class _GemmSpec(OperandSpec):
+    """One GEMM: keys for both operands, per-operand overrides, an optional Hadamard transform."""
+
+    gemm: ClassVar[str]
+    hadamard: HadamardModel | None = None
+
+    def operand(self, name: str) -> OperandSpec | None:
+        o: OperandSpec | None = getattr(self, name)
+        return o
+
+    def build(self) -> GemmRecipe:
+        """The ``GemmRecipe``; ValueError starting with the dotted path of what is wrong."""
+        specs: list[QuantSpec | None] = []
+        for op in OPERANDS[self.gemm]:
+            own = self.operand(op) or OperandSpec()
+            fields = {
+                k: getattr(own, k) if getattr(own, k) is not None else getattr(self, k)
+                for k in OperandSpec.model_fields
+            }
+
+            def at(key: str, own: OperandSpec = own, op: str = op) -> str:
+                """The YAML path (below the GEMM) of the key that set ``key`` for this operand."""
+                return f"{op}.{key}" if getattr(own, key) is not None else key
+
+            fmt = fields["format"]
+            if fmt is None:
+                raise ValueError(
+                    f"{op}.format: no format for operand {op}; give format for the GEMM or the "
+                    f"operand; allowed: bf16, {', '.join(FORMATS)}"
+                )
+            block = fields["block"]
+            if fmt == "bf16":
+                extra = [
+                    k
+                    for k in ("rounding", "prescale", "scale_mode", "block")
+                    if fields[k] is not None
+                ]
+                if extra:
+                    raise ValueError(
+                        f"{at(extra[0])}: operand {op} is bf16 (high precision) and takes no "
+                        f"{extra[0]}; give it a quantized format ({', '.join(FORMATS)})"
+                    )
+                specs.append(None)
+                continue
+            if block is not None and block[0] > 1 and op != "w":
+                raise ValueError(
+                    f"{at('block')}: 2-D blocks {block} are for the weight operand w only; "
+                    f"allowed for {op}: [1, N]"
+                )
+            kw: dict[str, Any] = {"format": fmt}
+            for k in ("rounding", "prescale", "scale_mode"):
+                if fields[k] is not None:
+                    kw[k] = fields[k]
+            if block is not None:
+                if FORMATS[fmt].block is None:
+                    raise ValueError(
+                        f"{at('block')}: {fmt} is scaled per tensor and takes no block; "
+                        "allowed: leave block out"
+                    )
+                if block[1] != FORMATS[fmt].block:
+                    kw["block_size"] = block[1]
+                kw["block_rows"] = block[0]
+            try:
+                specs.append(QuantSpec(**kw))
+            except ValueError as e:  # "block_size: ..." / "block_rows: ..."
+                raise ValueError(f"{at('block')}: {str(e).partition(': ')[2]}") from None
+        h = None if self.hadamard is None else self.hadamard.spec()
+        if h is not None and None in specs:
+            raise ValueError(
+                "hadamard: a Hadamard transform rotates both operands (the product is exact only "
+                "then), so both need a quantized format; this GEMM has a bf16 operand"
+            )
+        return GemmRecipe(a=specs[0], b=specs[1], hadamard=h)
+
+    @model_validator(mode="after")
+    def _builds(self) -> _GemmSpec:
+        # messages start with their path below the GEMM (x.block: ...); the GEMM's name in front
+        # places them at their YAML path (gemms.fprop.x.block)
+        if self.hadamard is not None:
+            try:
+                self.hadamard.spec()
+            except ValueError as e:
+                raise ValueError(f"{self.gemm}.hadamard.{e}") from None
+        try:
+            self.build()
+        except ValueError as e:
+            raise ValueError(f"{self.gemm}.{e}") from None
+        return self
+
+
+class FpropSpec(_GemmSpec):
+    """fprop, Y = X W^T: operands x (activations) and w (weights), reduced over in_features."""
+
+    gemm: ClassVar[str] = "fprop"
+    x: OperandSpec | None = None
+    w: OperandSpec | None = None
+
+
+class DgradSpec(_GemmSpec):
+    """dgrad, dX = dY W: operands dy (output gradient) and w (weights), reduced over out_features."""
+
+    gemm: ClassVar[str] = "dgrad"
+    dy: OperandSpec | None = None
+    w: OperandSpec | None = None
+
+
+class WgradSpec(_GemmSpec):
+    """wgrad, dW = dY^T X: operands dy (output gradient) and x (activations), reduced over tokens."""
+
+    gemm: ClassVar[str] = "wgrad"
+    dy: OperandSpec | None = None
+    x: OperandSpec | None = None
+
+
+class GemmsSpec(BaseModel):
+    """The explicit recipe: each GEMM's operands; a GEMM not given runs in the base format."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    """How cells and the report name this recipe (default: derived from the GEMMs)."""
+    fprop: FpropSpec | None = None
+    dgrad: DgradSpec | None = None
+    wgrad: WgradSpec | None = None
+
+    def build(self, base: str) -> Recipe:
+        gemms = {}
+        for g in GEMMS:
+            spec: _GemmSpec | None = getattr(self, g)
+            gemms[g] = _base_gemm(g, base) if spec is None else spec.build()
+        r = Recipe(fprop=gemms["fprop"], dgrad=gemms["dgrad"], wgrad=gemms["wgrad"])
+        label = self.name
+        if label is None and any(getattr(self, g) is None for g in GEMMS):
+            label = r.short() + f"/{base}"  # the base decides the GEMMs not given
+        return replace(r, label=label)
+
+
+class LayersSpec(BaseModel):
+    """Which linears of the transformer blocks follow the recipe (the rest: high precision)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    types: list[Literal["attention", "mlp"]] | None = None
+    """attention (the q/k/v/o projections), mlp (the feed-forward linears); default: both."""
+    blocks: list[int] | None = None
+    """Block indices (negative: from the end, -1 the last); default: every block."""
+
+    @field_validator("types", "blocks")
+    @classmethod
+    def _distinct(cls, v: list[Any] | None) -> list[Any] | None:
+        if v is not None and (not v or len(set(v)) != len(v)):
+            raise ValueError(f"{v} must be a non-empty list of distinct values; omit it for all")
+        return v
+
+
+def check_recipe_name(v: str) -> str:
+    """``v`` if it names a recipe; ValueError with a did-you-mean and the allowed names."""
+    if v not in NAMED_RECIPES:
+        hint = did_you_mean(v, list(NAMED_RECIPES))
+        raise ValueError(f"unknown {v!r}{hint}; allowed: {', '.join(NAMED_RECIPES)}")
+    return v
+
+
+def explicit_recipe(
+    recipe: str | None,
+    gemms: GemmsSpec | None,
+    base: str,
+    *,
+    keep_first: int,
+    keep_last: int,
+    layers: LayersSpec | None,
+) -> Recipe:
+    """The ``Recipe`` of a named recipe or an explicit ``gemms`` over ``base``, on the selected
+    layers."""
+    if recipe is not None:
+        r = named_recipe(recipe, base)
+    else:
+        assert gemms is not None
+        r = gemms.build(base)
+    return select(r, keep_first=keep_first, keep_last=keep_last, layers=layers)
+
+
+def select(r: Recipe, *, keep_first: int, keep_last: int, layers: LayersSpec | None) -> Recipe:
+    """``r`` with the selection; the very recipe when nothing is selected (keys stay as they were)."""
+    types = None if layers is None else layers.types
+    blocks = None if layers is None else layers.blocks
+    if not (keep_first or keep_last or types is not None or blocks is not None):
+        return r
+    return r.select(keep_first=keep_first, keep_last=keep_last, layer_types=types, blocks=blocks)
+
+
+def recipe_axes(r: Recipe, base_format: str) -> dict[str, str]:
+    """The recipe in the report's terms (``fp4_gemms``, ``intervention``, ``fp4_format``,
+    ``base_format``), derived from the resolved GEMMs: the FP4 GEMMs, the format of their first FP4
+    operand, and their intervention: ``sr`` where an operand rounds stochastically, plus the
+    Hadamard transform's short form; one label when every FP4 GEMM has the same (``sr+rht64``),
+    else one per FP4 GEMM (``fprop:none,dgrad:sr,wgrad:sr+fht16``), which the report's speedup
+    model charges GEMM by GEMM."""
+    fp4 = [g for g in GEMMS if r.gemm(g).is_fp4]
+    fmt = next(
+        (s.format for g in fp4 for s in (r.gemm(g).a, r.gemm(g).b) if s and s.fmt.is_fp4),
+        "mxfp4",
+    )
+    labels = {}
+    for g in fp4:
+        gr = r.gemm(g)
+        sr = any(s is not None and s.rounding == "sr" for s in (gr.a, gr.b))
+        parts = (["sr"] if sr else []) + ([gr.hadamard.short()] if gr.hadamard else [])
+        labels[g] = "+".join(parts) or "none"
+    if len(set(labels.values())) <= 1:
+        intervention = next(iter(labels.values()), "none")
+    else:
+        intervention = ",".join(f"{g}:{v}" for g, v in labels.items())
+    return {
+        "fp4_gemms": "+".join(fp4),
+        "intervention": intervention,
+        "fp4_format": fmt,
+        "base_format": base_format,
+    }
+
+
+def uses_base(recipe: str | None, gemms: GemmsSpec | None) -> bool:
+    """Whether the base format decides any GEMM of a named or explicit recipe."""
+    if recipe is not None:
+        return recipe in USES_BASE
+    return gemms is not None and any(getattr(gemms, g) is None for g in GEMMS)
+
+
+def to_gemms(r: Recipe) -> dict[str, Any]:
+    """The explicit ``gemms:`` form of any recipe, per operand (a shorthand expanded, a named
+    recipe written out): ``GemmsSpec.model_validate(to_gemms(r)).build(base)`` has r's GEMMs."""
+
+    def operand(s: QuantSpec | None) -> dict[str, Any]:
+        if s is None:
+            return {"format": "bf16"}
+        d: dict[str, Any] = {"format": s.format, "rounding": s.rounding}
+        if s.prescale:
+            d["prescale"] = True
+        if s.fmt.scale == "e8m0":
+            d["scale_mode"] = s.scale_mode.value
+        if s.block:
+            d["block"] = [s.block_rows, s.block]
+        return d
+
+    out: dict[str, Any] = {}
+    for g in GEMMS:
+        gr = r.gemm(g)
+        d: dict[str, Any] = {
+            op: operand(s) for op, s in zip(OPERANDS[g], (gr.a, gr.b), strict=True)
+        }
+        if gr.hadamard is not None:
+            h = gr.hadamard
+            d["hadamard"] = {"size": h.size, "signs": h.signs}
+            if h.vector is not None:
+                d["hadamard"]["vector"] = list(h.vector)
+        out[g] = d
+    return out
+
+
+__all__ = [
+    "DgradSpec",
+    "FpropSpec",
+    "GemmsSpec",
+    "HadamardModel",
+    "LayersSpec",
+    "OperandSpec",
+    "check_recipe_name",
+    "WgradSpec",
+    "explicit_recipe",
+    "recipe_axes",
+    "select",
+    "to_gemms",
+    "uses_base",
+]

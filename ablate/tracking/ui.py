@@ -1,0 +1,167 @@
+"""``ablate ui``: the MLflow UI on a study's store, opened at the study's runs table.
+
+MLflow 3's ``mlflow ui`` starts four server workers and a job runner (~1.5 GB resident, a first
+answer after ~18 s on a 2-core machine) and opens an experiment without a kind in its GenAI view
+(traces, no runs). Here: ``mlflow server`` with one worker by default and job execution off, the
+experiment tagged for the training view (``vocab.TRAINING_KIND``), and the URL of its runs printed
+once the server answers. A server store (``http://...``) is already served: only its URL is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import TrackingError
+from . import vocab
+from .runs import repair_artifacts
+from .store import Client
+
+
+def view_state(axes: Sequence[str] = ()) -> dict[str, Any]:
+    """The runs-table view ``ablate ui`` opens (MLflow's shared view state): the cells only (the
+    parent run's per-configuration metrics would otherwise nest the cells under it and fill the
+    charts), their recipe axes, seed and other axes as param columns, the report's summary metrics
+    as metric columns, every cell in the charts (validation against tokens is the chart of
+    ``val_ppl_by_tokens``, whose step is the tokens seen)."""
+    params = [*vocab.AXIS_PARAMS, "seed", *(a for a in axes if "." in a)]
+    return {
+        "searchFilter": vocab.role_filter("cell"),
+        "orderByKey": "tags.`mlflow.runName`",
+        "orderByAsc": True,
+        "selectedColumns": [f"params.`{p}`" for p in dict.fromkeys(params)]
+        + [f"metrics.`{m}`" for m in vocab.SUMMARY_METRICS],
+        "runsHiddenMode": "SHOW_ALL",  # charts compare every cell, not MLflow's first ten
+    }
+
+
+def study_url(base: str, uri: str, experiment: str | None, *, axes: Sequence[str] = ()) -> str:
+    """The UI's page of the experiment's runs in ablate's view (``view_state``), or its home page
+    without an experiment. Marks the experiment for MLflow 3's training view and (re)writes the
+    view on the way, so a study recorded before either existed opens the same way."""
+    base = base.rstrip("/")
+    if experiment is None:
+        return base + "/"
+    client = Client(uri, must_exist=True)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise TrackingError(f"no experiment {experiment!r} in {uri}: has the study been run there?")
+    eid = found.experiment_id
+    repair_artifacts(uri, found.artifact_location)
+    if found.tags.get(vocab.EXPERIMENT_KIND) != vocab.TRAINING_KIND:
+        client.set_experiment_tag(eid, vocab.EXPERIMENT_KIND, vocab.TRAINING_KIND)
+    client.set_experiment_tag(eid, vocab.SHARED_VIEW + vocab.VIEW, json.dumps(view_state(axes)))
+    # workflowType: the sidebar of MLflow 3's training mode, not its GenAI one
+    view = f"viewStateShareKey={vocab.VIEW}&workflowType=machine_learning"
+    return f"{base}/#/experiments/{eid}/runs?{view}"
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process below ``pid`` (from /proc)."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            parent[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for child, ppid in parent.items():
+            if ppid == p:
+                found.append(child)
+                todo.append(child)
+    out = []
+    for p in found:
+        try:
+            cmd = (Path("/proc") / str(p) / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        out.append((p, cmd.decode(errors="replace").strip()))
+    return out
+
+
+def _exit(signum: int, frame: Any) -> None:
+    sys.exit(128 + signum)
+
+
+def serve(
+    uri: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 5000,
+    workers: int = 1,
+    timeout: float = 120.0,
+    experiment: str | None = None,
+    axes: Sequence[str] = (),
+    echo: Callable[[str], None] = print,
+) -> int:
+    """Run the MLflow server on ``uri`` until it exits or Ctrl-C; return its exit status (0 after
+    Ctrl-C). Raises TrackingError when the port is taken or the server does not answer in time."""
+    if not _port_free(host, port):
+        raise TrackingError(
+            f"port {port} on {host} is in use (another `ablate ui` or MLflow server?); pass --port"
+        )
+    local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    base = f"http://{local}:{port}"
+    url = study_url(base, uri, experiment, axes=axes)  # checks the store and experiment first
+    exe = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
+    cmd = [exe, "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    cmd += ["--workers", str(workers), "--uvicorn-opts", "--no-access-log"]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    start = time.monotonic()
+    # SIGTERM/SIGHUP (a closed terminal, a supervisor) end this process through ``finally``,
+    # which stops the server: it runs in its own session, so nothing else would
+    previous = {sig: signal.signal(sig, _exit) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        while not _answers(base + "/health"):
+            if proc.poll() is not None:
+                raise TrackingError(f"the MLflow server exited with status {proc.returncode}")
+            if time.monotonic() - start > timeout:
+                raise TrackingError(f"the MLflow server did not answer within {timeout:g} s")
+            time.sleep(0.25)
+        echo(f"MLflow UI: {url}  (answered after {time.monotonic() - start:.1f} s; Ctrl-C stops)")
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
