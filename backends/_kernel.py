@@ -144,8 +144,15 @@ def available() -> bool:
 
 
 def usable(x: torch.Tensor) -> bool:
-    """Whether the kernel can take ``x``: a CPU tensor of a supported dtype, kernel built."""
-    return x.device.type == "cpu" and x.dtype in DTYPE_CODES and available()
+    """Whether the kernel can take ``x``: a CPU tensor of a supported dtype, kernel built, and not
+    inside ``torch.compile`` (a compiled model traces the torch path of ``fused.py`` instead, which
+    computes the same bits and which a graph can hold; the kernel's pointers and ctypes cannot)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in DTYPE_CODES
+        and not torch.compiler.is_compiling()
+        and available()
+    )
 
 
 def run(params: QParams) -> None:

@@ -19,7 +19,7 @@ from .recipe import GemmRecipe, Recipe
 def _operand(
     t: torch.Tensor | QTensor,
     spec: QuantSpec | None,
-    key: int,
+    key: int | torch.Tensor,
     gemm: GemmRecipe,
     signs: torch.Tensor | None,
 ) -> torch.Tensor:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .formats import E4M3, E8M0_NAN, ElementFormat
+from .formats import E2M1, E4M3, E5M2, E8M0_NAN, ElementFormat
 from .hadamard import hadamard_transform_reference
 from .rng import uniform24
 
@@ -63,9 +63,19 @@ class Elem:
     fp4: bool
 
     @staticmethod
-    @functools.cache
     def of(f: ElementFormat) -> Elem:
-        return Elem(f.mbits, f.emin, f.emax, f.max, f.bits, f.torch_dtype is torch.float4_e2m1fn_x2)
+        # looked up, not cached on first use: Dynamo traces this call inside a compiled model,
+        # where a cache wrapper draws a warning and filling a cache is a side effect
+        e = _ELEMS.get(f)
+        return e if e is not None else Elem._make(f)
+
+    @staticmethod
+    def _make(f: ElementFormat) -> Elem:
+        fp4 = f.torch_dtype is torch.float4_e2m1fn_x2
+        return Elem(f.mbits, f.emin, f.emax, f.max, f.bits, fp4)
+
+
+_ELEMS: dict[ElementFormat, Elem] = {f: Elem._make(f) for f in (E2M1, E4M3, E5M2)}
 
 
 _E4M3 = Elem.of(E4M3)
@@ -293,14 +303,18 @@ _plan_ids = itertools.count()
 
 def call(
     xm: torch.Tensor,
-    key: int,
+    key: int | torch.Tensor,
     signs: torch.Tensor | None,
     p: Plan,
     compile_: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """``run``, compiled where ``compile_enabled`` (or ``compile_``) says so, eager otherwise or if
-    compiling fails (with one warning naming the error)."""
-    k = torch.full((), key & 0xFFFFFFFF, dtype=torch.int64, device=xm.device)  # no host sync
+    compiling fails (with one warning naming the error). ``key``: an int, or a () int64 tensor
+    (the training step's keys, derived on the device)."""
+    if isinstance(key, torch.Tensor):
+        k = (key & 0xFFFFFFFF).to(device=xm.device, dtype=torch.int64)
+    else:
+        k = torch.full((), key & 0xFFFFFFFF, dtype=torch.int64, device=xm.device)  # no host sync
     use = compile_enabled(xm.device) if compile_ is None else compile_
     if use and p not in _failed:
         try:

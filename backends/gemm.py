@@ -26,11 +26,12 @@ from .recipe import GemmRecipe, Recipe
 
 @dataclass(frozen=True, slots=True)
 class GemmKeys:
-    """Random-stream keys of one GEMM call: per operand for SR, and for random Hadamard signs."""
+    """Random-stream keys of one GEMM call: per operand for SR, and for random Hadamard signs;
+    ints, or () int64 tensors on the device (the training step derives them there)."""
 
-    a: int
-    b: int
-    signs: int
+    a: int | torch.Tensor
+    b: int | torch.Tensor
+    signs: int | torch.Tensor
 
 
 class GemmBackend(Protocol):

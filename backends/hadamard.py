@@ -52,7 +52,9 @@ def hadamard_matrix(
     return (_sylvester(size) / math.sqrt(size)).to(dtype=dtype, device=device)
 
 
-def sign_vector(size: int, key: int, device: torch.device | str | None = None) -> torch.Tensor:
+def sign_vector(
+    size: int, key: int | torch.Tensor, device: torch.device | str | None = None
+) -> torch.Tensor:
     """A reproducible vector of +-1 (float32) drawn from a 32-bit key (see ``rng.derive_key``)."""
     check_size(size)
     bits = random_bits(key, torch.arange(size, device=device))

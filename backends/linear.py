@@ -18,6 +18,14 @@ Random streams: stochastic rounding and random Hadamard signs come from keys der
 so a resumed run continues the same streams). Fixed Hadamard signs are a buffer drawn once per layer
 (or the recipe's own vector, the same for every layer).
 
+No host synchronisation: the training step never reads a device tensor into Python. The keys of a
+call are derived on the layer's device (``rng.extend_key``) from ``key_prefix`` (the keys of
+(seed, layer, GEMM, operand), computed when the seed is set or loaded) and the ``calls`` buffer,
+and reach the quantizer as int64 tensors; the recipe's sign vectors are a buffer too. So a compiled
+model (``torch.compile(fullgraph=True)``) traces the layer in one graph, and on a GPU the step
+queues its kernels without waiting for them. Only the CPU's C kernel turns a key into a Python int,
+which costs no synchronisation there.
+
 2-D weight blocks: when fprop and dgrad quantize W with the same square 2-D blocks and neither GEMM
 rotates it, W is quantized once, in the forward pass, and dgrad multiplies by the transpose of that
 quantization (``QTensor.t``): W and W^T are the same quantized values, as in NVIDIA's NVFP4 recipe.
@@ -45,13 +53,48 @@ from torch import nn
 from .gemm import GemmKeys
 from .hadamard import SIZES, sign_vector
 from .quant import QTensor, quantize
-from .recipe import GEMMS, OPERANDS, Recipe
+from .recipe import GEMMS, OPERANDS, GemmRecipe, Recipe
 from .registry import get_backend
-from .rng import GEMM_IDS, OPERAND_IDS, derive_key
+from .rng import GEMM_IDS, OPERAND_IDS, derive_key, extend_key
 
 _SIGNS_STREAM = 0  # operand id used for Hadamard sign keys
 DEFAULT_EXCLUDE = ("lm_head", "output", "head")
-GemmHook = Callable[[str, torch.Tensor, Any, int, torch.Tensor], None]
+GemmHook = Callable[[str, torch.Tensor, Any, torch.Tensor, torch.Tensor], None]
+_SIGNS_LEN = max(SIZES)
+
+
+def key_prefixes(seed: int, layer_id: int) -> torch.Tensor:
+    """(3, 3) int64: ``derive_key(seed, layer, gemm, stream)`` per GEMM (fprop, dgrad, wgrad) and
+    stream (operand a, operand b, Hadamard signs); a call's keys extend these by the call index."""
+    rows = []
+    for g in GEMMS:
+        a_op, b_op = OPERANDS[g]
+        streams = (OPERAND_IDS[a_op], OPERAND_IDS[b_op], _SIGNS_STREAM)
+        rows.append([derive_key(seed, layer_id, GEMM_IDS[g], s) for s in streams])
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+@torch.library.custom_op("ablate::next_call", mutates_args=("calls",))
+def _next_call(calls: torch.Tensor) -> torch.Tensor:
+    """The counter's value, then the counter advanced by one, on its device.
+
+    An opaque op rather than ``clone`` and ``+=``: under torch.compile, AOTAutograd would recompute
+    such a clone in the backward graph from the counter it had already advanced in the forward, so
+    dgrad and wgrad would draw the streams of the next call; an opaque op's output is saved."""
+    old = calls.clone()
+    calls.add_(1)
+    return old
+
+
+@_next_call.register_fake
+def _(calls: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(calls)
+
+
+def is_random(g: GemmRecipe) -> bool:
+    """Whether a GEMM's output depends on its random streams (SR or random Hadamard signs)."""
+    sr = any(s is not None and s.rounding == "sr" for s in (g.a, g.b))
+    return sr or (g.hadamard is not None and g.hadamard.signs == "random")
 
 
 class _QuantLinearFn(torch.autograd.Function):
@@ -62,27 +105,28 @@ class _QuantLinearFn(torch.autograd.Function):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         layer: QuantLinear,
-        call: int,
+        call: torch.Tensor,
     ) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])  # (T, in)
-        ctx.save_for_backward(x2, weight)
-        ctx.layer, ctx.call, ctx.x_shape, ctx.has_bias = layer, call, x.shape, bias is not None
+        keys = layer._key_table(call)  # every GEMM's keys of this call, derived once
+        ctx.save_for_backward(x2, weight, call, keys)
+        ctx.layer, ctx.x_shape, ctx.has_bias = layer, x.shape, bias is not None
         # fprop: X (T, in) and W (out, in) both quantized along in_features; with shared 2-D
         # weight blocks W is quantized here once, and dgrad uses the same quantization
         w: torch.Tensor | QTensor = weight
         if layer.shares_weight_quantization:
             spec = layer.recipe.fprop.b
             assert spec is not None
-            w = quantize(weight, spec, axis=1, key=layer._keys("fprop", call).b)
+            w = quantize(weight, spec, axis=1, key=layer._keys("fprop", call, keys).b)
         ctx.wq = w if isinstance(w, QTensor) else None
-        y = layer._mm("fprop", x2, w, call)  # (T, out) float32
+        y = layer._mm("fprop", x2, w, call, keys)  # (T, out) float32
         if bias is not None:
             y = y + bias.float()
         return y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x2, weight = ctx.saved_tensors
+        x2, weight, call, keys = ctx.saved_tensors
         layer: QuantLinear = ctx.layer
         dy2 = dy.reshape(-1, dy.shape[-1])  # (T, out)
         dx = dw = db = None
@@ -91,11 +135,11 @@ class _QuantLinearFn(torch.autograd.Function):
             wt = (
                 weight.t() if ctx.wq is None else ctx.wq.t()
             )  # the forward's quantized W, transposed
-            dx = layer._mm("dgrad", dy2, wt, ctx.call)  # (T, in)
+            dx = layer._mm("dgrad", dy2, wt, call, keys)  # (T, in)
             dx = dx.to(x2.dtype).reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             # wgrad: dY^T (out, T) and X^T (in, T) both quantized along the token dimension
-            dw = layer._mm("wgrad", dy2.t(), x2.t(), ctx.call).to(weight.dtype)  # (out, in)
+            dw = layer._mm("wgrad", dy2.t(), x2.t(), call, keys).to(weight.dtype)  # (out, in)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.float().sum(0).to(weight.dtype)
         return dx, dw, db, None, None
@@ -107,6 +151,8 @@ class QuantLinear(nn.Linear):
     sr_seed: torch.Tensor  # () int64: seed of the layer's random streams
     calls: torch.Tensor  # () int64: training forwards so far (the "step" of the streams)
     hadamard_signs: torch.Tensor  # (3, 256) +-1: fixed sign vectors for fprop, dgrad, wgrad
+    key_prefix: torch.Tensor  # (3, 3) int64, not saved: ``key_prefixes(sr_seed, layer_id)``
+    recipe_signs: torch.Tensor  # (3, 256), not saved: the recipe's own sign vectors (0 if none)
     gemm_hook: GemmHook | None
     """Called after every GEMM with (gemm, a, b, call, output); None: nothing (see module doc)."""
 
@@ -124,6 +170,9 @@ class QuantLinear(nn.Linear):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self.register_buffer(
+            "recipe_signs", torch.zeros(3, _SIGNS_LEN, device=device), persistent=False
+        )
         self.recipe = recipe if recipe is not None else Recipe.bf16()
         self.backend_name = backend
         self.backend = get_backend(backend)
@@ -138,7 +187,31 @@ class QuantLinear(nn.Linear):
             ]
         )
         self.register_buffer("hadamard_signs", signs.to(device))  # (3, 256) +-1
+        self.register_buffer(
+            "key_prefix", key_prefixes(seed, layer_id).to(device), persistent=False
+        )
         self.gemm_hook = None
+
+    @property
+    def recipe(self) -> Recipe:
+        return self._recipe
+
+    @recipe.setter
+    def recipe(self, recipe: Recipe) -> None:
+        self._recipe = recipe
+        self._random = any(is_random(recipe.gemm(g)) for g in GEMMS)
+        with torch.no_grad():
+            self.recipe_signs.zero_()
+            for i, g in enumerate(GEMMS):
+                h = recipe.gemm(g).hadamard
+                if h is not None and h.vector is not None:
+                    self.recipe_signs[i, : h.size] = torch.tensor(h.vector, dtype=torch.float32)
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any, **kw: Any) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kw)
+        if prefix + "sr_seed" in state_dict:  # the key prefixes follow the loaded seed
+            prefixes = key_prefixes(int(self.sr_seed), self.layer_id)  # once per load
+            self.key_prefix.copy_(prefixes.to(self.key_prefix.device))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, **kwargs: Any) -> QuantLinear:
@@ -158,7 +231,26 @@ class QuantLinear(nn.Linear):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.short()}, backend={self.backend_name}"
 
-    def _keys(self, gemm: str, call: int) -> GemmKeys:
+    def _key_table(self, call: torch.Tensor) -> torch.Tensor:
+        """(3, 3) int64 keys of ``call`` (rows: fprop, dgrad, wgrad; columns: a, b, signs), derived
+        on the device; an empty tensor when no GEMM of the recipe draws random numbers."""
+        if not self._random:
+            return call.new_empty(0)
+        return extend_key(self.key_prefix, call)
+
+    def _keys(
+        self, gemm: str, call: int | torch.Tensor, table: torch.Tensor | None = None
+    ) -> GemmKeys:
+        """The keys of ``gemm`` at ``call``: from ``table`` (``_key_table(call)``, the training
+        step: int64 tensors on the layer's device, no host synchronisation), else Python ints
+        (probes). A recipe without SR or random signs uses no key: zeros."""
+        if table is not None:
+            if table.numel() == 0:
+                return GemmKeys(a=0, b=0, signs=0)
+            k = table[GEMMS.index(gemm)]
+            return GemmKeys(a=k[0], b=k[1], signs=k[2])
+        if isinstance(call, torch.Tensor):
+            return self._keys(gemm, call, self._key_table(call))
         seed, gid = int(self.sr_seed), GEMM_IDS[gemm]
         a_op, b_op = OPERANDS[gemm]
         return GemmKeys(
@@ -181,29 +273,44 @@ class QuantLinear(nn.Linear):
             and d.hadamard is None
         )
 
-    def _mm(self, gemm: str, a: torch.Tensor, b: torch.Tensor | QTensor, call: int) -> torch.Tensor:
-        out = self._gemm(gemm, a, b, call)
+    def _mm(
+        self,
+        gemm: str,
+        a: torch.Tensor,
+        b: torch.Tensor | QTensor,
+        call: torch.Tensor,
+        keys: torch.Tensor,
+    ) -> torch.Tensor:
+        out = self._gemm(gemm, a, b, call, keys)
         if self.gemm_hook is not None:  # b is a QTensor where fprop's W quantization is shared
             self.gemm_hook(gemm, a, b, call, out)
         return out
 
+    def signs(self, gemm: str, keys: GemmKeys) -> torch.Tensor | None:
+        """The Hadamard sign vector of ``gemm`` for a call with ``keys`` (None: no signs)."""
+        h = self.recipe.gemm(gemm).hadamard
+        if h is None or h.signs == "none":
+            return None
+        if h.vector is not None:  # the recipe's one vector, for every layer
+            return self.recipe_signs[GEMMS.index(gemm), : h.size]
+        if h.signs == "fixed":
+            return self.hadamard_signs[GEMMS.index(gemm), : h.size]
+        return sign_vector(h.size, keys.signs, device=self.hadamard_signs.device)
+
     def _gemm(
-        self, gemm: str, a: torch.Tensor, b: torch.Tensor | QTensor, call: int
+        self,
+        gemm: str,
+        a: torch.Tensor,
+        b: torch.Tensor | QTensor,
+        call: int | torch.Tensor,
+        table: torch.Tensor | None = None,
     ) -> torch.Tensor:
         g = self.recipe.gemm(gemm)
         if g.high_precision:
             assert isinstance(b, torch.Tensor)
             return (a @ b.t()).float()
-        keys = self._keys(gemm, call)
-        signs = None
-        h = g.hadamard
-        if h is not None and h.vector is not None:  # the recipe's one vector, for every layer
-            signs = torch.tensor(h.vector, dtype=torch.float32, device=a.device)
-        elif h is not None and h.signs == "fixed":
-            signs = self.hadamard_signs[GEMMS.index(gemm), : h.size]
-        elif h is not None and h.signs == "random":
-            signs = sign_vector(h.size, keys.signs, device=a.device)
-        return self.backend.mm(a, b, g, keys, signs)
+        keys = self._keys(gemm, call, table)
+        return self.backend.mm(a, b, g, keys, self.signs(gemm, keys))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recipe.high_precision:
@@ -214,9 +321,10 @@ class QuantLinear(nn.Linear):
             dt = torch.get_autocast_dtype(x.device.type)
             x, weight = x.to(dt), weight.to(dt)
             bias = None if bias is None else bias.to(dt)
-        call = int(self.calls)
-        if self.training and torch.is_grad_enabled():
-            self.calls += 1
+        if self.training and torch.is_grad_enabled():  # a training call: advance the streams
+            call = _next_call(self.calls)  # this call's index, on the device (no host sync)
+        else:
+            call = self.calls.clone()
         with torch.autocast(x.device.type, enabled=False):
             y: torch.Tensor = _QuantLinearFn.apply(x, weight, bias, self, call)
         return y

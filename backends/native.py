@@ -299,7 +299,7 @@ def pack_operand(
     x: torch.Tensor,
     spec: QuantSpec,
     *,
-    key: int = 0,
+    key: int | torch.Tensor = 0,
     hadamard: tuple[int, torch.Tensor | None] | None = None,
     layout: Layout = CUDA_LAYOUT,
 ) -> PackedOperand:
@@ -461,7 +461,9 @@ class NativeBackend:
         h = gemm.hadamard
         had = None if h is None else (h.size, signs)
 
-        def pack(t: torch.Tensor | QTensor, spec: QuantSpec, key: int) -> PackedOperand:
+        def pack(
+            t: torch.Tensor | QTensor, spec: QuantSpec, key: int | torch.Tensor
+        ) -> PackedOperand:
             if isinstance(t, QTensor):  # quantized by the caller: its codes as they are
                 return pack_quantized(t, layout=layout, device=device)
             return pack_operand(t, spec, key=key, hadamard=had, layout=layout)

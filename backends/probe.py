@@ -53,10 +53,10 @@ from dataclasses import dataclass, field
 import torch
 
 from . import _kernel
-from .hadamard import hadamard_transform, sign_vector
-from .linear import QuantLinear
+from .hadamard import hadamard_transform
+from .linear import QuantLinear, is_random
 from .quant import QTensor, QuantSpec, _global_scales, _run_kernel, quantize
-from .recipe import GEMMS, OPERANDS, GemmRecipe
+from .recipe import OPERANDS, GemmRecipe
 
 REDRAW_STRIDE = 1 << 32
 """Draw r of call c uses the random streams of call ``c + r * REDRAW_STRIDE``: training's call
@@ -112,12 +112,12 @@ def capture(layers: Mapping[str, QuantLinear]) -> Iterator[dict[str, list[GemmCa
             gemm: str,
             a: torch.Tensor,
             b: torch.Tensor | QTensor,
-            call: int,
+            call: torch.Tensor,
             out: torch.Tensor,
             _into: list[GemmCall] = calls[name],
             _layer: QuantLinear = layer,
         ) -> None:
-            _into.append(GemmCall.of(_layer, gemm, a, b, call, out))
+            _into.append(GemmCall.of(_layer, gemm, a, b, int(call), out))  # probes may sync
 
         layer.gemm_hook = hook
     try:
@@ -125,12 +125,6 @@ def capture(layers: Mapping[str, QuantLinear]) -> Iterator[dict[str, list[GemmCa
     finally:
         for layer in layers.values():
             layer.gemm_hook = None
-
-
-def is_random(g: GemmRecipe) -> bool:
-    """Whether a GEMM's output depends on its random streams (SR or random Hadamard signs)."""
-    sr = any(s is not None and s.rounding == "sr" for s in (g.a, g.b))
-    return sr or (g.hadamard is not None and g.hadamard.signs == "random")
 
 
 def draws_for(g: GemmRecipe, repeats: int) -> int:
@@ -149,14 +143,7 @@ def redraw(layer: QuantLinear, c: GemmCall, r: int) -> torch.Tensor:
 
 def signs_of(layer: QuantLinear, gemm: str, call: int) -> torch.Tensor | None:
     """The Hadamard sign vector the layer uses for ``gemm`` at ``call`` (None: no signs)."""
-    h = layer.recipe.gemm(gemm).hadamard
-    if h is None or h.signs == "none":
-        return None
-    if h.vector is not None:  # the recipe's one vector, for every layer
-        return torch.tensor(h.vector, dtype=torch.float32, device=layer.hadamard_signs.device)
-    if h.signs == "fixed":
-        return layer.hadamard_signs[GEMMS.index(gemm), : h.size]
-    return sign_vector(h.size, layer._keys(gemm, call).signs, device=layer.hadamard_signs.device)
+    return layer.signs(gemm, layer._keys(gemm, call))
 
 
 @dataclass(slots=True)
@@ -188,7 +175,7 @@ class OperandStats:
 def operand_stats(
     t: torch.Tensor,
     spec: QuantSpec,
-    key: int,
+    key: int | torch.Tensor,
     hadamard: tuple[int, torch.Tensor | None] | None = None,
     quantized: QTensor | None = None,
 ) -> OperandStats:
@@ -268,7 +255,7 @@ def _count(mask: torch.Tensor) -> int:
 
 
 def _elements_and_scales(
-    xt: torch.Tensor, spec: QuantSpec, key: int
+    xt: torch.Tensor, spec: QuantSpec, key: int | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The quantizer's element values (element units, (M, K)) and block scale codes ((M, nb), None
     for per-tensor formats) of the already transformed 2-D ``xt`` quantized along its last axis."""

@@ -281,15 +281,16 @@ def _global_scales(x: torch.Tensor, spec: QuantSpec) -> tuple[float, float, bool
 # fused path (C kernel on the CPU)
 
 
-def spec_key(key: int) -> int:
-    return key & 0xFFFFFFFF
+def spec_key(key: int | torch.Tensor) -> int:
+    """The 32-bit key as the C kernel takes it (a tensor key is read on the CPU: no device sync)."""
+    return int(key) & 0xFFFFFFFF
 
 
 def _run_kernel(
     x: torch.Tensor,
     spec: QuantSpec,
     axis: int,
-    key: int,
+    key: int | torch.Tensor,
     out_dtype: torch.dtype,
     elements: bool,
     hadamard: tuple[int, torch.Tensor | None] | None = None,
@@ -359,7 +360,7 @@ def quantize(
     x: torch.Tensor,
     spec: QuantSpec,
     axis: int = -1,
-    key: int = 0,
+    key: int | torch.Tensor = 0,
     hadamard: tuple[int, torch.Tensor | None] | None = None,
 ) -> QTensor:
     """Quantize ``x`` along ``axis``; ``key`` seeds stochastic rounding (see ``rng.derive_key``).
@@ -388,7 +389,7 @@ def fake_quantize(
     x: torch.Tensor,
     spec: QuantSpec,
     axis: int = -1,
-    key: int = 0,
+    key: int | torch.Tensor = 0,
     out_dtype: torch.dtype | None = None,
     hadamard: tuple[int, torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
@@ -449,7 +450,7 @@ def quantize_fused(
     x: torch.Tensor,
     spec: QuantSpec,
     axis: int = -1,
-    key: int = 0,
+    key: int | torch.Tensor = 0,
     hadamard: tuple[int, torch.Tensor | None] | None = None,
     compile: bool | None = None,
 ) -> QTensor:
@@ -470,7 +471,7 @@ def fake_quantize_fused(
     x: torch.Tensor,
     spec: QuantSpec,
     axis: int = -1,
-    key: int = 0,
+    key: int | torch.Tensor = 0,
     out_dtype: torch.dtype | None = None,
     hadamard: tuple[int, torch.Tensor | None] | None = None,
     compile: bool | None = None,

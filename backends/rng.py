@@ -30,14 +30,26 @@ def mix32(x: int) -> int:
     return x
 
 
+_KEY_INIT = 0x9E3779B9
+_HI_OFFSET = 0x85EBCA6B
+
+
 def derive_key(*parts: int) -> int:
     """A 32-bit stream key from integers, e.g. ``derive_key(seed, layer, gemm, operand, step)``."""
-    k = 0x9E3779B9
+    k = _KEY_INIT
     for p in parts:
         if p < 0:
             raise ValueError(f"key parts must be non-negative integers, got {p}")
-        k = mix32(k ^ mix32(p & M32) ^ mix32((p >> 32) + 0x85EBCA6B))
+        k = mix32(k ^ mix32(p & M32) ^ mix32((p >> 32) + _HI_OFFSET))
     return k
+
+
+def extend_key(key: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+    """``derive_key(*parts, part)`` from ``key = derive_key(*parts)``, on the device: int64 tensors
+    (broadcast), no host synchronisation. The training step keys its streams this way, from the
+    layer's key prefixes and its call counter, both buffers on the layer's device."""
+    p = part.to(torch.int64)
+    return _mix32_t(key ^ _mix32_t(p & M32) ^ _mix32_t((p >> 32) + _HI_OFFSET))
 
 
 def _mix32_t(x: torch.Tensor) -> torch.Tensor:
