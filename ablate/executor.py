@@ -204,6 +204,8 @@ class RayExecutor:
                 raise RunnerError(f"--address {address}: cannot reach a Ray cluster ({e})") from e
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         self.multi_node = len(nodes) > 1
+        self.cluster_gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
+        """GPUs of the cluster's live nodes, all together (Ray's count, declared or detected)."""
         fits = [
             n
             for n in nodes
