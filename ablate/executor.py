@@ -73,6 +73,7 @@ def run_one(task: Task) -> Outcome:
     the outcome, recorded on the run) so one bad cell does not stop a study."""
     import torch
 
+    from .devices import check_worker_device, placement
     from .tracking import MlflowLogger
     from .train import RunConfig, train
     from .train.checkpoint import checkpoint_info
@@ -85,9 +86,10 @@ def run_one(task: Task) -> Outcome:
     t0 = time.perf_counter()
     try:
         cfg = RunConfig.from_dict(task.config)
+        check_worker_device(cfg.device, task.label)  # before anything is logged as running
         ckpt = checkpoint_info(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         where = {"host": socket.gethostname(), "pid": os.getpid()}
-        logger.log_environment(environment(cfg))
+        logger.log_environment({**environment(cfg), **placement(cfg.device)})
         if not ckpt:
             logger.mark_started()  # the run's start: now, not when the driver queued it
         logger.log_status("running", {**where, "resumed_from": ckpt["step"] if ckpt else 0})
@@ -202,6 +204,8 @@ class RayExecutor:
                 raise RunnerError(f"--address {address}: cannot reach a Ray cluster ({e})") from e
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         self.multi_node = len(nodes) > 1
+        self.cluster_gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
+        """GPUs of the cluster's live nodes, all together (Ray's count, declared or detected)."""
         fits = [
             n
             for n in nodes

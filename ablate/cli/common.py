@@ -72,12 +72,19 @@ def executor_opt(each: str) -> Callable[[F], F]:
 def preflight_or_exit(study: Study, address: str | None) -> None:
     """``runner.preflight`` (what ``run`` checks before it starts), its refusal as exit 2; then the
     target-headroom warning (``runner.target_headroom``) on stderr."""
-    from ..runner import preflight, target_headroom
+    from ..runner import auto_cpu_cells, preflight, target_headroom
 
     try:
         preflight(study, address=address)
     except AblateError as e:
         raise refuse(e) from None
+    if address and (auto := auto_cpu_cells(study)):
+        click.echo(
+            f"warning: device: auto with resources.gpus: 0 trains {len(auto)} cell(s) on CPUs; "
+            "`ablate run` refuses that if the cluster has GPUs (set resources.gpus: 1, or "
+            "device: cpu)",
+            err=True,
+        )
     warning = target_headroom(study)
     if warning:
         click.echo(f"warning: {warning}", err=True)

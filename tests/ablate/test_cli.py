@@ -200,7 +200,8 @@ def test_native_backend_on_a_machine_without_the_hardware_fails_before_any_cell_
         import pytest
 
         pytest.skip("checks the refusal on a machine without a GPU")
-    study = STUDY.replace("  train:", "  backend: native\n  train:").replace(
+    # device: cpu: a native cell on auto needs a GPU (resources.gpus, test_devices.py)
+    study = STUDY.replace("  train:", "  backend: native\n  device: cpu\n  train:").replace(
         "[[], [fprop]]", "[[], [fprop, dgrad, wgrad]]"
     )
     p = _write(tmp_path, study)

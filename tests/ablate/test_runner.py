@@ -169,6 +169,7 @@ def test_a_failing_cell_is_recorded_and_rerun_only_when_asked(tmp_path):
 def test_a_device_that_cannot_run_the_study_fails_before_anything_is_written(tmp_path):
     s = tiny_study(tmp_path)
     s.cells[1].config.device = "cuda:7"
+    s.spec.resources.gpus = 1  # with none, the cell is refused for that (test_devices.py)
     with pytest.raises(
         RunnerError, match=r"cannot run the study:\n  cells mxfp4.*:\n    device: 'cuda:7'"
     ):
