@@ -22,6 +22,7 @@ from .data import SEED_LIMIT, DataConfig
 from .model import PRESETS, ModelConfig
 
 Precision = Literal["auto", "bf16", "fp32"]
+Compile = Literal["auto"] | bool
 Status = Literal["finished", "diverged", "stopped"]
 ProbeGemm = Literal["fprop", "dgrad", "wgrad"]
 
@@ -61,6 +62,16 @@ class TrainConfig:
     """bf16: autocast to bfloat16; fp32: none; auto: bf16 on CUDA devices that support it, else fp32."""
     divergence_factor: float = 2.0
     """Diverged when the smoothed training loss exceeds this multiple of its best value."""
+    compile: Compile = "auto"
+    """torch.compile the model (forward and backward, quantizers included): true, false, or auto
+    (on for CUDA devices, off on the CPU, where the C kernel quantizes eagerly). A compiled run is
+    in its key (fused kernels round differently); an uncompiled one keeps the key it always had."""
+    log_every: int | None = None
+    """Read the steps' losses and gradient norms on the host (and log them) every N steps, and at
+    evaluations, probes, checkpoints and the end; between those a GPU queues steps without waiting
+    for them. The divergence guard checks every step, up to N - 1 steps late (a diverged run stops
+    there). None: 1 on the CPU (reading costs nothing there), 10 on CUDA. Not in the key: the
+    numbers are the same."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "seq_len", "eval_every"):
@@ -82,6 +93,10 @@ class TrainConfig:
             raise ValueError(
                 f"train.precision: unknown {self.precision!r}; allowed: auto, bf16, fp32"
             )
+        if self.log_every is not None and self.log_every < 1:
+            raise ValueError(f"train.log_every: must be >= 1 (or null: auto), got {self.log_every}")
+        if self.compile not in ("auto", True, False):
+            raise ValueError(f"train.compile: unknown {self.compile!r}; allowed: auto, true, false")
         if self.divergence_factor <= 1:
             raise ValueError(f"train.divergence_factor: must be > 1, got {self.divergence_factor}")
 
@@ -316,7 +331,17 @@ def resolved_precision(precision: str, kind: str) -> Literal["bf16", "fp32"]:
     return "bf16" if precision == "bf16" else "fp32"
 
 
-KEY_EXCLUDED = ("checkpoint_dir", "device", "train.checkpoint_every")
+def resolved_log_every(log_every: int | None, kind: str) -> int:
+    """What ``train.log_every`` means on a device kind (None: 1 on the CPU, 10 on CUDA)."""
+    return log_every if log_every is not None else (10 if kind == "cuda" else 1)
+
+
+def resolved_compile(compile: Compile, kind: str) -> bool:
+    """What ``train.compile`` means on a device kind: ``auto`` is on for CUDA, off on the CPU."""
+    return kind == "cuda" if compile == "auto" else bool(compile)
+
+
+KEY_EXCLUDED = ("checkpoint_dir", "device", "train.checkpoint_every", "train.log_every")
 """RunConfig fields that do not change a run's numbers: not in its key, not logged as params (a
 study can change how often it checkpoints, or move its output folder, and keep its results).
 ``probe`` is left out of both the same way (``config_hash``, ``run_params``)."""
@@ -331,9 +356,14 @@ def config_hash(cfg: RunConfig) -> str:
         d.pop(k)
     d.pop("probe", None)  # probes change no number of the run
     d["train"].pop("checkpoint_every")
+    d["train"].pop("log_every")
     kind = device_kind(cfg.device)
     d["device_kind"] = kind
     d["train"]["precision"] = resolved_precision(cfg.train.precision, kind)
+    if resolved_compile(cfg.train.compile, kind):
+        d["train"]["compile"] = True
+    else:  # an eager run: the key it had before train.compile existed
+        d["train"].pop("compile")
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -344,6 +374,8 @@ def legacy_config_hash(cfg: RunConfig) -> str:
     for k in ("checkpoint_dir", "device"):
         d.pop(k)
     d.pop("probe", None)
+    for k in ("compile", "log_every"):  # fields added later
+        d["train"].pop(k)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

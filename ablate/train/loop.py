@@ -12,6 +12,12 @@ at evaluations (the untrained model's step-0 perplexity as init_val_ppl, so that
 the UI's charts), and each evaluation again as val_loss_by_tokens / val_ppl_by_tokens with the tokens
 seen as the step, so the MLflow UI can chart validation against tokens.
 
+GPU-grade execution: the model is compiled where ``train.compile`` says (``auto``: on CUDA), AdamW is
+fused on CUDA (where it also skips a non-finite step on the device, through ``found_inf``), the
+matmul policy is explicit (``device.numerics_policy``: no TF32), and a step never waits for the
+device: losses and gradient norms stay on it until the next read, every ``train.log_every`` steps
+and at evaluations, probes, checkpoints and the end, one transfer for the steps since the last.
+
 The run's progress is a ``TrainState`` (``state``); checkpoints (``checkpoint``) are atomic and hold
 everything the next step depends on. A run that finds a checkpoint in ``checkpoint_dir`` resumes
 from it and ends bit-identical to an uninterrupted run on the same CPU (same thread count); one that
@@ -21,6 +27,7 @@ finds a finished run's checkpoint returns its result without training.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -33,9 +40,18 @@ from torch import nn
 
 from .batches import BatchSampler
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import EvalPoint, RunConfig, RunResult, TrainConfig, config_hash, run_params
+from .config import (
+    EvalPoint,
+    RunConfig,
+    RunResult,
+    TrainConfig,
+    config_hash,
+    resolved_compile,
+    resolved_log_every,
+    run_params,
+)
 from .data import TokenData, load_data, val_batches
-from .device import autocast, resolve_device
+from .device import autocast, numerics_policy, resolve_device
 from .logger import Logger, NullLogger
 from .model import build_model, count_parameters
 from .probe import make_prober
@@ -43,6 +59,17 @@ from .schedule import lr_at
 from .state import TrainState
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(slots=True)
+class _Step:
+    """One optimizer step as it was queued: its loss and gradient norm still on the device."""
+
+    step: int
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    lr: float
+    tokens: int
 
 
 def train(
@@ -72,20 +99,39 @@ def train(
         log.log_metrics(m0, 0)
 
     run.model.train()
+    log_every = resolved_log_every(tc.log_every, run.device.type)
+    pending: list[_Step] = []
     while state.step < tc.steps:
         if stop_after is not None and state.step >= stop_after:
             run.checkpoint(state)
             log.log_status("stopped", {"step": state.step})
             return run.result(state)
-        loss, grad_norm, metrics = run.optimizer_step(state)
-        reason = _divergence(state, tc, run.data.vocab_size, loss, grad_norm)
-        if reason:
-            log.log_metrics(metrics, state.step)
-            state.status, state.reason, state.diverged_at = "diverged", reason, state.step
-            run.checkpoint(state)
-            log.log_status("diverged", {"step": state.step, "reason": reason})
-            return run.result(state)
-        if state.step % tc.eval_every == 0 or state.step == tc.steps:
+        pending.append(run.optimizer_step(state))
+        step = state.step
+        read_now = (
+            step % log_every == 0
+            or step % tc.eval_every == 0
+            or step == tc.steps
+            or (prober is not None and prober.due(step))
+            or (tc.checkpoint_every and step % tc.checkpoint_every == 0)
+            or (stop_after is not None and step >= stop_after)
+        )
+        if not read_now:
+            continue
+        steps, pending = run.read(pending, state), []
+        for s_i, loss, grad_norm, m in steps:
+            reason = _divergence(state, tc, run.data.vocab_size, loss, grad_norm, s_i)
+            if reason:
+                log.log_metrics(m, s_i)
+                state.status, state.reason, state.diverged_at = "diverged", reason, s_i
+                run.checkpoint(state)
+                log.log_status("diverged", {"step": s_i, "reason": reason})
+                return run.result(state)
+            if s_i != step:  # this step's own metrics go out below, with the rest of its record
+                log.log_metrics(m, s_i)
+        metrics = steps[-1][3]
+        metrics["tokens_per_s"] = state.tokens / state.train_time  # the read waited for the device
+        if step % tc.eval_every == 0 or step == tc.steps:
             run.record_eval(state, metrics)
             # the same evaluation with the tokens seen as its step: MLflow charts it against
             # tokens (runs with other batch sizes share that axis, not the step)
@@ -94,13 +140,13 @@ def train(
                 "val_ppl_by_tokens": metrics["val_ppl"],
             }
             log.log_metrics(by_tokens, int(state.tokens))
-        if prober is not None and prober.due(state.step):
+        if prober is not None and prober.due(step):
             metrics.update(prober.run(step_seconds=state.train_time / state.step))
-        log.log_metrics(metrics, state.step)
-        if state.step == tc.steps:
+        log.log_metrics(metrics, step)
+        if step == tc.steps:
             state.status = "finished"
             run.checkpoint(state)
-        elif tc.checkpoint_every and state.step % tc.checkpoint_every == 0:
+        elif tc.checkpoint_every and step % tc.checkpoint_every == 0:
             run.checkpoint(state)
     state.status = "finished"
     res = run.result(state)
@@ -167,10 +213,10 @@ class _Run:
         )
         return state if state is not None else TrainState()
 
-    def optimizer_step(self, state: TrainState) -> tuple[float, float, dict[str, float]]:
-        """One optimizer step (scheduled LR, gradient accumulation, clipping) that advances
-        ``state``; a non-finite loss or gradient norm leaves the weights as they were. Returns the
-        loss, the gradient norm and the step's metrics."""
+    def optimizer_step(self, state: TrainState) -> _Step:
+        """Queue one optimizer step (scheduled LR, gradient accumulation, clipping) and advance
+        ``state``; a non-finite loss or gradient norm leaves the weights as they were. The loss and
+        gradient norm stay on the device (``read`` brings them over)."""
         tc = self.config.train
         t0 = time.perf_counter()
         lr = lr_at(state.step, tc)
@@ -178,28 +224,40 @@ class _Run:
             g["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         x, y = self.sampler.next()
-        x, y = x.to(self.device), y.to(self.device)
-        loss_val = 0.0
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         for xm, ym in zip(x.chunk(tc.grad_accum), y.chunk(tc.grad_accum), strict=True):
             with self.ctx():
                 loss = self.model(xm, ym)
             (loss / tc.grad_accum).backward()
-            loss_val += float(loss.detach()) / tc.grad_accum
+            loss_sum += loss.detach().float() / tc.grad_accum
         clip = tc.grad_clip if tc.grad_clip > 0 else math.inf
-        grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), clip))
-        if math.isfinite(loss_val) and math.isfinite(grad_norm):
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip).detach()
+        finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
+        if self.optimizer.defaults.get("fused"):  # the kernel skips the update on the device
+            self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
+            self.optimizer.step()
+        elif bool(finite):  # the CPU: reading costs nothing
             self.optimizer.step()
         state.step += 1
         state.tokens += tc.tokens_per_step
         state.train_time += time.perf_counter() - t0
-        metrics: dict[str, float] = {
-            "train_loss": loss_val,
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "tokens": float(state.tokens),
-            "tokens_per_s": state.tokens / state.train_time,
-        }
-        return loss_val, grad_norm, metrics
+        return _Step(state.step, loss_sum, grad_norm, lr, state.tokens)
+
+    def read(
+        self, steps: list[_Step], state: TrainState
+    ) -> list[tuple[int, float, float, dict[str, float]]]:
+        """The queued steps' (step, loss, gradient norm, metrics), in one transfer from the device
+        (which waits for it: the wait counts as training time)."""
+        t0 = time.perf_counter()
+        values = torch.stack([v for s in steps for v in (s.loss, s.grad_norm)]).tolist()
+        state.train_time += time.perf_counter() - t0
+        out = []
+        for i, s in enumerate(steps):
+            loss, grad_norm = values[2 * i], values[2 * i + 1]
+            metrics = {"train_loss": loss, "lr": s.lr, "grad_norm": grad_norm, "tokens": s.tokens}
+            out.append((s.step, loss, grad_norm, metrics))
+        return out
 
     def record_eval(self, state: TrainState, metrics: dict[str, float]) -> None:
         """Evaluate, append to the state's history and add val_loss/val_ppl to ``metrics``."""
@@ -244,6 +302,7 @@ def _build(config: RunConfig, log: Logger, stop_after: int | None) -> _Run:
     t_start = time.perf_counter()
     tc = config.train
     device = resolve_device(config.device)
+    numerics_policy()
     data = load_data(config.data)
     if stop_after is not None and stop_after < 0:
         raise ValueError(f"stop_after: must be >= 0, got {stop_after}")
@@ -259,11 +318,17 @@ def _build(config: RunConfig, log: Logger, stop_after: int | None) -> _Run:
         seed=config.seed,
         device=device,
     )
+    if resolved_compile(tc.compile, device.type):
+        # in place: parameter and buffer names, hence checkpoints, stay as they are; the backend
+        # is Inductor unless ABLATE_COMPILE_BACKEND names another (the tests' aot_eager traces the
+        # same graphs without generating code, which takes Inductor minutes on a 2-core CPU)
+        model.compile(backend=os.environ.get("ABLATE_COMPILE_BACKEND", "inductor"))
     opt = torch.optim.AdamW(
         _param_groups(model, tc.weight_decay),
         lr=tc.lr,
         betas=(tc.beta1, tc.beta2),
         eps=tc.eps,
+        fused=True if device.type == "cuda" else None,  # the CPU keeps the foreach kernels
     )
     sampler = BatchSampler(data.train, tc.seq_len, tc.batch_size, config.data.data_seed)
     val = val_batches(data.val, tc.seq_len, tc.batch_size)
@@ -304,14 +369,15 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
 
 
 def _divergence(
-    state: TrainState, tc: TrainConfig, vocab_size: int, loss: float, grad_norm: float
+    state: TrainState, tc: TrainConfig, vocab_size: int, loss: float, grad_norm: float, step: int
 ) -> str:
-    """The divergence guard, after a step: why the run diverged, or "" when it did not. Updates the
-    smoothed loss (``state.ema``) and its best value after warmup (``state.best_ema``)."""
+    """The divergence guard, for step ``step``: why the run diverged, or "" when it did not.
+    Updates the smoothed loss (``state.ema``) and its best value after warmup
+    (``state.best_ema``)."""
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         return f"non-finite loss ({loss}) or gradient norm ({grad_norm})"
     state.ema = loss if state.ema is None else 0.9 * state.ema + 0.1 * loss
-    if state.step > tc.warmup_steps:
+    if step > tc.warmup_steps:
         state.best_ema = min(state.best_ema, state.ema)
     loss_ceiling = 3.0 * math.log(vocab_size)  # far worse than a uniform prediction
     if loss > loss_ceiling:

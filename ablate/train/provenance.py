@@ -30,7 +30,7 @@ import torch
 
 from backends.bench import describe
 
-from .config import RunConfig, device_kind, resolved_precision
+from .config import RunConfig, device_kind, resolved_compile, resolved_precision
 
 _ROOT = Path(__file__).resolve().parents[2]  # the folder holding ablate/ and backends/
 _NUMERICS = ("backends", "ablate/train")
@@ -95,6 +95,7 @@ def environment(config: RunConfig) -> dict[str, str]:
         "device": kind,
         "device_name": device_name(kind),
         "precision": resolved_precision(config.train.precision, kind),
+        "compiled": "true" if resolved_compile(config.train.compile, kind) else "false",
         "backend": config.backend,
     }
     if kind == "cuda" and torch.version.cuda:

@@ -22,7 +22,17 @@ def test_config_hash_values_are_stable():
     assert config_hash(RunConfig(device="cpu", seed=3, train=TrainConfig(lr=1e-2))) == (
         "d2a4e0ab013c6a73"
     )
-    assert config_hash(RunConfig(device="cuda")) == "ae297ef2c7e5591f"
+    # an eager CUDA run keeps the key CUDA runs had before train.compile; a compiled one (auto on
+    # CUDA) has its own, and the CPU's auto (eager) changes nothing; log_every is not in the key
+    eager = TrainConfig(compile=False)
+    assert config_hash(RunConfig(device="cuda", train=eager)) == "ae297ef2c7e5591f"
+    assert config_hash(RunConfig(device="cuda")) == "46d0ba03ccab5fa9"
+    assert config_hash(RunConfig(device="cpu", train=TrainConfig(compile=True))) != (
+        config_hash(RunConfig(device="cpu"))
+    )
+    assert config_hash(RunConfig(device="cpu", train=TrainConfig(log_every=7))) == (
+        "1f94548535cb9ce6"
+    )
 
 
 def test_config_hash_of_shorthand_recipes_is_stable():
@@ -37,7 +47,8 @@ def test_config_hash_of_shorthand_recipes_is_stable():
     wgrad = Recipe.from_shorthand(
         ["wgrad"], "fht32", base="mxfp8", scale_mode="rceil", apply_to=["dgrad", "wgrad"]
     )
-    assert config_hash(RunConfig(device="cuda", recipe=wgrad)) == "fbb8a64e7b56b3f0"
+    cuda = RunConfig(device="cuda", recipe=wgrad, train=TrainConfig(compile=False))
+    assert config_hash(cuda) == "fbb8a64e7b56b3f0"
 
 
 def test_the_legacy_key_is_the_key_before_device_and_precision_counted():

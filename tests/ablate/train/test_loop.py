@@ -3,6 +3,7 @@ as ``diverged``, and refuses bad configuration before training."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -147,6 +148,75 @@ def test_huge_learning_rate_ends_as_diverged_with_the_step():
     assert log.metrics[-1][0] == res.diverged_at
 
 
+def test_reading_every_n_steps_changes_no_number_and_logs_every_step_once(tmp_path):
+    """``log_every`` defers the host reads of loss and gradient norm (a GPU queues steps without
+    waiting): the run computes the same bits and logs the same metrics, each step once."""
+    recipe = Recipe.from_shorthand(["wgrad"], "sr+rht")
+    every, each = MemoryLogger(), MemoryLogger()
+    deferred = dataclasses.replace(FAST, log_every=5)
+    a = train(_cfg(tmp_path / "a", recipe=recipe), each)
+    b = train(_cfg(tmp_path / "b", recipe=recipe, train=deferred), every)
+    assert [e.val_loss for e in a.evals] == [e.val_loss for e in b.evals]
+    steps = [s for s, m in every.metrics if "val_ppl_by_tokens" not in m]
+    assert steps == list(range(13))
+    for name in ("train_loss", "grad_norm", "lr", "tokens", "val_loss"):
+        assert every.series(name) == each.series(name), name
+    wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+def test_a_deferred_divergence_is_dated_to_its_own_step():
+    log, logn = MemoryLogger(), MemoryLogger()
+    fields = {
+        "steps": 40, "batch_size": 8, "seq_len": 64, "lr": 50.0, "warmup_steps": 0,
+        "eval_every": 40, "eval_batches": 1, "grad_clip": 0.0,
+    }  # fmt: skip
+    each = train(_cfg(train=TrainConfig(**fields)), log)
+    late = train(_cfg(train=TrainConfig(**fields, log_every=16)), logn)
+    assert each.status == late.status == "diverged"
+    assert late.diverged_at == each.diverged_at and late.reason == each.reason
+    assert logn.metrics[-1][0] == late.diverged_at
+    assert late.steps >= late.diverged_at  # it trained on to the read, and no further
+
+
+def test_the_matmul_policy_is_explicit():
+    from ablate.train.device import numerics_policy
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+    try:
+        train(_cfg(train=TrainConfig(steps=1, batch_size=2, seq_len=32, eval_every=1)))
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+        assert torch.backends.cudnn.allow_tf32 is False
+        assert torch.get_float32_matmul_precision() == "highest"
+        assert torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction is False
+    finally:
+        numerics_policy()
+
+
+@pytest.mark.slow
+def test_a_compiled_run_trains_checkpoints_alike_and_matches_eager_closely(tmp_path, monkeypatch):
+    """``train.compile: true`` (CUDA's ``auto``): the model, quantizers included, runs compiled
+    (traced by Dynamo and AOTAutograd; ``aot_eager`` generates no code, which Inductor's C++
+    backend takes many minutes for on this CPU); the run finishes, its checkpoint has the eager
+    run's names (compiled in place), and it tracks the eager run within rounding (decomposed
+    backward kernels)."""
+    monkeypatch.setenv("ABLATE_COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    recipe = Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "sr")
+    tc = TrainConfig(steps=3, batch_size=4, seq_len=32, warmup_steps=1, eval_every=3)
+    compiled = train(
+        _cfg(tmp_path / "c", recipe=recipe, train=dataclasses.replace(tc, compile=True))
+    )
+    eager = train(_cfg(tmp_path / "e", recipe=recipe, train=tc))
+    assert compiled.status == "finished"
+    assert _weights(tmp_path / "c").keys() == _weights(tmp_path / "e").keys()
+    for c, e in zip(compiled.evals, eager.evals, strict=True):
+        assert c.val_loss == pytest.approx(e.val_loss, abs=0.05)
+
+
 def test_learning_rate_warms_up_then_decays_to_the_floor():
     cfg = _cfg(train=TrainConfig(steps=100, lr=1.0, warmup_steps=10, min_lr_ratio=0.1))
     assert lr_at(0, cfg.train) == pytest.approx(0.1)
@@ -164,6 +234,8 @@ def test_learning_rate_warms_up_then_decays_to_the_floor():
         (lambda: TrainConfig(batch_size=10, grad_accum=3), "train.grad_accum"),
         (lambda: RunConfig(train=TrainConfig(seq_len=4096)), "train.seq_len"),
         (lambda: TrainConfig(precision="fp16"), "train.precision"),
+        (lambda: TrainConfig(compile="yes"), "train.compile: unknown 'yes'; allowed: auto, true"),
+        (lambda: TrainConfig(log_every=0), "train.log_every: must be >= 1"),
         (lambda: RunConfig(seed=-1), "seed"),
     ],
 )
