@@ -47,6 +47,7 @@ class QParams(ctypes.Structure):
         ("scale_mode", ctypes.c_int32),
         ("global_enc", ctypes.c_float),
         ("global_dec", ctypes.c_float),
+        ("global_amax", ctypes.c_float),
         ("prescale", ctypes.c_float),
         ("sr", ctypes.c_int32),
         ("key", ctypes.c_uint32),

@@ -27,6 +27,7 @@ typedef struct {
     float maxval;
     int32_t scale_kind, scale_mode;
     float global_enc, global_dec; /* NVFP4 / per-tensor: encode scale and its fp32 reciprocal */
+    float global_amax;            /* NVFP4: the tensor amax (decoding uses it, as TE does) */
     float prescale;
     int32_t sr;
     uint32_t key;
@@ -102,6 +103,8 @@ static inline float round_elem(float v, int mbits, int emin, float maxval, int s
     float t = a * exp2i(-k);                    /* exact: t < 2^(mbits+2) */
     float q;
     if (sr) {
+        if (!(t < 16777216.0f)) t = 16777216.0f; /* a = inf (x * FLT_MAX, NVFP4) or NaN: saturates
+                                                    below, and keeps the conversion defined */
         float fl = (float)(int32_t)t;           /* floor: t >= 0 and small */
         q = fl + ((u < t - fl) ? 1.0f : 0.0f);
     } else {
@@ -147,18 +150,21 @@ static inline int block_scale(uint32_t amax_bits, const qparams *p, float *enc, 
         *dec = exp2i(E);
         *code = (uint8_t)(E + 127);
     } else if (p->scale_kind == SC_NV) {
-        /* E4M3 block decode scale = RNE_e4m3((amax / 6) * S_enc), saturating at 448 */
-        float s = (u2f(amax_bits) / p->maxval) * p->global_enc;
+        /* TransformerEngine's NVFP4 arithmetic (quant.py's docstring), each step one fp32 operation:
+         * block decode scale s8 = RNE_e4m3(min(amax_b * (S_enc * fp32(1/6)), 448)) */
+        const float mult = p->global_enc * (1.0f / 6.0f);
+        float s = u2f(amax_bits) * mult;
+        if (s > 448.0f) s = 448.0f;
         float s8 = round_elem(s, 3, -6, 448.0f, 0, 0.0f);
         uint32_t sb = f2u(s8);
         int sex = (int)(sb >> 23) - 127;
         int mant = (int)((sb >> 20) & 7);
         *code = (s8 == 0.0f) ? 0 : (sex >= -6 ? (uint8_t)(((sex + 7) << 3) | mant)
                                                : (uint8_t)(s8 * 512.0f));
-        /* S / s8 overflows for tensors whose amax is below ~1e-32: saturate instead of inf, so
-         * zeros stay zeros (quant.py does the same) */
-        *enc = (s8 == 0.0f) ? 0.0f : fminf(p->global_enc / s8, FLT_MAX);
-        *dec = s8; /* dequantized element = (q * s8) * global_dec, see quant.py */
+        /* element encode factor min(1 / (s8 * S_dec), FLT_MAX): FLT_MAX for s8 == 0 (1 / 0) */
+        *enc = fminf(1.0f / (s8 * p->global_dec), FLT_MAX);
+        /* decoded element = q * ((s8 * amax) * fp32(1/2688)), TE's dequantize_nvfp4 */
+        *dec = (s8 * p->global_amax) * (1.0f / 2688.0f);
     } else {
         *enc = p->global_enc;
         *dec = p->global_dec;
@@ -215,15 +221,14 @@ static inline void quant_block(const qparams *p, float *buf, int64_t n, int64_t 
         return;
     }
     const float mul = enc * p->prescale;
-    if (!p->sr && p->scale_kind == SC_E8M0 && p->prescale == 1.0f && p->out_kind == OUT_DEQUANT) {
-        /* the hot path: MX round-to-nearest-even fake-quantize */
+    if (!p->sr && p->prescale == 1.0f && p->out_kind == OUT_DEQUANT) {
+        /* the hot path: round-to-nearest-even fake-quantize */
         for (int64_t i = 0; i < n; i++)
             buf[i] = round_elem(buf[i] * enc, p->mbits, p->emin, p->maxval, 0, 0.0f) * dec;
     } else {
-        /* output = (q * d1) * d2: dequantized (NVFP4: (q * s8) * global_dec) or element units */
+        /* output = q * d1: dequantized, or in element units */
         const int elems = p->out_kind == OUT_ELEMENTS;
         const float d1 = elems ? 1.0f : dec;
-        const float d2 = (elems || p->scale_kind != SC_NV) ? 1.0f : p->global_dec;
         const int mbits = p->mbits, emin = p->emin;
         const float maxval = p->maxval;
         const uint32_t key = p->key;
@@ -234,17 +239,17 @@ static inline void quant_block(const qparams *p, float *buf, int64_t n, int64_t 
             if ((uint32_t)((uint64_t)(base + n - 1) >> 32) == hi) {
                 for (int64_t i = 0; i < n; i++) {
                     const float u = u24(key, lo0 + (uint32_t)i, hi);
-                    buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1) * d2;
+                    buf[i] = round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1;
                 }
             } else {
                 for (int64_t i = 0; i < n; i++) {
                     const float u = sr_uniform(key, base + i);
-                    buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1) * d2;
+                    buf[i] = round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1;
                 }
             }
         } else {
             for (int64_t i = 0; i < n; i++)
-                buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 0, 0.0f) * d1) * d2;
+                buf[i] = round_elem(buf[i] * mul, mbits, emin, maxval, 0, 0.0f) * d1;
         }
     }
     store_row(p->out, p->out_kind == OUT_ELEMENTS ? DT_F32 : p->out_dtype, base, n, buf);
@@ -305,9 +310,8 @@ static void run_strided(const qparams *p) {
             }
             if (p->scales) p->scales[(o * nb + kb) * I + j0 + j] = code;
         }
-        /* output = (q * d1) * d2, as in run_inner1 */
+        /* output = q * dec, as in run_inner1 */
         const int elems = p->out_kind == OUT_ELEMENTS;
-        const float d2 = (elems || p->scale_kind != SC_NV) ? 1.0f : p->global_dec;
         const int mbits = p->mbits, emin = p->emin;
         const float maxval = p->maxval;
         const uint32_t key = p->key;
@@ -320,11 +324,11 @@ static void run_strided(const qparams *p) {
                 const int64_t idx0 = (o * I + j0) * K + k0 + i;
                 for (int64_t j = 0; j < m; j++) {
                     const float u = sr_uniform(key, idx0 + j * K);
-                    row[j] = (round_elem(row[j] * enc[j], mbits, emin, maxval, 1, u) * dec[j]) * d2;
+                    row[j] = round_elem(row[j] * enc[j], mbits, emin, maxval, 1, u) * dec[j];
                 }
             } else {
                 for (int64_t j = 0; j < m; j++)
-                    row[j] = (round_elem(row[j] * enc[j], mbits, emin, maxval, 0, 0.0f) * dec[j]) * d2;
+                    row[j] = round_elem(row[j] * enc[j], mbits, emin, maxval, 0, 0.0f) * dec[j];
             }
             store_row(p->out, out_dt, base + i * I, m, row);
         }

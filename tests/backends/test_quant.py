@@ -23,6 +23,7 @@ from backends.quant import (
     QuantSpec,
     fake_quantize,
     fake_quantize_fused,
+    nv_decode,
     quantize,
     quantize_fused,
 )
@@ -72,6 +73,9 @@ def _assert_same_qtensor(a: QTensor, b: QTensor) -> None:
     assert (a.global_dec is None) == (b.global_dec is None)
     if a.global_dec is not None:
         _bits_equal(a.global_dec.reshape(1), b.global_dec.reshape(1))
+    assert (a.global_amax is None) == (b.global_amax is None)
+    if a.global_amax is not None:
+        _bits_equal(a.global_amax.reshape(1), b.global_amax.reshape(1))
     assert (a.axis, a.shape) == (b.axis, b.shape)
 
 
@@ -315,8 +319,12 @@ def test_result_does_not_depend_on_memory_layout(fmt, rounding):
 # ----------------------------------------------------------------------------------------------
 # NVFP4 from its definition, by hand
 #
-# S = 448 * 6 / amax (fp32 tensor encode scale), block decode scale s = E4M3_RNE((block_amax / 6) * S)
-# saturating at 448, elements q = E2M1_RNE(x * (S / s)) clamped to +-6, value = (q * s) * (1 / S).
+# TransformerEngine's arithmetic (quant.py's docstring; tests/backends/test_nvfp4_te.py checks it
+# against a transcription of TE's reference): S = 448 * 6 / amax (fp32 tensor encode scale), block
+# decode scale s = E4M3_RNE(min(block_amax * (S * fp32(1/6)), 448)), elements q = E2M1_RNE(x * e)
+# clamped to +-6 with e = min(1 / (s * fp32(1 / S)), FLT_MAX), value = q * ((s * amax) * fp32(1/2688)).
+# In the hand tensor below S is a power of two, so these equal the plain (block_amax / 6) * S, S / s
+# and s / S.
 
 
 def _nvfp4_hand_tensor() -> torch.Tensor:
@@ -377,28 +385,32 @@ def test_nvfp4_all_zero_tensor(impl):
 def test_nvfp4_scales_and_global_scale_follow_the_definition(impl):
     x = _heavy((6, 64), 13)
     q = QUANTIZERS[impl](x, QuantSpec(format="nvfp4"))
-    S = torch.tensor(2688.0) / x.abs().max()  # float32
-    s = (x.view(6, 4, 16).abs().amax(-1) / 6.0) * S
+    one, amax = torch.tensor(1.0), x.abs().max()
+    S = torch.tensor(2688.0) / amax  # float32
+    Sd = one / S
+    s = x.view(6, 4, 16).abs().amax(-1) * (S * (one / torch.tensor(6.0)))
     s8 = s.clamp(max=448.0).to(torch.float8_e4m3fn)  # torch's float8 cast: RNE
-    assert q.scales is not None and q.global_dec is not None
+    assert q.scales is not None and q.global_dec is not None and q.global_amax is not None
     assert torch.equal(q.scales, s8.view(torch.uint8))
-    assert float(q.global_dec) == float(torch.tensor(1.0) / S)
-    # elements: within half a grid step of x * (S / s), and never above 6
-    v = (x.view(6, 4, 16) * (S / s8.float()).unsqueeze(-1)).view(6, 64)
+    assert float(q.global_dec) == float(Sd) and float(q.global_amax) == float(amax)
+    # elements: E2M1_RNE(x * min(1 / (s * Sd), FLT_MAX)): the nearest grid point of the float32
+    # product, never above 6 (ties and codes: test_nvfp4_te.py, test_formats.py)
+    enc = torch.clamp(one / (s8.float() * Sd), max=torch.finfo(torch.float32).max)
+    v = (x.view(6, 4, 16) * enc.unsqueeze(-1)).view(6, 64)
     e = q.elements()
     assert float(e.abs().max()) <= 6.0
     step = torch.where(v.abs() < 2, 0.5, torch.where(v.abs() < 4, 1.0, 2.0))
-    assert bool(((e - v).abs() <= step / 2 + 1e-6).all())
+    assert bool(((e - v).abs() <= step / 2).all())
 
 
-# The element encode factor S / s (one float32 division) would overflow to inf when the tensor
-# amax is tiny (S = 2688 / amax is large) and a block's E4M3 scale s small: S / s > 3.4e38 needs
-# amax < ~4e-33. Both paths saturate it at the float32 maximum, so zeros stay zeros.
+# The element encode factor 1 / (s * S_dec) would overflow to inf when the tensor amax is tiny
+# (S_dec = amax / 2688 subnormal) and a block's E4M3 scale s small. Every path saturates it at the
+# float32 maximum, as TransformerEngine does, so zeros stay zeros.
 @pytest.mark.parametrize("impl", list(QUANTIZERS))
 def test_nvfp4_tensor_of_tiny_values_keeps_zeros_and_distinct_values(impl):
     x = torch.zeros(1, 32)
     x[0, 0] = 1e-35  # tensor amax: S = 2688 / 1e-35 = 2.688e38, still finite
-    # block 1: s = (1e-38 / 6) * S = 0.448 -> E4M3 0.4375; S / s = 6.1e38 > float32 max
+    # block 1: s = 1e-38 * (S * fp32(1/6)) = 0.448 -> E4M3 0.4375; 1 / (s * S_dec) > float32 max
     x[0, 16:19] = torch.tensor([1e-38, 5e-39, 1e-39])
     spec = QuantSpec(format="nvfp4")
     q = QUANTIZERS[impl](x, spec)
@@ -453,8 +465,8 @@ def _decode_factor(q: QTensor) -> torch.Tensor:
     if f.scale == "e8m0":
         d = decode_e8m0(q.scales).double()
     else:
-        assert q.global_dec is not None
-        d = q.scales.view(torch.float8_e4m3fn).double() * q.global_dec.double()
+        assert q.global_amax is not None
+        d = nv_decode(q.scales, q.global_amax).double()  # (s * amax) / 2688 in float32
     return d.repeat_interleave(q.spec.block, -1)[..., :K]
 
 
@@ -857,6 +869,7 @@ def test_compiled_fused_path_equals_reference_bit_for_bit(spec, dtype, hadamard,
                 q = quantize_fused(x, spec, axis, KEY, h, compile=True)
                 assert q.global_dec is not None
                 q.codes, q.global_dec = q.codes.cpu(), q.global_dec.cpu()
+                q.global_amax = None if q.global_amax is None else q.global_amax.cpu()
                 q.scales = None if q.scales is None else q.scales.cpu()
                 _assert_same_qtensor(q, ref)
         except AssertionError as e:
