@@ -60,6 +60,7 @@ the exact ceiling, as the ``cvt.rp.satfinite.ue8m0`` instruction does.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -345,58 +346,53 @@ def _run_kernel(
     if hadamard is not None and hadamard[1] is not None:
         signs = hadamard[1].detach().to(torch.float32).contiguous()
     outer, K, inner = math.prod(shape[:kaxis]), shape[kaxis], math.prod(shape[kaxis + 1 :])
+    if f.scale == "tensor" and spec.rounding == "rne":
+        # one scale for all and no random stream: elementwise, so the axis does not matter and the
+        # kernel runs over the memory in order (a strided axis would cost a slower loop)
+        outer, K, inner = 1, base.numel(), 1
     block = spec.block if f.scale != "tensor" else _TENSOR_BLOCK
     nb = -(-K // block)
     out_dt = torch.float32 if elements else out_dtype
-    genc = gdec = 1.0
-    gamax = 0.0
-    gdec_out: float | None = None
     scales: torch.Tensor | None = None
-    if f.scale != "e8m0":
-        genc, gdec, finite, gamax = _global_scales(base, spec)
-        gdec_out = gdec
-    if f.scale != "e8m0" and not finite:
-        out = torch.full(shape, torch.nan, dtype=out_dt)
-        if f.scale == "nv":
-            scales = torch.full((outer, nb, inner), 0x7F, dtype=torch.uint8)
-    else:
-        out = torch.empty(shape, dtype=out_dt)
-        if f.scale != "tensor":
-            scales = torch.empty((outer, nb, inner), dtype=torch.uint8)
-        p = _kernel.QParams(
-            outer=outer,
-            K=K,
-            inner=inner,
-            block=block,
-            in_dtype=_kernel.DTYPE_CODES[base.dtype],
-            out_dtype=_kernel.DTYPE_CODES[out.dtype],
-            out_kind=1 if elements else 0,
-            mbits=f.elem.mbits,
-            emin=f.elem.emin,
-            emax=f.elem.emax,
-            maxval=f.elem.max,
-            scale_kind=_SCALE_KIND_CODES[f.scale],
-            scale_mode=_MODE_CODES[spec.scale_mode],
-            global_enc=genc,
-            global_dec=gdec,
-            global_amax=gamax,
-            prescale=spec.prescale_factor,
-            sr=1 if spec.rounding == "sr" else 0,
-            key=spec_key(key),
-            nthreads=torch.get_num_threads(),
-            had_g=hadamard[0] if hadamard else 0,
-            had_norm=1 / math.sqrt(hadamard[0]) if hadamard else 1.0,
-            had_signs=signs.data_ptr() if signs is not None else None,
-            x=base.data_ptr(),
-            out=out.data_ptr(),
-            scales=scales.data_ptr() if scales is not None else None,
-        )
-        _kernel.run(p)
+    out = torch.empty(shape, dtype=out_dt)
+    if f.scale != "tensor":
+        scales = torch.empty((outer, nb, inner), dtype=torch.uint8)
+    # the tensor amax and scales of NVFP4 / per-tensor FP8 are computed by the kernel, in the same
+    # parallel region as the quantization (as _global_scales does, bit for bit)
+    g_out = (ctypes.c_float * 3)()
+    p = _kernel.QParams(
+        outer=outer,
+        K=K,
+        inner=inner,
+        block=block,
+        in_dtype=_kernel.DTYPE_CODES[base.dtype],
+        out_dtype=_kernel.DTYPE_CODES[out.dtype],
+        out_kind=1 if elements else 0,
+        mbits=f.elem.mbits,
+        emin=f.elem.emin,
+        emax=f.elem.emax,
+        maxval=f.elem.max,
+        scale_kind=_SCALE_KIND_CODES[f.scale],
+        scale_mode=_MODE_CODES[spec.scale_mode],
+        global_out=ctypes.addressof(g_out),
+        prescale=spec.prescale_factor,
+        sr=1 if spec.rounding == "sr" else 0,
+        key=spec_key(key),
+        nthreads=torch.get_num_threads(),
+        had_g=hadamard[0] if hadamard else 0,
+        had_norm=1 / math.sqrt(hadamard[0]) if hadamard else 1.0,
+        had_signs=signs.data_ptr() if signs is not None else None,
+        x=base.data_ptr(),
+        out=out.data_ptr(),
+        scales=scales.data_ptr() if scales is not None else None,
+    )
+    _kernel.run(p)
+    gdec_out = g_out[1] if f.scale != "e8m0" else None
+    amax_out = g_out[2] if f.scale == "nv" else None
     if scales is not None:
         lead, trail = shape[:kaxis], shape[kaxis + 1 :]
         scales = scales.reshape(*lead, nb, *trail).movedim(len(lead), -1)
     # the scales are (..., nb) over base's non-K dimensions, which are x's in the same order
-    amax_out = gamax if f.scale == "nv" else None
     return _kernel.restore(out, axis, how), scales, gdec_out, amax_out
 
 

@@ -1,4 +1,6 @@
-/* Fused block quantize / fake-quantize on the CPU: one pass over the input per call.
+/* Fused block quantize / fake-quantize on the CPU: one pass over the input per call (two for the
+ * tensor-scaled formats, NVFP4 and per-tensor FP8: the tensor amax first, in the same parallel
+ * region).
  *
  * The tensor is viewed as (outer, K, inner) and quantized along K in blocks of `block` elements
  * (the last block may be short: the zero padding of the reduction dimension changes no amax and
@@ -26,8 +28,11 @@ typedef struct {
     int32_t mbits, emin, emax;
     float maxval;
     int32_t scale_kind, scale_mode;
-    float global_enc, global_dec; /* NVFP4 / per-tensor: encode scale and its fp32 reciprocal */
-    float global_amax;            /* NVFP4: the tensor amax (decoding uses it, as TE does) */
+    /* NVFP4 / per-tensor: computed here from the tensor amax (tensor_scales), written back to
+     * global_out[0..2] = encode scale, its fp32 reciprocal, amax (NaN if the tensor is not finite) */
+    float global_enc, global_dec, global_amax;
+    int32_t tensor_nonfinite;
+    float *global_out;
     float prescale;
     int32_t sr;
     uint32_t key;
@@ -140,7 +145,7 @@ static inline int e8m0_exponent(uint32_t ab, const qparams *p) {
 /* Per-block scale: returns 0 when the block is non-finite (then the whole block is NaN). */
 static inline int block_scale(uint32_t amax_bits, const qparams *p, float *enc, float *dec,
                               uint8_t *code) {
-    if (amax_bits >= 0x7f800000u) {
+    if (amax_bits >= 0x7f800000u || p->tensor_nonfinite) {
         *code = (p->scale_kind == SC_NV) ? 0x7f : 0xff;
         return 0;
     }
@@ -207,10 +212,11 @@ static inline void fwht(float *v, int64_t g, const float *signs, float norm) {
 /* Quantize one block already in buf (float32): amax, scale, round, store. */
 static inline void quant_block(const qparams *p, float *buf, int64_t n, int64_t base, int64_t sidx) {
     uint32_t amax = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t ab = f2u(buf[i]) & 0x7fffffffu;
-        amax = ab > amax ? ab : amax;
-    }
+    if (p->scale_kind != SC_TENSOR) /* per tensor: no block amax (the tensor's is known) */
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t ab = f2u(buf[i]) & 0x7fffffffu;
+            amax = ab > amax ? ab : amax;
+        }
     float enc = 0, dec = 0;
     uint8_t code;
     int ok = block_scale(amax, p, &enc, &dec, &code);
@@ -262,7 +268,7 @@ static void run_inner1(const qparams *p) {
     const int64_t L = G > B ? G : B;
     const int64_t nu = (K + L - 1) / L, nb = (K + B - 1) / B;
     const int64_t total = p->outer * nu;
-#pragma omp parallel for schedule(static) num_threads(p->nthreads) if (p->K * p->outer * p->inner >= PARALLEL_MIN)
+#pragma omp for schedule(static) /* orphaned: inside ablate_quantize's parallel region */
     for (int64_t t = 0; t < total; t++) {
         const int64_t row = t / nu, k0 = (t % nu) * L;
         const int64_t n = (K - k0 < L) ? K - k0 : L;
@@ -284,7 +290,7 @@ static void run_strided(const qparams *p) {
     const int64_t nc = (I + CHUNK - 1) / CHUNK;
     const int64_t total = p->outer * nb * nc;
     const int out_dt = p->out_kind == OUT_ELEMENTS ? DT_F32 : p->out_dtype;
-#pragma omp parallel for schedule(static) num_threads(p->nthreads) if (p->K * p->outer * p->inner >= PARALLEL_MIN)
+#pragma omp for schedule(static) /* orphaned: inside ablate_quantize's parallel region */
     for (int64_t t = 0; t < total; t++) {
         const int64_t o = t / (nb * nc), kb = (t / nc) % nb, c = t % nc;
         const int64_t k0 = kb * B, n = (K - k0 < B) ? K - k0 : B;
@@ -293,7 +299,7 @@ static void run_strided(const qparams *p) {
         uint32_t amax[CHUNK];
         float enc[CHUNK], dec[CHUNK], row[CHUNK];
         for (int64_t j = 0; j < m; j++) amax[j] = 0;
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; i < n && p->scale_kind != SC_TENSOR; i++) { /* per tensor: no block amax */
             load_row(p->x, p->in_dtype, base + i * I, m, row);
             for (int64_t j = 0; j < m; j++) {
                 uint32_t ab = f2u(row[j]) & 0x7fffffffu;
@@ -335,11 +341,87 @@ static void run_strided(const qparams *p) {
     }
 }
 
-int ablate_quantize(const qparams *p) {
-    if (p->block <= 0 || p->block > MAXB) return 1;
-    if (p->had_g && (p->inner != 1 || p->had_g > 256 || p->K % (p->had_g > p->block ? p->had_g : p->block))) return 2;
-    if (p->inner == 1) run_inner1(p);
-    else run_strided(p);
+/* The largest |x| of elements [i0, i0 + n) as float32 bits (NaN above +inf): the maximum of the
+ * magnitude bits in the input's own format (monotone in |x| for IEEE formats, NaN above inf), one
+ * vectorizable streaming pass. */
+static uint32_t amax_bits_of(const qparams *p, int64_t i0, int64_t n) {
+    if (p->in_dtype == DT_F32) {
+        const uint32_t *s = (const uint32_t *)p->x + i0;
+        uint32_t m = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const uint32_t a = s[i] & 0x7fffffffu;
+            m = a > m ? a : m;
+        }
+        return m;
+    }
+    const uint16_t *s = (const uint16_t *)p->x + i0;
+    uint16_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t a = s[i] & 0x7fffu;
+        m = a > m ? a : m;
+    }
+    if (p->in_dtype == DT_BF16) return (uint32_t)m << 16;
+    _Float16 h;
+    memcpy(&h, &m, 2);
+    return f2u((float)h) & 0x7fffffffu; /* exact; a NaN stays NaN */
+}
+
+/* The tensor scales of NVFP4 / per-tensor FP8 from the tensor amax, as quant._global_scales: encode
+ * top / amax (top = max, NVFP4 448 * 6) saturated at FLT_MAX, 1 for amax 0 or a non-finite tensor;
+ * decode its fp32 reciprocal. */
+static void tensor_scales(qparams *p, uint32_t amax_bits) {
+    if (amax_bits >= 0x7f800000u) {
+        p->tensor_nonfinite = 1;
+        p->global_enc = p->global_dec = 1.0f;
+        p->global_amax = NAN;
+        return;
+    }
+    const float amax = u2f(amax_bits);
+    const float top = p->maxval * (p->scale_kind == SC_NV ? 448.0f : 1.0f);
+    p->global_enc = amax == 0.0f ? 1.0f : fminf(top / amax, FLT_MAX);
+    p->global_dec = 1.0f / p->global_enc;
+    p->global_amax = amax;
+}
+
+#define AMAX_CHUNK 16384
+
+int ablate_quantize(const qparams *p_in) {
+    if (p_in->block <= 0 || p_in->block > MAXB) return 1;
+    if (p_in->had_g && (p_in->inner != 1 || p_in->had_g > 256 || p_in->K % (p_in->had_g > p_in->block ? p_in->had_g : p_in->block))) return 2;
+    qparams p = *p_in; /* shared by the team; the tensor scales are filled in below */
+    p.tensor_nonfinite = 0;
+    const int64_t total = p.outer * p.K * p.inner;
+    const int global = p.scale_kind != SC_E8M0;
+    const int nt = total >= PARALLEL_MIN && p.nthreads > 1 ? p.nthreads : 1;
+    uint32_t amax = 0;
+    /* one parallel region per call: the tensor amax (per-tensor formats, NVFP4), a barrier, then
+     * the quantization (an OpenMP team costs a wake-up per region, a scheduler tick when a core is
+     * busy elsewhere) */
+#pragma omp parallel num_threads(nt)
+    {
+        if (global) {
+            uint32_t local = 0;
+            const int64_t nch = (total + AMAX_CHUNK - 1) / AMAX_CHUNK;
+#pragma omp for schedule(static) nowait
+            for (int64_t c = 0; c < nch; c++) {
+                const int64_t i0 = c * AMAX_CHUNK;
+                const uint32_t m = amax_bits_of(&p, i0, (total - i0 < AMAX_CHUNK) ? total - i0 : AMAX_CHUNK);
+                local = m > local ? m : local;
+            }
+#pragma omp critical(ablate_amax)
+            amax = local > amax ? local : amax;
+#pragma omp barrier
+#pragma omp single
+            tensor_scales(&p, amax); /* implicit barrier after it */
+        }
+        if (p.inner == 1) run_inner1(&p);
+        else run_strided(&p);
+    }
+    if (global && p.global_out) {
+        p.global_out[0] = p.global_enc;
+        p.global_out[1] = p.global_dec;
+        p.global_out[2] = p.global_amax;
+    }
     return 0;
 }
 

@@ -671,6 +671,34 @@ def test_nonfinite_value_makes_a_tensor_scaled_tensor_all_nan(fmt, impl, bad):
         assert q.scales is not None and q.scales.eq(0x7F).all()  # E4M3 NaN
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8_e4m3", "fp8_e5m2"])
+def test_tensor_amax_in_the_kernel_is_the_reference_s_at_any_thread_count(fmt, dtype):
+    # the kernel finds the tensor amax itself, split over the threads (tensors above its parallel
+    # threshold of 32768 elements), in the input's own format: the maximum at the very end, in the
+    # middle, a NaN or an inf in the second thread's half; along either axis
+    torch.set_num_threads(1)
+    base = _heavy((300, 160), 26).clamp(-6e4, 6e4)  # finite in float16
+    cases = {"end": (-1, -1, 7e4 if dtype != torch.float16 else 6.5e4), "mid": (150, 80, -9e4)}
+    cases |= {"nan": (200, 3, math.nan), "inf": (299, 0, -math.inf)}
+    spec = QuantSpec(format=fmt)
+    for name, (i, j, v) in cases.items():
+        x = base.clone()
+        x[i, j] = v
+        x = x.to(dtype)
+        for axis in (-1, 0):
+            ref = quantize_reference(x, spec, axis)
+            for threads in (1, 2, 3):
+                torch.set_num_threads(threads)
+                try:
+                    _assert_same_qtensor(quantize(x, spec, axis), ref)
+                    _bits_equal(fake_quantize(x, spec, axis), ref.dequantize(dtype))
+                except AssertionError as e:
+                    raise AssertionError(f"{name}, axis {axis}, {threads} threads: {e}") from e
+                finally:
+                    torch.set_num_threads(1)
+
+
 @pytest.mark.parametrize("impl", list(QUANTIZERS))
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3", "mxfp8_e5m2"])
 def test_all_zero_block_gets_the_smallest_scale_and_zero_elements(fmt, impl):
