@@ -108,9 +108,7 @@ static inline float round_elem(float v, int mbits, int emin, float maxval, int s
     float t = a * exp2i(-k);                    /* exact: t < 2^(mbits+2) */
     float q;
     if (sr) {
-        if (!(t < 16777216.0f)) t = 16777216.0f; /* a = inf (x * FLT_MAX, NVFP4) or NaN: saturates
-                                                    below, and keeps the conversion defined */
-        float fl = (float)(int32_t)t;           /* floor: t >= 0 and small */
+        float fl = (float)(int32_t)t;           /* floor: t >= 0 and small (sr_cap) */
         q = fl + ((u < t - fl) ? 1.0f : 0.0f);
     } else {
         q = (t + 8388608.0f) - 8388608.0f;     /* round half to even (t < 2^22) */
@@ -119,6 +117,14 @@ static inline float round_elem(float v, int mbits, int emin, float maxval, int s
     if (q > maxval) q = maxval;
     if (!(a == a)) q = a;                        /* NaN stays NaN */
     return u2f(f2u(q) | sign);
+}
+
+/* A scaled value for stochastic rounding with a huge multiplier (NVFP4's FLT_MAX for a block whose
+ * E4M3 scale is 0): |v| capped at 2^24, where it saturates all the same, so round_elem's float to
+ * int conversion stays defined. Only such blocks take it (a per-element min slows the loops 3-4x). */
+#define SR_BIG_MUL 1e30f
+static inline float sr_cap(float v) {
+    return fabsf(v) < 16777216.0f ? v : copysignf(16777216.0f, v);
 }
 
 /* The E8M0 scale exponent of a block from its amax bit pattern (finite). */
@@ -238,7 +244,12 @@ static inline void quant_block(const qparams *p, float *buf, int64_t n, int64_t 
         const int mbits = p->mbits, emin = p->emin;
         const float maxval = p->maxval;
         const uint32_t key = p->key;
-        if (p->sr) {
+        if (p->sr && mul >= SR_BIG_MUL) {
+            for (int64_t i = 0; i < n; i++) {
+                const float u = sr_uniform(key, base + i);
+                buf[i] = round_elem(sr_cap(buf[i] * mul), mbits, emin, maxval, 1, u) * d1;
+            }
+        } else if (p->sr) {
             /* the block's indices share their high 32 bits unless it straddles 2^32 */
             const uint32_t hi = (uint32_t)((uint64_t)base >> 32);
             const uint32_t lo0 = (uint32_t)base;
@@ -323,15 +334,24 @@ static void run_strided(const qparams *p) {
         const uint32_t key = p->key;
         if (elems)
             for (int64_t j = 0; j < m; j++) dec[j] = dec[j] == dec[j] ? 1.0f : dec[j];
+        int big = 0; /* a column whose multiplier is huge (see sr_cap) */
+        for (int64_t j = 0; j < m; j++) big |= enc[j] >= SR_BIG_MUL;
         for (int64_t i = 0; i < n; i++) {
             load_row(p->x, p->in_dtype, base + i * I, m, row);
             if (p->sr) {
                 /* random stream index: position in the axis-last (outer, inner, K) order */
                 const int64_t idx0 = (o * I + j0) * K + k0 + i;
-                for (int64_t j = 0; j < m; j++) {
-                    const float u = sr_uniform(key, idx0 + j * K);
-                    row[j] = round_elem(row[j] * enc[j], mbits, emin, maxval, 1, u) * dec[j];
-                }
+                if (big)
+                    for (int64_t j = 0; j < m; j++) {
+                        const float u = sr_uniform(key, idx0 + j * K);
+                        const float v = sr_cap(row[j] * enc[j]);
+                        row[j] = round_elem(v, mbits, emin, maxval, 1, u) * dec[j];
+                    }
+                else
+                    for (int64_t j = 0; j < m; j++) {
+                        const float u = sr_uniform(key, idx0 + j * K);
+                        row[j] = round_elem(row[j] * enc[j], mbits, emin, maxval, 1, u) * dec[j];
+                    }
             } else {
                 for (int64_t j = 0; j < m; j++)
                     row[j] = round_elem(row[j] * enc[j], mbits, emin, maxval, 0, 0.0f) * dec[j];

@@ -420,6 +420,28 @@ def test_nvfp4_tensor_of_tiny_values_keeps_zeros_and_distinct_values(impl):
     _bits_equal(fake_quantize(x, spec), fake_quantize_reference(x, spec))
 
 
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_nvfp4_block_with_zero_scale_under_stochastic_rounding(axis):
+    # a block whose E4M3 scale rounds to 0 gets the encode factor FLT_MAX (TransformerEngine's
+    # rule): x * FLT_MAX overflows to inf for most x, and saturates to +-6 under SR as under RNE;
+    # a subnormal x * FLT_MAX stays small and rounds stochastically. Along both axes (the kernel's
+    # contiguous and strided loops)
+    x = torch.zeros(64, 32)
+    x[0, 0] = 3.0
+    x[1:5, 16] = torch.tensor([5e-6, -2e-6, 1e-44, -3e-45])  # scale 0 in its column / row block
+    x[20:24, 3] = torch.tensor([4e-6, 1e-40, -2e-43, 1e-45])
+    x = x if axis == 0 else x.t().contiguous()
+    spec = QuantSpec(format="nvfp4", rounding="sr")
+    ref = quantize_reference(x, spec, axis, KEY)
+    for impl in ("fast", "fused"):
+        _assert_same_qtensor(QUANTIZERS[impl](x, spec, axis, KEY), ref)
+        _bits_equal(FAKE_QUANTIZERS[impl](x, spec, axis, KEY), ref.dequantize())
+    e = ref.elements().movedim(-1, axis)
+    big = e[1:3, 16] if axis == 0 else e[16, 1:3]
+    assert big.tolist() == [6.0, -6.0]
+    assert ref.dequantize()[x != 0].abs().max() == 3.0  # the zero-scale blocks decode to 0
+
+
 # ----------------------------------------------------------------------------------------------
 # FP8 per tensor
 
