@@ -47,6 +47,9 @@ class QParams(ctypes.Structure):
         ("scale_mode", ctypes.c_int32),
         ("global_enc", ctypes.c_float),
         ("global_dec", ctypes.c_float),
+        ("global_amax", ctypes.c_float),
+        ("tensor_nonfinite", ctypes.c_int32),
+        ("global_out", ctypes.c_void_p),  # float[3]: encode, decode, amax (kernel-computed)
         ("prescale", ctypes.c_float),
         ("sr", ctypes.c_int32),
         ("key", ctypes.c_uint32),

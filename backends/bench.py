@@ -12,12 +12,15 @@ by ``torch.compile``; on the CPU the C kernel), and timed against a plain copy:
   GEMM runs it;
 - ``nvfp4_rne``: NVFP4 RNE;
 - ``mxfp4_rne_axis0``: MXFP4 RNE with blocks along axis 0 (the Wgrad layout);
+- ``fp8_e4m3``: FP8 E4M3 scaled per tensor (the FP8 baseline's X and W), RNE, along the last axis;
+- ``fp8_e5m2``: FP8 E5M2 per tensor (the FP8 baseline's gradients);
 - ``mxfp4_rne_eager`` (CUDA only): the fused path uncompiled;
 - ``torchao_to_mx`` (command line only): torchao's ``to_mx`` + ``to_dtype`` (MXFP4) when torchao is
   installed, else reported unavailable with the reason.
 
 Every row counts bf16 in plus bf16 out (``2 * numel * 2`` bytes) and reports ms, GB/s and the
-fraction of the copy bandwidth of the same run. With ``--check`` (the default on a GPU; on the CPU
+fraction of the copy bandwidth of the same run, and ``fp8_over_mxfp4``, the ``fp8_e4m3`` row's median
+time over the ``mxfp4_rne`` row's (a per-tensor cast should cost no more than a block-scaled one). With ``--check`` (the default on a GPU; on the CPU
 the reference takes about 15 s per row at 4096x4096) each row of ours is also compared bit for bit
 with ``fake_quantize_reference`` on the same device (``bit_exact``).
 
@@ -40,7 +43,7 @@ Run: ``python -m backends.bench [--device cpu] [--size 4096] [--repeats 15] [--g
 [--check | --no-check] [--json]``. ``--device cuda`` on a machine without a GPU says so and exits 0.
 With ``--json`` the last line of stdout is one JSON object: the tables (``quantizer``, and ``gemms``
 with ``--gemms``) and, per quantizer row, the flat keys ``<row>_ms``, ``<row>_gbps`` and
-``<row>_copy_fraction`` (``mxfp4_rne_copy_fraction``, ...). ``python -m ablate.gpu_bench`` runs the
+``<row>_copy_fraction`` (``mxfp4_rne_copy_fraction``, ...) and ``fp8_over_mxfp4``. ``python -m ablate.gpu_bench`` runs the
 GEMM and quantizer rows on a GPU together with the training step time and writes ``reports/gpu/``.
 """
 
@@ -218,6 +221,8 @@ def quantizer_rows(
         "mxfp4_h16": (mx, -1, (16, None)),
         "nvfp4_rne": (nv, -1, None),
         "mxfp4_rne_axis0": (mx, 0, None),
+        "fp8_e4m3": (QuantSpec(format="fp8_e4m3"), -1, None),
+        "fp8_e5m2": (QuantSpec(format="fp8_e5m2"), -1, None),
     }
     # name -> (fn or None, the case it reproduces or None, note)
     runs: dict[str, tuple[Fn | None, tuple[QuantSpec, int, Hadamard] | None, str]] = {
@@ -280,7 +285,15 @@ def measure(
         result["gemms"] = gemm_rows(device, shapes, repeats, native)
     result["quantizer"] = quantizer_rows(device, quant_shape, repeats, check, torchao)
     result["quantizer_shape"] = list(quant_shape)
+    result["fp8_over_mxfp4"] = fp8_over_mxfp4(result["quantizer"])
     return result
+
+
+def fp8_over_mxfp4(rows: list[dict[str, Any]]) -> float | None:
+    """The per-tensor ``fp8_e4m3`` row's median time over the ``mxfp4_rne`` row's (same run)."""
+    ms = {r["quantizer"]: r["ms"] for r in rows}
+    fp8, mx = ms.get("fp8_e4m3"), ms.get("mxfp4_rne")
+    return fp8 / mx if fp8 and mx else None
 
 
 def report_lines(result: dict[str, Any]) -> list[str]:
@@ -316,6 +329,8 @@ def report_lines(result: dict[str, Any]) -> list[str]:
             f"{r['quantizer']!s:22s} {r['ms']:9.3f} {r['gbps']:9.2f} "
             f"{r['copy_fraction']:8.3f}{note}"
         )
+    if result.get("fp8_over_mxfp4") is not None:
+        lines.append(f"fp8_over_mxfp4 (fp8_e4m3 ms / mxfp4_rne ms): {result['fp8_over_mxfp4']:.3f}")
     return lines
 
 
@@ -360,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         result["threads"] = threads
     print("\n".join(report_lines(result)))
     if args.json:
-        flat: dict[str, Any] = {"size": args.size}
+        flat: dict[str, Any] = {"size": args.size, "fp8_over_mxfp4": result["fp8_over_mxfp4"]}
         for r in result["quantizer"]:
             for k in ("ms", "gbps", "copy_fraction", "bit_exact"):
                 if k in r:

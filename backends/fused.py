@@ -49,6 +49,8 @@ from .hadamard import hadamard_transform_reference
 from .rng import uniform24
 
 _F32_MAX = torch.finfo(torch.float32).max
+_NV_RCP6 = float(torch.tensor(1.0) / torch.tensor(6.0))  # quant.NV_RCP6 (quant imports this module)
+_NV_DEQ = float(torch.tensor(1.0) / torch.tensor(2688.0))  # quant.NV_DEQ
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,15 +186,16 @@ def _e8m0_exponent(amax: torch.Tensor, e: Elem, mode: int) -> torch.Tensor:
 
 def _tensor_scales(
     x: torch.Tensor, e: Elem, nv: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(encode, decode, finite): the float32 tensor-level scales of NVFP4 / per-tensor FP8 on x's
-    device, as ``quant._global_scales`` computes them (1, 1 for an all-zero or non-finite tensor)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(encode, decode, finite, amax): the float32 tensor-level scales of NVFP4 / per-tensor FP8 on
+    x's device, as ``quant._global_scales`` computes them (1, 1 for an all-zero or non-finite tensor;
+    amax NaN for a non-finite one)."""
     amax = x.abs().amax().float()
     finite = torch.isfinite(amax)
     top = e.max * (_E4M3.max if nv else 1.0)  # 448 * 6 for NVFP4
     enc = torch.clamp(_div(torch.full_like(amax, top), amax), max=_F32_MAX)
     enc = torch.where((amax == 0) | ~finite, 1.0, enc)
-    return enc, _div(torch.ones_like(enc), enc), finite
+    return enc, _div(torch.ones_like(enc), enc), finite, torch.where(finite, amax, torch.nan)
 
 
 def _tiles(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -211,13 +214,13 @@ def _tiles(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 def run(
     xm: torch.Tensor, key: torch.Tensor, signs: torch.Tensor | None, p: Plan
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Quantize ``xm`` along its last dimension.
 
     Returns, for ``p.values``: (dequantized values in ``p.out_dtype``, xm's shape, last dimension
-    padded to the Hadamard size if any), None, None; otherwise: (codes (..., Kp) uint8, block scale
-    codes (..., nb) uint8 or None, float32 tensor decode scale () or None). ``key`` is a () int64
-    tensor on xm's device.
+    padded to the Hadamard size if any), None, None, None; otherwise: (codes (..., Kp) uint8, block
+    scale codes (..., nb) uint8 or None, float32 tensor decode scale () or None, float32 tensor amax
+    () of NVFP4 or None). ``key`` is a () int64 tensor on xm's device.
     """
     if p.hadamard:
         xm = hadamard_transform_reference(xm, -1, p.hadamard, signs)
@@ -234,21 +237,25 @@ def run(
     if p.rows > 1:  # 2-D tiles: the maximum over the tile's rows of the row blocks' maxima
         nonfinite, amax = _tiles(nonfinite, p.rows), _tiles(amax, p.rows)
     e = p.elem
-    gdec = None
+    gdec = gamax = None
     if p.scale == "e8m0":
         E = _e8m0_exponent(amax, e, p.mode)
         enc = _exp2i(-E)
         dec = _exp2i(E)
         scales = torch.where(nonfinite, E8M0_NAN, E + 127).to(torch.uint8)
     else:
-        genc, gdec, finite = _tensor_scales(x, e, p.scale == "nv")
+        genc, gdec, finite, tamax = _tensor_scales(x, e, p.scale == "nv")
         nonfinite = nonfinite | ~finite
         if p.scale == "nv":
-            # s = E4M3((amax / 6) * S), saturating at 448; elements scaled by S / s
-            s = _div(amax, e.max) * genc
+            # TransformerEngine's arithmetic (quant.py's docstring): s = E4M3(min(amax_b *
+            # (S_enc * fp32(1/6)), 448)); elements scaled by min(1 / (s * S_dec), FLT_MAX) and
+            # decoded by (s * amax) * fp32(1/2688). The constants are float32 values, so a float64
+            # product with them (a compiler's choice) rounds to the float32 one
+            s = amax * (genc * _NV_RCP6)
             s8 = _round(s.clamp(max=_E4M3.max), _E4M3, None)
-            enc = torch.where(s8 == 0, 0.0, torch.clamp(_div(genc, s8), max=_F32_MAX))
-            dec = s8
+            enc = torch.clamp(_div(torch.ones_like(s8), s8 * gdec), max=_F32_MAX)
+            dec = (s8 * tamax) * _NV_DEQ
+            gamax = tamax
             scales = torch.where(nonfinite, 0x7F, _encode(s8, _E4M3)).to(torch.uint8)
         else:
             enc, dec = genc.expand(amax.shape), gdec.expand(amax.shape)
@@ -261,11 +268,9 @@ def run(
     q = _round(v, e, u)
     q = torch.where(nonfinite.unsqueeze(-1), torch.nan, q)
     if not p.values:
-        return _encode(q.flatten(-2), e), scales, gdec
-    out = q * dec.unsqueeze(-1)  # 2^E, the E4M3 block scale, or the tensor decode scale
-    if gdec is not None and p.scale == "nv":
-        out = out * gdec
-    return out.flatten(-2)[..., :K].to(p.out_dtype), None, None
+        return _encode(q.flatten(-2), e), scales, gdec, gamax
+    out = q * dec.unsqueeze(-1)  # 2^E, NVFP4's (s * amax) / 2688, or the tensor decode scale
+    return out.flatten(-2)[..., :K].to(p.out_dtype), None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -273,7 +278,7 @@ def run(
 
 Runner = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor | None],
-    tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+    tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
 ]
 _lock = threading.Lock()
 _failed: dict[Plan, str] = {}
@@ -307,7 +312,7 @@ def call(
     signs: torch.Tensor | None,
     p: Plan,
     compile_: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """``run``, compiled where ``compile_enabled`` (or ``compile_``) says so, eager otherwise or if
     compiling fails (with one warning naming the error). ``key``: an int, or a () int64 tensor
     (the training step's keys, derived on the device)."""

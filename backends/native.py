@@ -14,7 +14,12 @@ use it). What ``torch._scaled_mm`` receives, for ``a`` (M, K) and ``b`` (N, K), 
                                                                          swizzled, flat
     mxfp4           float4_e2m1fn_x2, (M, K/2) / (K/2, N)                float8_e8m0fnu per 1x32, swizzled
     nvfp4           float4_e2m1fn_x2, (M, K/2) / (K/2, N)                float8_e4m3fn per 1x16, swizzled;
-                                                                         FP32 tensor scales x output
+                                                                         output x alpha (below)
+
+NVFP4's tensor scales enter as TransformerEngine applies them: the GEMM multiplies the codes with the
+E4M3 block scales and the output is multiplied by ``alpha = (amax_a * amax_b) * fp32(1/7225344)``
+(7225344 = (6 * 448)^2; TE's ``compute_nvfp4_per_tensor_scale_kernel``), from the operands' tensor
+amaxes (``QTensor.global_amax``).
 
 "Swizzled" is cuBLAS's block-scale layout: the (rows, K/block) scale matrix, zero-padded to
 (128·⌈rows/128⌉, 4·⌈cols/4⌉), cut into 128x4 tiles stored one after another (row tiles outer), each
@@ -48,7 +53,7 @@ import torch
 
 from .formats import E2M1, ElementFormat, decode_e8m0, pack_fp4, unpack_fp4
 from .gemm import GemmKeys, UnsupportedFormatError
-from .quant import FORMATS, QTensor, QuantSpec, quantize
+from .quant import FORMATS, NV_ALPHA, QTensor, QuantSpec, nv_decode, quantize
 from .recipe import GEMMS, GemmRecipe, Recipe
 
 _FP8 = frozenset({"fp8_e4m3", "fp8_e5m2"})
@@ -286,7 +291,8 @@ class PackedOperand:
     """float32 () decode scale (per-tensor FP8); else block scales as float8_e8m0fnu (MX) or
     float8_e4m3fn (NVFP4), flat and swizzled, or (R, Kp/block) row-major."""
     global_scale: torch.Tensor | None
-    """NVFP4: float32 () tensor decode scale, multiplied into the output; else None."""
+    """NVFP4: float32 () tensor amax (the output is multiplied by ``alpha``, see the module
+    docstring); else None."""
     rows: int
     """Rows before padding."""
     spec: QuantSpec
@@ -348,8 +354,8 @@ def pack_quantized(
     s = s.view(torch.float8_e8m0fnu if f.scale == "e8m0" else torch.float8_e4m3fn)
     g = None
     if f.scale == "nv":
-        assert q.global_dec is not None
-        g = q.global_dec.to(device=device, dtype=torch.float32).reshape(())
+        assert q.global_amax is not None
+        g = q.global_amax.to(device=device, dtype=torch.float32).reshape(())
     out_dtype = layout.block_out
     if spec.format == "mxfp4" and layout.swizzle:
         out_dtype = torch.bfloat16  # MSLK's MXFP4 kernel writes bf16
@@ -370,11 +376,12 @@ def dequantize_packed(p: PackedOperand) -> torch.Tensor:
     B = p.spec.block
     codes = p.scale.view(torch.uint8)
     s = unswizzle_scales(codes, R, K // B) if p.swizzled else codes.view(R, K // B)
-    sv = decode_e8m0(s) if f.scale == "e8m0" else s.view(torch.float8_e4m3fn).float()
-    out = (vals.view(R, K // B, B) * sv.unsqueeze(-1)).flatten(1)
-    if p.global_scale is not None:
-        out = out * p.global_scale
-    return out
+    if f.scale == "e8m0":
+        sv = decode_e8m0(s)
+    else:
+        assert p.global_scale is not None
+        sv = nv_decode(s, p.global_scale)  # (s * amax) / 2688, as QTensor.dequantize
+    return (vals.view(R, K // B, B) * sv.unsqueeze(-1)).flatten(1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -411,7 +418,7 @@ def scaled_mm(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
         )
     out = out.float()
     if pa.global_scale is not None and pb.global_scale is not None:
-        out = out * (pa.global_scale * pb.global_scale)
+        out = out * ((pa.global_scale * pb.global_scale) * NV_ALPHA)  # NVFP4's alpha
     return _unpad(out, pa.rows, pb.rows)
 
 

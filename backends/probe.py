@@ -55,7 +55,7 @@ import torch
 from . import _kernel
 from .hadamard import hadamard_transform
 from .linear import QuantLinear, is_random
-from .quant import QTensor, QuantSpec, _global_scales, _run_kernel, quantize
+from .quant import _F32_MAX, QTensor, QuantSpec, _global_scales, _run_kernel, quantize
 from .recipe import OPERANDS, GemmRecipe
 
 REDRAW_STRIDE = 1 << 32
@@ -204,13 +204,17 @@ def operand_stats(
         enc = torch.ldexp(torch.ones(codes.shape, device=xt.device), 127 - codes)  # 2^-E, exact
         finite = codes != 255
     else:
-        genc, _, ok = _global_scales(xt, spec)
+        genc, gdec, ok, _ = _global_scales(xt, spec)
         genc_t = torch.tensor(genc, dtype=torch.float32, device=xt.device)
         if f.scale == "nv":
             assert scales is not None
             s8 = scales.view(torch.float8_e4m3fn).float()
-            fmax = torch.finfo(torch.float32).max
-            enc = torch.where(s8 == 0, 0.0, torch.clamp(genc_t / s8, max=fmax))
+            ones = torch.ones_like(s8)
+            enc = torch.clamp(ones / (s8 * torch.tensor(gdec, device=xt.device)), max=_F32_MAX)
+            # a block whose E4M3 scale is 0 decodes to zeros whatever its element codes (its
+            # factor is FLT_MAX, as in TransformerEngine): count it flushed, not saturated
+            enc = torch.where(s8 == 0, 0.0, enc)
+            elements = torch.where((s8 == 0).unsqueeze(-1), 0.0, elements)
             finite = (scales != 0x7F) & ok
         else:
             enc = genc_t.expand(M, nb)
@@ -260,7 +264,7 @@ def _elements_and_scales(
     """The quantizer's element values (element units, (M, K)) and block scale codes ((M, nb), None
     for per-tensor formats) of the already transformed 2-D ``xt`` quantized along its last axis."""
     if _kernel.usable(xt) and spec.block_rows == 1:  # the kernel hands both over, not encoded
-        elements, scales, _ = _run_kernel(xt, spec, 1, key, torch.float32, elements=True)
+        elements, scales, _, _ = _run_kernel(xt, spec, 1, key, torch.float32, elements=True)
         return elements, scales
     q = quantize(xt, spec, axis=1, key=key)
     return q.elements()[:, : xt.shape[1]], q.scales

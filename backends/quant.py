@@ -24,7 +24,29 @@ the branch-free torch arithmetic of ``fused.py``, compiled into fused kernels on
   probability equal to the fractional distance, from ``rng.uniform24(key, flat_index)``);
 - a block containing NaN or +-Inf is entirely NaN (E8M0 scale code 255, E4M3 scale code 0x7F); for
   the tensor-scaled formats (NVFP4, FP8) a non-finite value anywhere makes the whole tensor NaN;
-- an all-zero block gets the smallest scale 2^-127 and zero elements.
+- an all-zero block gets the smallest scale 2^-127 and zero elements (MX formats).
+
+NVFP4 follows TransformerEngine's NVFP4 quantizer bit for bit (its reference
+``NVFP4QuantizerRef._quantize_blockwise_reference`` in
+``transformer_engine/pytorch/custom_recipes/reference_nvfp4.py`` and the CUDA kernels of
+``transformer_engine/common/cast/nvfp4/``), every step one IEEE float32 operation:
+
+- tensor encode scale ``S_enc = min(2688 / amax, FLT_MAX)`` (2688 = 448 * 6), and ``S_enc = 1`` for
+  ``amax == 0`` (TE's kernel, ``compute_global_encode_scaling_factor_FP4``; TE's Python reference
+  keeps ``FLT_MAX`` there, which gives the same codes and scales); ``S_dec = 1 / S_enc``;
+- block decode scale ``s = E4M3_RNE(min(amax_b * (S_enc * fp32(1/6)), 448))``: the multiplier
+  ``S_enc * fp32(1/6)`` first, then the block amax times it (not ``(amax_b / 6) * S_enc``);
+- element encode factor ``e = min(1 / (fp32(s) * S_dec), FLT_MAX)``: the product first, then one
+  division. A block whose ``s`` is 0 gets ``e = FLT_MAX``, so its non-zero elements saturate to
+  +-6 (their values are 0 all the same: ``s = 0`` decodes them);
+- elements ``E2M1_RNE(x * e)`` (``x * (e * 0.75)`` with the prescale), saturated to +-6, keeping the
+  sign of zero (TE's hardware conversion does; its Python table maps an exact -0 to code 0);
+- decoded value ``q * ((fp32(s) * amax) * fp32(1/2688))`` (TE's ``dequantize_nvfp4``), so a
+  ``QTensor`` keeps the tensor amax (``global_amax``); a native GEMM multiplies the codes with the
+  E4M3 scales and then by ``alpha = (amax_a * amax_b) * fp32(1/7225344)`` (TE's
+  ``compute_nvfp4_per_tensor_scale_kernel``; 7225344 = 2688^2).
+
+Non-finite inputs are ours (TE has no rule): the whole tensor is NaN, as above.
 
 Where torchao departs from the OCP MX rules we follow the rules (see ``tests/backends/test_torchao``):
 for blocks whose E8M0 scale is 2^-127 (code 0) torchao divides the elements by 2^-126 (its
@@ -38,6 +60,7 @@ the exact ceiling, as the ``cvt.rp.satfinite.ue8m0`` instruction does.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -55,6 +78,12 @@ PRESCALE = 0.75  # Tseng et al.'s clip-free prescale for stochastic rounding
 _SCALE_KIND_CODES = {"e8m0": 0, "nv": 1, "tensor": 2}
 _MODE_CODES = {ScaleMode.FLOOR: 0, ScaleMode.CEIL: 1, ScaleMode.EVEN: 2, ScaleMode.RCEIL: 3}
 _TENSOR_BLOCK = 256  # loop granularity of the per-tensor formats in the kernel (no block scales)
+_F32_MAX = torch.finfo(torch.float32).max
+# float32 constants of TE's NVFP4 arithmetic, exact as Python floats (so a float64 product with a
+# float32 operand rounds to the float32 product)
+NV_RCP6 = float(torch.tensor(1.0) / torch.tensor(6.0))  # fp32(1/6): the block scale multiplier
+NV_DEQ = float(torch.tensor(1.0) / torch.tensor(2688.0))  # fp32(1/(6 * 448)): the dequantizer
+NV_ALPHA = float(torch.tensor(1.0) / torch.tensor(7225344.0))  # fp32(1/2688^2): the GEMM alpha
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +202,11 @@ class QTensor:
     ``codes``: uint8, one element code per byte (sign in the top bit of the format's width), with the
     quantized axis moved last and zero-padded to a multiple of the block: shape ``(..., Kp)``.
     ``scales``: uint8 block scale codes (E8M0, or E4M3 bits for NVFP4), shape ``(..., Kp // block)``;
-    None for per-tensor formats. ``global_dec``: float32 scalar decode scale of NVFP4 (amax / 2688) and
-    of per-tensor FP8 (amax / max), else None.
+    None for per-tensor formats. ``global_dec``: float32 scalar tensor decode scale, ``1 / S_enc``:
+    of NVFP4 (``S_enc = 2688 / amax``, what the element encode factors are computed with) and of
+    per-tensor FP8 (``S_enc = max / amax``, what the elements are decoded with), else None.
+    ``global_amax``: float32 scalar amax of the tensor, NVFP4 only (NaN for a non-finite tensor):
+    NVFP4 values decode as ``q * ((s * global_amax) * fp32(1/2688))``, as TransformerEngine's do.
     """
 
     codes: torch.Tensor
@@ -183,6 +215,7 @@ class QTensor:
     spec: QuantSpec
     axis: int
     shape: tuple[int, ...]
+    global_amax: torch.Tensor | None = None
 
     def elements(self) -> torch.Tensor:
         """Element values (float32, element units), in the codes' layout."""
@@ -202,9 +235,8 @@ class QTensor:
             if f.scale == "e8m0":
                 out = (qb * decode_e8m0(self.scales).unsqueeze(-1)).flatten(-2)
             else:
-                assert self.global_dec is not None
-                s8 = self.scales.view(torch.float8_e4m3fn).float().unsqueeze(-1)
-                out = ((qb * s8) * self.global_dec).flatten(-2)
+                assert self.global_amax is not None
+                out = (qb * nv_decode(self.scales, self.global_amax).unsqueeze(-1)).flatten(-2)
         out = out[..., : self.shape[self.axis]].movedim(-1, self.axis)
         return out.to(dtype)
 
@@ -228,7 +260,9 @@ class QTensor:
         tiles = self.scales[::B]  # (ceil(rows / B), Kp / B): one row of scales per tile row
         scales = tiles.t().repeat_interleave(B, 0)[:K].contiguous()  # (K, rows_p / B)
         shape = (self.shape[1], self.shape[0])
-        return QTensor(codes, scales, self.global_dec, self.spec, self.axis, shape)
+        return QTensor(
+            codes, scales, self.global_dec, self.spec, self.axis, shape, self.global_amax
+        )
 
     def packed(self) -> torch.Tensor:
         """E2M1 codes packed two per byte (``float4_e2m1fn_x2`` layout), FP4 formats only."""
@@ -261,20 +295,29 @@ def _check(x: torch.Tensor, spec: QuantSpec, axis: int) -> int:
     return axis % x.dim()
 
 
-def _global_scales(x: torch.Tensor, spec: QuantSpec) -> tuple[float, float, bool]:
-    """(encode, decode, finite) for the tensor-level scale of NVFP4 / per-tensor FP8."""
+def _global_scales(x: torch.Tensor, spec: QuantSpec) -> tuple[float, float, bool, float]:
+    """(encode, decode, finite, amax) for the tensor-level scale of NVFP4 / per-tensor FP8: encode
+    ``max / amax`` (NVFP4: 2688 / amax) in float32, saturated at the float32 maximum, 1 for an
+    all-zero or non-finite tensor; decode its float32 reciprocal; amax NaN if not finite."""
     lo, hi = torch.aminmax(x.detach().reshape(-1))
-    amax = torch.maximum(-lo, hi).float()
+    amax = torch.maximum(lo.abs(), hi.abs()).float().cpu()
     if not bool(torch.isfinite(amax)):
-        return 1.0, 1.0, False
+        return 1.0, 1.0, False, math.nan
     top = spec.fmt.elem.max * (E4M3.max if spec.fmt.scale == "nv" else 1.0)  # 448 * 6 for NVFP4
     if float(amax) == 0.0:
         enc = torch.ones((), dtype=torch.float32)
     else:
-        enc = torch.tensor(top, dtype=torch.float32) / amax.cpu()
-        enc = torch.clamp(enc, max=torch.finfo(torch.float32).max)
+        enc = torch.clamp(torch.tensor(top, dtype=torch.float32) / amax, max=_F32_MAX)
     dec = torch.ones((), dtype=torch.float32) / enc
-    return float(enc), float(dec), True
+    return float(enc), float(dec), True, float(amax)
+
+
+def nv_decode(scales: torch.Tensor, global_amax: torch.Tensor) -> torch.Tensor:
+    """float32 decode factors ``(s * amax) * fp32(1/2688)`` of NVFP4 block scale codes (E4M3 bits),
+    TransformerEngine's dequantization (NaN for the NaN scale code 0x7F)."""
+    s8 = scales.view(torch.float8_e4m3fn).float()
+    amax = global_amax.to(device=s8.device, dtype=torch.float32)
+    return (s8 * amax) * NV_DEQ
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,9 +337,9 @@ def _run_kernel(
     out_dtype: torch.dtype,
     elements: bool,
     hadamard: tuple[int, torch.Tensor | None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, float | None, float | None]:
     """Returns (output in x's shape, block scale codes ``(..., nb)`` with the axis last or None,
-    global decode scale or None)."""
+    global decode scale or None, tensor amax (NVFP4) or None)."""
     f = spec.fmt
     base, kaxis, how = _kernel.layout(x.detach(), axis)
     shape = base.shape
@@ -304,56 +347,54 @@ def _run_kernel(
     if hadamard is not None and hadamard[1] is not None:
         signs = hadamard[1].detach().to(torch.float32).contiguous()
     outer, K, inner = math.prod(shape[:kaxis]), shape[kaxis], math.prod(shape[kaxis + 1 :])
+    if f.scale == "tensor" and spec.rounding == "rne":
+        # one scale for all and no random stream: elementwise, so the axis does not matter and the
+        # kernel runs over the memory in order (a strided axis would cost a slower loop)
+        outer, K, inner = 1, base.numel(), 1
     block = spec.block if f.scale != "tensor" else _TENSOR_BLOCK
     nb = -(-K // block)
     out_dt = torch.float32 if elements else out_dtype
-    genc = gdec = 1.0
-    gdec_out: float | None = None
     scales: torch.Tensor | None = None
-    if f.scale != "e8m0":
-        genc, gdec, finite = _global_scales(base, spec)
-        gdec_out = gdec
-    if f.scale != "e8m0" and not finite:
-        out = torch.full(shape, torch.nan, dtype=out_dt)
-        if f.scale == "nv":
-            scales = torch.full((outer, nb, inner), 0x7F, dtype=torch.uint8)
-    else:
-        out = torch.empty(shape, dtype=out_dt)
-        if f.scale != "tensor":
-            scales = torch.empty((outer, nb, inner), dtype=torch.uint8)
-        p = _kernel.QParams(
-            outer=outer,
-            K=K,
-            inner=inner,
-            block=block,
-            in_dtype=_kernel.DTYPE_CODES[base.dtype],
-            out_dtype=_kernel.DTYPE_CODES[out.dtype],
-            out_kind=1 if elements else 0,
-            mbits=f.elem.mbits,
-            emin=f.elem.emin,
-            emax=f.elem.emax,
-            maxval=f.elem.max,
-            scale_kind=_SCALE_KIND_CODES[f.scale],
-            scale_mode=_MODE_CODES[spec.scale_mode],
-            global_enc=genc,
-            global_dec=gdec,
-            prescale=spec.prescale_factor,
-            sr=1 if spec.rounding == "sr" else 0,
-            key=spec_key(key),
-            nthreads=torch.get_num_threads(),
-            had_g=hadamard[0] if hadamard else 0,
-            had_norm=1 / math.sqrt(hadamard[0]) if hadamard else 1.0,
-            had_signs=signs.data_ptr() if signs is not None else None,
-            x=base.data_ptr(),
-            out=out.data_ptr(),
-            scales=scales.data_ptr() if scales is not None else None,
-        )
-        _kernel.run(p)
+    out = torch.empty(shape, dtype=out_dt)
+    if f.scale != "tensor":
+        scales = torch.empty((outer, nb, inner), dtype=torch.uint8)
+    # the tensor amax and scales of NVFP4 / per-tensor FP8 are computed by the kernel, in the same
+    # parallel region as the quantization (as _global_scales does, bit for bit)
+    g_out = (ctypes.c_float * 3)()
+    p = _kernel.QParams(
+        outer=outer,
+        K=K,
+        inner=inner,
+        block=block,
+        in_dtype=_kernel.DTYPE_CODES[base.dtype],
+        out_dtype=_kernel.DTYPE_CODES[out.dtype],
+        out_kind=1 if elements else 0,
+        mbits=f.elem.mbits,
+        emin=f.elem.emin,
+        emax=f.elem.emax,
+        maxval=f.elem.max,
+        scale_kind=_SCALE_KIND_CODES[f.scale],
+        scale_mode=_MODE_CODES[spec.scale_mode],
+        global_out=ctypes.addressof(g_out),
+        prescale=spec.prescale_factor,
+        sr=1 if spec.rounding == "sr" else 0,
+        key=spec_key(key),
+        nthreads=torch.get_num_threads(),
+        had_g=hadamard[0] if hadamard else 0,
+        had_norm=1 / math.sqrt(hadamard[0]) if hadamard else 1.0,
+        had_signs=signs.data_ptr() if signs is not None else None,
+        x=base.data_ptr(),
+        out=out.data_ptr(),
+        scales=scales.data_ptr() if scales is not None else None,
+    )
+    _kernel.run(p)
+    gdec_out = g_out[1] if f.scale != "e8m0" else None
+    amax_out = g_out[2] if f.scale == "nv" else None
     if scales is not None:
         lead, trail = shape[:kaxis], shape[kaxis + 1 :]
         scales = scales.reshape(*lead, nb, *trail).movedim(len(lead), -1)
     # the scales are (..., nb) over base's non-K dimensions, which are x's in the same order
-    return _kernel.restore(out, axis, how), scales, gdec_out
+    return _kernel.restore(out, axis, how), scales, gdec_out, amax_out
 
 
 def quantize(
@@ -375,14 +416,15 @@ def quantize(
         return quantize_fused(x, spec, axis, key, hadamard)
     if hadamard is not None:
         x = hadamard_transform(x, axis, hadamard[0], hadamard[1])
-    q, scales, gdec = _run_kernel(x, spec, axis, key, torch.float32, elements=True)
+    q, scales, gdec, gamax = _run_kernel(x, spec, axis, key, torch.float32, elements=True)
     B = spec.block or x.shape[axis]
     qm = q.movedim(axis, -1)
     K = qm.shape[-1]
     qm = torch.nn.functional.pad(qm, (0, -(-K // B) * B - K))
     scales = None if scales is None else scales.contiguous()
     g = None if gdec is None else torch.tensor(gdec, dtype=torch.float32)
-    return QTensor(spec.fmt.elem.encode(qm), scales, g, spec, axis, tuple(x.shape))
+    a = None if gamax is None else torch.tensor(gamax, dtype=torch.float32)
+    return QTensor(spec.fmt.elem.encode(qm), scales, g, spec, axis, tuple(x.shape), a)
 
 
 def fake_quantize(
@@ -460,11 +502,11 @@ def quantize_fused(
     xm = x.detach().movedim(axis, -1)
     signs = None if hadamard is None else hadamard[1]
     plan = _plan(spec, hadamard, False, torch.float32)
-    codes, scales, gdec = fused.call(xm, key, signs, plan, compile)
+    codes, scales, gdec, gamax = fused.call(xm, key, signs, plan, compile)
     shape = list(x.shape)
     if hadamard is not None:
         shape[axis] = -(-shape[axis] // hadamard[0]) * hadamard[0]
-    return QTensor(codes, scales, gdec, spec, axis, tuple(shape))
+    return QTensor(codes, scales, gdec, spec, axis, tuple(shape), gamax)
 
 
 def fake_quantize_fused(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .formats import E4M3, E8M0_NAN, ElementFormat, ScaleMode
-from .quant import QTensor, QuantSpec, _check, _global_scales, spec_key
+from .quant import NV_RCP6, QTensor, QuantSpec, _check, _global_scales, spec_key
 from .rng import uniform24
 
 
@@ -33,6 +33,26 @@ def _e8m0_exponent_reference(amax: torch.Tensor, elem: ElementFormat, mode: Scal
         E = torch.where(d == 0, -127, E)
     E = torch.where(amax == 0, -127, E)
     return E.clamp(-127, 127)
+
+
+def nv_block_scales(
+    amax: torch.Tensor, genc: float, gdec: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 block scales in TransformerEngine's float32 arithmetic (``quant.py``'s docstring):
+    (the E4M3 block decode scales as float8_e4m3fn, the float32 element encode factors) of float32
+    block maxima ``amax`` under the tensor scales ``genc`` = S_enc and ``gdec`` = 1 / S_enc."""
+
+    def f32(v: float) -> torch.Tensor:
+        # float32 tensors on both sides of every operation: with a Python float the CPU kernels
+        # may compute in double and round twice
+        return torch.tensor(v, dtype=torch.float32, device=amax.device)
+
+    mult = f32(genc) * f32(NV_RCP6)  # S_enc * fp32(1/6)
+    s = torch.clamp(amax * mult, max=E4M3.max)
+    s8 = s.to(torch.float8_e4m3fn)  # round to nearest even
+    fmax = f32(torch.finfo(torch.float32).max)
+    enc = torch.minimum(torch.ones_like(s) / (s8.float() * f32(gdec)), fmax)
+    return s8, enc  # enc: FLT_MAX where s8 == 0 (1 / 0 saturated)
 
 
 def _round_reference(v: torch.Tensor, elem: ElementFormat, u: torch.Tensor | None) -> torch.Tensor:
@@ -77,28 +97,21 @@ def quantize_reference(x: torch.Tensor, spec: QuantSpec, axis: int = -1, key: in
         tile_amax = tiles.abs().amax((1, 3))
         nonfinite = tile_nonfinite.repeat_interleave(rb, 0)[:R]
         amax = tile_amax.repeat_interleave(rb, 0)[:R]
-    global_dec = None
+    global_dec = global_amax = None
     scales: torch.Tensor | None
     if f.scale == "e8m0":
         E = _e8m0_exponent_reference(amax, elem, spec.scale_mode)
         enc = torch.ldexp(torch.ones_like(amax), -E)
         scales = torch.where(nonfinite, E8M0_NAN, E + 127).to(torch.uint8)
     else:
-        genc, gdec, finite = _global_scales(x, spec)
+        genc, gdec, finite, gamax = _global_scales(x, spec)
         global_dec = torch.tensor(gdec, dtype=torch.float32)
         if not finite:
             nonfinite = torch.ones_like(nonfinite)
         if f.scale == "nv":
-            # float32 tensors on both sides: a Python-float divisor would be divided in double and
-            # rounded twice, which differs from the float32 division of the kernel and of hardware
-            genc_t = torch.tensor(genc, dtype=torch.float32, device=x.device)
-            six = torch.tensor(elem.max, dtype=torch.float32, device=x.device)
-            s = (amax / six) * genc_t
-            s8 = s.clamp(max=E4M3.max).to(torch.float8_e4m3fn)
+            global_amax = torch.tensor(gamax, dtype=torch.float32)
+            s8, enc = nv_block_scales(amax, genc, gdec)
             scales = torch.where(nonfinite, 0x7F, s8.view(torch.uint8)).to(torch.uint8)
-            s8f = s8.float()
-            fmax = torch.finfo(torch.float32).max  # S / s8 overflows when amax < ~1e-32
-            enc = torch.where(s8f == 0, 0.0, torch.clamp(genc_t / s8f, max=fmax))
         else:
             scales = None
             enc = torch.full_like(amax, genc)
@@ -107,7 +120,7 @@ def quantize_reference(x: torch.Tensor, spec: QuantSpec, axis: int = -1, key: in
     ub = None if u is None else u.unflatten(-1, (-1, B))
     q = _round_reference(v, elem, ub)
     q = torch.where(nonfinite.unsqueeze(-1), torch.nan, q).flatten(-2)
-    return QTensor(elem.encode(q), scales, global_dec, spec, axis, tuple(x.shape))
+    return QTensor(elem.encode(q), scales, global_dec, spec, axis, tuple(x.shape), global_amax)
 
 
 def fake_quantize_reference(

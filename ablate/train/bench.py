@@ -5,7 +5,8 @@ CPU, bfloat16 autocast on a GPU), ``fp8`` (every GEMM FP8 per tensor, E4M3 forwa
 gradients; on the ``native`` backend where the device runs FP8, else emulated) and ``mxfp4`` (MXFP4
 on all three GEMMs, emulated), and prints the median tokens/s and step time per optimizer step
 (evaluation excluded, the first steps dropped as warm-up) and each recipe's step time relative to
-``bf16``.
+``bf16``; with both ``fp8`` and ``mxfp4`` measured, also ``fp8_over_mxfp4``, the FP8 step time over
+the MXFP4 one per preset (same run; in the JSON rows as the ``fp8`` row's ``fp8_over_mxfp4``).
 
 Run: ``python -m ablate.train.bench [--presets tiny small] [--recipes bf16 mxfp4] [--device cpu]
 [--steps 12] [--json]``.
@@ -106,7 +107,21 @@ def measure(
                     "vs_bf16": ms / base_ms if base_ms else None,
                 }
             )
+    for preset, ratio in fp8_over_mxfp4(rows).items():
+        for r in rows:
+            if r["preset"] == preset and r["recipe"] == "fp8":
+                r["fp8_over_mxfp4"] = ratio
     return rows
+
+
+def fp8_over_mxfp4(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Per preset with both recipes measured: the ``fp8`` step time over the ``mxfp4`` one."""
+    ms = {(r["preset"], r["recipe"]): r["step_ms"] for r in rows}
+    return {
+        p: ms[p, "fp8"] / ms[p, "mxfp4"]
+        for p in dict.fromkeys(r["preset"] for r in rows)
+        if (p, "fp8") in ms and (p, "mxfp4") in ms
+    }
 
 
 def report_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -119,6 +134,8 @@ def report_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"{r['preset']!s:8s} {r['recipe']!s:8s} {r['backend']!s:9s} "
             f"{r['tokens_per_s']:10.0f} {r['step_ms']:9.2f} {rel}"
         )
+    for preset, ratio in fp8_over_mxfp4(rows).items():
+        lines.append(f"fp8_over_mxfp4 {preset}: {ratio:.3f} (fp8 step time / mxfp4 step time)")
     return lines
 
 

@@ -1,4 +1,6 @@
-/* Fused block quantize / fake-quantize on the CPU: one pass over the input per call.
+/* Fused block quantize / fake-quantize on the CPU: one pass over the input per call (two for the
+ * tensor-scaled formats, NVFP4 and per-tensor FP8: the tensor amax first, in the same parallel
+ * region).
  *
  * The tensor is viewed as (outer, K, inner) and quantized along K in blocks of `block` elements
  * (the last block may be short: the zero padding of the reduction dimension changes no amax and
@@ -26,7 +28,11 @@ typedef struct {
     int32_t mbits, emin, emax;
     float maxval;
     int32_t scale_kind, scale_mode;
-    float global_enc, global_dec; /* NVFP4 / per-tensor: encode scale and its fp32 reciprocal */
+    /* NVFP4 / per-tensor: computed here from the tensor amax (tensor_scales), written back to
+     * global_out[0..2] = encode scale, its fp32 reciprocal, amax (NaN if the tensor is not finite) */
+    float global_enc, global_dec, global_amax;
+    int32_t tensor_nonfinite;
+    float *global_out;
     float prescale;
     int32_t sr;
     uint32_t key;
@@ -102,7 +108,7 @@ static inline float round_elem(float v, int mbits, int emin, float maxval, int s
     float t = a * exp2i(-k);                    /* exact: t < 2^(mbits+2) */
     float q;
     if (sr) {
-        float fl = (float)(int32_t)t;           /* floor: t >= 0 and small */
+        float fl = (float)(int32_t)t;           /* floor: t >= 0 and small (sr_cap) */
         q = fl + ((u < t - fl) ? 1.0f : 0.0f);
     } else {
         q = (t + 8388608.0f) - 8388608.0f;     /* round half to even (t < 2^22) */
@@ -111,6 +117,14 @@ static inline float round_elem(float v, int mbits, int emin, float maxval, int s
     if (q > maxval) q = maxval;
     if (!(a == a)) q = a;                        /* NaN stays NaN */
     return u2f(f2u(q) | sign);
+}
+
+/* A scaled value for stochastic rounding with a huge multiplier (NVFP4's FLT_MAX for a block whose
+ * E4M3 scale is 0): |v| capped at 2^24, where it saturates all the same, so round_elem's float to
+ * int conversion stays defined. Only such blocks take it (a per-element min slows the loops 3-4x). */
+#define SR_BIG_MUL 1e30f
+static inline float sr_cap(float v) {
+    return fabsf(v) < 16777216.0f ? v : copysignf(16777216.0f, v);
 }
 
 /* The E8M0 scale exponent of a block from its amax bit pattern (finite). */
@@ -137,7 +151,7 @@ static inline int e8m0_exponent(uint32_t ab, const qparams *p) {
 /* Per-block scale: returns 0 when the block is non-finite (then the whole block is NaN). */
 static inline int block_scale(uint32_t amax_bits, const qparams *p, float *enc, float *dec,
                               uint8_t *code) {
-    if (amax_bits >= 0x7f800000u) {
+    if (amax_bits >= 0x7f800000u || p->tensor_nonfinite) {
         *code = (p->scale_kind == SC_NV) ? 0x7f : 0xff;
         return 0;
     }
@@ -147,18 +161,21 @@ static inline int block_scale(uint32_t amax_bits, const qparams *p, float *enc, 
         *dec = exp2i(E);
         *code = (uint8_t)(E + 127);
     } else if (p->scale_kind == SC_NV) {
-        /* E4M3 block decode scale = RNE_e4m3((amax / 6) * S_enc), saturating at 448 */
-        float s = (u2f(amax_bits) / p->maxval) * p->global_enc;
+        /* TransformerEngine's NVFP4 arithmetic (quant.py's docstring), each step one fp32 operation:
+         * block decode scale s8 = RNE_e4m3(min(amax_b * (S_enc * fp32(1/6)), 448)) */
+        const float mult = p->global_enc * (1.0f / 6.0f);
+        float s = u2f(amax_bits) * mult;
+        if (s > 448.0f) s = 448.0f;
         float s8 = round_elem(s, 3, -6, 448.0f, 0, 0.0f);
         uint32_t sb = f2u(s8);
         int sex = (int)(sb >> 23) - 127;
         int mant = (int)((sb >> 20) & 7);
         *code = (s8 == 0.0f) ? 0 : (sex >= -6 ? (uint8_t)(((sex + 7) << 3) | mant)
                                                : (uint8_t)(s8 * 512.0f));
-        /* S / s8 overflows for tensors whose amax is below ~1e-32: saturate instead of inf, so
-         * zeros stay zeros (quant.py does the same) */
-        *enc = (s8 == 0.0f) ? 0.0f : fminf(p->global_enc / s8, FLT_MAX);
-        *dec = s8; /* dequantized element = (q * s8) * global_dec, see quant.py */
+        /* element encode factor min(1 / (s8 * S_dec), FLT_MAX): FLT_MAX for s8 == 0 (1 / 0) */
+        *enc = fminf(1.0f / (s8 * p->global_dec), FLT_MAX);
+        /* decoded element = q * ((s8 * amax) * fp32(1/2688)), TE's dequantize_nvfp4 */
+        *dec = (s8 * p->global_amax) * (1.0f / 2688.0f);
     } else {
         *enc = p->global_enc;
         *dec = p->global_dec;
@@ -201,10 +218,11 @@ static inline void fwht(float *v, int64_t g, const float *signs, float norm) {
 /* Quantize one block already in buf (float32): amax, scale, round, store. */
 static inline void quant_block(const qparams *p, float *buf, int64_t n, int64_t base, int64_t sidx) {
     uint32_t amax = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t ab = f2u(buf[i]) & 0x7fffffffu;
-        amax = ab > amax ? ab : amax;
-    }
+    if (p->scale_kind != SC_TENSOR) /* per tensor: no block amax (the tensor's is known) */
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t ab = f2u(buf[i]) & 0x7fffffffu;
+            amax = ab > amax ? ab : amax;
+        }
     float enc = 0, dec = 0;
     uint8_t code;
     int ok = block_scale(amax, p, &enc, &dec, &code);
@@ -215,36 +233,40 @@ static inline void quant_block(const qparams *p, float *buf, int64_t n, int64_t 
         return;
     }
     const float mul = enc * p->prescale;
-    if (!p->sr && p->scale_kind == SC_E8M0 && p->prescale == 1.0f && p->out_kind == OUT_DEQUANT) {
-        /* the hot path: MX round-to-nearest-even fake-quantize */
+    if (!p->sr && p->prescale == 1.0f && p->out_kind == OUT_DEQUANT) {
+        /* the hot path: round-to-nearest-even fake-quantize */
         for (int64_t i = 0; i < n; i++)
             buf[i] = round_elem(buf[i] * enc, p->mbits, p->emin, p->maxval, 0, 0.0f) * dec;
     } else {
-        /* output = (q * d1) * d2: dequantized (NVFP4: (q * s8) * global_dec) or element units */
+        /* output = q * d1: dequantized, or in element units */
         const int elems = p->out_kind == OUT_ELEMENTS;
         const float d1 = elems ? 1.0f : dec;
-        const float d2 = (elems || p->scale_kind != SC_NV) ? 1.0f : p->global_dec;
         const int mbits = p->mbits, emin = p->emin;
         const float maxval = p->maxval;
         const uint32_t key = p->key;
-        if (p->sr) {
+        if (p->sr && mul >= SR_BIG_MUL) {
+            for (int64_t i = 0; i < n; i++) {
+                const float u = sr_uniform(key, base + i);
+                buf[i] = round_elem(sr_cap(buf[i] * mul), mbits, emin, maxval, 1, u) * d1;
+            }
+        } else if (p->sr) {
             /* the block's indices share their high 32 bits unless it straddles 2^32 */
             const uint32_t hi = (uint32_t)((uint64_t)base >> 32);
             const uint32_t lo0 = (uint32_t)base;
             if ((uint32_t)((uint64_t)(base + n - 1) >> 32) == hi) {
                 for (int64_t i = 0; i < n; i++) {
                     const float u = u24(key, lo0 + (uint32_t)i, hi);
-                    buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1) * d2;
+                    buf[i] = round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1;
                 }
             } else {
                 for (int64_t i = 0; i < n; i++) {
                     const float u = sr_uniform(key, base + i);
-                    buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1) * d2;
+                    buf[i] = round_elem(buf[i] * mul, mbits, emin, maxval, 1, u) * d1;
                 }
             }
         } else {
             for (int64_t i = 0; i < n; i++)
-                buf[i] = (round_elem(buf[i] * mul, mbits, emin, maxval, 0, 0.0f) * d1) * d2;
+                buf[i] = round_elem(buf[i] * mul, mbits, emin, maxval, 0, 0.0f) * d1;
         }
     }
     store_row(p->out, p->out_kind == OUT_ELEMENTS ? DT_F32 : p->out_dtype, base, n, buf);
@@ -257,7 +279,7 @@ static void run_inner1(const qparams *p) {
     const int64_t L = G > B ? G : B;
     const int64_t nu = (K + L - 1) / L, nb = (K + B - 1) / B;
     const int64_t total = p->outer * nu;
-#pragma omp parallel for schedule(static) num_threads(p->nthreads) if (p->K * p->outer * p->inner >= PARALLEL_MIN)
+#pragma omp for schedule(static) /* orphaned: inside ablate_quantize's parallel region */
     for (int64_t t = 0; t < total; t++) {
         const int64_t row = t / nu, k0 = (t % nu) * L;
         const int64_t n = (K - k0 < L) ? K - k0 : L;
@@ -279,7 +301,7 @@ static void run_strided(const qparams *p) {
     const int64_t nc = (I + CHUNK - 1) / CHUNK;
     const int64_t total = p->outer * nb * nc;
     const int out_dt = p->out_kind == OUT_ELEMENTS ? DT_F32 : p->out_dtype;
-#pragma omp parallel for schedule(static) num_threads(p->nthreads) if (p->K * p->outer * p->inner >= PARALLEL_MIN)
+#pragma omp for schedule(static) /* orphaned: inside ablate_quantize's parallel region */
     for (int64_t t = 0; t < total; t++) {
         const int64_t o = t / (nb * nc), kb = (t / nc) % nb, c = t % nc;
         const int64_t k0 = kb * B, n = (K - k0 < B) ? K - k0 : B;
@@ -288,7 +310,7 @@ static void run_strided(const qparams *p) {
         uint32_t amax[CHUNK];
         float enc[CHUNK], dec[CHUNK], row[CHUNK];
         for (int64_t j = 0; j < m; j++) amax[j] = 0;
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; i < n && p->scale_kind != SC_TENSOR; i++) { /* per tensor: no block amax */
             load_row(p->x, p->in_dtype, base + i * I, m, row);
             for (int64_t j = 0; j < m; j++) {
                 uint32_t ab = f2u(row[j]) & 0x7fffffffu;
@@ -305,37 +327,121 @@ static void run_strided(const qparams *p) {
             }
             if (p->scales) p->scales[(o * nb + kb) * I + j0 + j] = code;
         }
-        /* output = (q * d1) * d2, as in run_inner1 */
+        /* output = q * dec, as in run_inner1 */
         const int elems = p->out_kind == OUT_ELEMENTS;
-        const float d2 = (elems || p->scale_kind != SC_NV) ? 1.0f : p->global_dec;
         const int mbits = p->mbits, emin = p->emin;
         const float maxval = p->maxval;
         const uint32_t key = p->key;
         if (elems)
             for (int64_t j = 0; j < m; j++) dec[j] = dec[j] == dec[j] ? 1.0f : dec[j];
+        int big = 0; /* a column whose multiplier is huge (see sr_cap) */
+        for (int64_t j = 0; j < m; j++) big |= enc[j] >= SR_BIG_MUL;
         for (int64_t i = 0; i < n; i++) {
             load_row(p->x, p->in_dtype, base + i * I, m, row);
             if (p->sr) {
                 /* random stream index: position in the axis-last (outer, inner, K) order */
                 const int64_t idx0 = (o * I + j0) * K + k0 + i;
-                for (int64_t j = 0; j < m; j++) {
-                    const float u = sr_uniform(key, idx0 + j * K);
-                    row[j] = (round_elem(row[j] * enc[j], mbits, emin, maxval, 1, u) * dec[j]) * d2;
-                }
+                if (big)
+                    for (int64_t j = 0; j < m; j++) {
+                        const float u = sr_uniform(key, idx0 + j * K);
+                        const float v = sr_cap(row[j] * enc[j]);
+                        row[j] = round_elem(v, mbits, emin, maxval, 1, u) * dec[j];
+                    }
+                else
+                    for (int64_t j = 0; j < m; j++) {
+                        const float u = sr_uniform(key, idx0 + j * K);
+                        row[j] = round_elem(row[j] * enc[j], mbits, emin, maxval, 1, u) * dec[j];
+                    }
             } else {
                 for (int64_t j = 0; j < m; j++)
-                    row[j] = (round_elem(row[j] * enc[j], mbits, emin, maxval, 0, 0.0f) * dec[j]) * d2;
+                    row[j] = round_elem(row[j] * enc[j], mbits, emin, maxval, 0, 0.0f) * dec[j];
             }
             store_row(p->out, out_dt, base + i * I, m, row);
         }
     }
 }
 
-int ablate_quantize(const qparams *p) {
-    if (p->block <= 0 || p->block > MAXB) return 1;
-    if (p->had_g && (p->inner != 1 || p->had_g > 256 || p->K % (p->had_g > p->block ? p->had_g : p->block))) return 2;
-    if (p->inner == 1) run_inner1(p);
-    else run_strided(p);
+/* The largest |x| of elements [i0, i0 + n) as float32 bits (NaN above +inf): the maximum of the
+ * magnitude bits in the input's own format (monotone in |x| for IEEE formats, NaN above inf), one
+ * vectorizable streaming pass. */
+static uint32_t amax_bits_of(const qparams *p, int64_t i0, int64_t n) {
+    if (p->in_dtype == DT_F32) {
+        const uint32_t *s = (const uint32_t *)p->x + i0;
+        uint32_t m = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const uint32_t a = s[i] & 0x7fffffffu;
+            m = a > m ? a : m;
+        }
+        return m;
+    }
+    const uint16_t *s = (const uint16_t *)p->x + i0;
+    uint16_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t a = s[i] & 0x7fffu;
+        m = a > m ? a : m;
+    }
+    if (p->in_dtype == DT_BF16) return (uint32_t)m << 16;
+    _Float16 h;
+    memcpy(&h, &m, 2);
+    return f2u((float)h) & 0x7fffffffu; /* exact; a NaN stays NaN */
+}
+
+/* The tensor scales of NVFP4 / per-tensor FP8 from the tensor amax, as quant._global_scales: encode
+ * top / amax (top = max, NVFP4 448 * 6) saturated at FLT_MAX, 1 for amax 0 or a non-finite tensor;
+ * decode its fp32 reciprocal. */
+static void tensor_scales(qparams *p, uint32_t amax_bits) {
+    if (amax_bits >= 0x7f800000u) {
+        p->tensor_nonfinite = 1;
+        p->global_enc = p->global_dec = 1.0f;
+        p->global_amax = NAN;
+        return;
+    }
+    const float amax = u2f(amax_bits);
+    const float top = p->maxval * (p->scale_kind == SC_NV ? 448.0f : 1.0f);
+    p->global_enc = amax == 0.0f ? 1.0f : fminf(top / amax, FLT_MAX);
+    p->global_dec = 1.0f / p->global_enc;
+    p->global_amax = amax;
+}
+
+#define AMAX_CHUNK 16384
+
+int ablate_quantize(const qparams *p_in) {
+    if (p_in->block <= 0 || p_in->block > MAXB) return 1;
+    if (p_in->had_g && (p_in->inner != 1 || p_in->had_g > 256 || p_in->K % (p_in->had_g > p_in->block ? p_in->had_g : p_in->block))) return 2;
+    qparams p = *p_in; /* shared by the team; the tensor scales are filled in below */
+    p.tensor_nonfinite = 0;
+    const int64_t total = p.outer * p.K * p.inner;
+    const int global = p.scale_kind != SC_E8M0;
+    const int nt = total >= PARALLEL_MIN && p.nthreads > 1 ? p.nthreads : 1;
+    uint32_t amax = 0;
+    /* one parallel region per call: the tensor amax (per-tensor formats, NVFP4), a barrier, then
+     * the quantization (an OpenMP team costs a wake-up per region, a scheduler tick when a core is
+     * busy elsewhere) */
+#pragma omp parallel num_threads(nt)
+    {
+        if (global) {
+            uint32_t local = 0;
+            const int64_t nch = (total + AMAX_CHUNK - 1) / AMAX_CHUNK;
+#pragma omp for schedule(static) nowait
+            for (int64_t c = 0; c < nch; c++) {
+                const int64_t i0 = c * AMAX_CHUNK;
+                const uint32_t m = amax_bits_of(&p, i0, (total - i0 < AMAX_CHUNK) ? total - i0 : AMAX_CHUNK);
+                local = m > local ? m : local;
+            }
+#pragma omp critical(ablate_amax)
+            amax = local > amax ? local : amax;
+#pragma omp barrier
+#pragma omp single
+            tensor_scales(&p, amax); /* implicit barrier after it */
+        }
+        if (p.inner == 1) run_inner1(&p);
+        else run_strided(&p);
+    }
+    if (global && p.global_out) {
+        p.global_out[0] = p.global_enc;
+        p.global_out[1] = p.global_dec;
+        p.global_out[2] = p.global_amax;
+    }
     return 0;
 }
 

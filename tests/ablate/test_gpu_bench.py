@@ -35,6 +35,8 @@ def test_benchmark_rows_targets_and_report_at_toy_sizes_on_the_cpu(tmp_path):
         "mxfp4_h16",
         "nvfp4_rne",
         "mxfp4_rne_axis0",
+        "fp8_e4m3",
+        "fp8_e5m2",
     }
     assert all(quant[k]["bit_exact"] for k in quant if k != "copy")
     steps = {r["recipe"]: r for r in result["steps"]}

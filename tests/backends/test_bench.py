@@ -12,7 +12,16 @@ import torch
 from backends import bench
 
 CPU = torch.device("cpu")
-QUANTIZER_ROWS = ["copy", "mxfp4_rne", "mxfp4_sr", "mxfp4_h16", "nvfp4_rne", "mxfp4_rne_axis0"]
+QUANTIZER_ROWS = [
+    "copy",
+    "mxfp4_rne",
+    "mxfp4_sr",
+    "mxfp4_h16",
+    "nvfp4_rne",
+    "mxfp4_rne_axis0",
+    "fp8_e4m3",
+    "fp8_e5m2",
+]
 
 
 def test_gemm_rows_run_on_the_cpu_at_small_sizes():
@@ -50,6 +59,7 @@ def test_measure_and_report_with_and_without_gemms():
     text = "\n".join(bench.report_lines(result))
     assert all(name in text for name in ["bf16", "emulated_mxfp4", *QUANTIZER_ROWS])
     assert text.count("bit-exact: True") == len(QUANTIZER_ROWS) - 1
+    assert "fp8_over_mxfp4" in text and result["fp8_over_mxfp4"] > 0
     assert "gemms" not in bench.measure(CPU, 16, 1, kn=None, quant_shape=(32, 64))
 
 
@@ -64,6 +74,7 @@ def test_command_line_json_keeps_the_flat_keys(capsys):
     for row in [*QUANTIZER_ROWS, "torchao_to_mx"]:
         assert {f"{row}_ms", f"{row}_gbps", f"{row}_copy_fraction"} <= set(result)
     assert result["mxfp4_rne_copy_fraction"] > 0 and result["copy_copy_fraction"] == 1.0
+    assert result["fp8_over_mxfp4"] == result["fp8_e4m3_ms"] / result["mxfp4_rne_ms"]
     assert "gemms" not in result and "mxfp4_rne_bit_exact" not in result  # no check by default
 
 

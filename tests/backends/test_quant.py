@@ -23,6 +23,7 @@ from backends.quant import (
     QuantSpec,
     fake_quantize,
     fake_quantize_fused,
+    nv_decode,
     quantize,
     quantize_fused,
 )
@@ -72,6 +73,9 @@ def _assert_same_qtensor(a: QTensor, b: QTensor) -> None:
     assert (a.global_dec is None) == (b.global_dec is None)
     if a.global_dec is not None:
         _bits_equal(a.global_dec.reshape(1), b.global_dec.reshape(1))
+    assert (a.global_amax is None) == (b.global_amax is None)
+    if a.global_amax is not None:
+        _bits_equal(a.global_amax.reshape(1), b.global_amax.reshape(1))
     assert (a.axis, a.shape) == (b.axis, b.shape)
 
 
@@ -315,8 +319,12 @@ def test_result_does_not_depend_on_memory_layout(fmt, rounding):
 # ----------------------------------------------------------------------------------------------
 # NVFP4 from its definition, by hand
 #
-# S = 448 * 6 / amax (fp32 tensor encode scale), block decode scale s = E4M3_RNE((block_amax / 6) * S)
-# saturating at 448, elements q = E2M1_RNE(x * (S / s)) clamped to +-6, value = (q * s) * (1 / S).
+# TransformerEngine's arithmetic (quant.py's docstring; tests/backends/test_nvfp4_te.py checks it
+# against a transcription of TE's reference): S = 448 * 6 / amax (fp32 tensor encode scale), block
+# decode scale s = E4M3_RNE(min(block_amax * (S * fp32(1/6)), 448)), elements q = E2M1_RNE(x * e)
+# clamped to +-6 with e = min(1 / (s * fp32(1 / S)), FLT_MAX), value = q * ((s * amax) * fp32(1/2688)).
+# In the hand tensor below S is a power of two, so these equal the plain (block_amax / 6) * S, S / s
+# and s / S.
 
 
 def _nvfp4_hand_tensor() -> torch.Tensor:
@@ -377,28 +385,32 @@ def test_nvfp4_all_zero_tensor(impl):
 def test_nvfp4_scales_and_global_scale_follow_the_definition(impl):
     x = _heavy((6, 64), 13)
     q = QUANTIZERS[impl](x, QuantSpec(format="nvfp4"))
-    S = torch.tensor(2688.0) / x.abs().max()  # float32
-    s = (x.view(6, 4, 16).abs().amax(-1) / 6.0) * S
+    one, amax = torch.tensor(1.0), x.abs().max()
+    S = torch.tensor(2688.0) / amax  # float32
+    Sd = one / S
+    s = x.view(6, 4, 16).abs().amax(-1) * (S * (one / torch.tensor(6.0)))
     s8 = s.clamp(max=448.0).to(torch.float8_e4m3fn)  # torch's float8 cast: RNE
-    assert q.scales is not None and q.global_dec is not None
+    assert q.scales is not None and q.global_dec is not None and q.global_amax is not None
     assert torch.equal(q.scales, s8.view(torch.uint8))
-    assert float(q.global_dec) == float(torch.tensor(1.0) / S)
-    # elements: within half a grid step of x * (S / s), and never above 6
-    v = (x.view(6, 4, 16) * (S / s8.float()).unsqueeze(-1)).view(6, 64)
+    assert float(q.global_dec) == float(Sd) and float(q.global_amax) == float(amax)
+    # elements: E2M1_RNE(x * min(1 / (s * Sd), FLT_MAX)): the nearest grid point of the float32
+    # product, never above 6 (ties and codes: test_nvfp4_te.py, test_formats.py)
+    enc = torch.clamp(one / (s8.float() * Sd), max=torch.finfo(torch.float32).max)
+    v = (x.view(6, 4, 16) * enc.unsqueeze(-1)).view(6, 64)
     e = q.elements()
     assert float(e.abs().max()) <= 6.0
     step = torch.where(v.abs() < 2, 0.5, torch.where(v.abs() < 4, 1.0, 2.0))
-    assert bool(((e - v).abs() <= step / 2 + 1e-6).all())
+    assert bool(((e - v).abs() <= step / 2).all())
 
 
-# The element encode factor S / s (one float32 division) would overflow to inf when the tensor
-# amax is tiny (S = 2688 / amax is large) and a block's E4M3 scale s small: S / s > 3.4e38 needs
-# amax < ~4e-33. Both paths saturate it at the float32 maximum, so zeros stay zeros.
+# The element encode factor 1 / (s * S_dec) would overflow to inf when the tensor amax is tiny
+# (S_dec = amax / 2688 subnormal) and a block's E4M3 scale s small. Every path saturates it at the
+# float32 maximum, as TransformerEngine does, so zeros stay zeros.
 @pytest.mark.parametrize("impl", list(QUANTIZERS))
 def test_nvfp4_tensor_of_tiny_values_keeps_zeros_and_distinct_values(impl):
     x = torch.zeros(1, 32)
     x[0, 0] = 1e-35  # tensor amax: S = 2688 / 1e-35 = 2.688e38, still finite
-    # block 1: s = (1e-38 / 6) * S = 0.448 -> E4M3 0.4375; S / s = 6.1e38 > float32 max
+    # block 1: s = 1e-38 * (S * fp32(1/6)) = 0.448 -> E4M3 0.4375; 1 / (s * S_dec) > float32 max
     x[0, 16:19] = torch.tensor([1e-38, 5e-39, 1e-39])
     spec = QuantSpec(format="nvfp4")
     q = QUANTIZERS[impl](x, spec)
@@ -406,6 +418,28 @@ def test_nvfp4_tensor_of_tiny_values_keeps_zeros_and_distinct_values(impl):
     assert q.dequantize()[0, 19:].eq(0).all() and fq[0, 19:].eq(0).all()  # zeros stay zero
     assert len(set(q.codes[0, 16:19].tolist())) == 3  # not all saturated to the same code
     _bits_equal(fake_quantize(x, spec), fake_quantize_reference(x, spec))
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_nvfp4_block_with_zero_scale_under_stochastic_rounding(axis):
+    # a block whose E4M3 scale rounds to 0 gets the encode factor FLT_MAX (TransformerEngine's
+    # rule): x * FLT_MAX overflows to inf for most x, and saturates to +-6 under SR as under RNE;
+    # a subnormal x * FLT_MAX stays small and rounds stochastically. Along both axes (the kernel's
+    # contiguous and strided loops)
+    x = torch.zeros(64, 32)
+    x[0, 0] = 3.0
+    x[1:5, 16] = torch.tensor([5e-6, -2e-6, 1e-44, -3e-45])  # scale 0 in its column / row block
+    x[20:24, 3] = torch.tensor([4e-6, 1e-40, -2e-43, 1e-45])
+    x = x if axis == 0 else x.t().contiguous()
+    spec = QuantSpec(format="nvfp4", rounding="sr")
+    ref = quantize_reference(x, spec, axis, KEY)
+    for impl in ("fast", "fused"):
+        _assert_same_qtensor(QUANTIZERS[impl](x, spec, axis, KEY), ref)
+        _bits_equal(FAKE_QUANTIZERS[impl](x, spec, axis, KEY), ref.dequantize())
+    e = ref.elements().movedim(-1, axis)
+    big = e[1:3, 16] if axis == 0 else e[16, 1:3]
+    assert big.tolist() == [6.0, -6.0]
+    assert ref.dequantize()[x != 0].abs().max() == 3.0  # the zero-scale blocks decode to 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -453,8 +487,8 @@ def _decode_factor(q: QTensor) -> torch.Tensor:
     if f.scale == "e8m0":
         d = decode_e8m0(q.scales).double()
     else:
-        assert q.global_dec is not None
-        d = q.scales.view(torch.float8_e4m3fn).double() * q.global_dec.double()
+        assert q.global_amax is not None
+        d = nv_decode(q.scales, q.global_amax).double()  # (s * amax) / 2688 in float32
     return d.repeat_interleave(q.spec.block, -1)[..., :K]
 
 
@@ -659,6 +693,34 @@ def test_nonfinite_value_makes_a_tensor_scaled_tensor_all_nan(fmt, impl, bad):
         assert q.scales is not None and q.scales.eq(0x7F).all()  # E4M3 NaN
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8_e4m3", "fp8_e5m2"])
+def test_tensor_amax_in_the_kernel_is_the_reference_s_at_any_thread_count(fmt, dtype):
+    # the kernel finds the tensor amax itself, split over the threads (tensors above its parallel
+    # threshold of 32768 elements), in the input's own format: the maximum at the very end, in the
+    # middle, a NaN or an inf in the second thread's half; along either axis
+    torch.set_num_threads(1)
+    base = _heavy((300, 160), 26).clamp(-6e4, 6e4)  # finite in float16
+    cases = {"end": (-1, -1, 7e4 if dtype != torch.float16 else 6.5e4), "mid": (150, 80, -9e4)}
+    cases |= {"nan": (200, 3, math.nan), "inf": (299, 0, -math.inf)}
+    spec = QuantSpec(format=fmt)
+    for name, (i, j, v) in cases.items():
+        x = base.clone()
+        x[i, j] = v
+        x = x.to(dtype)
+        for axis in (-1, 0):
+            ref = quantize_reference(x, spec, axis)
+            for threads in (1, 2, 3):
+                torch.set_num_threads(threads)
+                try:
+                    _assert_same_qtensor(quantize(x, spec, axis), ref)
+                    _bits_equal(fake_quantize(x, spec, axis), ref.dequantize(dtype))
+                except AssertionError as e:
+                    raise AssertionError(f"{name}, axis {axis}, {threads} threads: {e}") from e
+                finally:
+                    torch.set_num_threads(1)
+
+
 @pytest.mark.parametrize("impl", list(QUANTIZERS))
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3", "mxfp8_e5m2"])
 def test_all_zero_block_gets_the_smallest_scale_and_zero_elements(fmt, impl):
@@ -857,6 +919,7 @@ def test_compiled_fused_path_equals_reference_bit_for_bit(spec, dtype, hadamard,
                 q = quantize_fused(x, spec, axis, KEY, h, compile=True)
                 assert q.global_dec is not None
                 q.codes, q.global_dec = q.codes.cpu(), q.global_dec.cpu()
+                q.global_amax = None if q.global_amax is None else q.global_amax.cpu()
                 q.scales = None if q.scales is None else q.scales.cpu()
                 _assert_same_qtensor(q, ref)
         except AssertionError as e:

@@ -1,0 +1,23 @@
+"""The training benchmark's same-run FP8 / MXFP4 ratio (``ablate.train.bench``), on made-up rows."""
+
+from __future__ import annotations
+
+from ablate.train import bench
+
+
+def _row(preset: str, recipe: str, ms: float) -> dict[str, object]:
+    return {
+        "preset": preset,
+        "recipe": recipe,
+        "backend": "emulated",
+        "tokens_per_s": 2048 / ms * 1e3,
+        "step_ms": ms,
+        "vs_bf16": None,
+    }
+
+
+def test_fp8_over_mxfp4_per_preset_and_printed():
+    rows = [_row("tiny", "fp8", 150.0), _row("tiny", "mxfp4", 120.0), _row("small", "fp8", 9.0)]
+    assert bench.fp8_over_mxfp4(rows) == {"tiny": 1.25}  # small lacks mxfp4
+    text = "\n".join(bench.report_lines(rows))
+    assert "fp8_over_mxfp4 tiny: 1.250" in text and "small:" not in text
