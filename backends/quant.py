@@ -240,6 +240,30 @@ class QTensor:
         out = out[..., : self.shape[self.axis]].movedim(-1, self.axis)
         return out.to(dtype)
 
+    def block_values(
+        self, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(values without the tensor-level scale, that scale or None), in the original shape and
+        layout: MX values as ``dequantize`` gives them (no tensor scale); NVFP4's element x E4M3
+        block scale and ``global_amax * fp32(1/2688)``; per-tensor FP8's elements and its decode
+        scale. The values are exact in bfloat16 (at most 3 + 4 significant bits, exponents in
+        range), so a BF16 GEMM with FP32 accumulation multiplies them exactly, and the tensor scale
+        goes on its output, as a native GEMM's alpha does."""
+        f = self.spec.fmt
+        if f.scale == "e8m0":
+            return self.dequantize(dtype), None
+        q = self.elements()
+        if f.scale == "tensor":
+            scale = self.global_dec
+        else:
+            assert self.scales is not None and self.global_amax is not None
+            s8 = self.scales.view(torch.float8_e4m3fn).float()
+            q = (q.unflatten(-1, (-1, self.spec.block)) * s8.unsqueeze(-1)).flatten(-2)
+            scale = self.global_amax.float() * NV_DEQ
+        out = q[..., : self.shape[self.axis]].movedim(-1, self.axis)
+        assert scale is not None
+        return out.to(dtype), scale.to(out.device)
+
     def t(self) -> QTensor:
         """The quantization of ``x.t()`` along the same axis position, from this one of a 2-D ``x``
         with square 2-D blocks, without rounding anything again: the same element codes and tile
