@@ -320,6 +320,8 @@ def call(
         k = (key & 0xFFFFFFFF).to(device=xm.device, dtype=torch.int64)
     else:
         k = torch.full((), key & 0xFFFFFFFF, dtype=torch.int64, device=xm.device)  # no host sync
+    if torch.compiler.is_compiling():  # inside a compiled model: traced into its graph
+        return run(xm, k, signs, p)
     use = compile_enabled(xm.device) if compile_ is None else compile_
     if use and p not in _failed:
         try:
