@@ -186,7 +186,10 @@ def measure(
 
     def after(row: dict[str, Any], run: _Run, state: TrainState) -> None:
         if profile_steps and row["preset"] == prof_preset and row["recipe"] == "mxfp4":
-            profiles.append(profile(run, state, profile_steps, row["step_ms"]))
+            try:
+                profiles.append(profile(run, state, profile_steps, row["step_ms"]))
+            except Exception as e:  # noqa: BLE001 - the figures so far are kept, with why
+                profiles.append({"error": f"{type(e).__name__}: {e}"})
 
     rows = train_bench.measure(
         presets,
@@ -200,6 +203,7 @@ def measure(
         vocab={p: train_bench.preset_vocab(p) for p in presets},
         skip=skip,
         after=after,
+        keep_going=True,
     )
     for r in rows:
         if r.get("skipped") and r["recipe"] == "fp8":
@@ -291,6 +295,8 @@ def report_lines(result: dict[str, Any]) -> list[str]:
 def _profile_lines(pr: dict[str, Any] | None) -> list[str]:
     if not pr:
         return []
+    if "error" in pr:
+        return [f"profile: failed: {pr['error']}"]
     lines = [
         f"profile: {pr['preset']} {pr['recipe']}, {pr['steps']} steps, {pr['timed']}; busy "
         f"{pr['busy_fraction']:.2f} of the step ({pr['total_ms']:.1f} ms over "
@@ -378,7 +384,9 @@ def markdown(result: dict[str, Any]) -> str:
         ]
         out.append(f"| {q['quantizer']} | {' | '.join(cells)} | {' | '.join(checks)} |")
     pr = result.get("profile")
-    if pr:
+    if pr and "error" in pr:
+        out += ["", "## Profile", "", f"failed: {pr['error']}"]
+    elif pr:
         out += [
             "",
             f"## Profile, `{pr['preset']}` `{pr['recipe']}`, {pr['steps']} steps",

@@ -139,6 +139,12 @@ def time_steps(run: _Run, state: TrainState, warmup: int, steps: int) -> list[fl
     return out
 
 
+def _timed(cfg: RunConfig, warmup: int, steps: int) -> tuple[_Run, TrainState, list[float]]:
+    run = build(cfg)
+    state = TrainState()
+    return run, state, time_steps(run, state, warmup, steps)
+
+
 def measure(
     presets: list[str],
     recipes: list[str],
@@ -152,12 +158,14 @@ def measure(
     vocab: dict[str, int | None] | None = None,
     skip: dict[str, str] | None = None,
     after: Callable[[dict[str, Any], _Run, TrainState], None] | None = None,
+    keep_going: bool = False,
 ) -> list[dict[str, Any]]:
     """One row per (preset, recipe): backend, compiled or not, tokens/s, ms per step (median over
     blocks), step time / bf16's. ``batch``, ``seq_len`` and ``vocab`` may differ per preset;
     ``skip`` maps a recipe to why it is not measured (a row with ``skipped`` and no times);
     ``after(row, run, state)``, when given, is called with each run once timed (the profile of
-    ``ablate.gpu_bench``)."""
+    ``ablate.gpu_bench``); with ``keep_going`` a run that fails (out of memory, a compile error)
+    becomes a skipped row saying why, instead of ending the measurement."""
     dev = resolve_device(device)
     skip = skip or {}
     rows: list[dict[str, Any]] = []
@@ -174,10 +182,16 @@ def measure(
                 row.update(tokens_per_s=None, step_ms=None, vs_bf16=None, skipped=skip[name])
                 rows.append(row)
                 continue
-            cfg = run_config(preset, RECIPES[name], b, t, device, backend, compile, v)
-            run = build(cfg)
-            state = TrainState()
-            times = time_steps(run, state, warmup, steps)
+            try:  # in a call of its own: a failed run's memory goes with its frame
+                cfg = run_config(preset, RECIPES[name], b, t, device, backend, compile, v)
+                run, state, times = _timed(cfg, warmup, steps)
+            except Exception as e:  # noqa: BLE001 - with keep_going, any failure is the row's
+                if not keep_going:
+                    raise
+                why = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                row.update(tokens_per_s=None, step_ms=None, vs_bf16=None, skipped=why)
+                rows.append(row)
+                continue
             ms = statistics.median(times)
             base_ms = ms if name == "bf16" else base_ms
             row.update(
