@@ -62,6 +62,7 @@ from typing import Any
 
 import torch
 
+from . import _kernel
 from .emulated import EmulatedBackend
 from .gemm import GemmKeys
 from .hadamard import hadamard_transform
@@ -199,16 +200,47 @@ def _bit_exact(x: torch.Tensor, out: object, spec: QuantSpec, axis: int, had: Ha
     return bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
 
 
+CPU_REFERENCE_ROWS = ("mxfp4_rne", "mxfp4_sr", "mxfp4_h16")
+"""The rows ``quantizer_rows(check_cpu=True)`` also compare with the pure-torch reference on the
+CPU (about 20 s per row at 8192x4096 on two cores); the others with the CPU's fast path only."""
+
+
+def cpu_path() -> str:
+    """What ``fake_quantize`` runs on a CPU tensor here: the C kernel, or the fused torch path
+    where the kernel cannot be built."""
+    return "c_kernel" if _kernel.usable(torch.zeros(1)) else "torch_fused"
+
+
+def _bit_exact_cpu(
+    x: torch.Tensor, out: object, spec: QuantSpec, axis: int, had: Hadamard, reference: bool
+) -> bool:
+    """Whether ``out`` (any device) equals, bit for bit, the same quantization of ``x`` copied to
+    the CPU: by the CPU's ``fake_quantize`` path, or with ``reference`` by
+    ``fake_quantize_reference`` (after the Hadamard transform on the CPU)."""
+    assert isinstance(out, torch.Tensor)
+    xc = x.cpu()
+    if reference:
+        xr = xc if had is None else hadamard_transform(xc, axis, had[0], had[1])
+        ref = fake_quantize_reference(xr, spec, axis, SR_KEY, torch.bfloat16)
+    else:
+        ref = fake_quantize(xc, spec, axis, SR_KEY, torch.bfloat16, had)
+    return bool(torch.equal(out.cpu().view(torch.int16), ref.view(torch.int16)))
+
+
 def quantizer_rows(
     device: torch.device,
     shape: tuple[int, int],
     repeats: int,
     check: bool = True,
     torchao: bool = False,
+    check_cpu: bool = False,
 ) -> list[dict[str, object]]:
     """The quantizer's time and its fraction of the copy bandwidth (bf16 in, bf16 out) on a
     ``shape`` tensor; with ``check`` whether each row's output is the reference's bit for bit on
-    this device; with ``torchao`` a last row timing torchao's MXFP4 (``None`` where unavailable)."""
+    this device; with ``check_cpu`` whether it is, bit for bit, the same quantization of the input
+    copied to the CPU (``bit_exact_cpu``: the CPU's ``fake_quantize`` path, ``cpu_path()``;
+    ``bit_exact_cpu_reference``: ``fake_quantize_reference``, for ``CPU_REFERENCE_ROWS``); with
+    ``torchao`` a last row timing torchao's MXFP4 (``None`` where unavailable)."""
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
     nbytes = 2 * x.numel() * x.element_size()
@@ -250,8 +282,14 @@ def quantizer_rows(
             ms = median_ms(fn, repeats, device)
             copy_ms = ms if name == "copy" else copy_ms
             row.update(ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9, copy_fraction=copy_ms / ms)
-        if check and fn is not None and case is not None:
-            row["bit_exact"] = _bit_exact(x, fn(), *case)
+        if (check or check_cpu) and fn is not None and case is not None:
+            out = fn()
+            if check:
+                row["bit_exact"] = _bit_exact(x, out, *case)
+            if check_cpu:
+                row["bit_exact_cpu"] = _bit_exact_cpu(x, out, *case, reference=False)
+                if name in CPU_REFERENCE_ROWS:
+                    row["bit_exact_cpu_reference"] = _bit_exact_cpu(x, out, *case, reference=True)
         if note:
             row["note"] = note
         rows.append(row)
@@ -270,6 +308,7 @@ def measure(
     quant_shape: tuple[int, int] = (8192, 4096),
     check: bool = True,
     torchao: bool = False,
+    check_cpu: bool = False,
 ) -> dict[str, Any]:
     """The rows of this benchmark on ``device``: GEMMs of (tokens, K, N) for each (K, N) in ``kn``
     (none when ``kn`` is None) and the quantizer on a ``quant_shape`` tensor."""
@@ -283,7 +322,9 @@ def measure(
     if kn is not None:
         shapes = [(tokens, k, n) for k, n in kn]
         result["gemms"] = gemm_rows(device, shapes, repeats, native)
-    result["quantizer"] = quantizer_rows(device, quant_shape, repeats, check, torchao)
+    result["quantizer"] = quantizer_rows(device, quant_shape, repeats, check, torchao, check_cpu)
+    if check_cpu:
+        result["cpu_path"] = cpu_path()
     result["quantizer_shape"] = list(quant_shape)
     result["fp8_over_mxfp4"] = fp8_over_mxfp4(result["quantizer"])
     return result
@@ -321,6 +362,10 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         notes = [str(r["note"])] if "note" in r else []
         if "bit_exact" in r:
             notes.append(f"bit-exact: {r['bit_exact']}")
+        if "bit_exact_cpu" in r:
+            notes.append(f"= CPU: {r['bit_exact_cpu']}")
+        if "bit_exact_cpu_reference" in r:
+            notes.append(f"= CPU reference: {r['bit_exact_cpu_reference']}")
         note = "  " + "; ".join(notes) if notes else ""
         if r["ms"] is None:
             lines.append(f"{r['quantizer']!s:22s}{note}")
