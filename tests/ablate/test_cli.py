@@ -215,3 +215,35 @@ def test_native_backend_on_a_machine_without_the_hardware_fails_before_any_cell_
         assert "cpu runs no format natively" in msg and "Use `backend: emulated`" in msg
         assert "cells mxfp4[fprop,dgrad,wgrad]/bf16:\n" in msg  # not the bf16 cell: it needs none
     assert not out.exists()
+
+
+def test_every_command_that_reads_the_store_takes_tracking_uri(tmp_path, monkeypatch):
+    """A study tracked in a store other than its default one: plan, status, validate and report
+    read it with --tracking-uri (plan then skips the finished cells instead of rerunning them)."""
+    monkeypatch.chdir(tmp_path)
+    p = _write(tmp_path, STUDY)
+    out = tmp_path / "out"
+    uri = f"sqlite:///{tmp_path}/elsewhere/store.db"
+    (tmp_path / "elsewhere").mkdir()
+    run = ["run", str(p), "-o", str(out), "--executor", "local", "--quiet", "--no-report"]
+    res = CliRunner().invoke(main, [*run, "--tracking-uri", uri])
+    assert res.exit_code == 0, res.output
+    assert not (out / "mlflow.db").exists()
+    at = ["-o", str(out), "--tracking-uri", uri]
+    res = CliRunner().invoke(main, ["plan", str(p), *at, "--json"])
+    assert res.exit_code == 0, res.output
+    assert [c["action"] for c in json.loads(res.output)["cells"]] == ["skip", "skip"]
+    res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out)])  # the default store: none
+    assert "would: run 2" in res.output, res.output
+    res = CliRunner().invoke(main, ["status", str(p), *at, "--json"])
+    assert [r["status"] for r in json.loads(res.output)["cells"]] == ["finished", "finished"]
+    res = CliRunner().invoke(main, ["validate", str(p), *at])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["report", str(p), "--runs", str(out), "--tracking-uri", uri])
+    assert res.exit_code == 0, res.output
+    for cmd in ("run", "plan", "status", "validate", "report", "ui", "adopt", "probe", "tune"):
+        res = CliRunner().invoke(main, [cmd, "--help"])
+        assert "--tracking-uri" in res.output, cmd
+    # the hint of a reader that finds no store names an option the command has
+    res = CliRunner().invoke(main, ["report", str(p), "--runs", str(tmp_path / "none")])
+    assert "--tracking-uri" in res.output, res.output
