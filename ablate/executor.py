@@ -21,6 +21,7 @@ import math
 import os
 import re
 import socket
+import sys
 import time
 import traceback
 from collections import deque
@@ -171,6 +172,31 @@ class LocalExecutor:
         return len(self._queue)
 
 
+def cluster_address(address: str | None) -> str | None:
+    """The Ray cluster a study's cells run on, ``--address`` or else ``RAY_ADDRESS``; None (or
+    ``local``): a Ray that ablate starts on this machine."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
+def remote_cluster(address: str | None) -> bool:
+    """Whether ``address`` names a Ray cluster that ablate does not start on this machine itself
+    (decided without connecting): any address but ``local``, unless this process already started
+    the Ray at that address (``ray.init()`` here: its head node is this process's). Such a cluster
+    may have, or later get (an autoscaler), nodes that cannot reach this machine's files."""
+    address = cluster_address(address)
+    if address is None or address == "local":
+        return False
+    ray = sys.modules.get("ray")  # not imported: this process started no Ray
+    if ray is None or not ray.is_initialized():
+        return True
+    node = getattr(getattr(ray, "_private", None), "worker", None)
+    node = getattr(node, "_global_node", None)
+    if not getattr(node, "head", False):  # connected to a cluster, not started here
+        return True
+    here = ray.get_runtime_context().gcs_address
+    return address not in (here, "auto")
+
+
 class RayExecutor:
     """Each task a Ray task with the study's resources; at most ``max_concurrent`` in flight (the
     rest wait here, in submission order), outcomes as they finish."""
@@ -193,7 +219,7 @@ class RayExecutor:
 
         self._ray = ray
         self._owns = not ray.is_initialized()
-        address = address or os.environ.get("RAY_ADDRESS") or None
+        address = cluster_address(address)
         if self._owns:
             kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
             if address is None:
