@@ -71,7 +71,8 @@ address_opt = click.option(
     default=None,
     envvar="RAY_ADDRESS",
     help="An existing Ray cluster (ray://host:10001 or host:6379), whose workers check their own "
-    "devices; default: this machine (a local Ray).",
+    "devices and log to a tracking server (--tracking-uri http://...; a SQLite store is refused); "
+    "default: a local Ray of ablate's own on this machine.",
 )
 
 

@@ -125,3 +125,30 @@ def test_address_of_a_token_cluster_without_the_token_mode_is_an_authentication_
     assert "RAY_AUTH_MODE=token" in msg and "RAY_AUTH_TOKEN" in msg and "auth_token" in msg
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     check_ray_auth(ray_start_head)  # the token `ray start` wrote in ~/.ray/auth_token: taken
+
+
+@pytest.mark.slow
+def test_a_wrong_or_missing_token_is_named_as_such(tmp_path, ray_start_head):
+    """In fresh processes: Ray loads its token once per process."""
+    code = (
+        "import sys\n"
+        "from ablate.errors import RunnerError\n"
+        "from ablate.executor import check_ray_auth\n"
+        "try:\n"
+        f"    check_ray_auth({ray_start_head!r})\n"
+        "except RunnerError as e:\n"
+        "    sys.exit(str(e))\n"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    base["RAY_AUTH_MODE"] = "token"
+    for env, says in [
+        ({"RAY_AUTH_TOKEN": "not-the-token"}, "refuses this process's token"),
+        ({"HOME": str(tmp_path)}, "this process has no token"),  # no ~/.ray/auth_token
+    ]:
+        t0 = time.perf_counter()
+        res = subprocess.run(
+            [sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True
+        )
+        assert time.perf_counter() - t0 < 20
+        assert res.returncode == 1 and says in res.stderr, (env, res.stderr[-2000:])
+        assert "RAY_AUTH_TOKEN" in res.stderr and "ray get-auth-token" in res.stderr
