@@ -33,7 +33,16 @@ from typing import IO, Any, Literal
 
 from .devices import cuda_index
 from .errors import AblateError, CannotRunError, RunnerError, TrackingError
-from .executor import Executor, ExecutorName, LocalExecutor, Outcome, RayExecutor, Task
+from .executor import (
+    Executor,
+    ExecutorName,
+    LocalExecutor,
+    Outcome,
+    RayExecutor,
+    Task,
+    cluster_address,
+    remote_cluster,
+)
 from .progress import CellProgress, Progress, fmt_s
 from .spec import Cell, Study
 from .targets import headroom_warning, reached_fraction, schedule_fraction, target_ppl_of
@@ -41,6 +50,7 @@ from .tracking import (
     CellRun,
     CellStatus,
     StudyTracker,
+    check_cluster_uri,
     check_store,
     check_uri,
     join_runs,
@@ -332,13 +342,18 @@ def preflight(
         check_store(study.tracking_uri)
     except TrackingError as e:
         raise CannotRunError(str(e)) from None
-    on_cluster = executor == "ray" and bool(address or os.environ.get("RAY_ADDRESS"))
+    on_cluster = executor == "ray" and bool(cluster_address(address))
     check_gpus(study, gpus_seen=0 if on_cluster else torch.cuda.device_count())
     if executor == "ray":
         check_ray_devices(study)
     if not on_cluster:
         check_devices(study)
         check_resources(study, num_cpus=num_cpus)
+    if executor == "ray" and remote_cluster(address):
+        try:
+            check_cluster_uri(study.tracking_uri, str(cluster_address(address)))
+        except TrackingError as e:
+            raise CannotRunError(str(e)) from None
 
 
 def _ckpt_step(study: Study, cell: Cell) -> int | None:

@@ -28,11 +28,19 @@ def refuse(e: AblateError) -> click.ClickException:
     return click.ClickException(str(e))
 
 
-def load(path: str, output: str | None = None, max_cells: int = MAX_CELLS) -> Study:
+def load(
+    path: str,
+    output: str | None = None,
+    max_cells: int = MAX_CELLS,
+    tracking_uri: str | None = None,
+) -> Study:
+    """The study at ``path``; ``tracking_uri`` (``--tracking-uri``) overrides its tracking.uri."""
     try:
         study = load_study(path, output=output, max_cells=max_cells)
     except SpecError as e:
         raise SpecProblem(str(e)) from None
+    if tracking_uri:
+        study.spec.tracking.uri = tracking_uri
     for note in study.notes:
         click.echo(f"note: {note}", err=True)
     return study
@@ -49,12 +57,22 @@ max_cells_opt = click.option(
     show_default=True,
     help="Refuse a grid of more cells than this (checked before it is expanded).",
 )
+
+
+def tracking_uri_opt(
+    help: str = "MLflow tracking URI (overrides the study's tracking.uri).",
+) -> Callable[[F], F]:
+    """``--tracking-uri``: every command that reads or writes a study's MLflow store has it."""
+    return click.option("--tracking-uri", default=None, help=help)
+
+
 address_opt = click.option(
     "--address",
     default=None,
     envvar="RAY_ADDRESS",
     help="An existing Ray cluster (ray://host:10001 or host:6379), whose workers check their own "
-    "devices; default: this machine (a local Ray).",
+    "devices and log to a tracking server (--tracking-uri http://...; a SQLite store is refused); "
+    "default: a local Ray of ablate's own on this machine.",
 )
 
 

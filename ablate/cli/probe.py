@@ -13,7 +13,7 @@ import click
 
 from ..errors import AblateError
 from ..spec import Cell, Study
-from .common import load, max_cells_opt, output_opt, study_arg
+from .common import load, max_cells_opt, output_opt, study_arg, tracking_uri_opt
 
 _SUMMARY = ("cos", "align", "rel_err", "sqnr_db", "bias_ratio", "step_cos", "sum_ratio")
 
@@ -50,6 +50,7 @@ _SUMMARY = ("cos", "align", "rel_err", "sqnr_db", "bias_ratio", "step_cos", "sum
     help="Also record the metrics in each cell's MLflow run at the checkpoint's step (points "
     "the run already has are kept).",
 )
+@tracking_uri_opt("With --log: the MLflow store of the study's runs (overrides its tracking.uri).")
 def probe(
     study_file: str,
     output: str | None,
@@ -59,6 +60,7 @@ def probe(
     csv_path: str | None,
     device: str,
     log_runs: bool,
+    tracking_uri: str | None,
 ) -> None:
     """Run the study's gradient-fidelity probes post hoc on saved checkpoints of its cells.
 
@@ -74,7 +76,7 @@ def probe(
     from ..train.config import ProbeConfig
     from ..train.probe import probe_checkpoints
 
-    study = load(study_file, output, max_cells)
+    study = load(study_file, output, max_cells, tracking_uri)
     chosen = _select(study, cells)
     plan = _plan(study, chosen, checkpoints)
     if not plan:

@@ -16,6 +16,7 @@ from .common import (
     output_opt,
     refuse,
     study_arg,
+    tracking_uri_opt,
 )
 
 
@@ -25,7 +26,7 @@ from .common import (
     "-o", "--out", "out_dir", default=None, help="Report folder (default: reports/<study>/)."
 )
 @click.option("--runs", default=None, help="The study's output folder, if not its default.")
-@click.option("--tracking-uri", default=None, help="Read this MLflow store instead of the study's.")
+@tracking_uri_opt("Read this MLflow store instead of the study's.")
 @click.option("--study", "study_name", default=None, help="With --tracking-uri and no STUDY.yaml.")
 @max_cells_opt
 @click.option(
@@ -60,9 +61,7 @@ def report(
     from ..tracking import read_study_text
 
     if study_file is not None:
-        study = load(study_file, runs, max_cells)
-        if tracking_uri:
-            study.spec.tracking.uri = tracking_uri
+        study = load(study_file, runs, max_cells, tracking_uri)
     elif tracking_uri and study_name:
         try:
             text = read_study_text(tracking_uri, study_name)
@@ -100,6 +99,7 @@ def report(
 @max_cells_opt
 @executor_opt("trial (a pruned one is cancelled)")
 @address_opt
+@tracking_uri_opt()
 @click.option(
     "--trials",
     type=click.IntRange(min=1),
@@ -113,6 +113,7 @@ def tune(
     max_cells: int,
     executor: str,
     address: str | None,
+    tracking_uri: str | None,
     trials: int | None,
     num_cpus: int | None,
 ) -> None:
@@ -131,7 +132,7 @@ def tune(
     from ..errors import TuneError
     from ..tune import format_summary, run_tune, tune_spec
 
-    study = load(study_file, output, max_cells)
+    study = load(study_file, output, max_cells, tracking_uri)
     try:
         tune_spec(study)
     except TuneError as e:

@@ -24,6 +24,7 @@ from .common import (
     preflight_or_exit,
     refuse,
     study_arg,
+    tracking_uri_opt,
 )
 
 
@@ -138,7 +139,7 @@ def recipe_table_text(r: Recipe) -> str:
 @max_cells_opt
 @executor_opt("cell")
 @address_opt
-@click.option("--tracking-uri", default=None, help="MLflow tracking URI (overrides the study's).")
+@tracking_uri_opt()
 @click.option("--rerun-failed", is_flag=True, help="Run cells that failed before again.")
 @click.option(
     "--rerun-stale",
@@ -176,9 +177,7 @@ def run(
     """
     from ..runner import run_study
 
-    study = load(study_file, output, max_cells)
-    if tracking_uri:
-        study.spec.tracking.uri = tracking_uri
+    study = load(study_file, output, max_cells, tracking_uri)
     try:
         result = run_study(
             study,
@@ -207,8 +206,9 @@ def run(
     if result.failed or left:
         now = f"{len(result.failed)} cell(s) failed" if result.failed else ""
         before = f"{len(left)} cell(s) failed before and were left as they are" if left else ""
+        again = f" --tracking-uri {tracking_uri}" if tracking_uri else ""
         click.echo(
-            f"{'; '.join(x for x in (now, before) if x)}; see `ablate status {study_file}` and "
+            f"{'; '.join(x for x in (now, before) if x)}; see `ablate status {study_file}{again}` and "
             "rerun them with --rerun-failed",
             err=True,
         )
@@ -222,6 +222,7 @@ def run(
 @click.option("--rerun-failed", is_flag=True, help="Plan as `run --rerun-failed` would.")
 @click.option("--rerun-stale", is_flag=True, help="Plan as `run --rerun-stale` would.")
 @address_opt
+@tracking_uri_opt()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan(
     study_file: str,
@@ -230,6 +231,7 @@ def plan(
     rerun_failed: bool,
     rerun_stale: bool,
     address: str | None,
+    tracking_uri: str | None,
     as_json: bool,
 ) -> None:
     """Show the expanded cells and what `run` would do to each: run, resume, skip, failed.
@@ -243,7 +245,7 @@ def plan(
     from ..runner import plan as plan_study
     from ..runner import summarize
 
-    study = load(study_file, output, max_cells)
+    study = load(study_file, output, max_cells, tracking_uri)
     preflight_or_exit(study, address)
     planned = plan_study(study, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
     if as_json:
@@ -274,7 +276,14 @@ def plan(
 @output_opt
 @max_cells_opt
 @address_opt
-def validate(study_file: str, output: str | None, max_cells: int, address: str | None) -> None:
+@tracking_uri_opt()
+def validate(
+    study_file: str,
+    output: str | None,
+    max_cells: int,
+    address: str | None,
+    tracking_uri: str | None,
+) -> None:
     """Check a study without running anything (exit status 2 and every problem when invalid).
 
     Runs every check `ablate run` makes before it starts: the spec, the data (found, and large
@@ -285,7 +294,7 @@ def validate(study_file: str, output: str | None, max_cells: int, address: str |
     Example:
         ablate validate studies/quickstart.yaml
     """
-    study = load(study_file, output, max_cells)
+    study = load(study_file, output, max_cells, tracking_uri)
     preflight_or_exit(study, address)
     configs = {c.config_label for c in study.cells}
     base = study.baseline_cells[0].config_label if study.baseline_cells else "none"
@@ -312,8 +321,11 @@ def schema() -> None:
 @study_arg
 @output_opt
 @max_cells_opt
+@tracking_uri_opt()
 @click.option("--yes", is_flag=True, help="Adopt without asking.")
-def adopt(study_file: str, output: str | None, max_cells: int, yes: bool) -> None:
+def adopt(
+    study_file: str, output: str | None, max_cells: int, tracking_uri: str | None, yes: bool
+) -> None:
     """Adopt a study's runs recorded before cell keys named the device and precision.
 
     Re-tags each such run with its cell's new key (and moves its checkpoint), so that `run`
@@ -331,7 +343,7 @@ def adopt(study_file: str, output: str | None, max_cells: int, yes: bool) -> Non
     from ..tracking.adopt import adoptable
     from ..train.config import device_kind, resolved_precision
 
-    study = load(study_file, output, max_cells)
+    study = load(study_file, output, max_cells, tracking_uri)
     try:
         with study_lock(study.output_dir):
             tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
@@ -359,15 +371,19 @@ def adopt(study_file: str, output: str | None, max_cells: int, yes: bool) -> Non
 @study_arg
 @output_opt
 @max_cells_opt
+@tracking_uri_opt()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(study_file: str, output: str | None, max_cells: int, as_json: bool) -> None:
+def status(
+    study_file: str, output: str | None, max_cells: int, tracking_uri: str | None, as_json: bool
+) -> None:
     """Show each cell's state from the study's MLflow store: status, step, last validation ppl.
 
     \b
     Example:
         ablate status studies/quickstart.yaml
+        ablate status study.yaml --tracking-uri http://mlflow:5000
     """
-    study = load(study_file, output, max_cells)
+    study = load(study_file, output, max_cells, tracking_uri)
     _print_cells(study, as_json=as_json)
 
 
@@ -439,10 +455,8 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
 @click.command()
 @click.argument("study_file", metavar="STUDY.yaml", required=False, type=click.Path(dir_okay=False))
 @output_opt
-@click.option(
-    "--tracking-uri",
-    default=None,
-    help="Browse this store instead of a study's; an http(s) server is not started, only linked.",
+@tracking_uri_opt(
+    "Browse this store instead of a study's; an http(s) server is not started, only linked."
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", default=5000, show_default=True, type=click.IntRange(1, 65535))

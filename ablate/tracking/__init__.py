@@ -19,7 +19,14 @@ from .history import read_histories, read_metric_keys
 from .logger import MlflowLogger
 from .runs import CellRun, StudyTracker, read_cells, read_study_text
 from .status import CellStatus, baseline_curves, join_runs, study_status
-from .store import check_store, check_uri, default_uri, is_local_store, prepare_store
+from .store import (
+    check_cluster_uri,
+    check_store,
+    check_uri,
+    default_uri,
+    is_local_store,
+    prepare_store,
+)
 
 __all__ = [
     "CellRun",
@@ -28,6 +35,7 @@ __all__ = [
     "StudyTracker",
     "baseline_curves",
     "check_store",
+    "check_cluster_uri",
     "check_uri",
     "default_uri",
     "is_local_store",

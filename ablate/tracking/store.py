@@ -52,15 +52,32 @@ def is_local_store(uri: str) -> bool:
     return scheme in ("sqlite", "file", "") or len(scheme) == 1  # len 1: a Windows drive letter
 
 
+_SERVER_FIX = (
+    "Start a tracking server that every node can reach (e.g. `mlflow server --backend-store-uri "
+    "sqlite:///mlflow.db --host 0.0.0.0 --port 5000`) and pass --tracking-uri http://<host>:5000 "
+    "(or set tracking.uri in the study)."
+)
+
+
 def check_uri(uri: str, *, multi_node: bool) -> None:
     """Refuse a machine-local store when workers run on several nodes."""
     if multi_node and is_local_store(uri):
         raise TrackingError(
             f"the tracking store {uri} is a file on this machine, but the Ray cluster has several "
-            "nodes: workers on the other nodes cannot reach it. Start a tracking server that every "
-            "node can reach (e.g. `mlflow server --backend-store-uri sqlite:///mlflow.db --host "
-            "0.0.0.0 --port 5000`) and pass --tracking-uri http://<host>:5000 (or set tracking.uri "
-            "in the study)."
+            f"nodes: workers on the other nodes cannot reach it. {_SERVER_FIX}"
+        )
+
+
+def check_cluster_uri(uri: str, address: str) -> None:
+    """Refuse a machine-local store for a Ray cluster that ablate did not start on this machine
+    (``--address``): however many nodes it has now, a worker may run on one (or on one that an
+    autoscaler adds) that cannot reach the file, and then every cell fails."""
+    if is_local_store(uri):
+        raise TrackingError(
+            f"the tracking store {uri} is a file on this machine, but --address {address} names "
+            "a Ray cluster that ablate did not start here: its workers may run on other nodes "
+            "(now, or added later by an autoscaler), which cannot reach the file, and every cell "
+            f"would fail. {_SERVER_FIX}"
         )
 
 

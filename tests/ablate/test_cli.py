@@ -215,3 +215,67 @@ def test_native_backend_on_a_machine_without_the_hardware_fails_before_any_cell_
         assert "cpu runs no format natively" in msg and "Use `backend: emulated`" in msg
         assert "cells mxfp4[fprop,dgrad,wgrad]/bf16:\n" in msg  # not the bf16 cell: it needs none
     assert not out.exists()
+
+
+def test_every_command_that_reads_the_store_takes_tracking_uri(tmp_path, monkeypatch):
+    """A study tracked in a store other than its default one: plan, status, validate and report
+    read it with --tracking-uri (plan then skips the finished cells instead of rerunning them)."""
+    monkeypatch.chdir(tmp_path)
+    p = _write(tmp_path, STUDY)
+    out = tmp_path / "out"
+    uri = f"sqlite:///{tmp_path}/elsewhere/store.db"
+    (tmp_path / "elsewhere").mkdir()
+    run = ["run", str(p), "-o", str(out), "--executor", "local", "--quiet", "--no-report"]
+    res = CliRunner().invoke(main, [*run, "--tracking-uri", uri])
+    assert res.exit_code == 0, res.output
+    assert not (out / "mlflow.db").exists()
+    at = ["-o", str(out), "--tracking-uri", uri]
+    res = CliRunner().invoke(main, ["plan", str(p), *at, "--json"])
+    assert res.exit_code == 0, res.output
+    assert [c["action"] for c in json.loads(res.output)["cells"]] == ["skip", "skip"]
+    res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out)])  # the default store: none
+    assert "would: run 2" in res.output, res.output
+    res = CliRunner().invoke(main, ["status", str(p), *at, "--json"])
+    assert [r["status"] for r in json.loads(res.output)["cells"]] == ["finished", "finished"]
+    res = CliRunner().invoke(main, ["validate", str(p), *at])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["report", str(p), "--runs", str(out), "--tracking-uri", uri])
+    assert res.exit_code == 0, res.output
+    for cmd in ("run", "plan", "status", "validate", "report", "ui", "adopt", "probe", "tune"):
+        res = CliRunner().invoke(main, [cmd, "--help"])
+        assert "--tracking-uri" in res.output, cmd
+    # the hint of a reader that finds no store names an option the command has
+    res = CliRunner().invoke(main, ["report", str(p), "--runs", str(tmp_path / "none")])
+    assert "--tracking-uri" in res.output, res.output
+
+
+def test_a_file_store_on_a_cluster_ablate_did_not_start_is_refused_before_connecting(
+    tmp_path, monkeypatch
+):
+    """Whatever the cluster's node count (one now; an autoscaler adds more), a SQLite store on
+    this machine is refused for --address / RAY_ADDRESS, at once, naming the fix."""
+    import time
+
+    from ablate.executor import remote_cluster
+
+    p = _write(tmp_path, STUDY)
+    out = tmp_path / "out"
+    elsewhere = f"sqlite:///{tmp_path}/elsewhere/mlflow.db"
+    for cmd, extra in [
+        ("run", ["--address", "ray://nowhere:10001"]),
+        ("run", ["--address", "10.255.255.1:6379", "--tracking-uri", elsewhere]),
+        ("validate", ["--address", "ray://nowhere:10001"]),
+        ("plan", ["--address", "ray://nowhere:10001"]),
+        ("run", []),  # RAY_ADDRESS below
+    ]:
+        env = {"RAY_ADDRESS": "ray://nowhere:10001"} if not extra else {}
+        t0 = time.perf_counter()
+        res = CliRunner().invoke(main, [cmd, str(p), "-o", str(out), *extra], env=env)
+        assert time.perf_counter() - t0 < 10, cmd  # no attempt to reach the cluster
+        assert res.exit_code == 2, (cmd, extra, res.output)
+        assert "is a file on this machine" in res.output and "names a Ray cluster" in res.output
+        assert "mlflow server" in res.output and "--tracking-uri http://<host>:5000" in res.output
+    assert not out.exists() and not (tmp_path / "elsewhere").exists()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert not remote_cluster(None) and not remote_cluster("local")
+    assert remote_cluster("ray://head:10001") and remote_cluster("127.0.0.1:6379")

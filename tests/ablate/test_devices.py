@@ -130,12 +130,36 @@ def test_cuda_n_beyond_the_gpus_a_ray_task_gets_is_refused(tmp_path):
     assert "fix: use device: cuda" in res.output
 
 
-def test_validate_on_a_cluster_warns_that_auto_without_gpus_trains_on_cpus(tmp_path):
+@pytest.fixture
+def tracking_server():
+    """An http URI whose /health answers, as a tracking server's does (a cluster needs one)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_validate_on_a_cluster_warns_that_auto_without_gpus_trains_on_cpus(
+    tmp_path, tracking_server
+):
     """validate --address does not reach the cluster; run refuses it there if the cluster has GPUs
     (the slow Ray test below)."""
     s = tmp_path / "s.yaml"
     s.write_text(STUDY.replace("BASE", "") + "resources: {cpus: 1}\n")
-    res = CliRunner().invoke(main, ["validate", str(s), "--address", "ray://nowhere:1"])
+    at = ["--address", "ray://nowhere:1", "--tracking-uri", tracking_server]
+    res = CliRunner().invoke(main, ["validate", str(s), *at])
     assert res.exit_code == 0, res.output
     assert "warning: device: auto with resources.gpus: 0 trains 2 cell(s) on CPUs" in res.output
     res = CliRunner().invoke(main, ["validate", str(s)])  # here: this machine has no GPU
