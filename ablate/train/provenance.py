@@ -7,7 +7,8 @@ a number in a report can be traced to the code, device and precision that produc
     git_commit      the commit of the source tree ablate runs from ("unknown" outside a checkout)
     git_dirty       whether that tree had uncommitted changes to ablate/ or backends/
     code_hash       a hash of the code that computes the numbers (backends/ and ablate/train/,
-                    Python and C sources): equal hashes, equal numerics. ``ablate plan`` marks a
+                    Python and C sources, less the benchmarks and the probes, which change no
+                    number of a run: ``NOT_NUMERICS``): equal hashes, equal numerics. ``ablate plan`` marks a
                     finished cell whose hash differs from the current one as stale
     torch, python   versions; cuda the CUDA runtime torch was built with (GPU runs)
     device          the device kind (cpu, cuda) and device_name (CPU model or GPU name)
@@ -34,6 +35,17 @@ from .config import RunConfig, device_kind, resolved_compile, resolved_precision
 
 _ROOT = Path(__file__).resolve().parents[2]  # the folder holding ablate/ and backends/
 _NUMERICS = ("backends", "ablate/train")
+NOT_NUMERICS = frozenset(
+    {
+        "backends/bench.py",
+        "backends/probe.py",
+        "ablate/train/bench.py",
+        "ablate/train/probe.py",
+        "ablate/train/probe_bench.py",
+    }
+)
+"""Sources under ``_NUMERICS`` that compute no number of a run (a run is bit-identical with probes
+on or off; the benchmarks are not run by cells): a change to them marks no result stale."""
 
 
 @functools.cache
@@ -42,8 +54,13 @@ def code_hash() -> str:
     h = hashlib.sha256()
     for top in _NUMERICS:
         for path in sorted((_ROOT / top).rglob("*")):
-            if path.suffix in (".py", ".c", ".h") and "__pycache__" not in path.parts:
-                h.update(path.relative_to(_ROOT).as_posix().encode() + b"\0")
+            rel = path.relative_to(_ROOT).as_posix()
+            if (
+                path.suffix in (".py", ".c", ".h")
+                and "__pycache__" not in path.parts
+                and rel not in NOT_NUMERICS
+            ):
+                h.update(rel.encode() + b"\0")
                 h.update(path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 

@@ -241,3 +241,13 @@ def test_a_moved_study_folder_gets_its_artifact_locations_repaired_on_open(tmp_p
     capsys.readouterr()
     StudyTracker(uri, study.name)  # nothing left to repair: silent
     assert "artifact locations" not in capsys.readouterr().err
+
+
+def test_code_hash_leaves_out_only_sources_that_compute_no_run_number():
+    from ablate.train import provenance
+
+    root = provenance._ROOT
+    for rel in provenance.NOT_NUMERICS:
+        assert (root / rel).is_file(), rel  # a renamed file must not silently fall back in
+    assert "backends/quant.py" not in provenance.NOT_NUMERICS
+    assert "ablate/train/loop.py" not in provenance.NOT_NUMERICS
