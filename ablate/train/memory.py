@@ -181,19 +181,20 @@ class MemoryEstimate:
         }
 
     def short(self) -> str:
-        """One line: total and breakdown in GiB."""
-
-        def g(n: int) -> str:
-            return f"{n / GIB:.3g}"
-
-        extras = self.weight_copies + self.quant_extras
+        """One line: total and breakdown (GiB, or MiB below 1 GiB)."""
+        g = format_bytes
         return (
-            f"{g(self.total)} GiB/device = params {g(self.parameters)} + grads {g(self.gradients)}"
-            f" + adam {g(self.optimizer)} + activations {g(self.activations)}"
-            f" + weight copies {g(extras)} + {ALLOWANCE:.0%} {g(self.allowance)}"
-            f" ({self.n_params / 1e6:,.1f}M params, {self.precision}, micro-batch "
-            f"{self.micro_batch} x {self.seq_len})"
+            f"{g(self.total)} per device = params {g(self.parameters)} + grads "
+            f"{g(self.gradients)} + adam {g(self.optimizer)} + activations {g(self.activations)}"
+            f" + weight copies {g(self.weight_copies + self.quant_extras)} + {ALLOWANCE:.0%} "
+            f"{g(self.allowance)} ({self.n_params / 1e6:,.1f}M params, {self.precision}, "
+            f"micro-batch {self.micro_batch} x {self.seq_len})"
         )
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes in GiB (3 significant digits), or in MiB below 1 GiB."""
+    return f"{n / GIB:.3g} GiB" if n >= GIB else f"{n / (1 << 20):.3g} MiB"
 
 
 def estimate(
@@ -290,6 +291,7 @@ __all__ = [
     "activation_parts",
     "estimate",
     "estimate_run",
+    "format_bytes",
     "param_count",
     "parse_size",
     "visible_device_memory",
