@@ -194,7 +194,10 @@ class MemoryEstimate:
 
 def format_bytes(n: int) -> str:
     """``n`` bytes in GiB (3 significant digits), or in MiB below 1 GiB."""
-    return f"{n / GIB:.3g} GiB" if n >= GIB else f"{n / (1 << 20):.3g} MiB"
+    if n >= GIB:
+        return f"{n / GIB:.3g} GiB"
+    mib = n / (1 << 20)
+    return f"{mib:.3g} MiB" if mib < 100 else f"{mib:.0f} MiB"  # 1020 MiB, not 1.02e+03
 
 
 def estimate(

@@ -6,6 +6,7 @@ import torch
 from ablate.train.memory import (
     activation_parts,
     estimate,
+    format_bytes,
     param_count,
     parse_size,
 )
@@ -88,3 +89,9 @@ def test_parse_size():
     for bad in ("80", "80TB", "GiB", "-1GiB", "0GiB", "eighty GiB"):
         with pytest.raises(ValueError, match="GiB, GB, MiB or MB"):
             parse_size(bad)
+
+
+def test_format_bytes():
+    assert format_bytes(80 << 30) == "80 GiB"
+    assert format_bytes(1020 << 20) == "1020 MiB"
+    assert format_bytes(3 << 19) == "1.5 MiB"
