@@ -97,6 +97,20 @@ def is_random(g: GemmRecipe) -> bool:
     return sr or (g.hadamard is not None and g.hadamard.signs == "random")
 
 
+def shares_weight_quantization(recipe: Recipe) -> bool:
+    """Whether fprop and dgrad use one quantization of W: the same 2-D-block spec for W in both,
+    and no Hadamard transform in either (a rotation along different axes would make their values
+    differ). Such a layer keeps the quantized W (a ``QTensor``) from the forward to the backward."""
+    f, d = recipe.fprop, recipe.dgrad
+    return (
+        f.b is not None
+        and f.b.block_rows > 1
+        and f.b == d.b
+        and f.hadamard is None
+        and d.hadamard is None
+    )
+
+
 class _QuantLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -261,17 +275,8 @@ class QuantLinear(nn.Linear):
 
     @property
     def shares_weight_quantization(self) -> bool:
-        """Whether fprop and dgrad use one quantization of W: the same 2-D-block spec for W in
-        both, and no Hadamard transform in either (a rotation along different axes would make
-        their values differ)."""
-        f, d = self.recipe.fprop, self.recipe.dgrad
-        return (
-            f.b is not None
-            and f.b.block_rows > 1
-            and f.b == d.b
-            and f.hadamard is None
-            and d.hadamard is None
-        )
+        """``shares_weight_quantization(self.recipe)``."""
+        return shares_weight_quantization(self.recipe)
 
     def _mm(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,6 +26,9 @@ from .common import (
     study_arg,
     tracking_uri_opt,
 )
+
+if TYPE_CHECKING:
+    from ..train.memory import MemoryEstimate
 
 
 @click.command()
@@ -215,6 +218,17 @@ def run(
         sys.exit(1)
 
 
+def _device_memory(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from ..train.memory import parse_size
+
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+
+
 @click.command()
 @study_arg
 @output_opt
@@ -224,6 +238,14 @@ def run(
 @address_opt
 @tracking_uri_opt()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--device-memory",
+    callback=_device_memory,
+    default=None,
+    metavar="SIZE",
+    help="Memory of the device each cell trains on, e.g. 80GiB, 24GB, 512MiB (default: the "
+    "visible GPU's, for cells that train on CUDA).",
+)
 def plan(
     study_file: str,
     output: str | None,
@@ -233,14 +255,20 @@ def plan(
     address: str | None,
     tracking_uri: str | None,
     as_json: bool,
+    device_memory: int | None,
 ) -> None:
     """Show the expanded cells and what `run` would do to each: run, resume, skip, failed.
 
-    Reads the study's MLflow store if there is one; creates nothing.
+    Also each configuration's memory estimate per device (parameters, gradients, AdamW state,
+    activations of one micro-batch, bf16 weight copies, +10% allowance; see ablate.train.memory),
+    with a warning for those that exceed the device's memory: --device-memory, else the visible
+    GPU's for cells that train on CUDA. Reads the study's MLflow store if there is one; creates
+    nothing.
 
     \b
     Example:
         ablate plan studies/mxfp4_wgrad.yaml
+        ablate plan study.yaml --device-memory 80GiB
     """
     from ..runner import plan as plan_study
     from ..runner import summarize
@@ -248,6 +276,7 @@ def plan(
     study = load(study_file, output, max_cells, tracking_uri)
     preflight_or_exit(study, address)
     planned = plan_study(study, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
+    mem = _memory_estimates(study, device_memory)
     if as_json:
         rows = [
             {
@@ -258,10 +287,15 @@ def plan(
                 "action": p.action,
                 "why": p.why,
                 "values": dict(p.cell.values),
+                "memory": {
+                    **mem[p.cell.key][0].breakdown(),
+                    "device_memory": mem[p.cell.key][1],
+                },
             }
             for p in planned
         ]
         click.echo(json.dumps({"study": study.name, "cells": rows}, indent=2, default=str))
+        _memory_warnings(mem, planned)
         return
     click.echo(f"study {study.name}: {len(planned)} cells, axes: {', '.join(study.axes)}")
     width = max(len(p.cell.label) for p in planned)
@@ -269,6 +303,61 @@ def plan(
         mark = " (baseline)" if p.cell.baseline else ""
         click.echo(f"  {p.cell.key}  {p.cell.label:{width}s}  {p.action:7s} {p.why}{mark}")
     click.echo("would: " + ", ".join(f"{a} {n}" for a, n in summarize(planned).items()))
+    from ..train.memory import format_bytes
+
+    click.echo("memory per device (estimate):")
+    for (est, limit), cells in _by_estimate(mem, planned).items():
+        configs = sorted({c.config_label for c in cells})
+        shown = ", ".join(configs[:3]) + (
+            f" and {len(configs) - 3} more" if len(configs) > 3 else ""
+        )
+        of = f" (device: {format_bytes(limit)})" if limit is not None else ""
+        click.echo(f"  {len(cells)} cell(s) ({shown}): {est.short()}{of}")
+    _memory_warnings(mem, planned)
+
+
+def _memory_estimates(
+    study: Study, device_memory: int | None
+) -> dict[str, tuple[MemoryEstimate, int | None]]:
+    """Each cell's estimate and the memory of the device it trains on (None: unknown)."""
+    from ..train.config import device_kind
+    from ..train.memory import estimate_run, visible_device_memory
+
+    out: dict[str, tuple[MemoryEstimate, int | None]] = {}
+    for cell in study.cells:
+        kind = device_kind(cell.config.device)
+        limit = device_memory
+        if limit is None and kind == "cuda":
+            limit = visible_device_memory()
+        out[cell.key] = (estimate_run(cell.config, kind), limit)
+    return out
+
+
+def _by_estimate(
+    mem: dict[str, tuple[MemoryEstimate, int | None]], planned: list[Any]
+) -> dict[tuple[MemoryEstimate, int | None], list[Any]]:
+    groups: dict[tuple[MemoryEstimate, int | None], list[Any]] = {}
+    for p in planned:
+        groups.setdefault(mem[p.cell.key], []).append(p.cell)
+    return groups
+
+
+def _memory_warnings(mem: dict[str, tuple[MemoryEstimate, int | None]], planned: list[Any]) -> None:
+    """A warning on stderr per configuration whose estimate exceeds its device's memory."""
+    from ..train.memory import format_bytes
+
+    for (est, limit), cells in _by_estimate(mem, planned).items():
+        if limit is not None and est.total > limit:
+            fixed = est.parameters + est.gradients + est.optimizer
+            configs = sorted({c.config_label for c in cells})
+            click.echo(
+                f"warning: memory: {len(cells)} cell(s) ({', '.join(configs[:3])}"
+                f"{' ...' if len(configs) > 3 else ''}) need about {format_bytes(est.total)} per "
+                f"device, more than the device's {format_bytes(limit)}: they will not fit (parameters, "
+                f"gradients and AdamW state alone: {format_bytes(fixed)}; raise train.grad_accum "
+                "for smaller micro-batches, shorten train.seq_len, or pick a smaller model)",
+                err=True,
+            )
 
 
 @click.command()

@@ -1,0 +1,301 @@
+"""How much device memory one training cell needs: an analytic estimate, nothing is allocated.
+
+What `ablate plan` prints per configuration, and what it warns about when the total exceeds the
+device's memory. Everything is computed from shapes (the 8B preset estimates in microseconds).
+
+Assumptions, each matching how ``loop.py`` and ``model.py`` train today:
+
+- **Parameters** are float32 (the trainer keeps fp32 master weights and autocasts the GEMMs), counted
+  analytically from the resolved ``ModelConfig`` (``param_count``; equal to ``count_parameters`` of
+  the built model: the embedding, per block wq/wk/wv/wo, w1/w2/w3 and two RMSNorm weights, the
+  final norm, and an LM head unless tied to the embedding).
+- **Gradients** are float32, one per parameter (``zero_grad(set_to_none=True)`` frees them between
+  steps, but they are all alive at the optimizer step, which is the peak that matters).
+- **Optimizer state** is AdamW's ``exp_avg`` and ``exp_avg_sq``: 2 x fp32 per parameter.
+- **Activations** are what autograd saves in one forward of one micro-batch
+  (``batch_size / grad_accum`` sequences of ``seq_len`` tokens), with no activation checkpointing;
+  micro-batches are run one after the other, so only one micro-batch's are alive at once. Per block
+  and token (C = dim, F = ffn_dim, H = n_heads), in fp32 runs:
+  each RMSNorm saves its input x, the normalized x (before the weight) and 1/rms; the linears save
+  their input (the norm's output, once for wq/wk/wv, once for w1/w3; wo's input, the attention
+  output, which is a view of attention's output); RoPE saves nothing large (its products need only
+  the constant cos/sin tables, which do not require grad); attention is
+  ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels: no T x T scores are
+  materialized) and saves the rotated q, the head-repeated k and v (C each), its output (C) and the
+  fp32 log-sum-exp (H); SwiGLU saves w1's output, silu's output, w3's output and their product
+  (4 F). Under bf16 autocast the residual stream and the norms stay fp32 while
+  the GEMM operands are bf16, and autocast casts the norm's output once per linear (3 copies for
+  wq/wk/wv, 2 for w1/w3). Per block and token that is 4 (10 C + 4 F + H + 2) bytes in fp32 and
+  4 (4 C + H + 2) + 2 (9 C + 4 F) in bf16. After the blocks: the final norm (as above) and the loss: the fp32 log-probabilities (B, T, V) that ``log_softmax``
+  saves, plus one more (B, T, V) fp32 tensor alive around the loss (the logits in the forward,
+  their gradient in the backward). The token ids (int64) are saved by the embedding.
+- **Autocast weight copies** (bf16 only): the bf16 copy of every linear's weight (the block linears
+  and the LM head) that autocast, or ``QuantLinear.forward``, makes and autograd keeps until the
+  backward: 2 bytes per linear parameter.
+- **Quantized-layer extras**: a ``backends.QuantLinear`` saves x and W in the autocast precision
+  (``save_for_backward(x2, weight, ...)``), the same tensors ``nn.Linear`` saves, so they are in
+  the activations and weight copies above; a layer whose fprop and dgrad share a 2-D-block weight
+  quantization (``shares_weight_quantization``) also keeps the quantized W (uint8 codes, one per
+  element, plus one uint8 scale per block): counted as 1 + 1/16 bytes per weight element.
+  The emulated backend's transient quantization buffers are not modelled; they are in the allowance.
+- **Allowance**: +10% of the sum above, for the caching allocator's fragmentation, cuBLAS and
+  attention workspaces and the CUDA context's share of the memory (``ALLOWANCE``).
+
+Parallel modes plug in through ``shards`` (today every cell is one process on one device, so
+``shards=1``): FSDP with N workers would pass ``shards=N``, which divides the parameters, gradients,
+optimizer state and weight extras across devices (activations stay per device: each worker runs its
+own micro-batch); DDP keeps ``shards=1`` (each worker holds a full replica) and a per-device
+micro-batch. The estimate is per device.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .model import ModelConfig, _need
+
+if TYPE_CHECKING:
+    from backends import Recipe
+
+    from .config import RunConfig
+
+ALLOWANCE = 0.10
+"""Fraction added to the estimate for the allocator, workspaces and the CUDA context."""
+GIB = 1 << 30
+_F32, _BF16, _I64 = 4, 2, 8
+
+
+def param_count(cfg: ModelConfig, vocab_size: int | None = None) -> int:
+    """Parameters of ``cfg`` for a tokenizer of ``vocab_size`` tokens, from the shapes alone."""
+    c = cfg.resolved(vocab_size)
+    dim, vocab = _need(c.dim), _need(c.vocab_size)
+    per_block = _block_linear_params(c) + 2 * dim  # + attention_norm, ffn_norm
+    head = 0 if c.tie_embeddings else vocab * dim
+    return vocab * dim + _need(c.n_layers) * per_block + dim + head
+
+
+def _block_linear_params(c: ModelConfig) -> int:
+    dim, ffn = _need(c.dim), _need(c.ffn_dim)
+    kv = _need(c.n_kv_heads) * (dim // _need(c.n_heads))
+    return 2 * dim * dim + 2 * dim * kv + 3 * dim * ffn  # wq, wo, wk, wv, w1, w2, w3
+
+
+def activation_parts(
+    cfg: ModelConfig, micro_batch: int, seq_len: int, precision: str
+) -> dict[str, int]:
+    """Bytes autograd keeps for one forward of ``micro_batch`` x ``seq_len`` tokens of the resolved
+    ``cfg``, by part: ``blocks`` (all of them), ``head`` (final norm, LM head input, log-probs),
+    ``tokens`` (ids), and ``loss_transient``: one (B, T, V) fp32 tensor alive around the loss but
+    not saved. ``precision`` is the resolved one: ``fp32`` or ``bf16`` (autocast)."""
+    dim, n_heads, ffn = _need(cfg.dim), _need(cfg.n_heads), _need(cfg.ffn_dim)
+    vocab = _need(cfg.vocab_size)
+    a = _BF16 if precision == "bf16" else _F32  # GEMM operands and outputs
+    norm = 2 * dim * _F32 + _F32  # x and x / rms in fp32 (residual stream is fp32), 1 / rms
+    # the norm's output as the linears' input: once in fp32; under autocast one bf16 cast per
+    # linear (wq, wk, wv; w1, w3)
+    lin_inputs = (5 if precision == "bf16" else 2) * dim * a
+    # rotated q, head-repeated k and v, output (wo's input is a view of it); fp32 log-sum-exp.
+    # RoPE saves nothing large: its multiplications only need the (constant) cos/sin tables.
+    sdpa = 4 * dim * a + n_heads * _F32
+    mlp = 4 * ffn * a  # w1 out, silu out, w3 out, product
+    per_token_block = 2 * norm + lin_inputs + sdpa + mlp
+    tokens = micro_batch * seq_len
+    return {
+        "blocks": _need(cfg.n_layers) * per_token_block * tokens,
+        "head": (norm + dim * a + vocab * _F32) * tokens,  # final norm, lm_head input, log-probs
+        "tokens": tokens * _I64,
+        "loss_transient": vocab * _F32 * tokens,  # logits (forward) / their gradient (backward)
+    }
+
+
+def _weight_extras(cfg: ModelConfig, recipe: Recipe | None, precision: str) -> tuple[int, int]:
+    """(autocast weight copies, quantized-weight copies) in bytes."""
+    dim, vocab, n_layers = _need(cfg.dim), _need(cfg.vocab_size), _need(cfg.n_layers)
+    copies = (
+        (n_layers * _block_linear_params(cfg) + vocab * dim) * _BF16 if precision == "bf16" else 0
+    )
+    quant = 0
+    if recipe is not None and not recipe.high_precision:
+        from backends.linear import shares_weight_quantization
+
+        ffn = _need(cfg.ffn_dim)
+        kv = _need(cfg.n_kv_heads) * (dim // _need(cfg.n_heads))
+        shapes = {
+            "attention": (dim * dim, dim * kv, dim * kv, dim * dim),
+            "mlp": (dim * ffn,) * 3,
+        }
+        for block in range(n_layers):
+            for kind, sizes in shapes.items():
+                if shares_weight_quantization(recipe.for_layer(kind, block, n_layers)):
+                    quant += sum(sizes) * 17 // 16  # uint8 codes + uint8 block scales
+    return copies, quant
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Bytes per device for one cell; ``total`` includes the allowance."""
+
+    n_params: int
+    parameters: int
+    gradients: int
+    optimizer: int
+    activations: int
+    weight_copies: int
+    quant_extras: int
+    precision: str
+    micro_batch: int
+    seq_len: int
+    shards: int = 1
+
+    @property
+    def subtotal(self) -> int:
+        return (
+            self.parameters
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.weight_copies
+            + self.quant_extras
+        )
+
+    @property
+    def allowance(self) -> int:
+        return int(self.subtotal * ALLOWANCE)
+
+    @property
+    def total(self) -> int:
+        return self.subtotal + self.allowance
+
+    def breakdown(self) -> dict[str, int]:
+        return {
+            "parameters": self.parameters,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "weight_copies": self.weight_copies,
+            "quant_extras": self.quant_extras,
+            "allowance": self.allowance,
+            "total": self.total,
+        }
+
+    def short(self) -> str:
+        """One line: total and breakdown (GiB, or MiB below 1 GiB)."""
+        g = format_bytes
+        return (
+            f"{g(self.total)} per device = params {g(self.parameters)} + grads "
+            f"{g(self.gradients)} + adam {g(self.optimizer)} + activations {g(self.activations)}"
+            f" + weight copies {g(self.weight_copies + self.quant_extras)} + {ALLOWANCE:.0%} "
+            f"{g(self.allowance)} ({self.n_params / 1e6:,.1f}M params, {self.precision}, "
+            f"micro-batch {self.micro_batch} x {self.seq_len})"
+        )
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes in GiB (3 significant digits), or in MiB below 1 GiB."""
+    if n >= GIB:
+        return f"{n / GIB:.3g} GiB"
+    mib = n / (1 << 20)
+    return f"{mib:.3g} MiB" if mib < 100 else f"{mib:.0f} MiB"  # 1020 MiB, not 1.02e+03
+
+
+def estimate(
+    cfg: ModelConfig,
+    vocab_size: int | None,
+    *,
+    batch_size: int,
+    grad_accum: int,
+    seq_len: int,
+    precision: str,
+    recipe: Recipe | None = None,
+    shards: int = 1,
+) -> MemoryEstimate:
+    """The estimate for ``cfg`` (resolved with ``vocab_size``), one optimizer step of
+    ``batch_size`` sequences in ``grad_accum`` micro-batches, at resolved ``precision``.
+    ``shards`` divides parameters, gradients, optimizer state and weight extras (FSDP)."""
+    if shards < 1:
+        raise ValueError(f"shards: must be >= 1, got {shards}")
+    c = cfg.resolved(vocab_size)
+    n = param_count(c)
+    micro = batch_size // grad_accum
+    copies, quant = _weight_extras(c, recipe, precision)
+    return MemoryEstimate(
+        n_params=n,
+        parameters=-(-n * _F32 // shards),
+        gradients=-(-n * _F32 // shards),
+        optimizer=-(-2 * n * _F32 // shards),
+        activations=sum(activation_parts(c, micro, seq_len, precision).values()),
+        weight_copies=-(-copies // shards),
+        quant_extras=-(-quant // shards),
+        precision=precision,
+        micro_batch=micro,
+        seq_len=seq_len,
+        shards=shards,
+    )
+
+
+def tokenizer_vocab(run: RunConfig) -> int | None:
+    """The tokenizer's vocabulary the model will be built for: 257 for ``byte``; a tokenizer.json's
+    when it loads, else None (the model's own or its preset's vocabulary is used)."""
+    if run.data.tokenizer == "byte":
+        return 257
+    try:
+        from .tokenizer import load_tokenizer
+
+        return load_tokenizer(run.data.tokenizer).vocab_size
+    except Exception:  # noqa: BLE001  (a missing file or package: fall back to the config's)
+        return None
+
+
+def estimate_run(run: RunConfig, kind: str | None = None, *, shards: int = 1) -> MemoryEstimate:
+    """The estimate for a cell's ``RunConfig`` on a device ``kind`` (default: what its ``device``
+    resolves to here)."""
+    from .config import device_kind, resolved_precision
+
+    kind = kind or device_kind(run.device)
+    tc = run.train
+    return estimate(
+        run.model,
+        tokenizer_vocab(run),
+        batch_size=tc.batch_size,
+        grad_accum=tc.grad_accum,
+        seq_len=tc.seq_len,
+        precision=resolved_precision(tc.precision, kind),
+        recipe=run.recipe,
+        shards=shards,
+    )
+
+
+_UNITS = {"gib": 1 << 30, "gb": 10**9, "mib": 1 << 20, "mb": 10**6}
+SIZE_FORMS = "a number with GiB, GB, MiB or MB, e.g. 80GiB, 24GB, 512MiB"
+
+
+def parse_size(text: str) -> int:
+    """Bytes of ``80GiB``, ``80 GB``, ``512MiB``, ``1.5GiB`` (case-insensitive); ValueError else."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]+)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a memory size; give {SIZE_FORMS}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def visible_device_memory() -> int | None:
+    """Total memory of the visible GPU 0, or None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(0).total_memory)
+
+
+__all__ = [
+    "ALLOWANCE",
+    "MemoryEstimate",
+    "activation_parts",
+    "estimate",
+    "estimate_run",
+    "format_bytes",
+    "param_count",
+    "parse_size",
+    "visible_device_memory",
+]

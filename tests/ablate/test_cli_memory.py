@@ -1,0 +1,76 @@
+"""`ablate plan`'s memory estimate per device and its warning (real study files, no training)."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ablate.cli import main
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "studies" / "quickstart.yaml"
+
+BIG = """
+name: big
+base:
+  device: cpu
+  model: {preset: llama3_8b, vocab_size: 128256}
+  data: {corpus: builtin, val_tokens: 8192}
+  train: {steps: 10, batch_size: 8, grad_accum: 8, seq_len: 2048, precision: bf16}
+grid:
+  seed: [0, 1]
+"""
+
+
+def test_plan_prints_the_quickstart_estimate_and_fits_without_a_limit(tmp_path):
+    res = CliRunner().invoke(main, ["plan", str(QUICKSTART), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert "memory per device (estimate):" in res.output
+    # one configuration of memory for all 16 cells: tiny, fp32 on the CPU, micro-batch 8 x 128
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("  16 cell(s)"))
+    assert "MiB per device = params" in line and "fp32, micro-batch 8 x 128" in line
+    assert "warning: memory" not in res.output  # a CPU study: no device memory to compare with
+
+
+def test_plan_warns_when_the_device_is_too_small(tmp_path):
+    out = tmp_path / "out"
+    res = CliRunner().invoke(
+        main, ["plan", str(QUICKSTART), "-o", str(out), "--device-memory", "1MiB"]
+    )
+    assert res.exit_code == 0, res.output  # a warning, not an error
+    assert "warning: memory: 16 cell(s)" in res.output and "will not fit" in res.output
+    res = CliRunner().invoke(
+        main, ["plan", str(QUICKSTART), "-o", str(out), "--device-memory", "1MiB", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    body = res.output[res.output.index("{") : res.output.rindex("}") + 1]
+    mem = json.loads(body)["cells"][0]["memory"]
+    assert mem["device_memory"] == 1 << 20 and mem["total"] > 1 << 20
+    assert "warning: memory" in res.output
+
+
+def test_plan_says_llama3_8b_does_not_fit_80gib_without_building_it(tmp_path):
+    p = tmp_path / "big.yaml"
+    p.write_text(BIG)
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(
+        main, ["plan", str(p), "-o", str(tmp_path / "out"), "--device-memory", "80GiB"]
+    )
+    elapsed = time.perf_counter() - t0
+    assert res.exit_code == 0, res.output
+    assert "8,030.3M params, bf16, micro-batch 1 x 2048" in res.output
+    # 16 bytes per parameter: 128.5 GB = 120 GiB before any activation
+    assert "gradients and AdamW state alone: 120 GiB" in res.output
+    assert "warning: memory: 2 cell(s)" in res.output and "80 GiB" in res.output
+    assert elapsed < 20  # nothing of 8B parameters was allocated
+
+
+@pytest.mark.parametrize("bad", ["80", "80TB", "lots", "0GiB"])
+def test_plan_refuses_a_bad_device_memory(tmp_path, bad):
+    res = CliRunner().invoke(
+        main, ["plan", str(QUICKSTART), "-o", str(tmp_path / "out"), "--device-memory", bad]
+    )
+    assert res.exit_code == 2
+    assert "--device-memory" in res.output and "GiB, GB, MiB or MB" in res.output
+    assert not (tmp_path / "out").exists()
