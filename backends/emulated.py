@@ -81,23 +81,20 @@ def _operand_bf16(
     """(bfloat16 block values, tensor-level scale) of an operand, or None when its values are not
     exact in bfloat16."""
     h = gemm.hadamard
-    if spec is None and not isinstance(t, QTensor):
-        return (t, None) if h is None and t.dtype == torch.bfloat16 else None
+    had = None if h is None else (h.size, signs)
     if not isinstance(t, QTensor):
-        if spec is not None and spec.fmt.scale == "e8m0":  # MX: the fused pass, straight to bf16
-            had = None if h is None else (h.size, signs)
+        if spec is None:  # high precision: exact in bfloat16 only if it already is bfloat16
+            return (t, None) if h is None and t.dtype == torch.bfloat16 else None
+        if spec.fmt.scale == "e8m0":  # MX: the fused pass, straight to bf16
             return fake_quantize(
                 t, spec, axis=1, key=key, out_dtype=torch.bfloat16, hadamard=had
             ), None
-        assert spec is not None
-        t = quantize(t, spec, axis=1, key=key, hadamard=None if h is None else (h.size, signs))
+        t = quantize(t, spec, axis=1, key=key, hadamard=had)
     values, scale = t.block_values(torch.bfloat16)
-    if scale is None:
-        return values, None
-    if t.spec.fmt.scale == "nv":
+    if t.spec.fmt.scale == "nv":  # the amax itself: TE's alpha multiplies the two amaxes first
         assert t.global_amax is not None
         return values, ("nv", t.global_amax.float().to(values.device))
-    return values, ("tensor", scale)
+    return values, None if scale is None else ("tensor", scale)
 
 
 def _alpha(sa: Scale, sb: Scale) -> torch.Tensor | None:
