@@ -186,6 +186,16 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
             rc.train.checkpoint_every = rc.train.eval_every  # resumable by default
         if rc.device == "auto":  # from the study, not from the machine a command runs on
             rc.device = "cuda" if spec.resources.gpus > 0 else "cpu"
+        if rc.train.workers != spec.resources.workers:
+            errors.append(
+                "train.workers: set by resources.workers (processes per cell), not a grid axis"
+            )
+        if spec.probe is not None and spec.resources.workers > 1:
+            errors.append(
+                f"probe: probes run in one process, but resources.workers is "
+                f"{spec.resources.workers}; drop the probe section, or probe the checkpoints "
+                "afterwards (`ablate probe`)"
+            )
         if spec.probe is not None:  # the same probes for every cell; not part of its key
             rc.probe = spec.probe
             errors.extend(m for m in spec.probe.problems(rc) if m not in errors)

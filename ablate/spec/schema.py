@@ -296,6 +296,10 @@ class Resources(BaseModel):
     """At most this many cells at once (default: as many as the cluster fits)."""
     max_retries: int = Field(default=3, ge=0)
     """Retries of a cell whose worker died (it resumes from its checkpoint)."""
+    workers: int = Field(default=1, ge=1)
+    """Processes per cell, each with the cpus and gpus above: above 1, a cell trains data
+    parallel (``train.parallel``: ddp or fsdp) through Ray Train, each worker on
+    train.batch_size / workers sequences of every step."""
 
 
 class Tracking(BaseModel):
@@ -338,6 +342,26 @@ class StudySpec(BaseModel):
     """Gradient-fidelity probes of every cell during training (off when absent; see
     ablate.train.probe): every, batches, gemms, layers, repeats, window. Not part of a cell's key:
     adding probes to a study reruns nothing (``ablate probe`` probes saved checkpoints)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workers_into_train(cls, v: Any) -> Any:
+        """``resources.workers`` is the run's ``train.workers`` (its batch split and its ranks'
+        random streams depend on it): copied there, never written there by hand."""
+        if not isinstance(v, dict):
+            return v
+        base, res = v.get("base"), v.get("resources")
+        train = base.get("train") if isinstance(base, dict) else None
+        if isinstance(train, dict) and "workers" in train:
+            raise ValueError(
+                "base.train.workers: set by resources.workers (processes per cell); write it there"
+            )
+        workers = res.get("workers") if isinstance(res, dict) else None
+        if isinstance(workers, int) and not isinstance(workers, bool) and workers > 1:
+            base = dict(base) if isinstance(base, dict) else {}
+            base["train"] = {**(train if isinstance(train, dict) else {}), "workers": workers}
+            v = {**v, "base": base}
+        return v
 
     @field_validator("probe", mode="before")
     @classmethod

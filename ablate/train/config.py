@@ -23,6 +23,8 @@ from .model import PRESETS, ModelConfig
 
 Precision = Literal["auto", "bf16", "fp32"]
 Compile = Literal["auto"] | bool
+Parallel = Literal["auto", "none", "ddp", "fsdp"]
+PARALLEL = ("auto", "none", "ddp", "fsdp")
 Status = Literal["finished", "diverged", "stopped"]
 ProbeGemm = Literal["fprop", "dgrad", "wgrad"]
 
@@ -72,6 +74,15 @@ class TrainConfig:
     for them. The divergence guard checks every step, up to N - 1 steps late (a diverged run stops
     there). None: 1 on the CPU (reading costs nothing there), 10 on CUDA. Not in the key: the
     numbers are the same."""
+    workers: int = 1
+    """Processes that train this run together (data parallel), each on its own device with
+    batch_size / workers sequences of every step; a study sets it from ``resources.workers``. In
+    the key when above 1 (each rank draws its own rounding noise: ``backends.linear``)."""
+    parallel: Parallel = "auto"
+    """How the workers share the model: ddp (each holds all of it; gradients all-reduced), fsdp
+    (FSDP2 ``fully_shard`` per transformer block: parameters, gradients and optimizer state
+    sharded), none (one process), or auto (ddp when workers > 1, else none). ddp or fsdp with one
+    worker runs the distributed code path in a process group of one (``ablate.train.parallel``)."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "seq_len", "eval_every"):
@@ -99,10 +110,34 @@ class TrainConfig:
             raise ValueError(f"train.compile: unknown {self.compile!r}; allowed: auto, true, false")
         if self.divergence_factor <= 1:
             raise ValueError(f"train.divergence_factor: must be > 1, got {self.divergence_factor}")
+        if self.workers < 1:
+            raise ValueError(f"resources.workers: must be >= 1, got {self.workers}")
+        if self.parallel not in PARALLEL:
+            raise ValueError(
+                f"train.parallel: unknown {self.parallel!r}; allowed: {', '.join(PARALLEL)}"
+            )
+        if self.workers > 1 and self.parallel == "none":
+            raise ValueError(
+                f"train.parallel: none trains in one process, but resources.workers is "
+                f"{self.workers}; use ddp or fsdp (or auto: ddp), or resources.workers: 1"
+            )
+        if self.batch_size % (self.workers * self.grad_accum):
+            raise ValueError(
+                f"train.batch_size: {self.batch_size} sequences do not split into "
+                f"resources.workers x train.grad_accum = {self.workers} x {self.grad_accum} equal "
+                "micro-batches; use a multiple of their product"
+            )
 
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len
+
+    @property
+    def resolved_parallel(self) -> Literal["none", "ddp", "fsdp"]:
+        """``parallel`` with auto resolved: ddp when workers > 1, else none."""
+        if self.parallel == "auto":
+            return "ddp" if self.workers > 1 else "none"
+        return self.parallel
 
 
 @dataclass(kw_only=True, slots=True)
@@ -364,6 +399,12 @@ def config_hash(cfg: RunConfig) -> str:
         d["train"]["compile"] = True
     else:  # an eager run: the key it had before train.compile existed
         d["train"].pop("compile")
+    parallel = cfg.train.resolved_parallel
+    if parallel == "none":  # one process: the key it had before train.parallel existed
+        d["train"].pop("parallel")
+        d["train"].pop("workers")
+    else:
+        d["train"]["parallel"] = parallel
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -374,7 +415,7 @@ def legacy_config_hash(cfg: RunConfig) -> str:
     for k in ("checkpoint_dir", "device"):
         d.pop(k)
     d.pop("probe", None)
-    for k in ("compile", "log_every"):  # fields added later
+    for k in ("compile", "log_every", "workers", "parallel"):  # fields added later
         d["train"].pop(k)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
