@@ -7,6 +7,10 @@ An executor takes ``Task``s and hands back ``Outcome``s as they end; ``ablate ru
 - ``LocalExecutor``: in this process, one task at a time (tests, tiny studies, debugging);
 - ``RayExecutor``: each task a Ray task with the study's resources; a task whose worker dies is
   retried (``resources.max_retries``) and resumes from its checkpoint in the same MLflow run.
+  A cell with ``resources.workers`` > 1 is one Ray task (no resources of its own) that runs a Ray
+  Train ``TorchTrainer`` of that many workers, each with the per-cell ``cpus``/``gpus`` (NCCL on
+  GPUs, gloo on CPUs): ``run_distributed``. Rank 0 logs; a dead worker makes Ray Train restart the
+  group (``resources.max_retries`` times), which resumes from the sharded checkpoint.
 
 The interface is ``submit(task)``, ``wait(timeout) -> [Outcome]`` (the tasks that ended, possibly
 none), ``cancel(key)``, ``cancel_all()`` and ``close()``. A task that cannot produce an outcome
@@ -71,39 +75,64 @@ class Outcome:
 
 def run_one(task: Task) -> Outcome:
     """Train one cell, logging into its MLflow run; never raises for a failing run (the failure is
-    the outcome, recorded on the run) so one bad cell does not stop a study."""
-    import torch
-
-    from .devices import check_worker_device, placement
+    the outcome, recorded on the run) so one bad cell does not stop a study. A ddp or fsdp cell
+    of one worker trains in a process group of one (``train.parallel.process_group``)."""
     from .tracking import MlflowLogger
-    from .train import RunConfig, train
-    from .train.checkpoint import checkpoint_info
-    from .train.provenance import environment
+    from .train import RunConfig
 
-    if os.path.isdir(task.workdir):
-        os.chdir(task.workdir)
-    torch.set_num_threads(max(1, task.threads))
+    _enter(task)
     logger = MlflowLogger(task.tracking_uri, task.run_id)
     t0 = time.perf_counter()
     try:
         cfg = RunConfig.from_dict(task.config)
-        check_worker_device(cfg.device, task.label)  # before anything is logged as running
-        ckpt = checkpoint_info(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-        where = {"host": socket.gethostname(), "pid": os.getpid()}
-        logger.log_environment({**environment(cfg), **placement(cfg.device)})
-        if not ckpt:
-            logger.mark_started()  # the run's start: now, not when the driver queued it
-        logger.log_status("running", {**where, "resumed_from": ckpt["step"] if ckpt else 0})
-        res = train(cfg, logger, stop_after=task.stop_after)
+        return _train_cell(task, cfg, logger)
     except Exception as e:  # a failed cell is a result, not a crash of the study
+        _log_failure(logger, e)
         reason = f"{type(e).__name__}: {e}"
-        tb = traceback.format_exc()
-        with contextlib.suppress(Exception):
-            logger.log_status("failed", {"reason": reason[:500], "traceback": tb[-4000:]})
         return Outcome(task.key, "failed", reason=reason, wall_time_s=time.perf_counter() - t0)
     finally:
         with contextlib.suppress(Exception):
             logger.close()
+
+
+def _enter(task: Task) -> None:
+    """A worker's set-up for a task: the driver's working directory, the task's thread count."""
+    import torch
+
+    if os.path.isdir(task.workdir):
+        os.chdir(task.workdir)
+    torch.set_num_threads(max(1, task.threads))
+
+
+def _log_failure(logger: Any, e: BaseException, reason: str = "") -> None:
+    reason = reason or f"{type(e).__name__}: {e}"
+    with contextlib.suppress(Exception):
+        tb = "".join(traceback.format_exception(e))
+        logger.log_status("failed", {"reason": reason[:500], "traceback": tb[-4000:]})
+
+
+def _train_cell(task: Task, cfg: Any, logger: Any, extra: dict[str, Any] | None = None) -> Outcome:
+    """Check the device, record where the cell runs and that it is running, train it (in a
+    process group of one where its parallel mode needs a group and none exists) and return its
+    outcome. ``logger`` is rank 0's (the others pass a ``NullLogger``)."""
+    from .devices import check_worker_device, placement
+    from .tracking import MlflowLogger
+    from .train import train
+    from .train.checkpoint import checkpoint_info
+    from .train.device import resolve_device
+    from .train.parallel import process_group
+    from .train.provenance import environment
+
+    check_worker_device(cfg.device, task.label)  # before anything is logged as running
+    if isinstance(logger, MlflowLogger):  # rank 0's, or a one-process cell's
+        ckpt = checkpoint_info(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        where = {"host": socket.gethostname(), "pid": os.getpid(), **(extra or {})}
+        logger.log_environment({**environment(cfg), **placement(cfg.device)})
+        if not ckpt:
+            logger.mark_started()  # the run's start: now, not when the driver queued it
+        logger.log_status("running", {**where, "resumed_from": ckpt["step"] if ckpt else 0})
+    with process_group(cfg, resolve_device(cfg.device)):
+        res = train(cfg, logger, stop_after=task.stop_after)
     status = "interrupted" if res.status == "stopped" else res.status
     return Outcome(
         task.key,
@@ -116,6 +145,111 @@ def run_one(task: Task) -> Outcome:
         reason=res.reason,
         wall_time_s=res.wall_time_s,
     )
+
+
+class _OutcomeBox:
+    """A Ray actor that carries rank 0's outcome from a Ray Train worker to its cell's task."""
+
+    def __init__(self) -> None:
+        self.outcome: Outcome | None = None
+
+    def put(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+    def get(self) -> Outcome | None:
+        return self.outcome
+
+
+def _train_worker(loop_config: dict[str, Any]) -> None:
+    """One Ray Train worker of a multi-worker cell: its rank of the run, in the process group Ray
+    Train made. Rank 0 logs to the cell's MLflow run and hands its outcome to the cell's task. An
+    exception ends the worker group (Ray Train restarts it, or fails the cell): a rank that kept
+    going would wait forever in a collective the failed one never enters."""
+    import ray.train
+    import ray.train.torch
+
+    from .tracking import MlflowLogger
+    from .train import RunConfig
+    from .train.logger import NullLogger
+
+    task: Task = loop_config["task"]
+    _enter(task)
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    d = dict(task.config)
+    if d.get("device", "cpu").startswith("cuda"):  # the GPU Ray Train gave this worker
+        d["device"] = str(ray.train.torch.get_device())
+    cfg = RunConfig.from_dict(d)
+    logger: Any = MlflowLogger(task.tracking_uri, task.run_id) if rank == 0 else NullLogger()
+    try:
+        pids = _gather_pids()
+        extra = {"workers": ctx.get_world_size(), "worker_pids": ",".join(map(str, pids))}
+        outcome = _train_cell(task, cfg, logger, extra)
+        if rank == 0:
+            loop_config["box"].put.remote(outcome)
+    finally:
+        with contextlib.suppress(Exception):
+            logger.close()
+
+
+def _gather_pids() -> list[int]:
+    """Every rank's process id, in rank order (collective)."""
+    import torch.distributed as dist
+
+    pids: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())
+    return [int(p) for p in pids]
+
+
+def run_distributed(
+    task: Task, *, workers: int, cpus: float, gpus: float, max_failures: int
+) -> Outcome:
+    """A multi-worker cell: a Ray Train ``TorchTrainer`` of ``workers`` workers (each with
+    ``cpus`` CPUs and ``gpus`` GPUs; NCCL on GPUs, gloo on CPUs) that train the cell's run, rank 0
+    logging. A worker's death makes Ray Train restart the group, up to ``max_failures`` times,
+    resuming from the sharded checkpoint. Runs as a Ray task itself (holding no resources); never
+    raises for a failing run."""
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from .tracking import MlflowLogger
+
+    t0 = time.perf_counter()
+    box: Any = ray.remote(num_cpus=0)(_OutcomeBox).remote()
+    storage = os.path.join(task.config.get("checkpoint_dir") or task.workdir, "ray_train")
+    trainer = TorchTrainer(
+        _train_worker,
+        train_loop_config={"task": task, "box": box},
+        torch_config=TorchConfig(backend="nccl" if gpus > 0 else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=workers,
+            use_gpu=gpus > 0,
+            resources_per_worker={"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})},
+        ),
+        run_config=RunConfig(
+            name=f"{task.key}-{int(time.time())}",
+            storage_path=storage,
+            failure_config=FailureConfig(max_failures=max_failures),
+        ),
+    )
+    try:
+        trainer.fit()
+        outcome = ray.get(box.get.remote())
+        if outcome is None:
+            raise RuntimeError("the workers ended without an outcome")
+        return outcome
+    except Exception as e:  # the workers failed more often than restarted
+        lines = [x for x in _ANSI.sub("", str(e)).splitlines() if x.strip()]
+        reason = f"{type(e).__name__}: {lines[-1].strip()[:400] if lines else e!r}"
+        logger = MlflowLogger(task.tracking_uri, task.run_id)
+        _log_failure(logger, e, reason)
+        with contextlib.suppress(Exception):
+            logger.close()
+        return Outcome(task.key, "failed", reason=reason, wall_time_s=time.perf_counter() - t0)
+    finally:
+        with contextlib.suppress(Exception):
+            ray.kill(box)
 
 
 class Executor(Protocol):
@@ -276,6 +410,14 @@ def _note_started_cluster() -> None:
         )
 
 
+def _slots(resources: dict[str, float], cpus: float, gpus: float) -> int:
+    """How many workers of ``cpus`` CPUs and ``gpus`` GPUs one node's resources hold."""
+    n = math.floor(resources.get("CPU", 0) / cpus)
+    if gpus > 0:
+        n = min(n, math.floor(resources.get("GPU", 0) / gpus))
+    return int(n)
+
+
 class RayExecutor:
     """Each task a Ray task with the study's resources; at most ``max_concurrent`` in flight (the
     rest wait here, in submission order), outcomes as they finish."""
@@ -293,6 +435,7 @@ class RayExecutor:
         max_concurrent: int | None = None,
         num_cpus: int | None = None,
         object_store_mb: int = 256,
+        workers: int = 1,
     ) -> None:
         import ray
 
@@ -300,7 +443,9 @@ class RayExecutor:
         self._owns = not ray.is_initialized()
         address = cluster_address(address)
         if self._owns:
-            kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+            # Ray Train (multi-worker cells) asks the state API, served by the dashboard, whether
+            # its controller lives: without one it warns about that every few seconds
+            kw: dict[str, Any] = {"include_dashboard": workers > 1, "log_to_driver": True}
             if address is None or address == "local":
                 # "local": a Ray of its own, even where `ray start` runs one (a plain ray.init()
                 # would join that one, and refuse num_cpus / object_store_memory)
@@ -322,24 +467,30 @@ class RayExecutor:
         self.multi_node = len(nodes) > 1
         self.cluster_gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
         """GPUs of the cluster's live nodes, all together (Ray's count, declared or detected)."""
-        fits = [
-            n
-            for n in nodes
-            if n["Resources"].get("CPU", 0) >= cpus and n["Resources"].get("GPU", 0) >= gpus
-        ]
-        if not fits:  # Ray would queue every task forever
+        slots = sum(_slots(n["Resources"], cpus, gpus) for n in nodes)
+        if slots < workers:  # Ray would queue every task forever
             have = ", ".join(
                 f"{n['Resources'].get('CPU', 0):g} CPUs / {n['Resources'].get('GPU', 0):g} GPUs"
                 for n in nodes
             )
             self.close()
+            each = f"{workers} workers of " if workers > 1 else ""
             raise CannotRunError(
-                f"resources: a cell asks for {cpus:g} CPUs and {gpus:g} GPUs, but no node of the "
-                f"Ray cluster has that many ({have or 'no live node'}); lower resources.cpus / "
-                "resources.gpus or add a node that fits"
+                f"resources: a cell asks for {each}{cpus:g} CPUs and {gpus:g} GPUs, but the Ray "
+                f"cluster's nodes fit {slots} such worker(s) ({have or 'no live node'}); lower "
+                "resources.cpus / resources.gpus / resources.workers or add nodes that fit"
             )
-        opts = {"num_cpus": cpus, "num_gpus": gpus, "max_retries": max_retries}
-        self._remote = ray.remote(run_one).options(**opts)
+        self._remote: Any
+        if workers > 1:  # the cell's task holds nothing: its Ray Train workers hold the resources
+            opts: dict[str, Any] = {"num_cpus": 0, "max_retries": max_retries}
+            self._remote = ray.remote(run_distributed).options(**opts)  # type: ignore[arg-type]
+            self._kwargs: dict[str, Any] = dict(
+                workers=workers, cpus=cpus, gpus=gpus, max_failures=max_retries
+            )
+        else:
+            opts = {"num_cpus": cpus, "num_gpus": gpus, "max_retries": max_retries}
+            self._remote = ray.remote(run_one).options(**opts)
+            self._kwargs = {}
         self.max_concurrent = max_concurrent
         self._queue: deque[Task] = deque()
         self._inflight: dict[Any, Task] = {}
@@ -352,7 +503,7 @@ class RayExecutor:
         limit = self.max_concurrent or math.inf
         while self._queue and len(self._inflight) < limit:
             t = self._queue.popleft()
-            self._inflight[self._remote.remote(t)] = t
+            self._inflight[self._remote.remote(t, **self._kwargs)] = t
 
     def wait(self, timeout: float) -> list[Outcome]:
         if not self._inflight:

@@ -211,10 +211,12 @@ def check_resources(study: Study, *, num_cpus: int | None = None) -> None:
     cpus = num_cpus or os.cpu_count() or 1
     gpus = torch.cuda.device_count()
     problems = []
-    if res.cpus > cpus:
-        problems.append(f"resources.cpus: {res.cpus:g} per cell, but this machine has {cpus}")
-    if res.gpus > gpus:
-        problems.append(f"resources.gpus: {res.gpus:g} per cell, but this machine has {gpus}")
+    n = res.workers
+    per = f" per worker x resources.workers {n}" if n > 1 else " per cell"
+    if res.cpus * n > cpus:
+        problems.append(f"resources.cpus: {res.cpus:g}{per}, but this machine has {cpus}")
+    if res.gpus * n > gpus:
+        problems.append(f"resources.gpus: {res.gpus:g}{per}, but this machine has {gpus}")
     if problems:
         raise CannotRunError(
             "this machine cannot run the study: "
@@ -342,6 +344,12 @@ def preflight(
         check_store(study.tracking_uri)
     except TrackingError as e:
         raise CannotRunError(str(e)) from None
+    workers = study.spec.resources.workers
+    if executor == "local" and workers > 1:
+        raise CannotRunError(
+            f"resources.workers: {workers} workers per cell run through Ray Train; the local "
+            "executor runs one process (use the ray executor, or resources.workers: 1)"
+        )
     on_cluster = executor == "ray" and bool(cluster_address(address))
     check_gpus(study, gpus_seen=0 if on_cluster else torch.cuda.device_count())
     if executor == "ray":
@@ -444,6 +452,7 @@ def study_executor(
         max_retries=res.max_retries,
         max_concurrent=max_concurrent or res.max_concurrent,
         num_cpus=num_cpus,
+        workers=res.workers,
     )
     try:  # device: auto with resources.gpus: 0 on a cluster that has GPUs
         check_gpus(study, gpus_seen=ex.cluster_gpus, where="the Ray cluster")

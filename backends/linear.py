@@ -18,6 +18,16 @@ Random streams: stochastic rounding and random Hadamard signs come from keys der
 so a resumed run continues the same streams). Fixed Hadamard signs are a buffer drawn once per layer
 (or the recipe's own vector, the same for every layer).
 
+Data parallelism (``ablate.train.parallel``; ``set_rank`` tells each layer its rank): every rank
+holds the same weight (DDP's replica, or FSDP's all-gathered one) and quantizes it identically, so
+the weight's streams and the signs of fprop and dgrad (which rotate W too) carry no rank. The
+per-rank operands, the inputs X and output gradients dY of each rank's own tokens, get keys that
+include the rank (``per_rank``; rank 0 keeps a one-process run's keys), and so do wgrad's signs,
+which rotate along the token dimension: ranks do not share rounding noise. wgrad is quantized on
+each rank's local tokens before the gradients are reduced (DDP's all-reduce, FSDP's reduce-scatter,
+both in fp32), as hardware does: the reduced gradient is the mean of W independently quantized
+partial products, not one quantization of the global product.
+
 No host synchronisation: the training step never reads a device tensor into Python. The keys of a
 call are derived on the layer's device (``rng.extend_key``) from ``key_prefix`` (the keys of
 (seed, layer, GEMM, operand), computed when the seed is set or loaded) and the ``calls`` buffer,
@@ -63,15 +73,46 @@ GemmHook = Callable[[str, torch.Tensor, Any, torch.Tensor, torch.Tensor], None]
 _SIGNS_LEN = max(SIZES)
 
 
-def key_prefixes(seed: int, layer_id: int) -> torch.Tensor:
-    """(3, 3) int64: ``derive_key(seed, layer, gemm, stream)`` per GEMM (fprop, dgrad, wgrad) and
-    stream (operand a, operand b, Hadamard signs); a call's keys extend these by the call index."""
+RANK_PART = 1 << 40
+"""Rank r > 0 adds the key part ``RANK_PART + r`` (beyond every call index a run reaches, so a
+rank's stream is never another call's)."""
+
+
+def per_rank(gemm: str, stream: str) -> bool:
+    """Whether a GEMM's stream (an operand name, or ``signs``) differs between data-parallel ranks:
+    the per-rank operands (x, dy: each rank's own tokens), and wgrad's Hadamard signs (wgrad
+    rotates along the token dimension, where both operands are per rank). The weight's streams and
+    the fprop/dgrad signs (which also rotate W) are shared, so every rank quantizes W alike."""
+    if stream == "signs":
+        return gemm == "wgrad"
+    return stream != "w"
+
+
+def _parts(seed: int, layer_id: int, gemm: str, stream: str, rank: int) -> tuple[int, ...]:
+    sid = _SIGNS_STREAM if stream == "signs" else OPERAND_IDS[stream]
+    parts = (seed, layer_id, GEMM_IDS[gemm], sid)
+    return parts + (RANK_PART + rank,) if rank and per_rank(gemm, stream) else parts
+
+
+def key_prefixes(seed: int, layer_id: int, rank: int = 0) -> torch.Tensor:
+    """(3, 3) int64: ``derive_key(seed, layer, gemm, stream[, RANK_PART + rank])`` per GEMM (fprop,
+    dgrad, wgrad) and stream (operand a, operand b, Hadamard signs), the rank part only on rank
+    r > 0 and only for ``per_rank`` streams (rank 0 has the keys of a one-process run); a call's
+    keys extend these by the call index."""
     rows = []
     for g in GEMMS:
         a_op, b_op = OPERANDS[g]
-        streams = (OPERAND_IDS[a_op], OPERAND_IDS[b_op], _SIGNS_STREAM)
-        rows.append([derive_key(seed, layer_id, GEMM_IDS[g], s) for s in streams])
+        rows.append(
+            [derive_key(*_parts(seed, layer_id, g, s, rank)) for s in (a_op, b_op, "signs")]
+        )
     return torch.tensor(rows, dtype=torch.int64)
+
+
+def set_rank(model: nn.Module, rank: int) -> None:
+    """Tell every ``QuantLinear`` of ``model`` its data-parallel rank (re-deriving its keys)."""
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            m.rank = rank
 
 
 @torch.library.custom_op("ablate::next_call", mutates_args=("calls",))
@@ -191,6 +232,7 @@ class QuantLinear(nn.Linear):
         self.backend_name = backend
         self.backend = get_backend(backend)
         self.layer_id = layer_id
+        self._rank = 0
         # random-stream state, saved with the model: seed, training-call counter, fixed signs
         self.register_buffer("sr_seed", torch.tensor(seed, dtype=torch.int64, device=device))
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64, device=device))
@@ -224,7 +266,24 @@ class QuantLinear(nn.Linear):
     def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any, **kw: Any) -> None:
         super()._load_from_state_dict(state_dict, prefix, *args, **kw)
         if prefix + "sr_seed" in state_dict:  # the key prefixes follow the loaded seed
-            prefixes = key_prefixes(int(self.sr_seed), self.layer_id)  # once per load
+            self._derive_prefixes()  # once per load
+
+    @property
+    def rank(self) -> int:
+        """The data-parallel rank whose streams this layer draws (0: one process); setting it
+        re-derives the keys (``per_rank``)."""
+        return self._rank
+
+    @rank.setter
+    def rank(self, rank: int) -> None:
+        if rank < 0:
+            raise ValueError(f"rank: must be >= 0, got {rank}")
+        self._rank = rank
+        self._derive_prefixes()
+
+    def _derive_prefixes(self) -> None:
+        prefixes = key_prefixes(int(self.sr_seed), self.layer_id, self._rank)
+        with torch.no_grad():
             self.key_prefix.copy_(prefixes.to(self.key_prefix.device))
 
     @classmethod
@@ -265,13 +324,12 @@ class QuantLinear(nn.Linear):
             return GemmKeys(a=k[0], b=k[1], signs=k[2])
         if isinstance(call, torch.Tensor):
             return self._keys(gemm, call, self._key_table(call))
-        seed, gid = int(self.sr_seed), GEMM_IDS[gemm]
-        a_op, b_op = OPERANDS[gemm]
-        return GemmKeys(
-            a=derive_key(seed, self.layer_id, gid, OPERAND_IDS[a_op], call),
-            b=derive_key(seed, self.layer_id, gid, OPERAND_IDS[b_op], call),
-            signs=derive_key(seed, self.layer_id, gid, _SIGNS_STREAM, call),
-        )
+        seed, a_op, b_op = int(self.sr_seed), *OPERANDS[gemm]
+
+        def key(stream: str) -> int:
+            return derive_key(*_parts(seed, self.layer_id, gemm, stream, self.rank), call)
+
+        return GemmKeys(a=key(a_op), b=key(b_op), signs=key("signs"))
 
     @property
     def shares_weight_quantization(self) -> bool:

@@ -190,12 +190,15 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
             errors.append(
                 "train.workers: set by resources.workers (processes per cell), not a grid axis"
             )
-        if spec.probe is not None and spec.resources.workers > 1:
-            errors.append(
-                f"probe: probes run in one process, but resources.workers is "
-                f"{spec.resources.workers}; drop the probe section, or probe the checkpoints "
-                "afterwards (`ablate probe`)"
+        parallel = rc.train.resolved_parallel
+        if spec.probe is not None and parallel != "none":
+            msg = (
+                f"probe: probes run in one process (train.parallel: none), but the cells train "
+                f"with {parallel} over resources.workers: {spec.resources.workers}; drop the probe "
+                "section"
             )
+            if msg not in errors:
+                errors.append(msg)
         if spec.probe is not None:  # the same probes for every cell; not part of its key
             rc.probe = spec.probe
             errors.extend(m for m in spec.probe.problems(rc) if m not in errors)

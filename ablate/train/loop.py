@@ -18,6 +18,12 @@ matmul policy is explicit (``device.numerics_policy``: no TF32), and a step neve
 device: losses and gradient norms stay on it until the next read, every ``train.log_every`` steps
 and at evaluations, probes, checkpoints and the end, one transfer for the steps since the last.
 
+Data parallel (``train.parallel`` ddp or fsdp, ``train.workers`` ranks in a process group that Ray
+Train or ``parallel.process_group`` made): each rank trains its rows of every global batch, the
+logged loss and gradient norm are averaged over the ranks, evaluations are split the same way, the
+checkpoints are sharded (``checkpoint.save_sharded``), and only the logger of rank 0 records
+(``parallel``).
+
 The run's progress is a ``TrainState`` (``state``); checkpoints (``checkpoint``) are atomic and hold
 everything the next step depends on. A run that finds a checkpoint in ``checkpoint_dir`` resumes
 from it and ends bit-identical to an uninterrupted run on the same CPU (same thread count); one that
@@ -39,7 +45,7 @@ import torch
 from torch import nn
 
 from .batches import BatchSampler
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, load_sharded, save_checkpoint, save_sharded
 from .config import (
     EvalPoint,
     RunConfig,
@@ -54,6 +60,7 @@ from .data import TokenData, load_data, val_batches
 from .device import autocast, numerics_policy, resolve_device
 from .logger import Logger, NullLogger
 from .model import build_model, count_parameters
+from .parallel import Ranks, ranks_of
 from .probe import make_prober
 from .schedule import lr_at
 from .state import TrainState
@@ -83,6 +90,8 @@ def train(
     if state.status in ("finished", "diverged"):
         return run.result(state)  # already done: nothing to train, nothing to log again
     state.status = None
+    if config.probe is not None and run.ranks.distributed:
+        raise ValueError("probe: probes run in one process (train.parallel: none)")
     prober = make_prober(config, run.model, run.data.val, run.ctx)  # None: probes off
 
     params = run_params(config)
@@ -162,15 +171,30 @@ def evaluate(
     model: nn.Module,
     batches: list[Batch],
     ctx_fn: Callable[[], AbstractContextManager[Any]],
+    ranks: Ranks | None = None,
 ) -> float:
-    """Mean validation loss over the fixed held-out batches."""
+    """Mean validation loss over the fixed held-out batches (with ``ranks``: each rank its rows of
+    every batch, the token-weighted sums added over the ranks)."""
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
-    for x, y in batches:  # the last batch may be smaller: weight by tokens
+    if ranks is None or ranks.world == 1:
+        total, count = 0.0, 0
+        for x, y in batches:  # the last batch may be smaller: weight by tokens
+            with ctx_fn():
+                total += float(model(x, y)) * y.numel()
+            count += y.numel()
+        model.train(was_training)
+        return total / count
+    sums = torch.zeros(2, dtype=torch.float64)
+    for x, y in batches:
+        xr, yr = ranks.rows(x), ranks.rows(y)
+        n = yr.numel()
+        if n == 0:  # a short last batch: run a forward anyway (FSDP's is a collective)
+            xr, yr = x[:1], y[:1]
         with ctx_fn():
-            total += float(model(x, y)) * y.numel()
-        count += y.numel()
+            loss = float(model(xr, yr))
+        sums += torch.tensor([loss * n, n], dtype=torch.float64)
+    total, count = ranks.sum(sums).tolist()
     model.train(was_training)
     return total / count
 
@@ -183,6 +207,8 @@ class _Run:
     config: RunConfig
     log: Logger
     device: torch.device
+    ranks: Ranks
+    """This process's rank in a distributed run (``Ranks()`` in one process)."""
     data: TokenData
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -204,13 +230,16 @@ class _Run:
         a fresh state when there is none."""
         if self.checkpoint_dir is None:
             return TrainState()
-        state = load_checkpoint(
-            self.checkpoint_dir,
+        kw: dict[str, Any] = dict(
             config_hash=self.config_hash,
             model=self.model,
             optimizer=self.optimizer,
             sampler=self.sampler,
         )
+        if self.ranks.distributed:
+            state = load_sharded(self.checkpoint_dir, ranks=self.ranks, **kw)
+        else:
+            state = load_checkpoint(self.checkpoint_dir, **kw)
         return state if state is not None else TrainState()
 
     def optimizer_step(self, state: TrainState) -> _Step:
@@ -223,16 +252,23 @@ class _Run:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        x, y = self.sampler.next()
+        x, y = self.sampler.next()  # the global batch: this rank trains its rows
+        x, y = self.ranks.rows(x), self.ranks.rows(y)
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
-        for xm, ym in zip(x.chunk(tc.grad_accum), y.chunk(tc.grad_accum), strict=True):
-            with self.ctx():
-                loss = self.model(xm, ym)
-            (loss / tc.grad_accum).backward()
+        micro = zip(x.chunk(tc.grad_accum), y.chunk(tc.grad_accum), strict=True)
+        for i, (xm, ym) in enumerate(micro):
+            with self.ranks.accumulating(self.model, last=i == tc.grad_accum - 1):
+                with self.ctx():
+                    loss = self.model(xm, ym)
+                (loss / tc.grad_accum).backward()
             loss_sum += loss.detach().float() / tc.grad_accum
         clip = tc.grad_clip if tc.grad_clip > 0 else math.inf
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip).detach()
+        if self.ranks.distributed:  # every rank: the same mean loss, the same norm
+            if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor
+                grad_norm = grad_norm.full_tensor()
+            loss_sum, grad_norm = self.ranks.mean(torch.stack([loss_sum, grad_norm.float()]))
         finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
         if self.optimizer.defaults.get("fused"):  # the kernel skips the update on the device
             self.optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
@@ -261,7 +297,7 @@ class _Run:
 
     def record_eval(self, state: TrainState, metrics: dict[str, float]) -> None:
         """Evaluate, append to the state's history and add val_loss/val_ppl to ``metrics``."""
-        loss = evaluate(self.model, self.val, self.ctx)
+        loss = evaluate(self.model, self.val, self.ctx, self.ranks)
         state.evals.append(EvalPoint(step=state.step, tokens=state.tokens, val_loss=loss))
         metrics.update(val_loss=loss, val_ppl=math.exp(min(loss, 700.0)))
 
@@ -273,14 +309,17 @@ class _Run:
         # only later steps (a kill after the flush and before the write re-reports logged steps,
         # which the logger drops)
         self.log.flush()
-        save_checkpoint(
-            self.checkpoint_dir,
+        kw: dict[str, Any] = dict(
             config_hash=self.config_hash,
             state=state,
             model=self.model,
             optimizer=self.optimizer,
             sampler=self.sampler,
         )
+        if self.ranks.distributed:
+            save_sharded(self.checkpoint_dir, ranks=self.ranks, **kw)
+        else:
+            save_checkpoint(self.checkpoint_dir, **kw)
 
     def result(self, state: TrainState) -> RunResult:
         return RunResult(
@@ -318,13 +357,16 @@ def _build(config: RunConfig, log: Logger, stop_after: int | None) -> _Run:
         seed=config.seed,
         device=device,
     )
+    n_params = count_parameters(model)  # before FSDP shards them
     if resolved_compile(tc.compile, device.type):
         # in place: parameter and buffer names, hence checkpoints, stay as they are; the backend
         # is Inductor unless ABLATE_COMPILE_BACKEND names another (the tests' aot_eager traces the
         # same graphs without generating code, which takes Inductor minutes on a 2-core CPU)
         model.compile(backend=os.environ.get("ABLATE_COMPILE_BACKEND", "inductor"))
+    ranks = ranks_of(config)
+    shared = ranks.wrap(model, device)  # DDP's wrapper, or the model itself (FSDP shards it)
     opt = torch.optim.AdamW(
-        _param_groups(model, tc.weight_decay),
+        _param_groups(shared, tc.weight_decay),
         lr=tc.lr,
         betas=(tc.beta1, tc.beta2),
         eps=tc.eps,
@@ -343,12 +385,13 @@ def _build(config: RunConfig, log: Logger, stop_after: int | None) -> _Run:
         config=config,
         log=log,
         device=device,
+        ranks=ranks,
         data=data,
-        model=model,
+        model=shared,
         optimizer=opt,
         sampler=sampler,
         val=[(x.to(device), y.to(device)) for x, y in val],
-        n_params=count_parameters(model),
+        n_params=n_params,
         checkpoint_dir=ckpt_dir,
         config_hash=config_hash(config),
         t_start=t_start,

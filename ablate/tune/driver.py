@@ -86,7 +86,7 @@ from ..spec.tune import Search, plan_searches, trial_config
 from ..targets import Curve, target_ppl_of, tokens_to_target
 from ..tracking import StudyTracker, baseline_curves, read_histories
 from ..tracking.vocab import recipe_tags, trial_tags
-from ..train.checkpoint import CHECKPOINT
+from ..train.checkpoint import remove_checkpoint
 from ..train.config import config_hash
 from .storage import (
     STORAGE,
@@ -281,7 +281,7 @@ class _Driver:
             reason = o.reason or o.status
         self._tell(s, trial, value, state, reason, rid, status, info)
         with contextlib.suppress(OSError):
-            Path(live.task.config["checkpoint_dir"], CHECKPOINT).unlink(missing_ok=True)
+            remove_checkpoint(live.task.config["checkpoint_dir"])
 
     def _tell(
         self,
