@@ -152,3 +152,85 @@ def test_a_wrong_or_missing_token_is_named_as_such(tmp_path, ray_start_head):
         assert time.perf_counter() - t0 < 20
         assert res.returncode == 1 and says in res.stderr, (env, res.stderr[-2000:])
         assert "RAY_AUTH_TOKEN" in res.stderr and "ray get-auth-token" in res.stderr
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real `mlflow server` (SQLite backend, an artifacts destination) on a free loopback port;
+    its URI. Stopped with its process group."""
+    port = _free_port()
+    exe = Path(sys.executable).parent / "mlflow"
+    proc = subprocess.Popen(
+        [str(exe), "server", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
+         "--artifacts-destination", str(tmp_path / "server-artifacts"),
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        import urllib.request
+
+        deadline = time.time() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise RuntimeError("mlflow server did not start") from None
+                time.sleep(0.5)
+        yield uri
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_two_worker_cell_spans_a_two_node_cluster_tracked_by_a_server(
+    tmp_path, ray_start_head, mlflow_server
+):
+    """`ray start` head + a second node (`ray start --address`, token authentication) on loopback,
+    1 CPU each; a cell of resources.workers: 2 x 1 CPU can only run with one worker per node: DDP
+    over gloo between the two nodes, logged through the tracking server."""
+    from mlflow.tracking import MlflowClient
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")
+    exe = Path(sys.executable).parent / "ray"
+    subprocess.run(
+        [
+            str(exe),
+            "start",
+            f"--address={ray_start_head}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=1",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )  # fmt: skip  (stopped with the head's processes: they name its GCS port)
+    p = tmp_path / "s.yaml"
+    p.write_text(STUDY + "resources: {cpus: 1, workers: 2}\n")
+    out = tmp_path / "out"
+    # in a process of its own, as a user runs it: Ray reads RAY_AUTH_MODE once per process
+    args = ["run", str(p), "-o", str(out), "--address", ray_start_head]
+    res = subprocess.run(
+        [str(Path(sys.executable).parent / "ablate"), *args, "--tracking-uri", mlflow_server,
+         "--no-report", "--quiet"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    client = MlflowClient(tracking_uri=mlflow_server)
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], "tags.`ablate.role` = 'cell'"
+    )
+    assert len(runs) == 1
+    tags = runs[0].data.tags
+    assert tags["ablate.status"] == "finished" and tags["ablate.workers"] == "2", tags
+    steps = int(runs[0].data.params["train.steps"])
+    history = client.get_metric_history(runs[0].info.run_id, "train_loss")
+    assert sorted(m.step for m in history) == list(range(1, steps + 1))
