@@ -259,8 +259,9 @@ def plan(
 ) -> None:
     """Show the expanded cells and what `run` would do to each: run, resume, skip, failed.
 
-    Also each configuration's memory estimate per device (parameters, gradients, AdamW state,
-    activations of one micro-batch, bf16 weight copies, +10% allowance; see ablate.train.memory),
+    Also each configuration's memory estimate per device in its parallel mode (parameters,
+    gradients, AdamW state, activations of one worker's micro-batch, bf16 weight copies, DDP's
+    gradient buckets or FSDP's unsharded working set, +10% allowance; see ablate.train.memory),
     with a warning for those that exceed the device's memory: --device-memory, else the visible
     GPU's for cells that train on CUDA. Reads the study's MLflow store if there is one; creates
     nothing.
@@ -289,6 +290,8 @@ def plan(
                 "values": dict(p.cell.values),
                 "memory": {
                     **mem[p.cell.key][0].breakdown(),
+                    "parallel": mem[p.cell.key][0].parallel,
+                    "workers": mem[p.cell.key][0].workers,
                     "device_memory": mem[p.cell.key][1],
                 },
             }
@@ -350,12 +353,22 @@ def _memory_warnings(mem: dict[str, tuple[MemoryEstimate, int | None]], planned:
         if limit is not None and est.total > limit:
             fixed = est.parameters + est.gradients + est.optimizer
             configs = sorted({c.config_label for c in cells})
+            mode = f" ({est.parallel} x{est.workers})" if est.parallel != "none" else ""
+            fixes = (
+                ["raise train.grad_accum for smaller micro-batches"] if est.micro_batch > 1 else []
+            )
+            fixes.append("shorten train.seq_len")
+            fixes.append(
+                "raise resources.workers"
+                if est.parallel == "fsdp"
+                else "shard the model over more GPUs (resources.workers, train.parallel: fsdp)"
+            )
             click.echo(
                 f"warning: memory: {len(cells)} cell(s) ({', '.join(configs[:3])}"
                 f"{' ...' if len(configs) > 3 else ''}) need about {format_bytes(est.total)} per "
-                f"device, more than the device's {format_bytes(limit)}: they will not fit (parameters, "
-                f"gradients and AdamW state alone: {format_bytes(fixed)}; raise train.grad_accum "
-                "for smaller micro-batches, shorten train.seq_len, or pick a smaller model)",
+                f"device{mode}, more than the device's {format_bytes(limit)}: they will not fit "
+                f"(parameters, gradients and AdamW state alone: {format_bytes(fixed)}; "
+                f"{', '.join(fixes)}, or pick a smaller model)",
                 err=True,
             )
 

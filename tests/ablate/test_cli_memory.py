@@ -74,3 +74,43 @@ def test_plan_refuses_a_bad_device_memory(tmp_path, bad):
     assert res.exit_code == 2
     assert "--device-memory" in res.output and "GiB, GB, MiB or MB" in res.output
     assert not (tmp_path / "out").exists()
+
+
+def _json(output: str) -> dict:
+    return json.loads(output[output.index("{") : output.rindex("}") + 1])
+
+
+DDP = """
+name: ddp
+base:
+  device: cpu
+  model: {preset: small}
+  data: {corpus: builtin, val_tokens: 8192}
+  train: {steps: 10, batch_size: 16, grad_accum: 2, seq_len: 128, precision: fp32}
+grid:
+  seed: [0]
+resources: {cpus: 1, workers: 4}
+"""
+
+
+def test_plan_shows_ddp_per_worker_micro_batches_and_buckets(tmp_path):
+    from ablate.train.memory import estimate
+    from ablate.train.model import ModelConfig
+
+    p = tmp_path / "ddp.yaml"
+    p.write_text(DDP)
+    out = ["-o", str(tmp_path / "out")]
+    res = CliRunner().invoke(main, ["plan", str(p), *out])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("  1 cell(s)"))
+    assert "ddp x4: " in line and "+ ddp buckets " in line
+    assert "fp32, micro-batch 2 x 128 per worker" in line  # 16 / 4 workers / 2 micro-batches
+    res = CliRunner().invoke(main, ["plan", str(p), *out, "--json"])
+    mem = _json(res.output)["cells"][0]["memory"]
+    whole = estimate(
+        ModelConfig(preset="small"), 257, batch_size=16, grad_accum=2, seq_len=128, precision="fp32"
+    )
+    assert (mem["parallel"], mem["workers"]) == ("ddp", 4)
+    assert mem["parameters"] == whole.parameters and mem["optimizer"] == whole.optimizer
+    assert mem["ddp_buckets"] == whole.gradients  # one more fp32 gradient set
+    assert mem["activations"] * 4 == whole.activations  # a quarter of the batch per worker
