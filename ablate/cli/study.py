@@ -275,7 +275,7 @@ def plan(
     from ..runner import summarize
 
     study = load(study_file, output, max_cells, tracking_uri)
-    preflight_or_exit(study, address)
+    _checks(study, address)
     planned = plan_study(study, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
     mem = _memory_estimates(study, device_memory)
     if as_json:
@@ -317,6 +317,46 @@ def plan(
         of = f" (device: {format_bytes(limit)})" if limit is not None else ""
         click.echo(f"  {len(cells)} cell(s) ({shown}): {est.short()}{of}")
     _memory_warnings(mem, planned)
+
+
+def _checks(study: Study, address: str | None) -> None:
+    """What validate and plan check: ``preflight_or_exit`` (all that `run` checks), except for a
+    study whose cells ask for more GPUs than this machine has, without --address: such a study is
+    for other machines (8-GPU cells planned on a laptop), so it is checked as a cluster's driver
+    checks it, the study alone (tracking store, device numbering, the backends of its CPU cells),
+    with a warning that `ablate run` refuses it here; this machine's devices and cores are not
+    checked, and `run` still refuses it."""
+    import torch
+
+    from ..errors import CannotRunError, TrackingError
+    from ..runner import check_devices, check_ray_devices, target_headroom
+    from ..tracking import check_store
+    from ..train.config import device_kind
+
+    res = study.spec.resources
+    need, have = res.gpus * res.workers, torch.cuda.device_count()
+    if address or need <= have:
+        preflight_or_exit(study, address)
+        return
+    # resources.gpus > 0 here, so check_gpus (cells that need a GPU but get none) has nothing to say
+    try:
+        try:
+            check_store(study.tracking_uri)
+        except TrackingError as e:
+            raise CannotRunError(str(e)) from None
+        check_ray_devices(study)
+        check_devices(study, [c for c in study.cells if device_kind(c.config.device) == "cpu"])
+    except AblateError as e:
+        raise refuse(e) from None
+    click.echo(
+        f"warning: each cell asks for {need:g} GPU(s) (resources.gpus {res.gpus:g} x "
+        f"resources.workers {res.workers}) and this machine has {have}: `ablate run` refuses the "
+        "study here; run it on a cluster (--address) or a machine with that many GPUs (checked "
+        "here: the study itself; not this machine's devices and cores)",
+        err=True,
+    )
+    if warning := target_headroom(study):
+        click.echo(f"warning: {warning}", err=True)
 
 
 def _memory_estimates(
@@ -397,7 +437,7 @@ def validate(
         ablate validate studies/quickstart.yaml
     """
     study = load(study_file, output, max_cells, tracking_uri)
-    preflight_or_exit(study, address)
+    _checks(study, address)
     configs = {c.config_label for c in study.cells}
     base = study.baseline_cells[0].config_label if study.baseline_cells else "none"
     click.echo(

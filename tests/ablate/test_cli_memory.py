@@ -114,3 +114,27 @@ def test_plan_shows_ddp_per_worker_micro_batches_and_buckets(tmp_path):
     assert mem["parameters"] == whole.parameters and mem["optimizer"] == whole.optimizer
     assert mem["ddp_buckets"] == whole.gradients  # one more fp32 gradient set
     assert mem["activations"] * 4 == whole.activations  # a quarter of the batch per worker
+
+
+def test_a_gpu_study_plans_without_the_gpus_with_the_studys_own_checks(tmp_path):
+    """Without the GPUs here, plan and validate skip this machine's checks, not the study's: the
+    one-GPU 125M study plans (with a warning), and a device no Ray task of its cells can see is
+    refused as before."""
+    import torch
+
+    if torch.cuda.device_count():
+        pytest.skip("checks a machine without a GPU")
+    gpu = QUICKSTART.parent / "mxfp4_wgrad.yaml"
+    out = ["-o", str(tmp_path / "out")]
+    for cmd in ("plan", "validate"):
+        res = CliRunner().invoke(main, [cmd, str(gpu), *out])
+        assert res.exit_code == 0, (cmd, res.output)
+        assert "warning: each cell asks for 1 GPU(s) (resources.gpus 1 x resources.workers 1)" in (
+            res.output
+        )
+    p = tmp_path / "s.yaml"
+    p.write_text(gpu.read_text().replace("  backend: emulated\n", "  device: 'cuda:1'\n"))
+    res = CliRunner().invoke(main, ["plan", str(p), *out])
+    assert res.exit_code == 2, res.output
+    assert "a Ray task sees only the resources.gpus: 1 GPU(s) it asks for" in res.output
+    assert not (tmp_path / "out").exists()
