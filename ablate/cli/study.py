@@ -259,8 +259,9 @@ def plan(
 ) -> None:
     """Show the expanded cells and what `run` would do to each: run, resume, skip, failed.
 
-    Also each configuration's memory estimate per device (parameters, gradients, AdamW state,
-    activations of one micro-batch, bf16 weight copies, +10% allowance; see ablate.train.memory),
+    Also each configuration's memory estimate per device in its parallel mode (parameters,
+    gradients, AdamW state, activations of one worker's micro-batch, bf16 weight copies, DDP's
+    gradient buckets or FSDP's unsharded working set, +10% allowance; see ablate.train.memory),
     with a warning for those that exceed the device's memory: --device-memory, else the visible
     GPU's for cells that train on CUDA. Reads the study's MLflow store if there is one; creates
     nothing.
@@ -274,7 +275,7 @@ def plan(
     from ..runner import summarize
 
     study = load(study_file, output, max_cells, tracking_uri)
-    preflight_or_exit(study, address)
+    _checks(study, address)
     planned = plan_study(study, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
     mem = _memory_estimates(study, device_memory)
     if as_json:
@@ -289,6 +290,8 @@ def plan(
                 "values": dict(p.cell.values),
                 "memory": {
                     **mem[p.cell.key][0].breakdown(),
+                    "parallel": mem[p.cell.key][0].parallel,
+                    "workers": mem[p.cell.key][0].workers,
                     "device_memory": mem[p.cell.key][1],
                 },
             }
@@ -314,6 +317,46 @@ def plan(
         of = f" (device: {format_bytes(limit)})" if limit is not None else ""
         click.echo(f"  {len(cells)} cell(s) ({shown}): {est.short()}{of}")
     _memory_warnings(mem, planned)
+
+
+def _checks(study: Study, address: str | None) -> None:
+    """What validate and plan check: ``preflight_or_exit`` (all that `run` checks), except for a
+    study whose cells ask for more GPUs than this machine has, without --address: such a study is
+    for other machines (8-GPU cells planned on a laptop), so it is checked as a cluster's driver
+    checks it, the study alone (tracking store, device numbering, the backends of its CPU cells),
+    with a warning that `ablate run` refuses it here; this machine's devices and cores are not
+    checked, and `run` still refuses it."""
+    import torch
+
+    from ..errors import CannotRunError, TrackingError
+    from ..runner import check_devices, check_ray_devices, target_headroom
+    from ..tracking import check_store
+    from ..train.config import device_kind
+
+    res = study.spec.resources
+    need, have = res.gpus * res.workers, torch.cuda.device_count()
+    if address or need <= have:
+        preflight_or_exit(study, address)
+        return
+    # resources.gpus > 0 here, so check_gpus (cells that need a GPU but get none) has nothing to say
+    try:
+        try:
+            check_store(study.tracking_uri)
+        except TrackingError as e:
+            raise CannotRunError(str(e)) from None
+        check_ray_devices(study)
+        check_devices(study, [c for c in study.cells if device_kind(c.config.device) == "cpu"])
+    except AblateError as e:
+        raise refuse(e) from None
+    click.echo(
+        f"warning: each cell asks for {need:g} GPU(s) (resources.gpus {res.gpus:g} x "
+        f"resources.workers {res.workers}) and this machine has {have}: `ablate run` refuses the "
+        "study here; run it on a cluster (--address) or a machine with that many GPUs (checked "
+        "here: the study itself; not this machine's devices and cores)",
+        err=True,
+    )
+    if warning := target_headroom(study):
+        click.echo(f"warning: {warning}", err=True)
 
 
 def _memory_estimates(
@@ -350,12 +393,22 @@ def _memory_warnings(mem: dict[str, tuple[MemoryEstimate, int | None]], planned:
         if limit is not None and est.total > limit:
             fixed = est.parameters + est.gradients + est.optimizer
             configs = sorted({c.config_label for c in cells})
+            mode = f" ({est.parallel} x{est.workers})" if est.parallel != "none" else ""
+            fixes = (
+                ["raise train.grad_accum for smaller micro-batches"] if est.micro_batch > 1 else []
+            )
+            fixes.append("shorten train.seq_len")
+            fixes.append(
+                "raise resources.workers"
+                if est.parallel == "fsdp"
+                else "shard the model over more GPUs (resources.workers, train.parallel: fsdp)"
+            )
             click.echo(
                 f"warning: memory: {len(cells)} cell(s) ({', '.join(configs[:3])}"
                 f"{' ...' if len(configs) > 3 else ''}) need about {format_bytes(est.total)} per "
-                f"device, more than the device's {format_bytes(limit)}: they will not fit (parameters, "
-                f"gradients and AdamW state alone: {format_bytes(fixed)}; raise train.grad_accum "
-                "for smaller micro-batches, shorten train.seq_len, or pick a smaller model)",
+                f"device{mode}, more than the device's {format_bytes(limit)}: they will not fit "
+                f"(parameters, gradients and AdamW state alone: {format_bytes(fixed)}; "
+                f"{', '.join(fixes)}, or pick a smaller model)",
                 err=True,
             )
 
@@ -384,7 +437,7 @@ def validate(
         ablate validate studies/quickstart.yaml
     """
     study = load(study_file, output, max_cells, tracking_uri)
-    preflight_or_exit(study, address)
+    _checks(study, address)
     configs = {c.config_label for c in study.cells}
     base = study.baseline_cells[0].config_label if study.baseline_cells else "none"
     click.echo(

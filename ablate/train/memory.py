@@ -13,7 +13,8 @@ Assumptions, each matching how ``loop.py`` and ``model.py`` train today:
   steps, but they are all alive at the optimizer step, which is the peak that matters).
 - **Optimizer state** is AdamW's ``exp_avg`` and ``exp_avg_sq``: 2 x fp32 per parameter.
 - **Activations** are what autograd saves in one forward of one micro-batch
-  (``batch_size / grad_accum`` sequences of ``seq_len`` tokens), with no activation checkpointing;
+  (``batch_size / workers / grad_accum`` sequences of ``seq_len`` tokens), with no activation
+  checkpointing;
   micro-batches are run one after the other, so only one micro-batch's are alive at once. Per block
   and token (C = dim, F = ffn_dim, H = n_heads), in fp32 runs:
   each RMSNorm saves its input x, the normalized x (before the weight) and 1/rms; the linears save
@@ -41,11 +42,33 @@ Assumptions, each matching how ``loop.py`` and ``model.py`` train today:
 - **Allowance**: +10% of the sum above, for the caching allocator's fragmentation, cuBLAS and
   attention workspaces and the CUDA context's share of the memory (``ALLOWANCE``).
 
-Parallel modes plug in through ``shards`` (today every cell is one process on one device, so
-``shards=1``): FSDP with N workers would pass ``shards=N``, which divides the parameters, gradients,
-optimizer state and weight extras across devices (activations stay per device: each worker runs its
-own micro-batch); DDP keeps ``shards=1`` (each worker holds a full replica) and a per-device
-micro-batch. The estimate is per device.
+Parallel modes (``train.parallel`` resolved, ``train.workers`` = W; ``ablate.train.parallel``
+shares the model) change what one device holds. Every worker trains its own micro-batch of
+``batch_size / W / grad_accum`` sequences, so the activations are per worker in every mode.
+
+- **none** (one process): as above.
+- **ddp**: each worker holds a full replica (parameters, gradients, AdamW state and the weight
+  copies, unsharded), plus **DDP's gradient buckets**: the reducer allocates, when it is built, a
+  flat fp32 copy of every gradient to all-reduce in (``gradient_as_bucket_view=False``, torch's
+  default and what ``ablate.train.parallel`` passes): 4 bytes per parameter, one more gradient set.
+- **fsdp** (FSDP2 ``fully_shard`` per block and on the root, fp32 ``param_dtype`` and
+  ``reduce_dtype``): parameters, gradients and AdamW state are sharded, 1/W of each per device.
+  The **weight copies are not**: autocast casts each all-gathered fp32 weight to bf16 and autograd
+  keeps that copy until the layer's backward, so at the end of the forward every device holds a
+  bf16 copy of the whole model's linears (likewise a 2-D-block recipe's quantized weights).
+  FSDP's **unsharded working set** is added, all fp32 (``fsdp_unsharded``):
+  the root's parameters (embedding, final norm, LM head), all-gathered for the whole forward and
+  backward (FSDP2 does not reshard the root after the forward); two blocks' parameters (the block
+  being computed and the next one, prefetched); and the unsharded gradients: with
+  ``grad_accum`` = 1, the root's (the LM head's is computed first in the backward and reduced with
+  the embedding's at its end) and two blocks' (the one being computed and the one being
+  reduce-scattered); with ``grad_accum`` > 1, the whole model's, 4 bytes per parameter, because
+  the micro-batches before the last one skip the reduce-scatter (``set_requires_gradient_sync``)
+  and FSDP2 accumulates their gradients unsharded on every device.
+
+The parts are added as if all were alive at once (gradients and activations overlap only from
+the second micro-batch of a step, the unsharded working set peaks in the backward while the
+activations shrink), so with ``grad_accum`` = 1 the figure errs high. The estimate is per device.
 """
 
 from __future__ import annotations
@@ -147,7 +170,15 @@ class MemoryEstimate:
     precision: str
     micro_batch: int
     seq_len: int
-    shards: int = 1
+    ddp_buckets: int = 0
+    fsdp_unsharded: int = 0
+    workers: int = 1
+    parallel: str = "none"
+
+    @property
+    def shards(self) -> int:
+        """Devices the parameters, gradients and AdamW state are split over (FSDP's workers)."""
+        return self.workers if self.parallel == "fsdp" else 1
 
     @property
     def subtotal(self) -> int:
@@ -158,6 +189,8 @@ class MemoryEstimate:
             + self.activations
             + self.weight_copies
             + self.quant_extras
+            + self.ddp_buckets
+            + self.fsdp_unsharded
         )
 
     @property
@@ -176,19 +209,27 @@ class MemoryEstimate:
             "activations": self.activations,
             "weight_copies": self.weight_copies,
             "quant_extras": self.quant_extras,
+            "ddp_buckets": self.ddp_buckets,
+            "fsdp_unsharded": self.fsdp_unsharded,
             "allowance": self.allowance,
             "total": self.total,
         }
 
     def short(self) -> str:
-        """One line: total and breakdown (GiB, or MiB below 1 GiB)."""
+        """One line: the parallel mode (ddp or fsdp: ``fsdp x8: ``), the total and its breakdown
+        (GiB, or MiB below 1 GiB)."""
         g = format_bytes
+        mode = f"{self.parallel} x{self.workers}: " if self.parallel != "none" else ""
+        extra = f" + ddp buckets {g(self.ddp_buckets)}" if self.parallel == "ddp" else ""
+        if self.parallel == "fsdp":
+            extra = f" + fsdp unsharded {g(self.fsdp_unsharded)}"
+        per = " per worker" if self.parallel != "none" else ""
         return (
-            f"{g(self.total)} per device = params {g(self.parameters)} + grads "
+            f"{mode}{g(self.total)} per device = params {g(self.parameters)} + grads "
             f"{g(self.gradients)} + adam {g(self.optimizer)} + activations {g(self.activations)}"
-            f" + weight copies {g(self.weight_copies + self.quant_extras)} + {ALLOWANCE:.0%} "
-            f"{g(self.allowance)} ({self.n_params / 1e6:,.1f}M params, {self.precision}, "
-            f"micro-batch {self.micro_batch} x {self.seq_len})"
+            f" + weight copies {g(self.weight_copies + self.quant_extras)}{extra} + "
+            f"{ALLOWANCE:.0%} {g(self.allowance)} ({self.n_params / 1e6:,.1f}M params, "
+            f"{self.precision}, micro-batch {self.micro_batch} x {self.seq_len}{per})"
         )
 
 
@@ -209,30 +250,58 @@ def estimate(
     seq_len: int,
     precision: str,
     recipe: Recipe | None = None,
-    shards: int = 1,
+    workers: int = 1,
+    parallel: str = "none",
 ) -> MemoryEstimate:
-    """The estimate for ``cfg`` (resolved with ``vocab_size``), one optimizer step of
-    ``batch_size`` sequences in ``grad_accum`` micro-batches, at resolved ``precision``.
-    ``shards`` divides parameters, gradients, optimizer state and weight extras (FSDP)."""
-    if shards < 1:
-        raise ValueError(f"shards: must be >= 1, got {shards}")
+    """The estimate per device for ``cfg`` (resolved with ``vocab_size``), one optimizer step of
+    ``batch_size`` sequences split over ``workers`` workers, each in ``grad_accum`` micro-batches,
+    at resolved ``precision``; ``parallel`` is the resolved mode: none, ddp or fsdp (see the
+    module's docstring for what each keeps on a device)."""
+    if workers < 1:
+        raise ValueError(f"workers: must be >= 1, got {workers}")
+    if parallel not in ("none", "ddp", "fsdp"):
+        raise ValueError(f"parallel: unknown {parallel!r}; allowed: none, ddp, fsdp")
+    if parallel == "none" and workers > 1:
+        raise ValueError(f"parallel: none trains in one process, not {workers} workers")
+    if batch_size % (workers * grad_accum):
+        raise ValueError(
+            f"batch_size: {batch_size} does not split into workers x grad_accum = "
+            f"{workers} x {grad_accum} equal micro-batches"
+        )
     c = cfg.resolved(vocab_size)
     n = param_count(c)
-    micro = batch_size // grad_accum
+    micro = batch_size // (workers * grad_accum)
     copies, quant = _weight_extras(c, recipe, precision)
+    shards = workers if parallel == "fsdp" else 1
     return MemoryEstimate(
         n_params=n,
         parameters=-(-n * _F32 // shards),
         gradients=-(-n * _F32 // shards),
         optimizer=-(-2 * n * _F32 // shards),
         activations=sum(activation_parts(c, micro, seq_len, precision).values()),
-        weight_copies=-(-copies // shards),
-        quant_extras=-(-quant // shards),
+        weight_copies=copies,  # of the all-gathered weights under FSDP: not sharded
+        quant_extras=quant,
+        ddp_buckets=n * _F32 if parallel == "ddp" else 0,
+        fsdp_unsharded=fsdp_unsharded(c, grad_accum) if parallel == "fsdp" else 0,
         precision=precision,
         micro_batch=micro,
         seq_len=seq_len,
-        shards=shards,
+        workers=workers,
+        parallel=parallel,
     )
+
+
+def fsdp_unsharded(cfg: ModelConfig, grad_accum: int) -> int:
+    """Bytes of FSDP's unsharded working set on one device for the resolved ``cfg`` (module
+    docstring): the root's all-gathered parameters, two blocks' (computed and prefetched), and the
+    unsharded gradients (the root's and two blocks', or the whole model's when ``grad_accum`` > 1
+    accumulates them without reduce-scatter), all fp32."""
+    dim, vocab = _need(cfg.dim), _need(cfg.vocab_size)
+    root = vocab * dim + dim + (0 if cfg.tie_embeddings else vocab * dim)  # embedding, norm, head
+    block = _block_linear_params(cfg) + 2 * dim
+    gathered = (root + 2 * block) * _F32
+    grads = param_count(cfg) * _F32 if grad_accum > 1 else gathered
+    return gathered + grads
 
 
 def tokenizer_vocab(run: RunConfig) -> int | None:
@@ -248,9 +317,9 @@ def tokenizer_vocab(run: RunConfig) -> int | None:
         return None
 
 
-def estimate_run(run: RunConfig, kind: str | None = None, *, shards: int = 1) -> MemoryEstimate:
-    """The estimate for a cell's ``RunConfig`` on a device ``kind`` (default: what its ``device``
-    resolves to here)."""
+def estimate_run(run: RunConfig, kind: str | None = None) -> MemoryEstimate:
+    """The estimate per device for a cell's ``RunConfig`` on a device ``kind`` (default: what its
+    ``device`` resolves to here), in its parallel mode over its ``train.workers``."""
     from .config import device_kind, resolved_precision
 
     kind = kind or device_kind(run.device)
@@ -263,7 +332,8 @@ def estimate_run(run: RunConfig, kind: str | None = None, *, shards: int = 1) ->
         seq_len=tc.seq_len,
         precision=resolved_precision(tc.precision, kind),
         recipe=run.recipe,
-        shards=shards,
+        workers=tc.workers,
+        parallel=tc.resolved_parallel,
     )
 
 
@@ -295,6 +365,7 @@ __all__ = [
     "estimate",
     "estimate_run",
     "format_bytes",
+    "fsdp_unsharded",
     "param_count",
     "parse_size",
     "visible_device_memory",

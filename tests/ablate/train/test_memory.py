@@ -1,12 +1,19 @@
 """The memory estimate (``ablate.train.memory``) against the real model on the CPU."""
 
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+
 import pytest
 import torch
 
 from ablate.train.memory import (
     activation_parts,
     estimate,
+    estimate_run,
     format_bytes,
+    fsdp_unsharded,
     param_count,
     parse_size,
 )
@@ -69,17 +76,160 @@ def test_activation_estimate_matches_the_saved_tensors(preset, fp4, precision):
     assert predicted == pytest.approx(measured, rel=0.02)
 
 
-def test_estimate_breakdown_and_shards():
+def test_estimate_breakdown_and_fsdp_shards():
     cfg = ModelConfig(preset="llama3_8b")
     e = estimate(cfg, None, batch_size=8, grad_accum=8, seq_len=2048, precision="bf16")
     n = 8_030_261_248
     assert (e.parameters, e.gradients, e.optimizer) == (4 * n, 4 * n, 8 * n)
-    assert e.micro_batch == 1 and e.total > 128e9
+    assert e.micro_batch == 1 and e.total > 128e9 and e.shards == 1
+    assert (e.ddp_buckets, e.fsdp_unsharded) == (0, 0)
     assert e.total == sum(v for k, v in e.breakdown().items() if k != "total")
-    fsdp = estimate(cfg, None, batch_size=8, grad_accum=8, seq_len=2048, precision="bf16", shards=8)
-    assert fsdp.parameters == 4 * n // 8 and fsdp.activations == e.activations
-    with pytest.raises(ValueError, match="shards"):
-        estimate(cfg, None, batch_size=8, grad_accum=8, seq_len=2048, precision="bf16", shards=0)
+    # FSDP x8, the same global batch: each worker's micro-batch is 64 / 8 / 8 = 1 sequence
+    step = dict(batch_size=64, grad_accum=8, seq_len=2048, precision="bf16")
+    one = estimate(cfg, None, **step)
+    fsdp = estimate(cfg, None, **step, workers=8, parallel="fsdp")
+    assert (fsdp.micro_batch, one.micro_batch, fsdp.shards) == (1, 8, 8)
+    assert fsdp.activations * 8 == one.activations
+    for part in ("parameters", "gradients", "optimizer"):
+        assert getattr(fsdp, part) == -(-getattr(one, part) // 8), part
+    # the bf16 copies are of the all-gathered weights: every device holds all of them
+    assert fsdp.weight_copies == one.weight_copies > 0
+    assert fsdp.ddp_buckets == 0 and fsdp.fsdp_unsharded > 4 * n  # grad_accum 8: all gradients
+    assert fsdp.total == sum(v for k, v in fsdp.breakdown().items() if k != "total")
+    # what FSDP changes, and nothing else: 7/8 of the sharded state, 7/8 of the activations (a
+    # micro-batch of 1, not 8), plus its unsharded working set
+    saved = sum(
+        getattr(one, p) - getattr(fsdp, p) for p in ("parameters", "gradients", "optimizer")
+    )
+    assert saved == pytest.approx(7 / 8 * 16 * n, abs=8)
+    assert fsdp.subtotal == (
+        one.subtotal - saved - (one.activations - fsdp.activations) + fsdp.fsdp_unsharded
+    )
+    assert fsdp.short().startswith("fsdp x8: ") and "per worker)" in fsdp.short()
+    with pytest.raises(ValueError, match="workers"):
+        estimate(cfg, None, batch_size=8, grad_accum=8, seq_len=2048, precision="bf16", workers=0)
+
+
+def _root_and_block(model) -> tuple[int, int]:
+    """Parameters of the FSDP root (what no block holds) and of one block, from the built model."""
+    block = sum(p.numel() for p in model.layers[0].parameters())
+    in_blocks = {id(p) for b in model.layers for p in b.parameters()}
+    root = sum(p.numel() for p in model.parameters() if id(p) not in in_blocks)
+    return root, block
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_fsdp_unsharded_working_set_counts_the_built_models_root_and_blocks(preset):
+    cfg = ModelConfig(preset=preset)
+    model = build_model(cfg, 257)
+    root, block = _root_and_block(model)
+    n = count_parameters(model)
+    c = cfg.resolved(257)
+    gathered = 4 * (root + 2 * block)  # the root's and two blocks' fp32 parameters
+    assert fsdp_unsharded(c, grad_accum=1) == gathered + gathered  # + their gradients
+    assert fsdp_unsharded(c, grad_accum=2) == gathered + 4 * n  # + every unsharded gradient
+    step = dict(batch_size=8, grad_accum=2, seq_len=64, precision="fp32")
+    e = estimate(cfg, 257, **step, workers=4, parallel="fsdp")
+    assert e.fsdp_unsharded == gathered + 4 * n and e.micro_batch == 1
+
+
+@contextlib.contextmanager
+def _group_of_one() -> Iterator[None]:
+    """A gloo process group of one process (this one), destroyed on exit."""
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = dist.FileStore(os.path.join(tmp, "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+def test_fsdp_keeps_every_unsharded_gradient_between_micro_batches():
+    """The assumption behind ``fsdp_unsharded`` with grad_accum > 1: a backward without gradient
+    sync (``set_requires_gradient_sync(False)``, how ``ablate.train.parallel`` accumulates) leaves
+    the whole model's unsharded gradients on the device; a synced one frees them. FSDP2 with fp32
+    param and reduce dtypes (the trainer's policy), in a gloo group of one on the CPU; reads FSDP2's
+    private per-parameter state, so a torch upgrade that renames it fails here, loudly."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model = build_model(ModelConfig(preset="tiny"), 257)
+    n = count_parameters(model)
+    mp = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+
+    def unsharded_grad_bytes() -> int:
+        total = 0
+        for mod in [*model.layers, model]:
+            for p in mod._get_fsdp_state()._fsdp_param_group.fsdp_params:
+                g = p._unsharded_param.grad
+                total += 0 if g is None else g.numel() * g.element_size()
+        return total
+
+    with _group_of_one():
+        for block in model.layers:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        x = torch.randint(0, 257, (2, 32), generator=torch.Generator().manual_seed(0))
+        model.set_requires_gradient_sync(False)
+        model(x, x).backward()
+        assert unsharded_grad_bytes() == 4 * n
+        assert all(p.grad is None for p in model.parameters())  # nothing sharded yet
+        model.set_requires_gradient_sync(True)
+        model(x, x).backward()
+        assert unsharded_grad_bytes() == 0
+        assert sum(p.grad.numel() * 4 for p in model.parameters()) == 4 * n
+
+
+def test_ddp_keeps_full_replicas_plus_its_gradient_buckets():
+    cfg = ModelConfig(preset="small")
+    step = dict(grad_accum=2, seq_len=128, precision="bf16")
+    one = estimate(cfg, 257, batch_size=16, **step)
+    ddp = estimate(cfg, 257, batch_size=16, **step, workers=4, parallel="ddp")
+    per_worker = estimate(cfg, 257, batch_size=4, **step)
+    assert (ddp.micro_batch, one.micro_batch) == (2, 8)
+    assert ddp.activations == per_worker.activations < one.activations / 3
+    for part in ("parameters", "gradients", "optimizer", "weight_copies"):
+        assert getattr(ddp, part) == getattr(one, part), part
+    assert ddp.ddp_buckets == 4 * ddp.n_params and ddp.fsdp_unsharded == 0 and ddp.shards == 1
+    assert ddp.short().startswith("ddp x4: ") and "ddp buckets" in ddp.short()
+    with pytest.raises(ValueError, match="none trains in one process"):
+        estimate(cfg, 257, batch_size=16, **step, workers=4)
+    with pytest.raises(ValueError, match="does not split"):
+        estimate(cfg, 257, batch_size=12, **step, workers=4, parallel="ddp")
+
+
+def test_ddp_buckets_are_one_fp32_copy_of_the_gradients():
+    """What DDP (as ``ablate.train.parallel`` builds it: gradient_as_bucket_view off) allocates
+    for its all-reduce: buckets of 4 bytes per parameter, read from its logging data (gloo, one
+    process, the CPU)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = build_model(ModelConfig(preset="tiny"), 257)
+    with _group_of_one():
+        data = DistributedDataParallel(model)._get_ddp_logging_data()
+    assert not data["gradient_as_bucket_view"]
+    buckets = sum(int(b) for b in str(data["bucket_sizes"]).split(","))
+    step = dict(batch_size=2, grad_accum=1, seq_len=32, precision="fp32")
+    est = estimate(ModelConfig(preset="tiny"), 257, **step, workers=2, parallel="ddp")
+    assert buckets == est.ddp_buckets == 4 * count_parameters(model)
+
+
+def test_estimate_run_follows_the_cells_parallel_mode():
+    from ablate.train.config import RunConfig, TrainConfig
+
+    def run(**train) -> RunConfig:
+        tc = TrainConfig(batch_size=16, grad_accum=2, seq_len=64, precision="fp32", **train)
+        return RunConfig(model=ModelConfig(preset="tiny"), train=tc, device="cpu")
+
+    none, ddp = estimate_run(run()), estimate_run(run(workers=2))  # auto: ddp with 2 workers
+    fsdp = estimate_run(run(workers=2, parallel="fsdp"))
+    assert (none.parallel, ddp.parallel, fsdp.parallel) == ("none", "ddp", "fsdp")
+    assert (none.micro_batch, ddp.micro_batch, fsdp.micro_batch) == (8, 4, 4)
+    assert ddp.workers == fsdp.workers == 2 and fsdp.parameters == -(-none.parameters // 2)
+    one_process_group = estimate_run(run(parallel="fsdp"))  # fsdp x1: the distributed path
+    assert one_process_group.parameters == none.parameters and one_process_group.fsdp_unsharded
 
 
 def test_parse_size():
