@@ -59,12 +59,12 @@ shares the model) change what one device holds. Every worker trains its own micr
   FSDP's **unsharded working set** is added, all fp32 (``fsdp_unsharded``):
   the root's parameters (embedding, final norm, LM head), all-gathered for the whole forward and
   backward (FSDP2 does not reshard the root after the forward); two blocks' parameters (the block
-  being computed and the next one, prefetched); and the unsharded gradients: with
-  ``grad_accum`` = 1, the root's (the LM head's is computed first in the backward and reduced with
-  the embedding's at its end) and two blocks' (the one being computed and the one being
-  reduce-scattered); with ``grad_accum`` > 1, the whole model's, 4 bytes per parameter, because
-  the micro-batches before the last one skip the reduce-scatter (``set_requires_gradient_sync``)
-  and FSDP2 accumulates their gradients unsharded on every device.
+  being computed and the next one, prefetched); and the unsharded gradients: the root's (the LM
+  head's is computed first in the backward and reduced with the embedding's at its end) and two
+  blocks' (the one being computed and the one being reduce-scattered). FSDP reduce-scatters every
+  micro-batch (``parallel.Ranks.accumulating``: only DDP skips the reduction before a step's last
+  micro-batch), so gradients accumulate sharded and ``grad_accum`` adds nothing here; skipping it
+  would keep the whole model's fp32 gradients unsharded on every device (30 GiB at 8B).
 
 The parts are added as if all were alive at once (gradients and activations overlap only from
 the second micro-batch of a step, the unsharded working set peaks in the backward while the
@@ -293,15 +293,15 @@ def estimate(
 
 def fsdp_unsharded(cfg: ModelConfig, grad_accum: int) -> int:
     """Bytes of FSDP's unsharded working set on one device for the resolved ``cfg`` (module
-    docstring): the root's all-gathered parameters, two blocks' (computed and prefetched), and the
-    unsharded gradients (the root's and two blocks', or the whole model's when ``grad_accum`` > 1
-    accumulates them without reduce-scatter), all fp32."""
+    docstring): the root's all-gathered parameters, two blocks' (computed and prefetched), and as
+    many unsharded gradients (reduce-scattered every micro-batch, whatever ``grad_accum``), all
+    fp32."""
+    del grad_accum  # every micro-batch is reduce-scattered: gradients accumulate sharded
     dim, vocab = _need(cfg.dim), _need(cfg.vocab_size)
     root = vocab * dim + dim + (0 if cfg.tie_embeddings else vocab * dim)  # embedding, norm, head
     block = _block_linear_params(cfg) + 2 * dim
     gathered = (root + 2 * block) * _F32
-    grads = param_count(cfg) * _F32 if grad_accum > 1 else gathered
-    return gathered + grads
+    return 2 * gathered
 
 
 def tokenizer_vocab(run: RunConfig) -> int | None:

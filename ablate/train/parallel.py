@@ -95,19 +95,15 @@ class Ranks:
 
     @contextlib.contextmanager
     def accumulating(self, model: nn.Module, *, last: bool) -> Iterator[None]:
-        """Around one micro-batch's forward and backward: gradients are reduced over the ranks
-        only with the step's last one (DDP's ``no_sync``, FSDP's gradient-sync switch)."""
-        if last or not self.distributed:
+        """Around one micro-batch's forward and backward: DDP reduces gradients only with the
+        step's last one (``no_sync``: a replica holds its full gradients anyway); FSDP
+        reduce-scatters every one, so gradients accumulate sharded (skipping it would keep the
+        whole model's fp32 gradients unsharded on every device: 30 GiB at 8B)."""
+        if last or self.mode != "ddp":
             yield
-        elif self.mode == "ddp":
+        else:
             with model.no_sync():  # type: ignore[operator]
                 yield
-        else:
-            model.set_requires_gradient_sync(False)  # type: ignore[operator]
-            try:
-                yield
-            finally:
-                model.set_requires_gradient_sync(True)  # type: ignore[operator]
 
     def wrap(self, model: nn.Module, device: torch.device) -> nn.Module:
         """``model`` shared by ``mode`` (DDP returns a wrapper; FSDP shards in place), with its

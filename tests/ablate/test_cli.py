@@ -34,7 +34,7 @@ def test_recipe_shows_each_gemm_operand():
 def test_recipe_json_is_the_resolved_table():
     res = CliRunner().invoke(main, ["recipe", "--fp4", "wgrad", "--intervention", "sr", "--json"])
     assert res.exit_code == 0, res.output
-    d = json.loads(res.output)
+    d = json.loads(res.stdout)
     assert set(d) == {"gemms", "keep_first", "keep_last", "layers"}
     assert d["gemms"]["wgrad"]["a"] == {
         "operand": "dy",
@@ -49,7 +49,7 @@ def test_recipe_json_is_the_resolved_table():
 def test_recipe_by_name_as_json_and_as_a_table():
     res = CliRunner().invoke(main, ["recipe", "nvidia_nvfp4", "--keep-last", "2", "--json"])
     assert res.exit_code == 0, res.output
-    d = json.loads(res.output)
+    d = json.loads(res.stdout)
     assert d["gemms"]["fprop"]["b"]["block"] == [16, 16]
     assert d["gemms"]["dgrad"]["a"]["rounding"] == "sr"
     assert d["gemms"]["wgrad"]["hadamard"] == {"size": 16, "signs": "fixed"}
@@ -112,11 +112,11 @@ def test_validate_plan_and_schema(tmp_path):
     assert res.exit_code == 0 and "2 cells" in res.output and "baseline bf16" in res.output
     res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out), "--json"])
     assert res.exit_code == 0, res.output
-    d = json.loads(res.output)
+    d = json.loads(res.stdout)
     assert [c["action"] for c in d["cells"]] == ["run", "run"]
     assert [c["baseline"] for c in d["cells"]] == [True, False]
     res = CliRunner().invoke(main, ["schema"])
-    assert json.loads(res.output)["title"] == "StudySpec"
+    assert json.loads(res.stdout)["title"] == "StudySpec"
     assert not out.exists()
 
 
@@ -129,7 +129,7 @@ def test_run_local_then_status_and_plan_say_skip(tmp_path, monkeypatch):
     )
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(main, ["status", str(p), "-o", str(out), "--json"])
-    rows = json.loads(res.output)["cells"]
+    rows = json.loads(res.stdout)["cells"]
     assert [r["status"] for r in rows] == ["finished", "finished"]
     assert all(r["step"] == 4 for r in rows)
     res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out)])
@@ -232,11 +232,11 @@ def test_every_command_that_reads_the_store_takes_tracking_uri(tmp_path, monkeyp
     at = ["-o", str(out), "--tracking-uri", uri]
     res = CliRunner().invoke(main, ["plan", str(p), *at, "--json"])
     assert res.exit_code == 0, res.output
-    assert [c["action"] for c in json.loads(res.output)["cells"]] == ["skip", "skip"]
+    assert [c["action"] for c in json.loads(res.stdout)["cells"]] == ["skip", "skip"]
     res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out)])  # the default store: none
     assert "would: run 2" in res.output, res.output
     res = CliRunner().invoke(main, ["status", str(p), *at, "--json"])
-    assert [r["status"] for r in json.loads(res.output)["cells"]] == ["finished", "finished"]
+    assert [r["status"] for r in json.loads(res.stdout)["cells"]] == ["finished", "finished"]
     res = CliRunner().invoke(main, ["validate", str(p), *at])
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(main, ["report", str(p), "--runs", str(out), "--tracking-uri", uri])

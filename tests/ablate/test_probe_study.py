@@ -105,7 +105,7 @@ def test_probe_log_adds_probes_to_a_study_that_trained_without_them(tmp_path, mo
     assert "Gradient fidelity" not in (tmp_path / "reports" / "probetest" / "report.md").read_text()
     p.write_text(STUDY + PROBE)  # the same cells (probes are not in their keys)
     res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out), "--json"])
-    assert {c["action"] for c in json.loads(res.output)["cells"]} == {"skip"}
+    assert {c["action"] for c in json.loads(res.stdout)["cells"]} == {"skip"}
     res = CliRunner().invoke(main, ["probe", str(p), "-o", str(out), "--log"])
     assert res.exit_code == 0, res.output
     runs, names = _logged(load_study(p, output=out))
