@@ -29,7 +29,7 @@ import sys
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from .errors import CannotRunError, RunnerError
@@ -53,6 +53,17 @@ class Task:
     threads: int = 1
     stop_after: int | None = None
     """Stop after this many steps (tests: an interruption at a known step)."""
+    ablate_version: str = field(default_factory=lambda: _driver_code()[0])
+    code_hash: str = field(default_factory=lambda: _driver_code()[1])
+    """The driver's ``ablate.__version__`` and numerics ``code_hash()``, taken where the task is
+    made; the worker refuses to run other code (``ablate.worker_checks``; "": not checked)."""
+
+
+def _driver_code() -> tuple[str, str]:
+    from . import __version__
+    from .train.provenance import code_hash
+
+    return __version__, code_hash()
 
 
 @dataclass(frozen=True)
@@ -79,11 +90,13 @@ def run_one(task: Task) -> Outcome:
     of one worker trains in a process group of one (``train.parallel.process_group``)."""
     from .tracking import MlflowLogger
     from .train import RunConfig
+    from .worker_checks import check_worker
 
     _enter(task)
     logger = MlflowLogger(task.tracking_uri, task.run_id)
     t0 = time.perf_counter()
     try:
+        check_worker(task)  # the driver's code and paths, before anything is logged as running
         cfg = RunConfig.from_dict(task.config)
         return _train_cell(task, cfg, logger)
     except Exception as e:  # a failed cell is a result, not a crash of the study

@@ -577,7 +577,9 @@ def _launch(
                 params=cell_params(c),
             )
         result.run_ids[c.key] = rid
-        cfg = dataclasses.replace(c.config, checkpoint_dir=str(study.checkpoint_dir(c).resolve()))
+        ckpt = study.checkpoint_dir(c).resolve()
+        ckpt.parent.mkdir(parents=True, exist_ok=True)  # a worker checks that it sees the folder
+        cfg = dataclasses.replace(c.config, checkpoint_dir=str(ckpt))
         tracker.set_status(rid, "pending")
         uri, cwd = study.tracking_uri, os.getcwd()
         ex.submit(

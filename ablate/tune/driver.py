@@ -224,6 +224,7 @@ class _Driver:
         ckpt = self.study.output_dir / "tune" / s.search.slug / f"trial{trial.number}"
         if ckpt.exists():  # left by an earlier optuna.db (numbers restarted): not this trial's
             shutil.rmtree(ckpt)
+        ckpt.parent.mkdir(parents=True, exist_ok=True)  # a worker checks that it sees the folder
         rc = dataclasses.replace(rc, checkpoint_dir=str(ckpt.resolve()))
         tags.update(recipe_tags(rc.recipe.short(), rc.seed))
         rid = self.tracker.create_run(
