@@ -53,6 +53,7 @@ from .tracking import (
     check_cluster_uri,
     check_store,
     check_uri,
+    is_local_store,
     join_runs,
     prepare_store,
     study_status,
@@ -462,6 +463,14 @@ def study_executor(
     return ex
 
 
+def artifact_root(study: Study) -> Path | None:
+    """Where a new experiment of the study keeps its artifacts: beside a SQLite store, in the
+    output folder; None for a tracking server, which chooses (its ``--artifacts-destination``,
+    served as ``mlflow-artifacts:/``), so that artifacts go through the server and not into a
+    folder on the driver that only the driver sees."""
+    return study.output_dir / "artifacts" if is_local_store(study.tracking_uri) else None
+
+
 def open_tracker(study: Study, ex: Executor) -> tuple[StudyTracker, str]:
     """Create the study's store, experiment and parent run (driver only, before any worker starts);
     returns the tracker and the parent run's id."""
@@ -472,7 +481,7 @@ def open_tracker(study: Study, ex: Executor) -> tuple[StudyTracker, str]:
         raise CannotRunError(str(e)) from None
     prepare_store(uri, study.output_dir)
     tracker = StudyTracker(
-        uri, study.name, experiment=study.experiment, artifact_root=study.output_dir / "artifacts"
+        uri, study.name, experiment=study.experiment, artifact_root=artifact_root(study)
     )
     base = flatten(study.spec.base.model_dump(mode="json", exclude_none=True), "base.")
     return tracker, tracker.parent_run(study.text, description=study.spec.description, params=base)

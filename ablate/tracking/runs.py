@@ -2,8 +2,9 @@
 or trial, statuses) and ``CellRun``, a recorded run as the runner, the report and ``status`` read it.
 
 Layout of a study in MLflow: one experiment per study (its name defaults to the study's), artifacts
-inside the study's output folder rather than ``./mlruns`` in whatever directory the process happens
-to run in; one parent run holding ``study.yaml`` and the report; one child run per cell (and per tune
+inside the study's output folder on a SQLite store rather than ``./mlruns`` in whatever directory the
+process happens to run in, and where a tracking server puts them (its ``--artifacts-destination``,
+``mlflow-artifacts:/``) on a server; one parent run holding ``study.yaml`` and the report; one child run per cell (and per tune
 trial) holding ``config.json``, the flattened config as params and metrics per step. The tags are
 ``ablate.tracking.vocab``'s. The driver prepares the store and creates the runs before any worker
 starts; workers log into their run through ``MlflowLogger``.
