@@ -507,6 +507,9 @@ class RayExecutor:
         self.max_concurrent = max_concurrent
         self._queue: deque[Task] = deque()
         self._inflight: dict[Any, Task] = {}
+        self.dispatched: dict[str, float] = {}
+        """When (time.monotonic) each task was handed to Ray, by key (it may wait there for
+        resources; the runner reports a cell that waits long: ``progress.WaitWatch``)."""
 
     def submit(self, task: Task) -> None:
         self._queue.append(task)
@@ -517,6 +520,7 @@ class RayExecutor:
         while self._queue and len(self._inflight) < limit:
             t = self._queue.popleft()
             self._inflight[self._remote.remote(t, **self._kwargs)] = t
+            self.dispatched[t.key] = time.monotonic()
 
     def wait(self, timeout: float) -> list[Outcome]:
         if not self._inflight:
@@ -535,6 +539,11 @@ class RayExecutor:
             lines = [x for x in _ANSI.sub("", str(e)).splitlines() if x.strip()]
             msg = lines[-1].strip()[:500] if lines else repr(e)
             return Outcome(task.key, "failed", reason=f"{type(e).__name__}: {msg}")
+
+    def resources(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The cluster's resources (``CPU``, ``GPU``, ...) free now and in all, as Ray counts
+        them."""
+        return dict(self._ray.available_resources()), dict(self._ray.cluster_resources())
 
     def cancel(self, key: str) -> None:
         self._queue = deque(t for t in self._queue if t.key != key)

@@ -5,7 +5,11 @@ cells.
 
 A cell counts as running while its step advances. One whose step has not moved for ``STALL_S``
 seconds (or ten of its own step times, if longer) counts as queued again: that is what a cell whose
-worker died looks like while Ray's retry waits for a worker (it resumes from its checkpoint)."""
+worker died looks like while Ray's retry waits for a worker (it resumes from its checkpoint).
+
+``WaitWatch`` reports cells that Ray has had for ``WAIT_WARN_S`` seconds without starting them (their
+runs still ``pending``): a line naming the longest-waiting cell, what a cell asks for and what the
+cluster has free, again at most every ``WAIT_REPEAT_S`` seconds while any waits."""
 
 from __future__ import annotations
 
@@ -14,12 +18,15 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
 from .tracking import StudyTracker
 
 STALL_S = 60.0
+WAIT_WARN_S = 60.0
+WAIT_REPEAT_S = 300.0
 
 
 @dataclass
@@ -141,6 +148,56 @@ class Progress:
         else:
             return
         self.stream.flush()
+
+
+@dataclass
+class WaitWatch:
+    """Notices cells that the cluster holds without starting them (see the module docstring).
+    ``check`` is cheap until a cell has waited ``after_s``: only then does it read the waiting
+    cells' statuses, and a cell seen started is never read again."""
+
+    dispatched: Mapping[str, float]
+    """When (time.monotonic) each cell was handed to the cluster, by key (the executor's)."""
+    run_ids: Mapping[str, str]
+    labels: Mapping[str, str]
+    statuses: Callable[[Iterable[str]], Mapping[str, str]]
+    """Run ids -> their ablate status (``pending`` until the worker starts the cell)."""
+    describe: Callable[[], str]
+    """What a cell asks for and what the cluster has free, as words."""
+    after_s: float = WAIT_WARN_S
+    """Report a cell not started this long after it was handed over (0: never)."""
+    every_s: float = WAIT_REPEAT_S
+    _started: set[str] = field(default_factory=set)
+    _last: float = -math.inf
+
+    def check(self, ended: Collection[str], now: float | None = None) -> str | None:
+        """The line to print now (None: nothing to say); ``ended``: keys whose outcome is in."""
+        now = time.monotonic() if now is None else now
+        if self.after_s <= 0 or now - self._last < self.every_s:
+            return None
+        late = {
+            k: now - t
+            for k, t in self.dispatched.items()
+            if k not in ended and k not in self._started and now - t >= self.after_s
+        }
+        if not late:
+            return None
+        status = self.statuses([self.run_ids[k] for k in late])
+        waiting = {k: w for k, w in late.items() if status.get(self.run_ids[k]) == "pending"}
+        self._started.update(set(late) - set(waiting))
+        if not waiting:
+            return None
+        self._last = now
+        first = max(waiting, key=waiting.__getitem__)
+        more = f" ({len(waiting) - 1} more cell(s) wait as well)" if len(waiting) > 1 else ""
+        flight = sum(k not in ended for k in self.dispatched)
+        return (
+            f"waiting for resources: cell {self.labels[first]} was submitted "
+            f"{fmt_s(waiting[first])} ago and has not started{more}; {self.describe()}; this "
+            f"study has {flight} cell(s) on the cluster now. A cell starts once a node has what "
+            "it asks for free: if nothing else should hold them, see `ray status`, add nodes or "
+            "lower resources"
+        )
 
 
 def fmt_s(s: float) -> str:

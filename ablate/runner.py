@@ -43,7 +43,7 @@ from .executor import (
     cluster_address,
     remote_cluster,
 )
-from .progress import CellProgress, Progress, fmt_s
+from .progress import WAIT_REPEAT_S, WAIT_WARN_S, CellProgress, Progress, WaitWatch, fmt_s
 from .spec import Cell, Study
 from .targets import headroom_warning, reached_fraction, schedule_fraction, target_ppl_of
 from .tracking import (
@@ -520,9 +520,13 @@ def run_study(
     stream: IO[str] | None = None,
     stop_after: int | None = None,
     on_outcome: Callable[[Cell, Outcome], None] | None = None,
+    wait_warning_s: float = WAIT_WARN_S,
 ) -> StudyResult:
     """Run every cell that needs it (see the module docstring); returns when all have ended or on
-    Ctrl-C (``interrupted``). Nothing finished is ever rerun or overwritten."""
+    Ctrl-C (``interrupted``). Nothing finished is ever rerun or overwritten. On Ray, a cell that
+    the cluster has not started ``wait_warning_s`` after it was submitted is reported, again every
+    five times that long (at most every ``WAIT_REPEAT_S``) while cells wait (0: never;
+    ``progress.WaitWatch``)."""
     out = stream or sys.stderr
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
     with clean_failed_start(study.output_dir) as launched, study_lock(study.output_dir):
@@ -546,7 +550,10 @@ def run_study(
             result = StudyResult({}, planned, parent_run_id=parent)
             launched.append(True)
             _launch(study, tracker, parent, ex, result, stop_after)
-            _collect(study, tracker, ex, result, out, progress=progress, on_outcome=on_outcome)
+            _collect(
+                study, tracker, ex, result, out, progress=progress, on_outcome=on_outcome,
+                wait_warning_s=wait_warning_s,
+            )  # fmt: skip
             ended = (
                 "interrupted" if result.interrupted else "failed" if result.failed else "finished"
             )
@@ -605,16 +612,47 @@ def _collect(
     *,
     progress: bool,
     on_outcome: Callable[[Cell, Outcome], None] | None,
+    wait_warning_s: float = 0,
 ) -> None:
-    """Record each outcome as it arrives, with a live progress line; Ctrl-C cancels the rest."""
+    """Record each outcome as it arrives, with a live progress line and a line about cells that
+    wait for resources longer than ``wait_warning_s`` (``wait_watch``); Ctrl-C cancels the
+    rest."""
     by_key = {c.key: c for c in study.cells}
     cells = {k: CellProgress(by_key[k].label, by_key[k].config.train.steps) for k in result.run_ids}
     prog = Progress(tracker, cells, result.run_ids, stream=out)
     live = progress and bool(result.run_ids)
     if live:
         prog.start()
+    watch = wait_watch(study, ex, tracker, result, wait_warning_s)
     with _ctrl_c_noted() as ctrl_c:
-        _collect_outcomes(ex, tracker, result, prog, out, by_key, progress, on_outcome, ctrl_c)
+        _collect_outcomes(
+            ex, tracker, result, prog, out, by_key, progress, on_outcome, ctrl_c, watch
+        )
+
+
+def wait_watch(
+    study: Study, ex: Executor, tracker: StudyTracker, result: StudyResult, after_s: float
+) -> WaitWatch | None:
+    """The watch on cells that Ray holds without starting them (None in process: a cell there
+    starts when the previous one ends)."""
+    if not isinstance(ex, RayExecutor) or after_s <= 0:
+        return None
+    res = study.spec.resources
+    each = f" for each of its {res.workers} workers" if res.workers > 1 else ""
+    asks = f"a cell asks for {res.cpus:g} CPU(s) and {res.gpus:g} GPU(s){each} (resources)"
+
+    def describe() -> str:
+        free, total = ex.resources()
+        have = " and ".join(
+            f"{free.get(k, 0):g} of {total.get(k, 0):g} {k}s free" for k in ("CPU", "GPU")
+        )
+        return f"{asks}; the Ray cluster has {have}"
+
+    labels = {c.key: c.label for c in study.cells}
+    every = min(WAIT_REPEAT_S, 5 * after_s)
+    return WaitWatch(
+        ex.dispatched, result.run_ids, labels, tracker.statuses, describe, after_s, every
+    )
 
 
 @contextlib.contextmanager
@@ -653,12 +691,15 @@ def _collect_outcomes(
     progress: bool,
     on_outcome: Callable[[Cell, Outcome], None] | None,
     ctrl_c: list[bool],
+    watch: WaitWatch | None,
 ) -> None:
     live = progress and bool(result.run_ids)
     try:
         while len(ex):
             if ctrl_c:
                 raise KeyboardInterrupt
+            if watch is not None and (line := watch.check(result.outcomes)):
+                print(line, file=out)
             for o in ex.wait(1.0):
                 result.outcomes[o.key] = o
                 tracker.set_status(result.run_ids[o.key], o.status, outcome_details(o))

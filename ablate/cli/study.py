@@ -154,6 +154,14 @@ def recipe_table_text(r: Recipe) -> str:
 @click.option("--num-cpus", type=int, default=None, help="CPUs of a local Ray (default: all).")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.option("--no-report", is_flag=True, help="Do not write the report when the study ends.")
+@click.option(
+    "--wait-warning",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="On Ray: say which cell has not started this long after it was submitted, what it asks "
+    "for and what the cluster has free (default: 60; 0: never).",
+)
 def run(
     study_file: str,
     output: str | None,
@@ -167,6 +175,7 @@ def run(
     num_cpus: int | None,
     quiet: bool,
     no_report: bool,
+    wait_warning: float | None,
 ) -> None:
     """Run a study: every cell that has no result yet, resuming interrupted ones.
 
@@ -178,6 +187,7 @@ def run(
         ablate run studies/quickstart.yaml
         ablate run study.yaml --address ray://head:10001 --tracking-uri http://mlflow:5000
     """
+    from ..progress import WAIT_WARN_S
     from ..runner import run_study
 
     study = load(study_file, output, max_cells, tracking_uri)
@@ -191,6 +201,7 @@ def run(
             max_concurrent=max_concurrent,
             num_cpus=num_cpus,
             progress=not quiet,
+            wait_warning_s=WAIT_WARN_S if wait_warning is None else wait_warning,
         )
     except AblateError as e:
         raise refuse(e) from None

@@ -283,6 +283,11 @@ class StudyTracker:
         for batch in chunks(points, MAX_METRICS):
             self._client.log_batch(run_id, metrics=batch)
 
+    def statuses(self, run_ids: Iterable[str]) -> dict[str, str]:
+        """run_id -> the run's ablate status (``vocab.STATUSES``)."""
+        runs = {rid: self._client.get_run(rid).data.tags for rid in run_ids}
+        return {rid: tags.get(vocab.STATUS, "pending") for rid, tags in runs.items()}
+
     def latest_metrics(self, run_ids: Iterable[str]) -> dict[str, dict[str, tuple[int, float]]]:
         """run_id -> {metric: (step, latest value)}, cheap enough for a progress display."""
         return {run_id: latest_points(self._client.get_run(run_id)) for run_id in run_ids}

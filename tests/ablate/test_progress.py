@@ -3,7 +3,7 @@ stalls (a dead worker whose Ray retry waits for a worker), running again when it
 
 from __future__ import annotations
 
-from ablate.progress import STALL_S, CellProgress
+from ablate.progress import STALL_S, CellProgress, WaitWatch
 
 
 def test_a_cell_whose_step_stops_moving_counts_as_queued_until_it_moves_again():
@@ -29,3 +29,35 @@ def test_a_slow_cell_is_not_called_stalled_before_ten_of_its_own_steps():
     assert c.status == "running"
     c.observe(2, 3.0, now=100.0 + 11 * 100)
     assert c.status == "queued"
+
+
+def test_a_cell_handed_to_the_cluster_and_not_started_is_reported_now_and_then():
+    status = {"r1": "running", "r2": "pending", "r3": "pending"}
+    asked: list[list[str]] = []
+
+    def statuses(run_ids):
+        asked.append(sorted(run_ids))
+        return {r: status[r] for r in run_ids}
+
+    watch = WaitWatch(
+        {"a": 0.0, "b": 0.0, "c": 30.0},
+        {"a": "r1", "b": "r2", "c": "r3"},
+        {"a": "cell-a", "b": "cell-b", "c": "cell-c"},
+        statuses,
+        lambda: "free: nothing",
+        after_s=60,
+        every_s=300,
+    )
+    assert watch.check(set(), now=59.0) is None and asked == []  # nobody waited 60 s yet: no read
+    line = watch.check(set(), now=61.0)
+    assert asked == [["r1", "r2"]]  # only the late ones
+    assert line is not None and line.startswith(
+        "waiting for resources: cell cell-b was submitted 1m01s ago and has not started; "
+        "free: nothing; this study has 3 cell(s) on the cluster now."
+    )
+    assert watch.check(set(), now=200.0) is None  # not again before every_s
+    line = watch.check({"b"}, now=400.0)  # b ended; c waits; a started and is not read again
+    assert asked[-1] == ["r3"] and line is not None and "cell cell-c was submitted 6m10s" in line
+    status["r3"] = "running"
+    assert watch.check({"b"}, now=800.0) is None
+    assert WaitWatch({"a": 0.0}, {"a": "r1"}, {}, statuses, str, after_s=0).check(set()) is None
