@@ -20,6 +20,7 @@ study. Other stores (an ``mlflow server``) are read through the client.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import random
 import sqlite3
@@ -135,8 +136,15 @@ def prepare_store(uri: str, output_dir: str | Path) -> None:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         # The first client on a new file runs MLflow's schema migrations (a few seconds); doing it
-        # here keeps workers from racing to migrate the same file.
-        Client(uri).search_experiments(max_results=1)
+        # here keeps workers from racing to migrate the same file, and the folder's lock keeps two
+        # drivers that start at once on one new file from doing so (both would fail, and leave a
+        # half-migrated file).
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX)
+            Client(uri).search_experiments(max_results=1)
+        finally:
+            os.close(folder)  # releases the lock
 
 
 class Client:
