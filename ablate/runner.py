@@ -11,7 +11,9 @@ What ``run`` does to a cell (``plan``):
 - ``failed``: ended with an error -> left alone unless ``--rerun-failed`` (then resumed like above).
 
 Ctrl-C cancels the cells in flight, marks them ``interrupted`` and leaves a study that the next
-``ablate run`` resumes. One driver per study at a time (a lock file in the output folder).
+``ablate run`` resumes. One driver per study at a time: a lock file in the output folder
+(``study_lock``) and, for drivers with other output folders on the same tracking store, the
+study's lock in the store (``open_study``, ``ablate.tracking.lock``).
 """
 
 from __future__ import annotations
@@ -471,9 +473,21 @@ def artifact_root(study: Study) -> Path | None:
     return study.output_dir / "artifacts" if is_local_store(study.tracking_uri) else None
 
 
-def open_tracker(study: Study, ex: Executor) -> tuple[StudyTracker, str]:
-    """Create the study's store, experiment and parent run (driver only, before any worker starts);
-    returns the tracker and the parent run's id."""
+@contextlib.contextmanager
+def open_study(
+    study: Study,
+    ex: Executor,
+    *,
+    lock: str = "run",
+    command: str = "ablate run",
+    error: type[AblateError] = RunnerError,
+    out: IO[str] | None = None,
+) -> Iterator[tuple[StudyTracker, str]]:
+    """Create the study's store and experiment, take the study's lock ``lock`` in the store (one
+    driver at a time whatever its output folder: ``ablate.tracking.lock``; a refusal raises
+    ``error`` naming the holder), then find or create the parent run (driver only, before any
+    worker starts); yields the tracker and the parent run's id, holding the lock until the block
+    ends."""
     uri = study.tracking_uri
     try:
         check_uri(uri, multi_node=ex.multi_node)
@@ -483,8 +497,16 @@ def open_tracker(study: Study, ex: Executor) -> tuple[StudyTracker, str]:
     tracker = StudyTracker(
         uri, study.name, experiment=study.experiment, artifact_root=artifact_root(study)
     )
-    base = flatten(study.spec.base.model_dump(mode="json", exclude_none=True), "base.")
-    return tracker, tracker.parent_run(study.text, description=study.spec.description, params=base)
+    with tracker.driver_lock(
+        lock,
+        command=command,
+        output=study.output_dir.resolve(),
+        error=error,
+        note=lambda msg: print(msg, file=out or sys.stderr),
+    ):
+        base = flatten(study.spec.base.model_dump(mode="json", exclude_none=True), "base.")
+        parent = tracker.parent_run(study.text, description=study.spec.description, params=base)
+        yield tracker, parent
 
 
 def task_threads(study: Study) -> int:
@@ -529,12 +551,16 @@ def run_study(
     ``progress.WaitWatch``)."""
     out = stream or sys.stderr
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
-    with clean_failed_start(study.output_dir) as launched, study_lock(study.output_dir):
+    with (
+        clean_failed_start(study.output_dir) as launched,
+        study_lock(study.output_dir),
+        contextlib.ExitStack() as held,
+    ):
         ex = study_executor(
             study, executor, address=address, max_concurrent=max_concurrent, num_cpus=num_cpus
         )
         try:
-            tracker, parent = open_tracker(study, ex)
+            tracker, parent = held.enter_context(open_study(study, ex, out=out))
             planned = plan_cells(
                 study,
                 join_runs(study, tracker.cell_runs()),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -498,8 +499,10 @@ def adopt(
 
     study = load(study_file, output, max_cells, tracking_uri)
     try:
-        with study_lock(study.output_dir):
+        with study_lock(study.output_dir), contextlib.ExitStack() as held:
             tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
+            out = study.output_dir.resolve()
+            held.enter_context(tracker.driver_lock("run", command="ablate adopt", output=out))
             found = adoptable(study, tracker)
             if not found:
                 click.echo(f"{study.name}: no run recorded under an old key; nothing to adopt")
@@ -556,8 +559,9 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
 
     tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
     latest = tracker.latest_metrics([cs.run.run_id for cs in statuses if cs.run])
-    # a cell left running or pending by a driver that is gone (killed, machine lost) is abandoned
-    gone = driver_running(study.output_dir) is False
+    # a cell left running or pending by a driver that is gone (killed, machine lost) is abandoned,
+    # unless a driver from another output folder runs the study now (its lock in the store)
+    gone = driver_running(study.output_dir) is False and not tracker.drivers("run")
     rows: list[dict[str, Any]] = []
     for cs in statuses:
         c, r = cs.cell, cs.run

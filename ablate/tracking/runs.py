@@ -17,13 +17,14 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import TrackingError
+from ..errors import AblateError, TrackingError
 from . import vocab
+from .lock import Holder, StoreLock, holders
 from .store import (
     MAX_METRICS,
     MAX_PARAM_LEN,
@@ -186,7 +187,12 @@ class StudyTracker:
             location = str(artifact_root) if artifact_root is not None else None
             if location is not None and "://" not in location:
                 location = Path(location).resolve().as_uri()
-            found = self._client.create_experiment(name, artifact_location=location)
+            try:
+                found = self._client.create_experiment(name, artifact_location=location)
+            except TrackingError:  # another driver created it meanwhile
+                found = _experiment_id(self._client, name)
+                if found is None:
+                    raise
         self.experiment_id: str = found
         info = self._client.get_experiment(found)
         repair_artifacts(uri, info.artifact_location)
@@ -194,6 +200,32 @@ class StudyTracker:
         kind = info.tags.get(vocab.EXPERIMENT_KIND)
         if kind != vocab.TRAINING_KIND:
             self._client.set_experiment_tag(found, vocab.EXPERIMENT_KIND, vocab.TRAINING_KIND)
+
+    def driver_lock(
+        self,
+        lock: str,
+        *,
+        command: str,
+        output: str | Path,
+        error: type[AblateError] = TrackingError,
+        note: Callable[[str], None] | None = None,
+    ) -> StoreLock:
+        """The study's lock ``lock`` (``run``, ``tune``) in this store, for a ``with`` block: one
+        driver at a time, whatever its output folder (``ablate.tracking.lock``)."""
+        return StoreLock(
+            self._client,
+            self.experiment_id,
+            lock,
+            study=self.study,
+            command=command,
+            output=str(output),
+            error=error,
+            note=note,
+        )
+
+    def drivers(self, lock: str) -> list[Holder]:
+        """The drivers that hold (or are claiming) the study's lock ``lock`` now."""
+        return holders(self._client, self.experiment_id, lock)
 
     def parent_run(
         self,

@@ -17,6 +17,9 @@ Every run has ``ablate.status`` (``STATUSES``) and, once it ends, details as ``a
 ``tune_status`` and ``tune_trials``. Readers get these through ``CellRun``'s typed fields, never by
 spelling a tag.
 
+The experiment holds the study's driver lock (``ablate.tracking.lock``): one tag per driver that
+claims it, ``ablate.driver.<lock>.<holder id>`` (``driver_tag``), its value the holder as JSON.
+
 Every cell and trial run also records its provenance as ``env.<name>`` tags (``ablate.train.
 provenance``: code version, commit and code hash, torch, device, precision, backend). They keep the
 values of the attempt that started the run; a resumed attempt that differs adds ``env.<name>.resumed``.
@@ -42,6 +45,7 @@ STATUS = PREFIX + "status"
 REASON = PREFIX + "reason"
 DIVERGED_AT = PREFIX + "diverged_at"
 TOKENS_PER_S = PREFIX + "tokens_per_s"
+DRIVER = PREFIX + "driver."  # experiment tags: ablate.driver.<lock>.<holder id> (driver_tag)
 ENV = "env."  # provenance: env.<name> (ablate.train.provenance), and env.<name>.resumed
 PARENT = "mlflow.parentRunId"  # MLflow's own: the UI nests child runs under it
 DESCRIPTION = "mlflow.note.content"  # MLflow's own: a run's description in the UI
@@ -78,6 +82,12 @@ STATUSES: dict[str, str | None] = {
 def tag(detail: str) -> str:
     """``ablate.<detail>``: the tag of a status detail or label (see the module docstring)."""
     return PREFIX + detail
+
+
+def driver_tag(lock: str, holder: str = "") -> str:
+    """The experiment tag of one driver's claim on the study's lock ``lock`` (``run``, ``tune``);
+    without ``holder``, the prefix that all claims on that lock share."""
+    return f"{DRIVER}{lock}.{holder}"
 
 
 def env_tag(name: str, *, resumed: bool = False) -> str:

@@ -38,7 +38,8 @@ on the same points after the fact: the trial is PRUNED (its run ``finished``) bu
 
 **Storage and resuming.** Optuna's RDB storage in SQLite, ``<output>/optuna.db``, beside MLflow's
 ``mlflow.db`` but in its own file. Only the driver writes it (one ``ablate tune`` per study at a
-time: a lock on ``<output>/tune/.lock``; workers write only MLflow), so SQLite's single writer is no
+time: a lock on ``<output>/tune/.lock`` and the lock ``tune`` in the tracking store,
+``ablate.tracking.lock``; workers write only MLflow), so SQLite's single writer is no
 limitation and a journal file would buy nothing. Running ``ablate tune`` again continues each
 search: COMPLETE, PRUNED and FAIL trials count towards ``trials``, and only the remainder runs.
 A trial left RUNNING by a killed driver (or stopped by Ctrl-C) is marked FAIL with
@@ -73,7 +74,7 @@ from ..errors import TrackingError, TuneError
 from ..executor import Executor, ExecutorName, Outcome, Task
 from ..runner import (
     clean_failed_start,
-    open_tracker,
+    open_study,
     preflight,
     study_executor,
     study_lock,
@@ -378,13 +379,17 @@ def run_tune(
     uri = study.tracking_uri
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
     lock = study_lock(study.output_dir / "tune", command="ablate tune", error=TuneError)
-    with clean_failed_start(study.output_dir) as launched, lock:
+    with clean_failed_start(study.output_dir) as launched, lock, contextlib.ExitStack() as held:
         res = study.spec.resources
         pool = study_executor(study, executor, address=address, num_cpus=num_cpus)
         limit = 1 if pool.in_process else res.max_concurrent or 1 << 30
         interrupted = False
         try:
-            tracker, parent = open_tracker(study, pool)
+            tracker, parent = held.enter_context(
+                open_study(
+                    study, pool, lock="tune", command="ablate tune", error=TuneError, out=out
+                )
+            )
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
             storage = optuna.storages.RDBStorage(storage_url(study))
