@@ -6,6 +6,7 @@ Modules, by concept:
     vocab    every tag, role and status name ablate writes (spelled there and nowhere else)
     store    the store: URIs, creating it, a retrying client, the one direct SQLite read
     runs     the driver's StudyTracker (experiment, parent and child runs) and CellRun
+    lock     the study's driver lock in the store (a claim tag on its experiment, heartbeats)
     logger   MlflowLogger: the trainer's Logger into one run, batched and duplicate-free
     history  read_histories: metric curves for the report and tune
     status   study_status: the study's cells joined with their recorded runs; baseline_curves

@@ -98,3 +98,21 @@ def test_artifacts_of_a_server_tracked_study_land_in_the_servers_destination(
     from ablate.tracking import read_study_text
 
     assert read_study_text(uri, study.name) == "# test study\n"
+
+
+@pytest.mark.slow
+def test_the_driver_lock_works_through_the_server(server):
+    from ablate.errors import RunnerError
+    from ablate.tracking import StudyTracker
+
+    uri, _ = server
+    tracker = StudyTracker(uri, "locked")
+    with tracker.driver_lock("run", command="ablate run", output="/runs/a", error=RunnerError):
+        with pytest.raises(RunnerError, match="output folder /runs/a, since"):
+            tracker.driver_lock(
+                "run", command="ablate run", output="/runs/b", error=RunnerError
+            ).acquire()
+        assert [h.output for h in tracker.drivers("run")] == ["/runs/a"]
+    assert tracker.drivers("run") == []
+    tags = MlflowClient(tracking_uri=uri).get_experiment(tracker.experiment_id).tags
+    assert not [k for k in tags if k.startswith("ablate.driver.")]  # deleted through the server
