@@ -234,3 +234,8 @@ def test_a_two_worker_cell_spans_a_two_node_cluster_tracked_by_a_server(
     steps = int(runs[0].data.params["train.steps"])
     history = client.get_metric_history(runs[0].info.run_id, "train_loss")
     assert sorted(m.step for m in history) == list(range(1, steps + 1))
+    # the artifacts went through the server into its destination, not into the output folder
+    assert [p.parent.parent.name for p in (tmp_path / "server-artifacts").rglob("config.json")] == [
+        runs[0].info.run_id
+    ]
+    assert not (out / "artifacts").exists()
