@@ -184,6 +184,7 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
     from .tracking import MlflowLogger
     from .train import RunConfig
     from .train.logger import NullLogger
+    from .worker_checks import check_worker
 
     task: Task = loop_config["task"]
     _enter(task)
@@ -195,6 +196,9 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
     cfg = RunConfig.from_dict(d)
     logger: Any = MlflowLogger(task.tracking_uri, task.run_id) if rank == 0 else NullLogger()
     try:
+        # each worker's node, too: the cell's task checked only its own (a failure here costs
+        # Ray Train's restarts before the cell fails)
+        check_worker(task)
         pids = _gather_pids()
         extra = {"workers": ctx.get_world_size(), "worker_pids": ",".join(map(str, pids))}
         outcome = _train_cell(task, cfg, logger, extra)
@@ -227,8 +231,19 @@ def run_distributed(
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from .tracking import MlflowLogger
+    from .worker_checks import check_worker
 
     t0 = time.perf_counter()
+    _enter(task)
+    try:  # this node has the driver's code and paths: else the cell fails now, not after restarts
+        check_worker(task)
+    except Exception as e:
+        logger = MlflowLogger(task.tracking_uri, task.run_id)
+        _log_failure(logger, e)
+        with contextlib.suppress(Exception):
+            logger.close()
+        reason = f"{type(e).__name__}: {e}"
+        return Outcome(task.key, "failed", reason=reason, wall_time_s=time.perf_counter() - t0)
     box: Any = ray.remote(num_cpus=0)(_OutcomeBox).remote()
     storage = os.path.join(task.config.get("checkpoint_dir") or task.workdir, "ray_train")
     trainer = TorchTrainer(

@@ -352,11 +352,13 @@ class StudySpec(BaseModel):
             return v
         base, res = v.get("base"), v.get("resources")
         train = base.get("train") if isinstance(base, dict) else None
-        if isinstance(train, dict) and "workers" in train:
+        workers = res.get("workers", 1) if isinstance(res, dict) else 1
+        if isinstance(train, dict) and train.get("workers", workers) != workers:
+            # a resolved base (config.json, a dumped spec) carries it, equal to resources'
             raise ValueError(
-                "base.train.workers: set by resources.workers (processes per cell); write it there"
+                f"base.train.workers: {train['workers']}, but resources.workers is {workers}: "
+                "set by resources.workers (processes per cell); write it there"
             )
-        workers = res.get("workers") if isinstance(res, dict) else None
         if isinstance(workers, int) and not isinstance(workers, bool) and workers > 1:
             base = dict(base) if isinstance(base, dict) else {}
             base["train"] = {**(train if isinstance(train, dict) else {}), "workers": workers}

@@ -213,3 +213,43 @@ def test_ranks_quantize_the_weight_alike_and_draw_their_own_noise(mode):
     assert r0["fprop_signs"] == r1["fprop_signs"]
     assert r0["x_q"] != r1["x_q"]
     assert r0["signs"] != r1["signs"]
+
+
+# --- the study vocabulary --------------------------------------------------------------------------------
+
+
+def _spec(**over: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "name": "w",
+        "base": {"device": "cpu", "model": {"preset": "tiny"}, "train": {"batch_size": 8}},
+        "grid": {"seed": [0]},
+        "resources": {"cpus": 1, "workers": 2},
+    }
+    for k, v in over.items():
+        raw[k] = v
+    return raw
+
+
+def test_resources_workers_reaches_the_runs_and_bad_combinations_name_their_field(tmp_path):
+    from ablate.errors import SpecError
+    from ablate.spec import parse_study
+
+    s = parse_study(_spec(), output=tmp_path)
+    tc = s.cells[0].config.train
+    assert (tc.workers, tc.resolved_parallel) == (2, "ddp")
+    one = parse_study({**_spec(), "resources": {"cpus": 1}}, output=tmp_path)
+    assert s.cells[0].key != one.cells[0].key  # workers are in the key
+    assert one.cells[0].config.train.resolved_parallel == "none"
+    bad = [
+        ({"base": {"train": {"batch_size": 5}}}, "train.batch_size: 5 sequences do not split"),
+        ({"base": {"train": {"workers": 4, "batch_size": 8}}}, "base.train.workers: 4, but"),
+        ({"base": {"train": {"parallel": "none", "batch_size": 8}}}, "train.parallel: none"),
+        (
+            {"base": {"train": {"parallel": "zero3", "batch_size": 8}}},
+            "base.train.parallel: Input should be 'auto', 'none', 'ddp' or 'fsdp'",
+        ),
+        ({"probe": {"every": 5}}, "probe: probes run in one process"),
+    ]
+    for over, says in bad:
+        with pytest.raises(SpecError, match=says.replace("(", r"\(")):
+            parse_study(_spec(**over), output=tmp_path)

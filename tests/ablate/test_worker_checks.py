@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ablate import __version__
-from ablate.executor import Task, run_one
+from ablate.executor import Task, run_distributed, run_one
 from ablate.tracking import StudyTracker, default_uri, prepare_store
 from ablate.train.provenance import code_hash
 from ablate.worker_checks import WorkerSetupError, check_worker
@@ -28,11 +28,14 @@ def cell(tmp_path: Path) -> tuple[StudyTracker, str, str]:
     return tracker, rid, uri
 
 
-def _fails(tracker: StudyTracker, task: Task) -> str:
-    """Run the task in this process; assert that it failed at once, before it ran, and return the
-    reason recorded on its run."""
+def _fails(tracker: StudyTracker, task: Task, workers: int = 1) -> str:
+    """Run the task in this process (a multi-worker cell's task when ``workers`` > 1); assert that
+    it failed at once, before it ran (no Ray Train started), and return the reason on its run."""
     t0 = time.perf_counter()
-    o = run_one(task)
+    if workers > 1:
+        o = run_distributed(task, workers=workers, cpus=1, gpus=0, max_failures=0)
+    else:
+        o = run_one(task)
     assert time.perf_counter() - t0 < 10
     assert o.status == "failed" and o.reason.startswith("WorkerSetupError: "), o.reason
     run = tracker.cell_runs()["k"]
@@ -56,6 +59,10 @@ def test_a_worker_with_other_code_fails_the_cell_naming_both_hashes_and_the_fix(
     assert f"the worker on {socket.gethostname()} runs ablate {__version__} (code_hash " in reason
     assert f"{code_hash()}), the driver ablate {__version__} (code_hash {other})" in reason
     assert "install the driver's ablate on every node" in reason and "runtime environment" in reason
+    # a multi-worker cell's task checks its node before it starts Ray Train
+    tracker.set_status(rid, "pending")
+    task = Task("k", "k", {}, uri, rid, str(tmp_path), code_hash=other)
+    assert f"(code_hash {other})" in _fails(tracker, task, workers=2)
     with pytest.raises(WorkerSetupError, match="runs ablate .*, the driver ablate 0.0.1"):
         check_worker(Task("k", "k", {}, uri, rid, str(tmp_path), ablate_version="0.0.1"))
 
