@@ -126,8 +126,9 @@ class Ranks:
             for block in blocks:
                 fully_shard(block, mp_policy=mp)
             fully_shard(model, mp_policy=mp)
-        # after DDP's broadcast of rank 0's buffers: each rank's own keys
-        set_rank(model, self.rank)
+        if self.rank:  # after DDP's broadcast of rank 0's buffers: each rank's own keys (rank 0
+            # has them from construction; nothing set here on a compiled one-process model)
+            set_rank(model, self.rank)
         return model
 
 

@@ -6,6 +6,7 @@ to an uninterrupted 2-worker run, and what cannot run is refused before anything
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -129,3 +130,27 @@ def test_a_killed_worker_is_restarted_and_the_cell_ends_bit_identical(tmp_path):
     d["train"]["checkpoint_every"] = 0
     ref = two_ranks(d)[0]["evals"]
     assert res.outcomes[cell.key].final_val_loss == ref[-1]
+
+
+@pytest.mark.slow
+def test_workers_no_set_of_nodes_can_place_are_refused_when_ray_starts():
+    """A cluster's resources, not this machine's, decide on a cluster: the executor counts how many
+    workers of the cell's size the live nodes fit (here a Ray of 2 CPUs and no GPU)."""
+    import ray
+
+    from ablate.executor import RayExecutor
+
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
+    try:
+        for kw, says in [
+            ({"cpus": 1, "workers": 3}, "3 workers of 1 CPUs and 0 GPUs, but the Ray cluster's "
+             "nodes fit 2 such worker(s) (2 CPUs / 0 GPUs)"),
+            ({"cpus": 1, "gpus": 1, "workers": 2}, "fit 0 such worker(s)"),
+            ({"cpus": 3}, "asks for 3 CPUs and 0 GPUs, but the Ray cluster's nodes fit 0"),
+        ]:  # fmt: skip
+            with pytest.raises(CannotRunError, match=re.escape(says)):
+                RayExecutor(**kw)
+        RayExecutor(cpus=1, workers=2).close()  # fits: taken (and Ray left running: not its own)
+        assert ray.is_initialized()
+    finally:
+        ray.shutdown()
