@@ -185,7 +185,8 @@ def evaluate(
             count += y.numel()
         model.train(was_training)
         return total / count
-    sums = torch.zeros(2, dtype=torch.float64)
+    # on the batches' device: NCCL reduces only CUDA tensors
+    sums = torch.zeros(2, dtype=torch.float64, device=batches[0][0].device)
     for x, y in batches:
         xr, yr = ranks.rows(x), ranks.rows(y)
         n = yr.numel()
@@ -193,7 +194,7 @@ def evaluate(
             xr, yr = x[:1], y[:1]
         with ctx_fn():
             loss = float(model(xr, yr))
-        sums += torch.tensor([loss * n, n], dtype=torch.float64)
+        sums += torch.tensor([loss * n, n], dtype=torch.float64, device=sums.device)
     total, count = ranks.sum(sums).tolist()
     model.train(was_training)
     return total / count

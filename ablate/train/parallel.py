@@ -169,6 +169,8 @@ def process_group(config: RunConfig, device: torch.device) -> Iterator[None]:
             f"resources.workers: {config.train.workers} workers are started by Ray Train (the ray "
             "executor), not in this process"
         )
+    if device.type == "cuda":  # NCCL's collectives (and object broadcasts) use the current GPU
+        torch.cuda.set_device(device)
     with tempfile.TemporaryDirectory(prefix="ablate-pg-") as tmp:
         store = dist.FileStore(os.path.join(tmp, "store"), 1)
         dist.init_process_group(backend_for(device), store=store, rank=0, world_size=1)
