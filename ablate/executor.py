@@ -235,15 +235,19 @@ def run_distributed(
 
     t0 = time.perf_counter()
     _enter(task)
+
+    def failed(e: BaseException, reason: str) -> Outcome:
+        """The cell's failure, recorded on its run (no worker has logged it)."""
+        logger = MlflowLogger(task.tracking_uri, task.run_id)
+        _log_failure(logger, e, reason)
+        with contextlib.suppress(Exception):
+            logger.close()
+        return Outcome(task.key, "failed", reason=reason, wall_time_s=time.perf_counter() - t0)
+
     try:  # this node has the driver's code and paths: else the cell fails now, not after restarts
         check_worker(task)
     except Exception as e:
-        logger = MlflowLogger(task.tracking_uri, task.run_id)
-        _log_failure(logger, e)
-        with contextlib.suppress(Exception):
-            logger.close()
-        reason = f"{type(e).__name__}: {e}"
-        return Outcome(task.key, "failed", reason=reason, wall_time_s=time.perf_counter() - t0)
+        return failed(e, f"{type(e).__name__}: {e}")
     box: Any = ray.remote(num_cpus=0)(_OutcomeBox).remote()
     storage = os.path.join(task.config.get("checkpoint_dir") or task.workdir, "ray_train")
     trainer = TorchTrainer(
@@ -269,12 +273,7 @@ def run_distributed(
         return outcome
     except Exception as e:  # the workers failed more often than restarted
         lines = [x for x in _ANSI.sub("", str(e)).splitlines() if x.strip()]
-        reason = f"{type(e).__name__}: {lines[-1].strip()[:400] if lines else e!r}"
-        logger = MlflowLogger(task.tracking_uri, task.run_id)
-        _log_failure(logger, e, reason)
-        with contextlib.suppress(Exception):
-            logger.close()
-        return Outcome(task.key, "failed", reason=reason, wall_time_s=time.perf_counter() - t0)
+        return failed(e, f"{type(e).__name__}: {lines[-1].strip()[:400] if lines else e!r}")
     finally:
         with contextlib.suppress(Exception):
             ray.kill(box)

@@ -75,11 +75,9 @@ class Ranks:
 
     def mean(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` averaged over the ranks (every rank gets the same value); ``t`` itself on one."""
-        if not self.distributed or self.world == 1:
+        if self.world == 1:
             return t
-        t = t.clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)  # gloo has no AVG
-        return t / self.world
+        return self.sum(t) / self.world  # gloo has no AVG
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` added up over the ranks."""
