@@ -29,59 +29,13 @@ import sys
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from .errors import CannotRunError, RunnerError
+from .task import Outcome, Task
 
 ExecutorName = Literal["ray", "local"]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-@dataclass(frozen=True)
-class Task:
-    """Everything a worker needs to run one cell (plain data: it travels to Ray workers)."""
-
-    key: str
-    label: str
-    config: dict[str, Any]
-    """The resolved RunConfig as a dict, checkpoint_dir set."""
-    tracking_uri: str
-    run_id: str
-    workdir: str
-    """The driver's working directory (relative data paths are read from there)."""
-    threads: int = 1
-    stop_after: int | None = None
-    """Stop after this many steps (tests: an interruption at a known step)."""
-    ablate_version: str = field(default_factory=lambda: _driver_code()[0])
-    code_hash: str = field(default_factory=lambda: _driver_code()[1])
-    """The driver's ``ablate.__version__`` and numerics ``code_hash()``, taken where the task is
-    made; the worker refuses to run other code (``ablate.worker_checks``; "": not checked)."""
-
-
-def _driver_code() -> tuple[str, str]:
-    from . import __version__
-    from .train.provenance import code_hash
-
-    return __version__, code_hash()
-
-
-@dataclass(frozen=True)
-class Outcome:
-    key: str
-    status: str
-    """finished, diverged, failed, or interrupted."""
-    steps: int = 0
-    tokens: int = 0
-    final_val_loss: float = math.nan
-    tokens_per_s: float = 0.0
-    diverged_at: int | None = None
-    reason: str = ""
-    wall_time_s: float = 0.0
-
-    @property
-    def final_val_ppl(self) -> float:
-        return math.exp(min(self.final_val_loss, 700.0))
 
 
 def run_one(task: Task) -> Outcome:

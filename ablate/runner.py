@@ -39,15 +39,14 @@ from .executor import (
     Executor,
     ExecutorName,
     LocalExecutor,
-    Outcome,
     RayExecutor,
-    Task,
     cluster_address,
     remote_cluster,
 )
 from .progress import WAIT_REPEAT_S, WAIT_WARN_S, CellProgress, Progress, WaitWatch, fmt_s
 from .spec import Cell, Study
 from .targets import headroom_warning, reached_fraction, schedule_fraction, target_ppl_of
+from .task import Outcome, Task
 from .tracking import (
     CellRun,
     CellStatus,

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import RunnerError
+from .task import Task
 
 if TYPE_CHECKING:
-    from .executor import Task
     from .train import RunConfig
 
 SHARED = (

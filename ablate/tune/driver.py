@@ -71,7 +71,7 @@ from optuna.trial import Trial, TrialState
 from pydantic import ValidationError
 
 from ..errors import TrackingError, TuneError
-from ..executor import Executor, ExecutorName, Outcome, Task
+from ..executor import Executor, ExecutorName
 from ..runner import (
     clean_failed_start,
     open_study,
@@ -85,6 +85,7 @@ from ..spec.schema import TuneSpec
 from ..spec.study import Study
 from ..spec.tune import Search, plan_searches, trial_config
 from ..targets import Curve, target_ppl_of, tokens_to_target
+from ..task import Outcome, Task
 from ..tracking import StudyTracker, baseline_curves, read_histories
 from ..tracking.vocab import recipe_tags, trial_tags
 from ..train.checkpoint import remove_checkpoint
