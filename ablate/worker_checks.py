@@ -11,10 +11,10 @@ trainer (or writes its checkpoint where no retry finds it).
   config names (``ablate.train.data.check_sources``), read from the driver's working directory as
   the trainer reads them.
 
-``check_worker(task)`` runs both; ``executor.run_one`` calls it after moving into the driver's
+``check_worker(task)`` runs both. ``ablate.executor.worker`` calls it after moving into the driver's
 working directory and before it logs anything as running, so a refused cell ends ``failed`` at once
-with the message as its reason. (A multi-worker cell's Ray Train workers, ``executor._train_worker``,
-do not call it yet.)
+with the message as its reason: ``run_one`` in its worker; a multi-worker cell's task on its own
+node before it starts Ray Train (``run_distributed``), then each Ray Train worker on its node.
 """
 
 from __future__ import annotations

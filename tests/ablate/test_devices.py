@@ -15,9 +15,10 @@ from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
 from ablate.errors import CannotRunError
-from ablate.executor import LocalExecutor, Task, run_one
+from ablate.executor import LocalExecutor, run_one
 from ablate.runner import check_gpus, run_study
 from ablate.spec import load_study, parse_study
+from ablate.task import Task
 from ablate.tracking import StudyTracker, default_uri, prepare_store
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a process without CUDA")

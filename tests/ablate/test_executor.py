@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ablate.executor import LocalExecutor, Task
+from ablate.executor import LocalExecutor
+from ablate.task import Task
 from ablate.tracking import StudyTracker, default_uri, prepare_store
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ablate import __version__
-from ablate.executor import Task, run_distributed, run_one
+from ablate.executor import run_distributed, run_one
+from ablate.task import Task
 from ablate.tracking import StudyTracker, default_uri, prepare_store
 from ablate.train.provenance import code_hash
 from ablate.worker_checks import WorkerSetupError, check_worker

@@ -1,0 +1,41 @@
+"""Where cells run: the executors that take ``Task``s and hand back ``Outcome``s as they end
+(``ablate.task``), and ``run_one``, the plain function a worker runs. ``ablate run`` and
+``ablate tune`` drive the same two executors:
+
+- ``LocalExecutor``: in this process, one task at a time (tests, tiny studies, debugging);
+- ``RayExecutor``: each task a Ray task with the study's resources; a task whose worker dies is
+  retried (``resources.max_retries``) and resumes from its checkpoint in the same MLflow run.
+  A cell with ``resources.workers`` > 1 is one Ray task (no resources of its own) that runs a Ray
+  Train ``TorchTrainer`` of that many workers, each with the per-cell ``cpus``/``gpus`` (NCCL on
+  GPUs, gloo on CPUs): ``run_distributed``. Rank 0 logs; a dead worker makes Ray Train restart the
+  group (``resources.max_retries`` times), which resumes from the sharded checkpoint.
+
+The interface is ``submit(task)``, ``wait(timeout) -> [Outcome]`` (the tasks that ended, possibly
+none), ``cancel(key)``, ``cancel_all()`` and ``close()``. A task that cannot produce an outcome
+(its worker died more often than retried) ends as a ``failed`` outcome, never as an exception: one
+bad cell does not stop a study. This package is the only one that imports Ray.
+
+Modules, one concept each:
+
+    worker        run_one and run_distributed: what runs in a worker
+    local         the Executor interface and LocalExecutor
+    ray_executor  RayExecutor
+    cluster       which Ray cluster, whether it is remote, connecting (token authentication)
+"""
+
+from .cluster import check_ray_auth, cluster_address, remote_cluster
+from .local import Executor, ExecutorName, LocalExecutor
+from .ray_executor import RayExecutor
+from .worker import run_distributed, run_one
+
+__all__ = [
+    "Executor",
+    "ExecutorName",
+    "LocalExecutor",
+    "RayExecutor",
+    "check_ray_auth",
+    "cluster_address",
+    "remote_cluster",
+    "run_distributed",
+    "run_one",
+]

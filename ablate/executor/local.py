@@ -1,0 +1,66 @@
+"""The executor interface (``Executor``: submit / wait / cancel) and ``LocalExecutor``, which runs
+each task in this process, one at a time (tests, tiny studies, debugging)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Literal, Protocol
+
+from ..task import Outcome, Task
+from .worker import run_one
+
+ExecutorName = Literal["ray", "local"]
+
+
+class Executor(Protocol):
+    name: str
+    in_process: bool
+    """True when ``wait`` runs a task to its end in this process (nothing can be cancelled
+    mid-run)."""
+    multi_node: bool
+    """Whether tasks may run on other machines (a machine-local store cannot serve them)."""
+
+    def submit(self, task: Task) -> None: ...
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        """The outcomes of tasks that ended within ``timeout`` seconds (maybe none)."""
+        ...
+
+    def cancel(self, key: str) -> None: ...
+
+    def cancel_all(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def __len__(self) -> int:
+        """Tasks submitted and not yet returned by ``wait``."""
+        ...
+
+
+class LocalExecutor:
+    """In this process, one task at a time: ``wait`` runs the next one to its end."""
+
+    name = "local"
+    in_process = True
+    multi_node = False
+
+    def __init__(self) -> None:
+        self._queue: deque[Task] = deque()
+
+    def submit(self, task: Task) -> None:
+        self._queue.append(task)
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        return [run_one(self._queue.popleft())] if self._queue else []
+
+    def cancel(self, key: str) -> None:
+        self._queue = deque(t for t in self._queue if t.key != key)
+
+    def cancel_all(self) -> None:
+        self._queue.clear()
+
+    def close(self) -> None:
+        self._queue.clear()
+
+    def __len__(self) -> int:
+        return len(self._queue)

@@ -1,0 +1,147 @@
+"""``RayExecutor``: each task a Ray task with the study's resources, at most ``max_concurrent`` in
+flight, outcomes as they finish. A task whose worker dies is retried (``resources.max_retries``) and
+resumes from its checkpoint in the same MLflow run; a multi-worker cell is one Ray task holding no
+resources of its own that runs ``worker.run_distributed``, whose Ray Train workers hold them."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import deque
+from typing import Any
+
+from ..errors import CannotRunError
+from ..task import Outcome, Task
+from .cluster import cluster_address, connect
+from .worker import error_line, run_distributed, run_one
+
+
+def _slots(resources: dict[str, float], cpus: float, gpus: float) -> int:
+    """How many workers of ``cpus`` CPUs and ``gpus`` GPUs one node's resources hold."""
+    n = math.floor(resources.get("CPU", 0) / cpus)
+    if gpus > 0:
+        n = min(n, math.floor(resources.get("GPU", 0) / gpus))
+    return int(n)
+
+
+class RayExecutor:
+    """Each task a Ray task with the study's resources; at most ``max_concurrent`` in flight (the
+    rest wait here, in submission order), outcomes as they finish."""
+
+    name = "ray"
+    in_process = False
+
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        cpus: float = 1,
+        gpus: float = 0,
+        max_retries: int = 3,
+        max_concurrent: int | None = None,
+        num_cpus: int | None = None,
+        object_store_mb: int = 256,
+        workers: int = 1,
+    ) -> None:
+        import ray
+
+        self._ray = ray
+        self._owns = not ray.is_initialized()
+        if self._owns:
+            # Ray Train (multi-worker cells) asks the state API, served by the dashboard, whether
+            # its controller lives: without one it warns about that every few seconds
+            connect(
+                cluster_address(address),
+                num_cpus=num_cpus,
+                object_store_mb=object_store_mb,
+                dashboard=workers > 1,
+            )
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        self.multi_node = len(nodes) > 1
+        self.cluster_gpus = sum(n["Resources"].get("GPU", 0) for n in nodes)
+        """GPUs of the cluster's live nodes, all together (Ray's count, declared or detected)."""
+        slots = sum(_slots(n["Resources"], cpus, gpus) for n in nodes)
+        if slots < workers:  # Ray would queue every task forever
+            have = ", ".join(
+                f"{n['Resources'].get('CPU', 0):g} CPUs / {n['Resources'].get('GPU', 0):g} GPUs"
+                for n in nodes
+            )
+            self.close()
+            each = f"{workers} workers of " if workers > 1 else ""
+            raise CannotRunError(
+                f"resources: a cell asks for {each}{cpus:g} CPUs and {gpus:g} GPUs, but the Ray "
+                f"cluster's nodes fit {slots} such worker(s) ({have or 'no live node'}); lower "
+                "resources.cpus / resources.gpus / resources.workers or add nodes that fit"
+            )
+        self._remote: Any
+        if workers > 1:  # the cell's task holds nothing: its Ray Train workers hold the resources
+            opts: dict[str, Any] = {"num_cpus": 0, "max_retries": max_retries}
+            self._remote = ray.remote(run_distributed).options(**opts)  # type: ignore[arg-type]
+            self._kwargs: dict[str, Any] = dict(
+                workers=workers, cpus=cpus, gpus=gpus, max_failures=max_retries
+            )
+        else:
+            opts = {"num_cpus": cpus, "num_gpus": gpus, "max_retries": max_retries}
+            self._remote = ray.remote(run_one).options(**opts)
+            self._kwargs = {}
+        self.max_concurrent = max_concurrent
+        self._queue: deque[Task] = deque()
+        self._inflight: dict[Any, Task] = {}
+        self.dispatched: dict[str, float] = {}
+        """When (time.monotonic) each task was handed to Ray, by key (it may wait there for
+        resources; the runner reports a cell that waits long: ``progress.WaitWatch``)."""
+
+    def submit(self, task: Task) -> None:
+        self._queue.append(task)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        limit = self.max_concurrent or math.inf
+        while self._queue and len(self._inflight) < limit:
+            t = self._queue.popleft()
+            self._inflight[self._remote.remote(t, **self._kwargs)] = t
+            self.dispatched[t.key] = time.monotonic()
+
+    def wait(self, timeout: float) -> list[Outcome]:
+        if not self._inflight:
+            return []
+        refs = list(self._inflight)
+        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        out = [self._outcome(ref, self._inflight.pop(ref)) for ref in ready]
+        self._dispatch()
+        return out
+
+    def _outcome(self, ref: Any, task: Task) -> Outcome:
+        try:
+            o: Outcome = self._ray.get(ref)
+            return o
+        except self._ray.exceptions.RayError as e:  # the worker died more often than retried
+            return Outcome(task.key, "failed", reason=error_line(e, 500))
+
+    def resources(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The cluster's resources (``CPU``, ``GPU``, ...) free now and in all, as Ray counts
+        them."""
+        return dict(self._ray.available_resources()), dict(self._ray.cluster_resources())
+
+    def cancel(self, key: str) -> None:
+        self._queue = deque(t for t in self._queue if t.key != key)
+        for ref, t in list(self._inflight.items()):
+            if t.key == key:
+                with contextlib.suppress(Exception):
+                    self._ray.cancel(ref, force=True)
+                del self._inflight[ref]
+
+    def cancel_all(self) -> None:
+        self._queue.clear()
+        for ref in list(self._inflight):
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=True)
+        self._inflight.clear()
+
+    def close(self) -> None:
+        if self._owns and self._ray.is_initialized():
+            self._ray.shutdown()
+
+    def __len__(self) -> int:
+        return len(self._queue) + len(self._inflight)

@@ -1,0 +1,222 @@
+"""What runs in a worker: ``run_one(task) -> Outcome`` trains one cell (or tune trial) and logs into
+its MLflow run; ``run_distributed`` does the same for a multi-worker cell through a Ray Train
+``TorchTrainer`` (NCCL on GPUs, gloo on CPUs), rank 0 logging. Both are plain functions that the
+executors (``local``, ``ray_executor``) only decide where to run; both check the worker first
+(``ablate.worker_checks``) and never raise for a failing run: the failure is the outcome, recorded
+on the run, so one bad cell does not stop a study.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import time
+import traceback
+from typing import Any
+
+from ..task import Outcome, Task
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def error_line(e: BaseException, limit: int) -> str:
+    """A Ray error as one line: its last non-empty line without terminal colours, cut at
+    ``limit`` characters, after the exception's type."""
+    lines = [x for x in _ANSI.sub("", str(e)).splitlines() if x.strip()]
+    return f"{type(e).__name__}: {lines[-1].strip()[:limit] if lines else repr(e)}"
+
+
+def run_one(task: Task) -> Outcome:
+    """Train one cell, logging into its MLflow run; never raises for a failing run (the failure is
+    the outcome, recorded on the run) so one bad cell does not stop a study. A ddp or fsdp cell
+    of one worker trains in a process group of one (``train.parallel.process_group``)."""
+    from ..tracking import MlflowLogger
+    from ..train import RunConfig
+    from ..worker_checks import check_worker
+
+    _enter(task)
+    logger = MlflowLogger(task.tracking_uri, task.run_id)
+    t0 = time.perf_counter()
+    try:
+        check_worker(task)  # the driver's code and paths, before anything is logged as running
+        cfg = RunConfig.from_dict(task.config)
+        return _train_cell(task, cfg, logger)
+    except Exception as e:  # a failed cell is a result, not a crash of the study
+        _log_failure(logger, e)
+        reason = f"{type(e).__name__}: {e}"
+        return Outcome(task.key, "failed", reason=reason, wall_time_s=time.perf_counter() - t0)
+    finally:
+        with contextlib.suppress(Exception):
+            logger.close()
+
+
+def _enter(task: Task) -> None:
+    """A worker's set-up for a task: the driver's working directory, the task's thread count."""
+    import torch
+
+    if os.path.isdir(task.workdir):
+        os.chdir(task.workdir)
+    torch.set_num_threads(max(1, task.threads))
+
+
+def _log_failure(logger: Any, e: BaseException, reason: str = "") -> None:
+    reason = reason or f"{type(e).__name__}: {e}"
+    with contextlib.suppress(Exception):
+        tb = "".join(traceback.format_exception(e))
+        logger.log_status("failed", {"reason": reason[:500], "traceback": tb[-4000:]})
+
+
+def _train_cell(task: Task, cfg: Any, logger: Any, extra: dict[str, Any] | None = None) -> Outcome:
+    """Check the device, record where the cell runs and that it is running, train it (in a
+    process group of one where its parallel mode needs a group and none exists) and return its
+    outcome. ``logger`` is rank 0's (the others pass a ``NullLogger``)."""
+    from ..devices import check_worker_device, placement
+    from ..tracking import MlflowLogger
+    from ..train import train
+    from ..train.checkpoint import checkpoint_info
+    from ..train.device import resolve_device
+    from ..train.parallel import process_group
+    from ..train.provenance import environment
+
+    check_worker_device(cfg.device, task.label)  # before anything is logged as running
+    if isinstance(logger, MlflowLogger):  # rank 0's, or a one-process cell's
+        ckpt = checkpoint_info(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        where = {"host": socket.gethostname(), "pid": os.getpid(), **(extra or {})}
+        logger.log_environment({**environment(cfg), **placement(cfg.device)})
+        if not ckpt:
+            logger.mark_started()  # the run's start: now, not when the driver queued it
+        logger.log_status("running", {**where, "resumed_from": ckpt["step"] if ckpt else 0})
+    with process_group(cfg, resolve_device(cfg.device)):
+        res = train(cfg, logger, stop_after=task.stop_after)
+    status = "interrupted" if res.status == "stopped" else res.status
+    return Outcome(
+        task.key,
+        status,
+        steps=res.steps,
+        tokens=res.tokens,
+        final_val_loss=res.final_val_loss,
+        tokens_per_s=res.tokens_per_s,
+        diverged_at=res.diverged_at,
+        reason=res.reason,
+        wall_time_s=res.wall_time_s,
+    )
+
+
+class _OutcomeBox:
+    """A Ray actor that carries rank 0's outcome from a Ray Train worker to its cell's task."""
+
+    def __init__(self) -> None:
+        self.outcome: Outcome | None = None
+
+    def put(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+    def get(self) -> Outcome | None:
+        return self.outcome
+
+
+def _train_worker(loop_config: dict[str, Any]) -> None:
+    """One Ray Train worker of a multi-worker cell: its rank of the run, in the process group Ray
+    Train made. Rank 0 logs to the cell's MLflow run and hands its outcome to the cell's task. An
+    exception ends the worker group (Ray Train restarts it, or fails the cell): a rank that kept
+    going would wait forever in a collective the failed one never enters."""
+    import ray.train
+    import ray.train.torch
+
+    from ..tracking import MlflowLogger
+    from ..train import RunConfig
+    from ..train.logger import NullLogger
+    from ..worker_checks import check_worker
+
+    task: Task = loop_config["task"]
+    _enter(task)
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    d = dict(task.config)
+    if d.get("device", "cpu").startswith("cuda"):  # the GPU Ray Train gave this worker
+        d["device"] = str(ray.train.torch.get_device())
+    cfg = RunConfig.from_dict(d)
+    logger: Any = MlflowLogger(task.tracking_uri, task.run_id) if rank == 0 else NullLogger()
+    try:
+        # each worker's node, too: the cell's task checked only its own (a failure here costs
+        # Ray Train's restarts before the cell fails)
+        check_worker(task)
+        pids = _gather_pids()
+        extra = {"workers": ctx.get_world_size(), "worker_pids": ",".join(map(str, pids))}
+        outcome = _train_cell(task, cfg, logger, extra)
+        if rank == 0:
+            loop_config["box"].put.remote(outcome)
+    finally:
+        with contextlib.suppress(Exception):
+            logger.close()
+
+
+def _gather_pids() -> list[int]:
+    """Every rank's process id, in rank order (collective)."""
+    import torch.distributed as dist
+
+    pids: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())
+    return [int(p) for p in pids]
+
+
+def run_distributed(
+    task: Task, *, workers: int, cpus: float, gpus: float, max_failures: int
+) -> Outcome:
+    """A multi-worker cell: a Ray Train ``TorchTrainer`` of ``workers`` workers (each with
+    ``cpus`` CPUs and ``gpus`` GPUs; NCCL on GPUs, gloo on CPUs) that train the cell's run, rank 0
+    logging. A worker's death makes Ray Train restart the group, up to ``max_failures`` times,
+    resuming from the sharded checkpoint. Runs as a Ray task itself (holding no resources); never
+    raises for a failing run."""
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from ..tracking import MlflowLogger
+    from ..worker_checks import check_worker
+
+    t0 = time.perf_counter()
+    _enter(task)
+
+    def failed(e: BaseException, reason: str) -> Outcome:
+        """The cell's failure, recorded on its run (no worker has logged it)."""
+        logger = MlflowLogger(task.tracking_uri, task.run_id)
+        _log_failure(logger, e, reason)
+        with contextlib.suppress(Exception):
+            logger.close()
+        return Outcome(task.key, "failed", reason=reason, wall_time_s=time.perf_counter() - t0)
+
+    try:  # this node has the driver's code and paths: else the cell fails now, not after restarts
+        check_worker(task)
+    except Exception as e:
+        return failed(e, f"{type(e).__name__}: {e}")
+    box: Any = ray.remote(num_cpus=0)(_OutcomeBox).remote()
+    storage = os.path.join(task.config.get("checkpoint_dir") or task.workdir, "ray_train")
+    trainer = TorchTrainer(
+        _train_worker,
+        train_loop_config={"task": task, "box": box},
+        torch_config=TorchConfig(backend="nccl" if gpus > 0 else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=workers,
+            use_gpu=gpus > 0,
+            resources_per_worker={"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})},
+        ),
+        run_config=RunConfig(
+            name=f"{task.key}-{int(time.time())}",
+            storage_path=storage,
+            failure_config=FailureConfig(max_failures=max_failures),
+        ),
+    )
+    try:
+        trainer.fit()
+        outcome = ray.get(box.get.remote())
+        if outcome is None:
+            raise RuntimeError("the workers ended without an outcome")
+        return outcome
+    except Exception as e:  # the workers failed more often than restarted
+        return failed(e, error_line(e, 400))
+    finally:
+        with contextlib.suppress(Exception):
+            ray.kill(box)
