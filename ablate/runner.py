@@ -1,14 +1,7 @@
-"""Running a study: plan each cell against what MLflow already holds, launch the cells that need it
-on an executor (``ablate.executor``: Ray tasks by default, or in this process), collect results as
-they finish, show progress. ``run_study`` is those three steps: ``plan``, ``_launch``, ``_collect``.
-
-What ``run`` does to a cell (``plan``):
-
-- ``run``: no MLflow run has its key yet -> create one and train;
-- ``skip``: finished or diverged (both are results);
-- ``resume``: started but not ended (interrupted, worker lost, driver killed) -> continue from its
-  checkpoint (or from step 0 when there is none) in the same run;
-- ``failed``: ended with an error -> left alone unless ``--rerun-failed`` (then resumed like above).
+"""Running a study: plan each cell against what MLflow already holds (``ablate.planning``), launch
+the cells that need it on an executor (``ablate.executor``: Ray tasks by default, or in this
+process), collect results as they finish, show progress. ``run_study`` is those steps, after the
+checks of ``ablate.preflight``: ``plan_cells``, ``_launch``, ``_collect``.
 
 Ctrl-C cancels the cells in flight, marks them ``interrupted`` and leaves a study that the next
 ``ablate run`` resumes. One driver per study at a time: a lock file in the output folder
@@ -21,357 +14,37 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import math
 import os
 import signal
 import socket
 import sys
-import textwrap
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
-from .devices import cuda_index
 from .errors import AblateError, CannotRunError, RunnerError, TrackingError
 from .executor import (
     Executor,
     ExecutorName,
     LocalExecutor,
     RayExecutor,
-    cluster_address,
-    remote_cluster,
 )
+from .planning import TO_RUN, PlannedCell, plan_cells, summarize
+from .preflight import check_gpus, preflight
 from .progress import WAIT_REPEAT_S, WAIT_WARN_S, CellProgress, Progress, WaitWatch, fmt_s
 from .spec import Cell, Study
-from .targets import headroom_warning, reached_fraction, schedule_fraction, target_ppl_of
 from .task import Outcome, Task
 from .tracking import (
-    CellRun,
-    CellStatus,
     StudyTracker,
-    check_cluster_uri,
-    check_store,
     check_uri,
     is_local_store,
     join_runs,
     prepare_store,
-    study_status,
 )
-from .tracking.status import baseline_curves, count
-from .tracking.vocab import cell_params, cell_tags, env_tag, outcome_details, short_name
-from .train.checkpoint import checkpoint_info
-from .train.config import device_kind, flatten
-from .train.provenance import code_hash
-
-Action = Literal["run", "skip", "resume", "failed", "rerun"]
-ACTIONS: tuple[Action, ...] = ("run", "resume", "rerun", "skip", "failed")
-TO_RUN = ("run", "resume", "rerun")
-
-
-# --- planning -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PlannedCell:
-    cell: Cell
-    action: Action
-    run: CellRun | None = None
-    why: str = ""
-    fresh: bool = False
-    """Rerun from step 0 in a new MLflow run (a stale result: the old run and its checkpoint are
-    kept, the checkpoint moved aside)."""
-
-
-def stale(run: CellRun) -> str:
-    """Why a recorded result came from other numerics code than this process runs ("" when it did
-    not, or when the run predates provenance records)."""
-    recorded = run.tags.get(env_tag("code_hash"))
-    if not recorded or recorded == code_hash():
-        return ""
-    return f"code_hash {recorded}, now {code_hash()}"
-
-
-def plan_cell(
-    cell: Cell,
-    run: CellRun | None,
-    *,
-    rerun_failed: bool,
-    ckpt_step: int | None,
-    rerun_stale: bool = False,
-) -> PlannedCell:
-    """What ``run`` does to one cell, given its recorded run and its checkpoint's step."""
-    if run is None:
-        return PlannedCell(cell, "run", None, "new")
-    if run.status in ("finished", "diverged"):
-        old = stale(run)
-        if old and rerun_stale:
-            why = f"{run.status} by other code ({old}); again from step 0 in a new run"
-            return PlannedCell(cell, "rerun", run, why, fresh=True)
-        if old:
-            why = f"{run.status}; stale: other training code ({old}); --rerun-stale reruns it"
-            return PlannedCell(cell, "skip", run, why)
-        return PlannedCell(cell, "skip", run, run.status)
-    where = f"from the step-{ckpt_step} checkpoint" if ckpt_step else "from step 0"
-    if run.status == "failed":
-        if rerun_failed:
-            return PlannedCell(cell, "rerun", run, f"failed before; again {where}")
-        why = f"failed ({run.reason[:80]}); --rerun-failed reruns it"
-        return PlannedCell(cell, "failed", run, why)
-    return PlannedCell(cell, "resume", run, f"{run.status}; {where}")
-
-
-def plan_cells(
-    study: Study,
-    statuses: Iterable[CellStatus],
-    *,
-    rerun_failed: bool = False,
-    rerun_stale: bool = False,
-) -> list[PlannedCell]:
-    return [
-        plan_cell(
-            cs.cell,
-            cs.run,
-            rerun_failed=rerun_failed,
-            ckpt_step=_ckpt_step(study, cs.cell),
-            rerun_stale=rerun_stale,
-        )
-        for cs in statuses
-    ]
-
-
-def plan(
-    study: Study, *, rerun_failed: bool = False, rerun_stale: bool = False
-) -> list[PlannedCell]:
-    """What ``run`` would do to each cell, from the study's MLflow store if it exists (read only:
-    planning creates nothing)."""
-    try:
-        statuses = study_status(study)
-    except TrackingError:  # nothing recorded yet: every cell is new
-        statuses = join_runs(study, {})
-    return plan_cells(study, statuses, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
-
-
-def target_headroom(study: Study) -> str | None:
-    """The warning when the baseline reaches the study's target late in its budget (so costly
-    configurations show as "not reached" instead of their cost): from the baseline's recorded
-    curves when it has finished runs, else from the schedule (``ablate.targets``)."""
-    t = study.target
-    if t is None:
-        return None
-    try:
-        curves = baseline_curves(study)
-    except TrackingError:  # nothing recorded yet
-        curves = []
-    if not curves:
-        fraction = schedule_fraction(t.from_baseline, t.at)
-        return headroom_warning(fraction, measured=False, tolerance=t.tolerance)
-    try:
-        target = target_ppl_of(t, curves)
-    except ValueError:
-        return None
-    return headroom_warning(reached_fraction(curves, target), measured=True)
-
-
-def summarize(planned: Iterable[PlannedCell]) -> dict[str, int]:
-    """How many cells get each action, in ``ACTIONS`` order."""
-    counts = count([p.action for p in planned])
-    return {a: counts[a] for a in ACTIONS if a in counts}
-
-
-def check_devices(study: Study, cells: Iterable[Cell] | None = None) -> None:
-    """Ask each cell's GEMM backend whether this machine's device can run its recipe (before any
-    cell starts); raises ``CannotRunError`` listing every refusal. On a Ray cluster (``--address``)
-    the workers' devices are not this machine's, so the check then runs in the workers."""
-    from backends.gemm import UnsupportedFormatError
-    from backends.registry import get_backend
-
-    from .train.device import resolve_device
-
-    problems: dict[str, list[str]] = {}
-    for c in study.cells if cells is None else cells:
-        try:
-            get_backend(c.config.backend).check(c.config.recipe, resolve_device(c.config.device))
-        except (UnsupportedFormatError, ValueError) as e:
-            problems.setdefault(str(e), []).append(c.label)
-    if problems:
-        lines = [
-            f"  cells {', '.join(labels[:4])}{' ...' if len(labels) > 4 else ''}:\n"
-            + textwrap.indent(msg, "    ")
-            for msg, labels in problems.items()
-        ]
-        raise CannotRunError("this machine cannot run the study:\n" + "\n".join(lines))
-
-
-def check_resources(study: Study, *, num_cpus: int | None = None) -> None:
-    """On this machine (no cluster), a cell's ``resources`` must fit it: Ray would otherwise queue
-    the cells forever. On a cluster the executor checks its nodes once Ray is up."""
-    import torch
-
-    res = study.spec.resources
-    cpus = num_cpus or os.cpu_count() or 1
-    gpus = torch.cuda.device_count()
-    problems = []
-    n = res.workers
-    per = f" per worker x resources.workers {n}" if n > 1 else " per cell"
-    if res.cpus * n > cpus:
-        problems.append(f"resources.cpus: {res.cpus:g}{per}, but this machine has {cpus}")
-    if res.gpus * n > gpus:
-        problems.append(f"resources.gpus: {res.gpus:g}{per}, but this machine has {gpus}")
-    if problems:
-        raise CannotRunError(
-            "this machine cannot run the study: "
-            + "; ".join(problems)
-            + " (lower them, or run on a cluster with --address)"
-        )
-
-
-def _device(study: Study, cell: Cell) -> str:
-    """The device a cell's study asked for (``auto`` included), before expansion resolved it."""
-    return str(cell.values.get("device", study.spec.base.device))
-
-
-def needs_gpu(study: Study, cell: Cell) -> str:
-    """Why a cell needs a GPU wherever it runs ("" when it does not): its device is CUDA
-    (``cuda``, ``cuda:N``, or ``auto`` resolved with ``resources.gpus > 0``), or its backend is
-    native and its device ``auto`` (native FP4/FP8 GEMMs exist only on GPUs; a native cell with
-    ``device: cpu`` is the backend's to refuse, recipe by recipe)."""
-    written = _device(study, cell)
-    if device_kind(cell.config.device) == "cuda":
-        return f"device: {cell.config.device if written == 'auto' else written}"
-    if cell.config.backend == "native" and written == "auto":
-        return "backend: native"
-    return ""
-
-
-_WHY_GPU = {
-    "device": "to train on a GPU",
-    "backend": "to run native FP4/FP8 GEMMs, which exist only on GPUs",
-}
-
-
-def check_gpus(study: Study, *, gpus_seen: float = 0, where: str = "this machine") -> None:
-    """Refuse cells that need a GPU when ``resources.gpus`` gives them none (a Ray task that asks
-    for no GPU sees none: it would train on the CPU in fp32, or fail in every worker). Cells that
-    need one wherever they run (``needs_gpu``) are refused from the study alone; ``device: auto``
-    cells (pinned to cpu at expansion when ``resources.gpus`` is 0) when ``where`` has
-    ``gpus_seen`` GPUs: a GPU study that forgot ``resources.gpus`` must not silently train on CPUs,
-    and a CPU study says ``device: cpu``. Raises ``CannotRunError`` naming the cells and the fix."""
-    res = study.spec.resources
-    if res.gpus > 0:
-        return
-    reasons: dict[str, list[str]] = {}
-    for c in study.cells:
-        why = needs_gpu(study, c)
-        if not why and gpus_seen and _device(study, c) == "auto":
-            why = "device: auto"
-        if why:
-            reasons.setdefault(why, []).append(c.label)
-    if not reasons:
-        return
-    lines = []
-    for why, labels in reasons.items():
-        need = _WHY_GPU.get(why.partition(":")[0], "")
-        if why == "device: auto":
-            need = (
-                f"{where} has {gpus_seen:g} GPU(s), but with resources.gpus: 0 auto resolves to "
-                "cpu and these cells would train on the CPU in fp32"
-            )
-        lines.append(f"  {why} ({_cells(labels)}): {need}")
-    alternatives = (
-        ["device: cpu to train on CPUs on purpose"]
-        if any(w.startswith("device") for w in reasons)
-        else []
-    )
-    if "backend: native" in reasons:
-        alternatives.append("backend: emulated to emulate the formats on CPUs")
-    raise CannotRunError(
-        "resources.gpus: 0 gives each cell no GPU (a Ray task that asks for none sees none), but "
-        f"{sum(map(len, reasons.values()))} cell(s) need one:\n"
-        + "\n".join(lines)
-        + "\nfix: set resources.gpus: 1 (GPUs per cell), or "
-        + ", or ".join(alternatives)
-    )
-
-
-def auto_cpu_cells(study: Study) -> list[str]:
-    """Labels of the cells that ``device: auto`` pinned to cpu (``resources.gpus`` 0): what a
-    cluster with GPUs refuses (``check_gpus``), which ``validate --address`` cannot see."""
-    if study.spec.resources.gpus > 0:
-        return []
-    return [c.label for c in study.cells if _device(study, c) == "auto" and not needs_gpu(study, c)]
-
-
-def check_ray_devices(study: Study) -> None:
-    """A Ray task sees only the GPUs it asks for, numbered from 0: ``cuda:N`` needs N <
-    ``resources.gpus`` (rounded up)."""
-    seen = math.ceil(study.spec.resources.gpus)
-    bad: dict[str, list[str]] = {}
-    for c in study.cells:
-        index = cuda_index(c.config.device)
-        if index is not None and index >= max(seen, 1):  # gpus 0: check_gpus refuses them
-            bad.setdefault(c.config.device, []).append(c.label)
-    if bad:
-        lines = [f"  device: {d} ({_cells(labels)})" for d, labels in bad.items()]
-        raise CannotRunError(
-            f"a Ray task sees only the resources.gpus: {study.spec.resources.gpus:g} GPU(s) it "
-            "asks for, numbered from 0 (Ray sets CUDA_VISIBLE_DEVICES), so these devices do not "
-            "exist in it:\n"
-            + "\n".join(lines)
-            + "\nfix: use device: cuda (the cell's first GPU), or raise resources.gpus"
-        )
-
-
-def _cells(labels: list[str]) -> str:
-    more = f" and {len(labels) - 4} more" if len(labels) > 4 else ""
-    return f"cell{'s' if len(labels) > 1 else ''} {', '.join(labels[:4])}{more}"
-
-
-def preflight(
-    study: Study,
-    *,
-    executor: ExecutorName = "ray",
-    address: str | None = None,
-    num_cpus: int | None = None,
-) -> None:
-    """Every check ``run`` makes before it writes anything: the tracking store is usable; cells
-    that need a GPU get one (``check_gpus``: from the study alone, and for ``device: auto`` from
-    this machine's GPUs unless a cluster runs the study; the executor checks the cluster's); and
-    (unless a cluster's workers decide) this machine's device runs every cell's recipe and has the
-    resources a cell asks for. ``validate``, ``plan``, ``run`` and ``tune`` all call it."""
-    import torch
-
-    try:
-        check_store(study.tracking_uri)
-    except TrackingError as e:
-        raise CannotRunError(str(e)) from None
-    workers = study.spec.resources.workers
-    if executor == "local" and workers > 1:
-        raise CannotRunError(
-            f"resources.workers: {workers} workers per cell run through Ray Train; the local "
-            "executor runs one process (use the ray executor, or resources.workers: 1)"
-        )
-    on_cluster = executor == "ray" and bool(cluster_address(address))
-    check_gpus(study, gpus_seen=0 if on_cluster else torch.cuda.device_count())
-    if executor == "ray":
-        check_ray_devices(study)
-    if not on_cluster:
-        check_devices(study)
-        check_resources(study, num_cpus=num_cpus)
-    if executor == "ray" and remote_cluster(address):
-        try:
-            check_cluster_uri(study.tracking_uri, str(cluster_address(address)))
-        except TrackingError as e:
-            raise CannotRunError(str(e)) from None
-
-
-def _ckpt_step(study: Study, cell: Cell) -> int | None:
-    info = checkpoint_info(study.checkpoint_dir(cell))
-    return int(info["step"]) if info else None
-
-
-# --- the driver ---------------------------------------------------------------------------------------
+from .tracking.vocab import cell_params, cell_tags, outcome_details, short_name
+from .train.config import flatten
 
 
 @contextlib.contextmanager

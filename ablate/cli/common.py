@@ -88,9 +88,10 @@ def executor_opt(each: str) -> Callable[[F], F]:
 
 
 def preflight_or_exit(study: Study, address: str | None) -> None:
-    """``runner.preflight`` (what ``run`` checks before it starts), its refusal as exit 2; then the
-    target-headroom warning (``runner.target_headroom``) on stderr."""
-    from ..runner import auto_cpu_cells, preflight, target_headroom
+    """``preflight.preflight`` (what ``run`` checks before it starts), its refusal as exit 2; then the
+    target-headroom warning (``planning.target_headroom``) on stderr."""
+    from ..planning import target_headroom
+    from ..preflight import auto_cpu_cells, preflight
 
     try:
         preflight(study, address=address)

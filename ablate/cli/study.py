@@ -283,8 +283,8 @@ def plan(
         ablate plan studies/mxfp4_wgrad.yaml
         ablate plan study.yaml --device-memory 80GiB
     """
-    from ..runner import plan as plan_study
-    from ..runner import summarize
+    from ..planning import plan as plan_study
+    from ..planning import summarize
 
     study = load(study_file, output, max_cells, tracking_uri)
     _checks(study, address)
@@ -341,7 +341,8 @@ def _checks(study: Study, address: str | None) -> None:
     import torch
 
     from ..errors import CannotRunError, TrackingError
-    from ..runner import check_devices, check_ray_devices, target_headroom
+    from ..planning import target_headroom
+    from ..preflight import check_devices, check_ray_devices
     from ..tracking import check_store
     from ..train.config import device_kind
 
@@ -555,7 +556,8 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         else:
             click.echo(f"{study.name}: nothing recorded yet ({e})")
         return
-    from ..runner import driver_running, stale
+    from ..planning import stale
+    from ..runner import driver_running
 
     tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
     latest = tracker.latest_metrics([cs.run.run_id for cs in statuses if cs.run])

@@ -72,10 +72,10 @@ from pydantic import ValidationError
 
 from ..errors import TrackingError, TuneError
 from ..executor import Executor, ExecutorName
+from ..preflight import preflight
 from ..runner import (
     clean_failed_start,
     open_study,
-    preflight,
     study_executor,
     study_lock,
     task_threads,

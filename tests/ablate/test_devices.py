@@ -16,7 +16,8 @@ from mlflow.tracking import MlflowClient
 from ablate.cli import main
 from ablate.errors import CannotRunError
 from ablate.executor import LocalExecutor, run_one
-from ablate.runner import check_gpus, run_study
+from ablate.preflight import check_gpus
+from ablate.runner import run_study
 from ablate.spec import load_study, parse_study
 from ablate.task import Task
 from ablate.tracking import StudyTracker, default_uri, prepare_store

@@ -18,7 +18,8 @@ from mlflow.tracking import MlflowClient
 from test_distributed import two_ranks
 
 from ablate.errors import CannotRunError
-from ablate.runner import preflight, run_study
+from ablate.preflight import preflight
+from ablate.runner import run_study
 from ablate.spec import Study, parse_study
 
 METRICS = ("train_loss", "lr", "grad_norm", "tokens_per_s")

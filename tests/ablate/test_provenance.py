@@ -15,7 +15,8 @@ from mlflow.tracking import MlflowClient
 from test_runner import tiny_study
 
 from ablate.cli import main
-from ablate.runner import plan, run_study, target_headroom
+from ablate.planning import plan, target_headroom
+from ablate.runner import run_study
 from ablate.spec import load_study, parse_study
 from ablate.targets import Curve, headroom_warning, reached_fraction
 from ablate.tracking import StudyTracker

@@ -15,7 +15,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from ablate.errors import RunnerError
-from ablate.runner import plan, plan_cell, run_study, study_lock
+from ablate.planning import plan, plan_cell
+from ablate.runner import run_study, study_lock
 from ablate.spec import Study, parse_study
 from ablate.tracking import CellRun
 

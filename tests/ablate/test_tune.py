@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from ablate.cli import main
 from ablate.errors import SpecError, TuneError
-from ablate.runner import plan
+from ablate.planning import plan
 from ablate.spec import Study, parse_study
 from ablate.spec.tune import plan_searches
 from ablate.tune import optuna_name, run_tune, storage_url, tune_summary
