@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from . import probe, results, study
+from . import plan, probe, recipe, results, study
 
 
 @click.group()
@@ -20,10 +20,10 @@ def main() -> None:
 
 
 for command in (
-    study.recipe,
-    study.validate,
-    study.schema,
-    study.plan,
+    recipe.recipe,
+    plan.validate,
+    plan.schema,
+    plan.plan,
     study.run,
     study.status,
     study.adopt,

@@ -1,0 +1,269 @@
+"""The commands that look at a study before it runs and write nothing: ``validate`` (every check
+``run`` makes), ``plan`` (what ``run`` would do to each cell, and each configuration's memory
+estimate per device, with a warning for those that will not fit) and ``schema`` (the JSON Schema of a
+study file)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ..errors import AblateError
+from ..spec import Study
+from .common import (
+    address_opt,
+    load,
+    max_cells_opt,
+    output_opt,
+    preflight_or_exit,
+    refuse,
+    study_arg,
+    tracking_uri_opt,
+)
+
+if TYPE_CHECKING:
+    from ..train.memory import MemoryEstimate
+
+
+def _device_memory(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from ..train.memory import parse_size
+
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
+
+
+@click.command()
+@study_arg
+@output_opt
+@max_cells_opt
+@click.option("--rerun-failed", is_flag=True, help="Plan as `run --rerun-failed` would.")
+@click.option("--rerun-stale", is_flag=True, help="Plan as `run --rerun-stale` would.")
+@address_opt
+@tracking_uri_opt()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--device-memory",
+    callback=_device_memory,
+    default=None,
+    metavar="SIZE",
+    help="Memory of the device each cell trains on, e.g. 80GiB, 24GB, 512MiB (default: the "
+    "visible GPU's, for cells that train on CUDA).",
+)
+def plan(
+    study_file: str,
+    output: str | None,
+    max_cells: int,
+    rerun_failed: bool,
+    rerun_stale: bool,
+    address: str | None,
+    tracking_uri: str | None,
+    as_json: bool,
+    device_memory: int | None,
+) -> None:
+    """Show the expanded cells and what `run` would do to each: run, resume, skip, failed.
+
+    Also each configuration's memory estimate per device in its parallel mode (parameters,
+    gradients, AdamW state, activations of one worker's micro-batch, bf16 weight copies, DDP's
+    gradient buckets or FSDP's unsharded working set, +10% allowance; see ablate.train.memory),
+    with a warning for those that exceed the device's memory: --device-memory, else the visible
+    GPU's for cells that train on CUDA. Reads the study's MLflow store if there is one; creates
+    nothing.
+
+    \b
+    Example:
+        ablate plan studies/mxfp4_wgrad.yaml
+        ablate plan study.yaml --device-memory 80GiB
+    """
+    from ..planning import plan as plan_study
+    from ..planning import summarize
+
+    study = load(study_file, output, max_cells, tracking_uri)
+    _checks(study, address)
+    planned = plan_study(study, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
+    mem = _memory_estimates(study, device_memory)
+    if as_json:
+        rows = [
+            {
+                "key": p.cell.key,
+                "label": p.cell.label,
+                "config": p.cell.config_label,
+                "baseline": p.cell.baseline,
+                "action": p.action,
+                "why": p.why,
+                "values": dict(p.cell.values),
+                "memory": {
+                    **mem[p.cell.key][0].breakdown(),
+                    "parallel": mem[p.cell.key][0].parallel,
+                    "workers": mem[p.cell.key][0].workers,
+                    "device_memory": mem[p.cell.key][1],
+                },
+            }
+            for p in planned
+        ]
+        click.echo(json.dumps({"study": study.name, "cells": rows}, indent=2, default=str))
+        _memory_warnings(mem, planned)
+        return
+    click.echo(f"study {study.name}: {len(planned)} cells, axes: {', '.join(study.axes)}")
+    width = max(len(p.cell.label) for p in planned)
+    for p in planned:
+        mark = " (baseline)" if p.cell.baseline else ""
+        click.echo(f"  {p.cell.key}  {p.cell.label:{width}s}  {p.action:7s} {p.why}{mark}")
+    click.echo("would: " + ", ".join(f"{a} {n}" for a, n in summarize(planned).items()))
+    from ..train.memory import format_bytes
+
+    click.echo("memory per device (estimate):")
+    for (est, limit), cells in _by_estimate(mem, planned).items():
+        configs = sorted({c.config_label for c in cells})
+        shown = ", ".join(configs[:3]) + (
+            f" and {len(configs) - 3} more" if len(configs) > 3 else ""
+        )
+        of = f" (device: {format_bytes(limit)})" if limit is not None else ""
+        click.echo(f"  {len(cells)} cell(s) ({shown}): {est.short()}{of}")
+    _memory_warnings(mem, planned)
+
+
+def _checks(study: Study, address: str | None) -> None:
+    """What validate and plan check: ``preflight_or_exit`` (all that `run` checks), except for a
+    study whose cells ask for more GPUs than this machine has, without --address: such a study is
+    for other machines (8-GPU cells planned on a laptop), so it is checked as a cluster's driver
+    checks it, the study alone (tracking store, device numbering, the backends of its CPU cells),
+    with a warning that `ablate run` refuses it here; this machine's devices and cores are not
+    checked, and `run` still refuses it."""
+    import torch
+
+    from ..errors import CannotRunError, TrackingError
+    from ..planning import target_headroom
+    from ..preflight import check_devices, check_ray_devices
+    from ..tracking import check_store
+    from ..train.config import device_kind
+
+    res = study.spec.resources
+    need, have = res.gpus * res.workers, torch.cuda.device_count()
+    if address or need <= have:
+        preflight_or_exit(study, address)
+        return
+    # resources.gpus > 0 here, so check_gpus (cells that need a GPU but get none) has nothing to say
+    try:
+        try:
+            check_store(study.tracking_uri)
+        except TrackingError as e:
+            raise CannotRunError(str(e)) from None
+        check_ray_devices(study)
+        check_devices(study, [c for c in study.cells if device_kind(c.config.device) == "cpu"])
+    except AblateError as e:
+        raise refuse(e) from None
+    click.echo(
+        f"warning: each cell asks for {need:g} GPU(s) (resources.gpus {res.gpus:g} x "
+        f"resources.workers {res.workers}) and this machine has {have}: `ablate run` refuses the "
+        "study here; run it on a cluster (--address) or a machine with that many GPUs (checked "
+        "here: the study itself; not this machine's devices and cores)",
+        err=True,
+    )
+    if warning := target_headroom(study):
+        click.echo(f"warning: {warning}", err=True)
+
+
+def _memory_estimates(
+    study: Study, device_memory: int | None
+) -> dict[str, tuple[MemoryEstimate, int | None]]:
+    """Each cell's estimate and the memory of the device it trains on (None: unknown)."""
+    from ..train.config import device_kind
+    from ..train.memory import estimate_run, visible_device_memory
+
+    out: dict[str, tuple[MemoryEstimate, int | None]] = {}
+    for cell in study.cells:
+        kind = device_kind(cell.config.device)
+        limit = device_memory
+        if limit is None and kind == "cuda":
+            limit = visible_device_memory()
+        out[cell.key] = (estimate_run(cell.config, kind), limit)
+    return out
+
+
+def _by_estimate(
+    mem: dict[str, tuple[MemoryEstimate, int | None]], planned: list[Any]
+) -> dict[tuple[MemoryEstimate, int | None], list[Any]]:
+    groups: dict[tuple[MemoryEstimate, int | None], list[Any]] = {}
+    for p in planned:
+        groups.setdefault(mem[p.cell.key], []).append(p.cell)
+    return groups
+
+
+def _memory_warnings(mem: dict[str, tuple[MemoryEstimate, int | None]], planned: list[Any]) -> None:
+    """A warning on stderr per configuration whose estimate exceeds its device's memory."""
+    from ..train.memory import format_bytes
+
+    for (est, limit), cells in _by_estimate(mem, planned).items():
+        if limit is not None and est.total > limit:
+            fixed = est.parameters + est.gradients + est.optimizer
+            configs = sorted({c.config_label for c in cells})
+            mode = f" ({est.parallel} x{est.workers})" if est.parallel != "none" else ""
+            fixes = (
+                ["raise train.grad_accum for smaller micro-batches"] if est.micro_batch > 1 else []
+            )
+            fixes.append("shorten train.seq_len")
+            fixes.append(
+                "raise resources.workers"
+                if est.parallel == "fsdp"
+                else "shard the model over more GPUs (resources.workers, train.parallel: fsdp)"
+            )
+            click.echo(
+                f"warning: memory: {len(cells)} cell(s) ({', '.join(configs[:3])}"
+                f"{' ...' if len(configs) > 3 else ''}) need about {format_bytes(est.total)} per "
+                f"device{mode}, more than the device's {format_bytes(limit)}: they will not fit "
+                f"(parameters, gradients and AdamW state alone: {format_bytes(fixed)}; "
+                f"{', '.join(fixes)}, or pick a smaller model)",
+                err=True,
+            )
+
+
+@click.command()
+@study_arg
+@output_opt
+@max_cells_opt
+@address_opt
+@tracking_uri_opt()
+def validate(
+    study_file: str,
+    output: str | None,
+    max_cells: int,
+    address: str | None,
+    tracking_uri: str | None,
+) -> None:
+    """Check a study without running anything (exit status 2 and every problem when invalid).
+
+    Runs every check `ablate run` makes before it starts: the spec, the data (found, and large
+    enough for a training and a validation batch), the tracking store, and (without --address)
+    whether this machine's device and cores can run every cell.
+
+    \b
+    Example:
+        ablate validate studies/quickstart.yaml
+    """
+    study = load(study_file, output, max_cells, tracking_uri)
+    _checks(study, address)
+    configs = {c.config_label for c in study.cells}
+    base = study.baseline_cells[0].config_label if study.baseline_cells else "none"
+    click.echo(
+        f"ok: {study.name}: {len(study.cells)} cells, {len(configs)} configurations, "
+        f"axes {', '.join(study.axes)}; baseline {base}"
+    )
+
+
+@click.command()
+def schema() -> None:
+    """Print the JSON Schema of a study file (for editors and validators).
+
+    \b
+    Example:
+        ablate schema > study.schema.json
+    """
+    from ..spec import json_schema
+
+    click.echo(json.dumps(json_schema(), indent=2))
