@@ -7,9 +7,13 @@ A cell counts as running while its step advances. One whose step has not moved f
 seconds (or ten of its own step times, if longer) counts as queued again: that is what a cell whose
 worker died looks like while Ray's retry waits for a worker (it resumes from its checkpoint).
 
-``WaitWatch`` reports cells that Ray has had for ``WAIT_WARN_S`` seconds without starting them (their
-runs still ``pending``): a line naming the longest-waiting cell, what a cell asks for and what the
-cluster has free, again at most every ``WAIT_REPEAT_S`` seconds while any waits."""
+``WaitWatch`` tells a study's own queue from a fault. A cell that Ray has had for ``WAIT_WARN_S``
+seconds without starting it (since it was submitted, and since the study's last cell ended) waits
+either behind the study's own running cells, which is the normal queue of a study larger than the
+cluster (the progress line counts it as queued, and nothing more is said), or for resources that
+something else holds, or that no node has: then a line names the longest-waiting cell, what a cell
+asks for, what the cluster has free and what the study's own cells hold, again at most every
+``WAIT_REPEAT_S`` seconds while it waits."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -152,51 +156,72 @@ class Progress:
 
 @dataclass
 class WaitWatch:
-    """Notices cells that the cluster holds without starting them (see the module docstring).
-    ``check`` is cheap until a cell has waited ``after_s``: only then does it read the waiting
-    cells' statuses, and a cell seen started is never read again."""
+    """Notices cells that the cluster holds without starting them, and says so when the study's
+    own running cells do not explain the wait (see the module docstring). ``check`` is cheap until
+    a cell has waited ``after_s``: only then does it ask which cells started and what the cluster
+    has free.
+
+    A cell waits behind the study's own cells when what the cluster has free plus what the study's
+    running cells hold (what they asked for, at most what the cluster has in use) covers what a
+    cell asks for: it starts as they end. Otherwise something else holds the rest, or the cluster
+    no longer has room for a cell (a node left): the warning.
+    The sums are the cluster's; a cell that fits no single node is refused before the study starts
+    (``RayExecutor``)."""
 
     dispatched: Mapping[str, float]
     """When (time.monotonic) each cell was handed to the cluster, by key (the executor's)."""
-    run_ids: Mapping[str, str]
     labels: Mapping[str, str]
-    statuses: Callable[[Iterable[str]], Mapping[str, str]]
-    """Run ids -> their ablate status (``pending`` until the worker starts the cell)."""
-    describe: Callable[[], str]
-    """What a cell asks for and what the cluster has free, as words."""
+    started: Callable[[], Collection[str]]
+    """Keys of the cells that have started to run on the cluster (the executor's)."""
+    resources: Callable[[], tuple[Mapping[str, float], Mapping[str, float]]]
+    """The cluster's resources (``CPU``, ``GPU``) free now and in all."""
+    ask: Mapping[str, float]
+    """What one running cell holds, all its workers together (``{"CPU": 2.0, "GPU": 0.0}``)."""
+    asks: str = "a cell asks for what its resources say"
+    """The same in words, for the warning."""
     after_s: float = WAIT_WARN_S
     """Report a cell not started this long after it was handed over (0: never)."""
     every_s: float = WAIT_REPEAT_S
-    _started: set[str] = field(default_factory=set)
+    _ended: int = 0
+    _moved: float = -math.inf
+    """When the study's queue last moved: a cell of it ended (time.monotonic)."""
     _last: float = -math.inf
 
     def check(self, ended: Collection[str], now: float | None = None) -> str | None:
         """The line to print now (None: nothing to say); ``ended``: keys whose outcome is in."""
         now = time.monotonic() if now is None else now
+        if len(ended) != self._ended:  # what the ended cells held goes to the next in the queue
+            self._ended, self._moved = len(ended), now
         if self.after_s <= 0 or now - self._last < self.every_s:
             return None
-        late = {
-            k: now - t
-            for k, t in self.dispatched.items()
-            if k not in ended and k not in self._started and now - t >= self.after_s
-        }
+        flight = [k for k in self.dispatched if k not in ended]
+        late = [k for k in flight if now - max(self.dispatched[k], self._moved) >= self.after_s]
         if not late:
             return None
-        status = self.statuses([self.run_ids[k] for k in late])
-        waiting = {k: w for k, w in late.items() if status.get(self.run_ids[k]) == "pending"}
-        self._started.update(set(late) - set(waiting))
+        started = set(self.started())
+        waiting = {k: now - self.dispatched[k] for k in late if k not in started}
         if not waiting:
             return None
+        running = sum(k in started for k in flight)
+        free, total = self.resources()
+        # what the study's running cells hold: no more than the cluster has in use (a cell whose
+        # node left, retried by Ray, holds nothing)
+        held = {r: min(running * a, total.get(r, 0) - free.get(r, 0)) for r, a in self.ask.items()}
+        if all(free.get(r, 0) + held[r] >= a - 1e-9 for r, a in self.ask.items() if a > 0):
+            return None  # the study's own queue: its running cells hold what the next one needs
         self._last = now
         first = max(waiting, key=waiting.__getitem__)
         more = f" ({len(waiting) - 1} more cell(s) wait as well)" if len(waiting) > 1 else ""
-        flight = sum(k not in ended for k in self.dispatched)
+        have = " and ".join(
+            f"{free.get(r, 0):g} of {total.get(r, 0):g} {r}s free" for r in ("CPU", "GPU")
+        )
+        own = " and ".join(f"{held.get(r, 0):g} {r}s" for r in ("CPU", "GPU"))
         return (
             f"waiting for resources: cell {self.labels[first]} was submitted "
-            f"{fmt_s(waiting[first])} ago and has not started{more}; {self.describe()}; this "
-            f"study has {flight} cell(s) on the cluster now. A cell starts once a node has what "
-            "it asks for free: if nothing else should hold them, see `ray status`, add nodes or "
-            "lower resources"
+            f"{fmt_s(waiting[first])} ago and has not started{more}; {self.asks}; the Ray "
+            f"cluster has {have}, and this study's running cells hold {own}: "
+            "something else holds what the cell needs, or no node has room for it; see `ray "
+            "status`, wait for that work or stop it, add nodes or lower resources"
         )
 
 

@@ -218,9 +218,9 @@ def run_study(
 ) -> StudyResult:
     """Run every cell that needs it (see the module docstring); returns when all have ended or on
     Ctrl-C (``interrupted``). Nothing finished is ever rerun or overwritten. On Ray, a cell that
-    the cluster has not started ``wait_warning_s`` after it was submitted is reported, again every
-    five times that long (at most every ``WAIT_REPEAT_S``) while cells wait (0: never;
-    ``progress.WaitWatch``)."""
+    the cluster has not started ``wait_warning_s`` after it was submitted, and that the study's
+    own running cells do not hold up, is reported, again every five times that long (at most every
+    ``WAIT_REPEAT_S``) while it waits (0: never; ``progress.WaitWatch``)."""
     out = stream or sys.stderr
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
     with (
@@ -313,24 +313,22 @@ def _collect(
     wait_warning_s: float = 0,
 ) -> None:
     """Record each outcome as it arrives, with a live progress line and a line about cells that
-    wait for resources longer than ``wait_warning_s`` (``wait_watch``); Ctrl-C cancels the
-    rest."""
+    wait longer than ``wait_warning_s`` for resources that the study's own cells do not hold
+    (``wait_watch``); Ctrl-C cancels the rest."""
     by_key = {c.key: c for c in study.cells}
     cells = {k: CellProgress(by_key[k].label, by_key[k].config.train.steps) for k in result.run_ids}
     prog = Progress(tracker, cells, result.run_ids, stream=out)
     live = progress and bool(result.run_ids)
     if live:
         prog.start()
-    watch = wait_watch(study, ex, tracker, result, wait_warning_s)
+    watch = wait_watch(study, ex, wait_warning_s)
     with _ctrl_c_noted() as ctrl_c:
         _collect_outcomes(
             ex, tracker, result, prog, out, by_key, progress, on_outcome, ctrl_c, watch
         )
 
 
-def wait_watch(
-    study: Study, ex: Executor, tracker: StudyTracker, result: StudyResult, after_s: float
-) -> WaitWatch | None:
+def wait_watch(study: Study, ex: Executor, after_s: float) -> WaitWatch | None:
     """The watch on cells that Ray holds without starting them (None in process: a cell there
     starts when the previous one ends)."""
     if not isinstance(ex, RayExecutor) or after_s <= 0:
@@ -338,19 +336,10 @@ def wait_watch(
     res = study.spec.resources
     each = f" for each of its {res.workers} workers" if res.workers > 1 else ""
     asks = f"a cell asks for {res.cpus:g} CPU(s) and {res.gpus:g} GPU(s){each} (resources)"
-
-    def describe() -> str:
-        free, total = ex.resources()
-        have = " and ".join(
-            f"{free.get(k, 0):g} of {total.get(k, 0):g} {k}s free" for k in ("CPU", "GPU")
-        )
-        return f"{asks}; the Ray cluster has {have}"
-
+    ask = {"CPU": res.cpus * res.workers, "GPU": res.gpus * res.workers}
     labels = {c.key: c.label for c in study.cells}
     every = min(WAIT_REPEAT_S, 5 * after_s)
-    return WaitWatch(
-        ex.dispatched, result.run_ids, labels, tracker.statuses, describe, after_s, every
-    )
+    return WaitWatch(ex.dispatched, labels, ex.started, ex.resources, ask, asks, after_s, every)
 
 
 @contextlib.contextmanager

@@ -48,8 +48,9 @@ from .common import (
     type=click.FloatRange(min=0),
     default=None,
     metavar="SECONDS",
-    help="On Ray: say which cell has not started this long after it was submitted, what it asks "
-    "for and what the cluster has free (default: 60; 0: never).",
+    help="On Ray: say which cell has not started this long after it was submitted while the "
+    "study's own running cells do not hold what it needs (something else does, or no node has "
+    "room), with what it asks for and what the cluster has free (default: 60; 0: never).",
 )
 def run(
     study_file: str,

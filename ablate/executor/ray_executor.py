@@ -1,7 +1,11 @@
 """``RayExecutor``: each task a Ray task with the study's resources, at most ``max_concurrent`` in
 flight, outcomes as they finish. A task whose worker dies is retried (``resources.max_retries``) and
 resumes from its checkpoint in the same MLflow run; a multi-worker cell is one Ray task holding no
-resources of its own that runs ``worker.run_distributed``, whose Ray Train workers hold them."""
+resources of its own that runs ``worker.run_distributed``, whose Ray Train workers hold them.
+
+Each task tells a small actor of the executor's (``_Starts``, no resources) when it starts to run,
+so that the driver knows which of its cells hold resources now and which wait for them
+(``started``; the runner's wait watch, ``progress.WaitWatch``, reads it)."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any
 from ..errors import CannotRunError
 from ..task import Outcome, Task
 from .cluster import cluster_address, connect
-from .worker import error_line, run_distributed, run_one
+from .worker import error_line, run_distributed, run_one_on_ray
 
 
 def _slots(resources: dict[str, float], cpus: float, gpus: float) -> int:
@@ -23,6 +27,20 @@ def _slots(resources: dict[str, float], cpus: float, gpus: float) -> int:
     if gpus > 0:
         n = min(n, math.floor(resources.get("GPU", 0) / gpus))
     return int(n)
+
+
+class _Starts:
+    """A Ray actor (holding no resources) that each task of one executor tells when it starts to
+    run: from then on the task holds what it asked for (a retried task tells it again)."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+
+    def add(self, key: str) -> None:
+        self.keys.add(key)
+
+    def get(self) -> set[str]:
+        return self.keys
 
 
 class RayExecutor:
@@ -74,6 +92,8 @@ class RayExecutor:
                 f"cluster's nodes fit {slots} such worker(s) ({have or 'no live node'}); lower "
                 "resources.cpus / resources.gpus / resources.workers or add nodes that fit"
             )
+        self._starts: Any = ray.remote(num_cpus=0)(_Starts).remote()
+        self._started: set[str] = set()
         self._remote: Any
         if workers > 1:  # the cell's task holds nothing: its Ray Train workers hold the resources
             opts: dict[str, Any] = {"num_cpus": 0, "max_retries": max_retries}
@@ -83,8 +103,9 @@ class RayExecutor:
             )
         else:
             opts = {"num_cpus": cpus, "num_gpus": gpus, "max_retries": max_retries}
-            self._remote = ray.remote(run_one).options(**opts)
+            self._remote = ray.remote(run_one_on_ray).options(**opts)
             self._kwargs = {}
+        self._kwargs["starts"] = self._starts
         self.max_concurrent = max_concurrent
         self._queue: deque[Task] = deque()
         self._inflight: dict[Any, Task] = {}
@@ -119,6 +140,14 @@ class RayExecutor:
         except self._ray.exceptions.RayError as e:  # the worker died more often than retried
             return Outcome(task.key, "failed", reason=error_line(e, 500))
 
+    def started(self) -> set[str]:
+        """Keys of the tasks that have started to run on a worker (so held their resources), as
+        the tasks told (a second or so after Ray started them); the last answer when the record
+        cannot be read within a few seconds."""
+        with contextlib.suppress(Exception):
+            self._started = set(self._ray.get(self._starts.get.remote(), timeout=5))
+        return self._started
+
     def resources(self) -> tuple[dict[str, float], dict[str, float]]:
         """The cluster's resources (``CPU``, ``GPU``, ...) free now and in all, as Ray counts
         them."""
@@ -142,6 +171,9 @@ class RayExecutor:
     def close(self) -> None:
         if self._owns and self._ray.is_initialized():
             self._ray.shutdown()
+        elif (starts := getattr(self, "_starts", None)) is not None:
+            with contextlib.suppress(Exception):
+                self._ray.kill(starts)
 
     def __len__(self) -> int:
         return len(self._queue) + len(self._inflight)

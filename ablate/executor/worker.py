@@ -52,6 +52,13 @@ def run_one(task: Task) -> Outcome:
             logger.close()
 
 
+def run_one_on_ray(task: Task, starts: Any) -> Outcome:
+    """``run_one`` as a Ray task: it first tells ``starts`` (its executor's actor) that it runs on
+    a worker, and so holds the resources it asked for, then trains the cell."""
+    starts.add.remote(task.key)
+    return run_one(task)
+
+
 def _enter(task: Task) -> None:
     """A worker's set-up for a task: the driver's working directory, the task's thread count."""
     import torch
@@ -131,9 +138,11 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
     from ..worker_checks import check_worker
 
     task: Task = loop_config["task"]
-    _enter(task)
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
+    if rank == 0 and loop_config.get("starts") is not None:  # every worker of the cell is placed
+        loop_config["starts"].add.remote(task.key)
+    _enter(task)
     d = dict(task.config)
     if d.get("device", "cpu").startswith("cuda"):  # the GPU Ray Train gave this worker
         d["device"] = str(ray.train.torch.get_device())
@@ -163,13 +172,20 @@ def _gather_pids() -> list[int]:
 
 
 def run_distributed(
-    task: Task, *, workers: int, cpus: float, gpus: float, max_failures: int
+    task: Task,
+    *,
+    workers: int,
+    cpus: float,
+    gpus: float,
+    max_failures: int,
+    starts: Any = None,
 ) -> Outcome:
     """A multi-worker cell: a Ray Train ``TorchTrainer`` of ``workers`` workers (each with
     ``cpus`` CPUs and ``gpus`` GPUs; NCCL on GPUs, gloo on CPUs) that train the cell's run, rank 0
     logging. A worker's death makes Ray Train restart the group, up to ``max_failures`` times,
     resuming from the sharded checkpoint. Runs as a Ray task itself (holding no resources); never
-    raises for a failing run."""
+    raises for a failing run. Rank 0 tells ``starts`` (an executor's actor, if given) when the
+    workers run, and so hold their resources."""
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -196,7 +212,7 @@ def run_distributed(
     storage = os.path.join(task.config.get("checkpoint_dir") or task.workdir, "ray_train")
     trainer = TorchTrainer(
         _train_worker,
-        train_loop_config={"task": task, "box": box},
+        train_loop_config={"task": task, "box": box, "starts": starts},
         torch_config=TorchConfig(backend="nccl" if gpus > 0 else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=workers,
