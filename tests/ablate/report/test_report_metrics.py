@@ -238,6 +238,66 @@ def test_a_configuration_no_seed_of_which_reaches_the_target_gets_a_lower_bound_
     assert "cost only bounded" in x["note"] and f"after {naive + 1:.2f}x" in x["note"]
 
 
+def test_a_negative_lower_bound_reads_as_what_was_observed(study):
+    # two configuration seeds still above the target after 1.5x the baseline's tokens, but with
+    # two seeds each the 95% lower bound stays below zero: the report says what it saw
+    from ablate.report.verdict import cost_and_speedup
+
+    runs = {
+        "b0": {"config": "fp8", "baseline": True, "ppl": [8, 4.5, 3.9, 3.5]},
+        "b1": {"config": "fp8", "seed": 1, "baseline": True, "ppl": [8, 4.2, 4.1, 3.0]},
+        "x0": {"config": "x", "ppl": [8, 6, 5, 4.4]},
+        "x1": {"config": "x", "seed": 1, "ppl": [8, 5, 4.4, 4.2]},
+    }
+    cells, evals = study(runs)
+    table = per_config(per_cell(cells, evals, 4.0), evals=clean_evals(cells, evals))
+    x = table.set_index("config").loc["x"]
+    assert x["rel_token_cost_kind"] == "bound" and x["rel_token_cost_lo"] < 0
+    assert x["not_reached_after"] > 1
+    cost, speed = cost_and_speedup(x.to_dict())
+    assert cost == f"not reached after {x['not_reached_after']:.2f}x the baseline's tokens"
+    assert speed.startswith("at most")
+    # a bound above zero reads as one
+    row = {**x.to_dict(), "rel_token_cost_lo": 0.05}
+    assert cost_and_speedup(row)[0] == "at least +5.0% (95% lower bound)"
+
+
+def test_a_baseline_trained_past_the_budget_counts_up_to_it_and_says_so(study):
+    # baseline seeds: 4 evaluations in the budget (steps 100-400), then 2 more (baseline_extend)
+    runs = {
+        "b0": {"config": "fp8", "baseline": True, "ppl": [8, 6, 5, 4.5, 4.2, 4.0]},
+        "b1": {"config": "fp8", "seed": 1, "baseline": True, "ppl": [8, 6.5, 5.5, 5.0, 4.4, 4.1]},
+        "x0": {"config": "x", "ppl": [8, 6.2, 5.2, 4.6]},
+        "x1": {"config": "x", "seed": 1, "ppl": [8, 6.4, 5.3, 4.7]},
+    }
+    for key in ("b0", "b1"):
+        runs[key]["schedule_steps"] = 400
+    cells, evals = study(runs)
+    # a target from the baseline's final perplexity: the budget's (4.5, 5.0), not the end's
+    assert resolve_target({"from_baseline": "final"}, evals, cells) == pytest.approx(4.75)
+    cell = per_cell(cells, evals, 4.8).set_index("key")
+    assert cell.loc["b0", "outcome"] == "reached" and cell.loc["b0", "last_tokens"] == 400e3
+    # b1 gets below 4.8 only after the budget: censored there, as an ordinary cell would be
+    assert cell.loc["b1", "outcome"] == "not reached"
+    assert cell.loc["b1", "final_ppl"] == pytest.approx(5.0)
+    assert 400e3 < cell.loc["b1", "extended_crossing"] < 500e3
+    assert cell.loc["b1", "extended_tokens"] == 600e3 and math.isnan(
+        cell.loc["x0", "extended_tokens"]
+    )
+    table = per_config(per_cell(cells, evals, 4.8), evals=clean_evals(cells, evals)).set_index(
+        "config"
+    )
+    assert "trained 1.50x the budget (baseline_extend)" in table.loc["fp8", "note"]
+    assert "seed 1 reached the target only after the budget" in table.loc["fp8", "note"]
+    # the equal-loss ratio reads the whole curves: x ends (4.6, 4.7) on both baseline seeds'
+    assert table.loc["x", "equal_loss_token_ratio_kind"] == "observed"
+    cut = evals[~(evals["key"].isin(["b0", "b1"]) & (evals["step"] > 400))]
+    plain = per_config(per_cell(cells, cut, 4.8), evals=clean_evals(cells, cut)).set_index("config")
+    # without the extension b1 never gets down to x's losses: censored pairs, said in the notes
+    assert plain.loc["x", "equal_loss_token_ratio_kind"] == "censored"
+    assert "pairs are off the baseline's curve" in plain.loc["x", "note"]
+
+
 def test_baseline_that_never_reaches_the_target_gives_nan_costs_and_a_message(study):
     cells, evals = _three_configs(study, baseline_reaches=False)
     table = per_config(per_cell(cells, evals, 4.0))
