@@ -25,7 +25,9 @@ Kinds of estimate (``Estimate.kind``):
     observed   every seed on both sides reached the target: the t interval above
     censored   some seed did not, the maximum-likelihood estimate is finite: the profile interval
     bound      no seed of the configuration reached it: the cost has no point estimate, only a lower
-               bound (``lo``; ``hi`` is +inf)
+               bound (``lo``; ``hi`` is +inf): the least the seeds' censored tokens allow, each
+               seed placed by its offset on its own curve, less t times the standard error
+               (``_cost_bound``; it exceeds the true cost in under 2.5% of simulated studies)
     none       nothing to estimate (the baseline never reached the target, or no seeds)
 
 A zero spread (every reached seed at exactly the same tokens) leaves the interval undefined (NaN),

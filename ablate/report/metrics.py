@@ -105,6 +105,9 @@ def per_cell(cells: Any, evals: Any, target_ppl: float) -> Any:
             else f.get("nonfinite_at", math.nan)
         )
         diverged = cell["status"] == "diverged" or not math.isnan(f.get("nonfinite_at", math.nan))
+        if diverged and diverged_at > budget.get(cell["key"], math.inf):
+            diverged = False  # in the extension past the budget: up to it, a run that finished
+            cell = {**cell, "status": "finished"}
         crossing = f.get("crossing")
         if diverged:
             outcome = "diverged"
@@ -163,13 +166,16 @@ def baseline_curves(cells: Any, evals: Any) -> list[Curve]:
     budget (a baseline trained past it: the end of its schedule), cut at the first non-finite
     evaluation: what a target derived from the baseline is computed from."""
     ev = evals if evals.attrs.get(_CLEAN) else clean_evals(cells, evals)
-    keep = cells[cells["baseline"].astype(bool) & (cells["status"] == "finished")]["key"]
     budget = budget_steps(cells)
-    return [
-        Curve.of(tok[step <= budget.get(key, np.inf)], ppl[step <= budget.get(key, np.inf)])
-        for key, step, tok, ppl in curves(ev[ev["key"].isin(set(keep))])
-        if np.isfinite(ppl).all()  # a NaN loss: diverged, whatever its status says
-    ]
+    late = cells["key"].map(budget).astype(float) < cells["diverged_at"].astype(float)
+    done = (cells["status"] == "finished") | ((cells["status"] == "diverged") & late)
+    keep = set(cells[cells["baseline"].astype(bool) & done]["key"])
+    out = []
+    for key, step, tok, ppl in curves(ev[ev["key"].isin(keep)]):
+        ordinary = step <= budget.get(key, np.inf)
+        if np.isfinite(ppl[ordinary]).all():  # a NaN loss: diverged, whatever its status says
+            out.append(Curve.of(tok[ordinary], ppl[ordinary]))
+    return out
 
 
 def resolve_target(target: TargetLike | Mapping[str, Any], evals: Any, cells: Any) -> float:
@@ -382,12 +388,10 @@ def _censored_offsets(evals: Any | None, sub: Any) -> list[float] | None:
 
 
 def _curves_by_key(evals: Any | None, sub: Any) -> dict[str, Curve]:
-    """The finished, non-diverged seeds' curves of ``sub`` (cells), by key."""
+    """The finished, non-diverged seeds' curves of ``sub`` (per-cell rows), by key."""
     if evals is None:
         return {}
     keep = set(sub[(sub["status"] == "finished") & (sub["outcome"] != "diverged")]["key"])
-    return {
-        key: Curve.of(tok, ppl)
-        for key, _, tok, ppl in curves(evals[evals["key"].isin(keep)])
-        if np.isfinite(ppl).all()
-    }
+    # (a baseline seed that diverged only past the budget counts as finished: its curve up to the
+    # divergence, which Curve.of cuts at)
+    return {key: Curve.of(tok, ppl) for key, _, tok, ppl in curves(evals[evals["key"].isin(keep)])}

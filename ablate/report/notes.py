@@ -104,7 +104,7 @@ def off_curve_note(pairing: Pairing, seeds: Sequence[Any], extended: bool) -> st
 
 def baseline_notes(sub: Any) -> list[str]:
     """The baseline's notes when its cells trained past the budget (``baseline_extend``): how
-    far, and any seed that reached the target only after the budget."""
+    far, any seed that reached the target only after the budget, any that diverged there."""
     if "extended_tokens" not in sub or not sub["extended_tokens"].notna().any():
         return []
     ratio = float((sub["extended_tokens"] / sub["last_tokens"]).max())
@@ -119,6 +119,12 @@ def baseline_notes(sub: Any) -> list[str]:
         notes.append(
             f"seed {seed} reached the target only after the budget (at {t / b:.2f}x it): "
             "censored at the budget in the estimates"
+        )
+    gone = sub[(sub["outcome"] != "diverged") & sub["diverged_at"].notna()]
+    for seed, step in zip(gone["seed"], gone["diverged_at"], strict=True):
+        notes.append(
+            f"seed {seed} diverged at step {int(step)}, after the budget: up to the budget it is an "
+            "ordinary finished run, and its curve up to the divergence serves the equal-loss ratio"
         )
     return notes
 

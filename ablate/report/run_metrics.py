@@ -17,7 +17,8 @@ Per child run (``run_summaries``; a metric is left out where it does not apply):
 
 Per configuration, in the parent run (``config_summaries``), as ``<metric>.<name>`` where name is
 the configuration's short name (``metric_name``): seeds_reached, seeds_total, rel_token_cost,
-equal_loss_token_ratio, projected_speedup, each estimate with ``_lo``/``_hi`` where it has them.
+equal_loss_token_ratio, projected_speedup, each estimate with ``_lo``/``_hi`` where it has them (an
+equal-loss ratio that is only an upper bound: its ``_hi``).
 """
 
 from __future__ import annotations
@@ -103,7 +104,10 @@ def config_summaries(config_table: Any, names: Mapping[str, str]) -> dict[str, f
     out: dict[str, float] = {}
     for r in config_table.to_dict("records"):
         name = metric_name(names.get(r["config"], r["config"]))
+        bound = r.get("equal_loss_token_ratio_kind") == "bound"
         for col in _CONFIG_METRICS:
+            if bound and col == "equal_loss_token_ratio":
+                continue  # only an upper bound (_hi): the point under it is not a result to chart
             if _finite(r[col]):
                 out[f"{col}.{name}"] = float(r[col])
     return out

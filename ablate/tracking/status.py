@@ -51,7 +51,7 @@ def baseline_curves(study: Study, statuses: list[CellStatus] | None = None) -> l
     budget = {
         cs.run.run_id: cs.cell.config.train.schedule_end
         for cs in statuses
-        if cs.cell.baseline and cs.run is not None and cs.run.status == "finished"
+        if cs.cell.baseline and cs.run is not None and _finished_by_budget(cs.run, cs.cell)
     }
     out = []
     for rid, h in read_histories(study.tracking_uri, list(budget), ("val_loss", "tokens")).items():
@@ -61,6 +61,14 @@ def baseline_curves(study: Study, statuses: list[CellStatus] | None = None) -> l
         if len(curve.tokens):
             out.append(curve)
     return out
+
+
+def _finished_by_budget(run: CellRun, cell: Cell) -> bool:
+    """Finished, or diverged only past the budget it trained beyond (``baseline_extend``)."""
+    if run.status == "finished":
+        return True
+    late = run.diverged_at > cell.config.train.schedule_end  # NaN when unknown: not late
+    return run.status == "diverged" and cell.extra_steps > 0 and late
 
 
 def count(statuses: list[str]) -> dict[str, int]:

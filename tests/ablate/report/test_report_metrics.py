@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
+import pandas as pd
 import pytest
 
 from ablate.errors import ReportError
@@ -296,6 +297,17 @@ def test_a_baseline_trained_past_the_budget_counts_up_to_it_and_says_so(study):
     # without the extension b1 never gets down to x's losses: censored pairs, said in the notes
     assert plain.loc["x", "equal_loss_token_ratio_kind"] == "censored"
     assert "pairs are off the baseline's curve" in plain.loc["x", "note"]
+    # a baseline seed that diverges only in its extension is, up to the budget, a finished run
+    runs["b1"].update(ppl=[8, 6.5, 5.5, 5.0, 4.4, math.nan], status="diverged", diverged_at=600)
+    cells, evals = study(runs)
+    cell = per_cell(cells, evals, 4.8).set_index("key")
+    assert cell.loc["b1", "outcome"] == "not reached" and cell.loc["b1", "diverged_at"] == 600
+    assert resolve_target({"from_baseline": "final"}, evals, cells) == pytest.approx(4.75)
+    table = per_config(per_cell(cells, evals, 4.8), evals=clean_evals(cells, evals)).set_index(
+        "config"
+    )
+    assert "seed 1 diverged at step 600, after the budget" in table.loc["fp8", "note"]
+    assert table.loc["x", "equal_loss_token_ratio_kind"] == "observed"  # b1's curve to step 500
 
 
 def test_baseline_that_never_reaches_the_target_gives_nan_costs_and_a_message(study):
@@ -398,3 +410,21 @@ def test_target_from_the_slowest_baseline_seed_is_reached_by_every_seed_in_time(
     assert resolve_target({"from_baseline": "slowest", "at": 1.0}, evals, cells) == pytest.approx(
         3.0
     )
+
+
+def test_mlflow_gets_only_the_upper_end_of_an_equal_loss_ratio_that_is_a_bound():
+    from ablate.report.run_metrics import config_summaries
+
+    def row(config, kind):
+        nan = math.nan
+        return {
+            "config": config, "seeds_reached": 2, "seeds_total": 2, "rel_token_cost": 0.1,
+            "rel_token_cost_lo": 0.0, "rel_token_cost_hi": 0.2, "equal_loss_token_ratio": 0.9,
+            "equal_loss_token_ratio_lo": 0.0 if kind == "bound" else 0.8,
+            "equal_loss_token_ratio_hi": 1.1, "equal_loss_token_ratio_kind": kind,
+            "projected_speedup": nan, "projected_speedup_lo": nan, "projected_speedup_hi": nan,
+        }  # fmt: skip
+
+    out = config_summaries(pd.DataFrame([row("a", "bound"), row("b", "censored")]), {})
+    assert "equal_loss_token_ratio.a" not in out and out["equal_loss_token_ratio_hi.a"] == 1.1
+    assert out["equal_loss_token_ratio.b"] == 0.9 and out["equal_loss_token_ratio_lo.b"] == 0.8
