@@ -64,7 +64,11 @@ def config_notes(
             notes.append(
                 f"cost only bounded: {seen}the 95% lower bound on the cost, from the seeds' "
                 f"offsets on their own curves and the baseline's seeds, is {cost.lo:+.1%}"
-                + (" (below zero: the seeds are too few to exclude less)" if cost.lo < 0 else "")
+                + (
+                    " (below zero: with so few seeds, this scattered, less cannot be ruled out)"
+                    if cost.lo < 0
+                    else ""
+                )
             )
     elif reached < len(sub):
         notes.append(
