@@ -264,6 +264,8 @@ def relative_cost(cfg: Seeds, base: Seeds, offsets: Sequence[float] | None = Non
     if not cfg.reached:
         return _cost_bound(cfg, base, offsets)
     kind = "censored" if (cfg.censored or base.censored) else "observed"
+    if kind == "observed" and cfg.n + base.n > 2:
+        return _pooled_t(cfg.reached, base.reached)
     sigma, n_obs, df = _fit_sigma([cfg, base])
     if not sigma > 0:
         point = _point_no_sigma(cfg) / _point_no_sigma(base) - 1
@@ -272,6 +274,22 @@ def relative_cost(cfg: Seeds, base: Seeds, offsets: Sequence[float] | None = Non
         return Estimate(point, math.nan, math.nan, kind, sigma, df)
     s = sigma * math.sqrt(n_obs / df)
     return _profile_delta(_Group(cfg, s), _Group(base, s), s, df, kind)
+
+
+def _pooled_t(cfg: Sequence[float], base: Sequence[float]) -> Estimate:
+    """Without censoring the profile interval is the pooled two-sample t interval on log tokens:
+    in closed form (what the likelihood gives, to its 1e-7 tolerance, and faster)."""
+    lc, lb = [math.log(t) for t in cfg], [math.log(t) for t in base]
+    mc, mb = sum(lc) / len(lc), sum(lb) / len(lb)
+    ss = sum((x - mc) ** 2 for x in lc) + sum((x - mb) ** 2 for x in lb)
+    n_obs = len(lc) + len(lb)
+    df = n_obs - 2
+    if math.sqrt(ss / n_obs) <= math.exp(_LOG_SIGMA_RANGE[0] + 1e-3):  # no spread: no interval
+        return Estimate(math.expm1(mc - mb), math.nan, math.nan, "observed", 0.0, df)
+    s = math.sqrt(ss / df)
+    half = t975(df) * s * math.sqrt(1 / len(lc) + 1 / len(lb))
+    d = mc - mb
+    return Estimate(math.expm1(d), math.expm1(d - half), math.expm1(d + half), "observed", s, df)
 
 
 def _profile_delta(gc: _Group, gb: _Group, s: float, df: int, kind: str) -> Estimate:
