@@ -94,6 +94,8 @@ def plan(
                 "label": p.cell.label,
                 "config": p.cell.config_label,
                 "baseline": p.cell.baseline,
+                "steps": p.cell.config.train.steps,
+                "schedule_steps": p.cell.config.train.schedule_end,
                 "action": p.action,
                 "why": p.why,
                 "values": dict(p.cell.values),
@@ -110,9 +112,11 @@ def plan(
         _memory_warnings(mem, planned)
         return
     click.echo(f"study {study.name}: {len(planned)} cells, axes: {', '.join(study.axes)}")
+    if study.extension_note:
+        click.echo(study.extension_note)
     width = max(len(p.cell.label) for p in planned)
     for p in planned:
-        mark = " (baseline)" if p.cell.baseline else ""
+        mark = f" ({p.cell.role})" if p.cell.baseline else ""
         click.echo(f"  {p.cell.key}  {p.cell.label:{width}s}  {p.action:7s} {p.why}{mark}")
     click.echo("would: " + ", ".join(f"{a} {n}" for a, n in summarize(planned).items()))
     from ..train.memory import format_bytes

@@ -8,14 +8,16 @@ Modules, by concept:
 
     speedup    the step-time model over the device table of ``ablate.spec.speedup`` (pure Python)
     inputs     the DataFrame contract: check_inputs, clean_evals (pandas)
-    stats      Student-t quantiles
+    stats      Student-t quantiles (incomplete beta, no SciPy)
     censored   the censored log-normal estimate of tokens to target and relative cost, intervals
-    equal_loss the equal-loss token ratio against the baseline's curves
+    equal_loss the equal-loss token ratio against the baseline's curves, censored pairs included
     verdict    better / indistinguishable / worse / undetermined, and the power note
     metrics    resolve_target, per_cell, per_config, report_notes (pandas; the tokens-to-target
                crossing itself is ``ablate.targets``, shared with ``ablate tune``)
+    notes      the words beside the numbers: per-configuration and study-level notes
     study      a study's report from its MLflow store (``report_study``)
-    plots      convergence curves, late-stage zoom, token-cost bars (matplotlib, no pyplot)
+    plots      convergence curves, late-stage zoom, equal-loss ratio (matplotlib, no pyplot)
+    bars       token-cost and projected-speedup bars with their intervals
     markup     number formatting, Markdown and self-contained HTML
     provenance which code, commit, device and precision produced the runs (pandas)
     render     build_report: report.md, report.html, summary.csv, PNG + SVG figures

@@ -1,33 +1,53 @@
 """The equal-loss token ratio: how many tokens a configuration needs for the validation loss the
 baseline reaches with one token (numpy only).
 
-For an evaluation of a configuration's seed i at tokens t with loss L, baseline seed k needed
-t_k(L) tokens to first reach L (``ablate.targets.tokens_to_target`` on its curve, the same
-interpolation as tokens to target). The ratio
+Pairs. For a configuration seed i's evaluation at tokens t_i with loss L_i, baseline seed k
+needed t_k(L_i) tokens to first reach L_i (``ablate.targets.tokens_to_target`` on its curve, the
+same interpolation as tokens to target). The pair's log ratio is
 
-    r_ik = t / t_k(L)
+    M_ik = log(t_i / t_k(L_i))
 
-is > 1 when the configuration needs more tokens than the baseline for the same loss (a ratio of
-1.26 is a +26% token cost), and it is defined at every evaluation, also for a configuration that
-never reaches the report's target: the measure the NVFP4 pretraining paper reports.
+(> 0 when the configuration needs more tokens than the baseline for the same loss: a ratio of
+1.26 is a +26% token cost). It is defined at every evaluation, also for a configuration that never
+reaches the report's target: the measure the NVFP4 pretraining paper reports. When the
+configuration ended *below* baseline seed k's lowest loss, t_k(L_i) lies beyond that seed's last
+evaluation T_k: the pair is *censored*, all it says is M_ik < log(t_i / T_k). A baseline trained
+past the budget (``baseline_extend``) keeps such pairs rare.
 
-The report gives it at the end of training (each finished, non-diverged seed's last evaluation)
-as the geometric mean over all (configuration seed, baseline seed) pairs, with a 95% interval
-that counts the noise of both sides, the way a two-sample comparison does: with M_ik = log r_ik,
-a_i the mean over k and b_k the mean over i,
+Model. Seeds are shifted copies of their configuration on the log-token axis, the model of the
+tokens-to-target estimate (``censored``): M_ik = D + a_i - b_k, with a_i the configuration seed's
+offset from its configuration's mean and b_k the baseline seed's (each summing to zero), and the
+ratio R = exp(D). The report gives it at the end of training (each finished, non-diverged seed's
+last evaluation), with a 95% interval that counts the seed noise of both sides as a two-sample
+comparison does (Welch-Satterthwaite degrees of freedom):
 
-    log R = mean(M)      se^2 = var(a) / n_cfg + var(b) / n_base      Welch-Satterthwaite df
+    observed   no pair censored: log R = mean(M); with r_i the row means of M and c_k its column
+               means, se^2 = var(r) / n_cfg + var(c) / n_base, R's interval exp(log R -/+ t se)
+    censored   some pairs censored: the offsets are read from each side's own curves (two seeds
+               of the configuration compared at the higher of their final losses, which both
+               reached; two baseline seeds at the configuration's median final loss, or the lowest
+               loss both reached). Every observed pair then gives D = M_ik - a_i + b_k, every
+               censored one D < v_ik = log(t_i / T_k) - a_i + b_k. Seed offsets are independent
+               of D under normal seed noise, so this is one normal observation of D, censored at
+               min v (a Tobit likelihood): observed here, log R = the mean of the observed pairs'
+               D, and the interval is the two-sided one above with se^2 = var(a) / n_cfg +
+               var(b) / n_base. Nothing is imputed.
+    bound      every pair censored (each configuration seed ended below every baseline seed's
+               lowest loss): D < min v only. ``hi`` = exp(min v + t se) is a 95% upper bound (D
+               itself lies below min v); ``lo`` is 0. ``value`` is the bias-reduced point of that
+               likelihood, exp(min v - 0.81 se) (Firth's Jeffreys-penalized maximum, the usual
+               answer to separated data); the report shows the bound.
 
-and R's interval is exp(log R -/+ t_{0.975, df} se). When a configuration ends *below* a baseline
-seed's lowest loss, that seed never needed "t_k(L)" tokens: the pair uses the seed's whole budget
-instead, which makes the ratio an upper bound (kind ``bound``: the configuration is at least that
-good).
+The simulation tests (``tests/ablate/report/test_equal_loss_simulation.py``) check coverage and
+bias with equal budgets and with a baseline trained 1.5x longer.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,47 +55,180 @@ from ..targets import Curve, tokens_to_target
 from .censored import NONE, Estimate
 from .stats import t975
 
-
-def _pair(t: float, ppl: float, base: Curve) -> tuple[float, bool]:
-    """(log ratio, bounded) of one evaluation against one baseline seed."""
-    tb = tokens_to_target(base.tokens, base.ppl, ppl)
-    if tb is None:
-        return math.log(t / base.budget), True
-    return math.log(t / max(tb, 1e-300)), False
+FIRTH_SHIFT = 0.8115
+"""Where the Jeffreys-penalized likelihood of one normal observation known only to lie below a
+point peaks: that many standard errors below it (argmax of log Phi(a) + log I(a) / 2)."""
 
 
-def final_ratio(ends: Sequence[tuple[float, float]], base: Sequence[Curve]) -> Estimate:
-    """The ratio at the end of training from each configuration seed's last evaluation
-    ``(tokens, ppl)`` and the baseline seeds' curves (module docstring)."""
-    ends = [(t, p) for t, p in ends if t > 0 and math.isfinite(p)]
+def _crossing(curve: Curve, ppl: float) -> float:
+    """Tokens at which ``curve`` first reached ``ppl``; NaN when it never did (or at 0 tokens)."""
+    t = tokens_to_target(curve.tokens, curve.ppl, ppl)
+    return t if t is not None and t > 0 else math.nan
+
+
+def _pairs(ends: Sequence[tuple[float, float]], base: Sequence[Curve]) -> tuple[Any, Any]:
+    """(M, censored): the pairs' log ratios, or for a censored pair its upper limit."""
+    m = np.empty((len(ends), len(base)))
+    cens = np.zeros(m.shape, dtype=bool)
+    for i, (t, ppl) in enumerate(ends):
+        for k, c in enumerate(base):
+            tb = _crossing(c, ppl)
+            cens[i, k] = math.isnan(tb)
+            m[i, k] = math.log(t / (c.budget if cens[i, k] else tb))
+    return m, cens
+
+
+def seed_offsets(seeds: Sequence[Curve]) -> Any:
+    """Each seed's offset from its configuration's mean on the log-token axis (summing to zero),
+    from the seeds' own curves: two seeds compared at the higher of their last losses (the one
+    ending there at its last tokens, the other where it first reached it). NaN where a curve is
+    empty. Used by the equal-loss ratio and by the lower bound on a configuration's token cost
+    when none of its seeds reached the target."""
+    n = len(seeds)
+    d = np.full((n, n), math.nan)
+    for i in range(n):
+        d[i, i] = 0.0
+        for j in range(i + 1, n):
+            a, b = seeds[i], seeds[j]
+            if not (len(a.tokens) and len(b.tokens)):
+                continue
+            if a.ppl[-1] >= b.ppl[-1]:
+                d[i, j] = math.log(a.budget / _crossing(b, float(a.ppl[-1])))
+            else:
+                d[i, j] = math.log(_crossing(a, float(b.ppl[-1])) / b.budget)
+            d[j, i] = -d[i, j]
+    with np.errstate(all="ignore"):
+        out = np.nanmean(d, axis=1) if n else np.zeros(0)
+    return out - np.nanmean(out) if n and np.isfinite(out).any() else out
+
+
+def _base_offsets(base: Sequence[Curve], level: float) -> Any:
+    """The baseline seeds' offsets, compared at ``level`` (the configuration's median final
+    perplexity) or the lowest perplexity both reached, whichever is higher."""
+    n = len(base)
+    d = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i + 1, n):
+            at = max(level, float(base[i].ppl.min()), float(base[j].ppl.min()))
+            d[i, j] = math.log(_crossing(base[i], at) / _crossing(base[j], at))
+            d[j, i] = -d[i, j]
+    return d.mean(axis=1)
+
+
+def _welch(var_a: float, n_a: int, var_b: float, n_b: int) -> tuple[float, float]:
+    """(se, df) of a difference of two means with these variances (NaN without spread)."""
+    a, b = var_a / n_a, var_b / n_b
+    if not (a + b > 0):
+        return math.nan, math.nan
+    df = (a + b) ** 2 / (a**2 / (n_a - 1) + b**2 / (n_b - 1))
+    return math.sqrt(a + b), max(df, 1.0)
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """What the ratio at one evaluation rests on, for the report's notes: per configuration seed,
+    the baseline seeds whose curves never got down to its loss (their indices)."""
+
+    off_curve: tuple[tuple[int, ...], ...]
+    n_base: int = 0
+
+    @property
+    def censored(self) -> int:
+        return sum(len(k) for k in self.off_curve)
+
+
+def final_ratio(seeds: Sequence[Curve], base: Sequence[Curve]) -> Estimate:
+    """The ratio at the end of training, from each configuration seed's curve (its last
+    evaluation is its end) and the baseline seeds' curves (module docstring)."""
+    return ratio_at(seeds, base)[0]
+
+
+def ratio_at(seeds: Sequence[Curve], base: Sequence[Curve]) -> tuple[Estimate, Pairing]:
+    """``final_ratio`` with the pairs it censored."""
+    seeds = [c for c in seeds if len(c.tokens) and c.tokens[-1] > 0]
     base = [c for c in base if len(c.tokens)]
-    if not ends or not base:
-        return NONE
-    pairs = [[_pair(t, p, c) for c in base] for t, p in ends]
-    m = np.array([[lr for lr, _ in row] for row in pairs])
-    bounded = any(b for row in pairs for _, b in row)
-    kind = "bound" if bounded else "observed"
-    est = float(m.mean())
+    if not seeds or not base:
+        return NONE, Pairing((), len(base))
+    m, cens = _pairs([(c.budget, float(c.ppl[-1])) for c in seeds], base)
+    pairing = Pairing(tuple(tuple(np.flatnonzero(row).tolist()) for row in cens), len(base))
     n_c, n_b = m.shape
-    if n_c < 2 or n_b < 2:
-        return Estimate(math.exp(est), math.nan, math.nan, kind)
-    a = m.mean(axis=1).var(ddof=1) / n_c
-    b = m.mean(axis=0).var(ddof=1) / n_b
-    if a + b == 0:  # no spread at all: nothing known about the noise, not an exact result
-        return Estimate(math.exp(est), math.nan, math.nan, kind)
-    df = (a + b) ** 2 / (a**2 / (n_c - 1) + b**2 / (n_b - 1))
-    half = t975(max(df, 1.0)) * math.sqrt(a + b)
-    return Estimate(math.exp(est), math.exp(est - half), math.exp(est + half), kind, df=df)
+    if not cens.any():
+        est = float(m.mean())
+        if n_c < 2 or n_b < 2:
+            return Estimate(math.exp(est), math.nan, math.nan, "observed"), pairing
+        se, df = _welch(m.mean(axis=1).var(ddof=1), n_c, m.mean(axis=0).var(ddof=1), n_b)
+        if math.isnan(se):  # no spread at all: nothing known about the noise, not an exact result
+            return Estimate(math.exp(est), math.nan, math.nan, "observed"), pairing
+        half = t975(df) * se
+        return Estimate(math.exp(est), math.exp(est - half), math.exp(est + half), "observed",
+                        df=df), pairing  # fmt: skip
+    a = seed_offsets(seeds)
+    b = _base_offsets(base, float(np.median([c.ppl[-1] for c in seeds])))
+    d = m - a[:, None] + b[None, :]  # D of an observed pair, the upper limit of a censored one
+    se, df = (
+        _welch(float(a.var(ddof=1)), n_c, float(b.var(ddof=1)), n_b)
+        if n_c > 1 and n_b > 1
+        else (math.nan, math.nan)
+    )
+    half = t975(df) * se if math.isfinite(se) else math.nan
+    if not cens.all():
+        est = float(d[~cens].mean())
+        return Estimate(math.exp(est), math.exp(est - half), math.exp(est + half), "censored",
+                        df=df), pairing  # fmt: skip
+    top = float(d.min())
+    if math.isnan(half):  # no noise estimate: the observed limit itself
+        return Estimate(math.nan, 0.0, math.exp(top), "bound"), pairing
+    point = math.exp(top - FIRTH_SHIFT * se)
+    return Estimate(point, 0.0, math.exp(top + half), "bound", df=df), pairing
 
 
-def ratio_curve(seeds: Sequence[Curve], base: Sequence[Curve]) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, ratio) at the configuration's evaluations (tokens > 0): the geometric mean of the
-    ratio over every (seed, baseline seed) pair evaluated at those tokens, for the figure."""
+def _first_crossings(curve: Curve, ppl: Any) -> Any:
+    """Tokens at which ``curve`` first reached each perplexity in ``ppl`` (NaN where it never
+    did): ``tokens_to_target`` for many targets at once, through the curve's running minimum."""
+    t, p = curve.tokens, curve.ppl
+    ppl = np.asarray(ppl, dtype=float)
+    if not len(t):
+        return np.full(ppl.shape, np.nan)
+    envelope = np.minimum.accumulate(p)  # non-increasing: the first index at or below a level
+    i = np.searchsorted(-envelope, -ppl, side="left")
+    hit = i < len(t)
+    j = np.minimum(i, len(t) - 1)
+    prev = np.maximum(j - 1, 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frac = (np.log(p[prev]) - np.log(ppl)) / (np.log(p[prev]) - np.log(p[j]))
+        out = np.where(j == 0, t[0], t[prev] + frac * (t[j] - t[prev]))
+    return np.where(hit & (out > 0), out, np.nan)
+
+
+def ratio_curve(seeds: Sequence[Curve], base: Sequence[Curve]) -> tuple[Any, Any, Any]:
+    """(tokens, ratio, bounded) at the configuration's evaluations (tokens > 0): ``final_ratio``
+    of the curves up to there of the seeds evaluated there, for the figure; ``bounded`` marks an
+    evaluation where every pair was censored (its ratio is the bias-reduced point below the
+    upper bound). Where no pair is censored the ratio is the geometric mean over the pairs,
+    computed for every evaluation at once."""
+    seeds = [c for c in seeds if len(c.tokens)]
     base = [c for c in base if len(c.tokens)]
-    logs: dict[float, list[float]] = {}
-    for s in seeds:
-        for t, p in zip(s.tokens, s.ppl, strict=True):
-            if t > 0:
-                logs.setdefault(float(t), []).extend(_pair(t, p, c)[0] for c in base)
-    tokens = np.array(sorted(logs))
-    return tokens, np.exp([np.mean(logs[t]) for t in tokens]) if len(tokens) else np.array([])
+    tokens = np.unique(np.concatenate([c.tokens for c in seeds])) if seeds else np.array([])
+    tokens = tokens[tokens > 0]
+    if not len(tokens) or not base:
+        return tokens, np.full(len(tokens), np.nan), np.zeros(len(tokens), dtype=bool)
+    # ppl (seed, evaluation) of every seed at every evaluation it has (NaN where it has none)
+    at = np.full((len(seeds), len(tokens)), np.nan)
+    for i, c in enumerate(seeds):
+        idx = np.searchsorted(tokens, c.tokens)
+        ok = (idx < len(tokens)) & (tokens[np.minimum(idx, len(tokens) - 1)] == c.tokens)
+        at[i, idx[ok]] = c.ppl[ok]
+    tb = np.stack([_first_crossings(b, at) for b in base], axis=-1)  # (seed, evaluation, base)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.log(tokens[None, :, None] / tb)
+    present = np.isfinite(at)
+    censored = (present[..., None] & np.isnan(tb)).any(axis=(0, 2))
+    with np.errstate(invalid="ignore"):
+        mean = np.nanmean(np.where(present[..., None], logs, np.nan), axis=(0, 2))
+    ratios, bounded = np.exp(mean), np.zeros(len(tokens), dtype=bool)
+    for e in np.flatnonzero(censored):  # the censored evaluations: the estimator itself
+        t = tokens[e]
+        cut = [Curve(c.tokens[c.tokens <= t], c.ppl[c.tokens <= t]) for c in seeds if t in c.tokens]
+        est = final_ratio(cut, base)
+        ratios[e], bounded[e] = est.value, est.kind == "bound"
+    return tokens, ratios, bounded

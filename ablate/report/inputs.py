@@ -10,7 +10,9 @@ Input contract (the tracking layer builds these from MLflow):
     ...), fp4_format str (mxfp4 | nvfp4), base_format str (bf16 | fp8 | mxfp8), backend str
     (emulated | native), tokens_per_step int, tokens_per_s float (measured throughput, NaN if unknown).
     Optional: the provenance columns of ``ablate.report.provenance.PROVENANCE`` (str; "" or missing
-    reads as unknown).
+    reads as unknown); schedule_steps float, the last step of the cell's learning-rate schedule
+    when it trained past it (a baseline under ``baseline_extend``; NaN or missing: it did not):
+    the report reads its tokens to target up to there (``budget_steps``).
 
 ``evals``, one row per (cell, evaluation):
     key, step int, tokens float, val_loss float. Duplicate (key, step) rows keep the last one (a resumed
@@ -23,6 +25,7 @@ evaluations de-duplicated, sorted and with perplexity, which every later step ex
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,3 +99,12 @@ def curves(ev: Any) -> Iterator[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
     starts = np.r_[0, np.flatnonzero(keys[1:] != keys[:-1]) + 1, len(keys)]
     for a, b in zip(starts[:-1], starts[1:], strict=False):
         yield str(keys[a]), steps[a:b], tokens[a:b], ppl[a:b]
+
+
+def budget_steps(cells: Any) -> dict[str, float]:
+    """key -> the last step of its schedule, for the cells that trained past it (the optional
+    ``schedule_steps`` column)."""
+    if "schedule_steps" not in cells:
+        return {}
+    steps = pd.to_numeric(cells["schedule_steps"], errors="coerce")
+    return {str(k): float(v) for k, v in zip(cells["key"], steps, strict=True) if math.isfinite(v)}

@@ -7,13 +7,17 @@ interpolated linearly in log-perplexity (= in loss) between the two bracketing e
 configuration, seeds that did not reach the target are right-censored at their last evaluation,
 never dropped (``censored``: the estimates, their intervals and kinds); diverged seeds are failures
 in the success rate. The equal-loss token ratio is in ``equal_loss``, the speedup model in
-``speedup``.
+``speedup``, the notes in ``notes``.
+
+A baseline trained past the study's budget (``baseline_extend``; the cells' ``schedule_steps``)
+counts as an ordinary cell up to the end of its schedule: tokens to target, its last tokens, best
+and final perplexity, and a target derived from it come from that part of its curve, which is an
+ordinary cell's bit for bit. The rest of its curve serves the equal-loss ratio.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -31,8 +35,9 @@ from ..targets import (
     tokens_to_target,
 )
 from .censored import NONE, Estimate, Seeds, relative_cost, tokens_estimate
-from .equal_loss import final_ratio, ratio_curve
-from .inputs import _CLEAN, check_inputs, clean_evals, curves
+from .equal_loss import ratio_at, ratio_curve, seed_offsets
+from .inputs import _CLEAN, budget_steps, check_inputs, clean_evals, curves
+from .notes import baseline_notes, config_notes, not_reached_after, off_curve_note, report_notes
 from .speedup import projected_speedup, role_formats, role_interventions, throughput_gain
 
 OUTCOMES = ("reached", "not reached", "diverged", "incomplete", "no evals")
@@ -58,16 +63,29 @@ def per_cell(cells: Any, evals: Any, target_ppl: float) -> Any:
     (NaN unless reached), crossed_tokens (the crossing before any divergence, also for a diverged
     run: what the censored estimate uses), reached, outcome (reached | not reached | diverged | incomplete | no evals),
     best_ppl and final_ppl (over finite evaluations before any divergence), and diverged_at filled
-    from the first non-finite evaluation when the status did not give it."""
+    from the first non-finite evaluation when the status did not give it. For a cell trained past
+    its budget all of these are of the part up to it (module docstring); extended_tokens is where
+    it ended and extended_crossing where it reached the target if only after the budget (NaN
+    otherwise)."""
     check_inputs(cells, evals)
     ev = evals if evals.attrs.get(_CLEAN) else clean_evals(cells, evals)
+    budget = budget_steps(cells)
     found: dict[str, dict[str, Any]] = {}
     for key, step, tok, ppl in curves(ev):
         bad = np.flatnonzero(~np.isfinite(ppl))
         end = int(bad[0]) if bad.size else len(ppl)  # the curve stops at the first non-finite loss
         nonfinite_at = float(step[end]) if bad.size else math.nan
         step, tok, ppl = step[:end], tok[:end], ppl[:end]
+        extension: dict[str, Any] = {}
+        if key in budget:  # trained past its budget: the part up to it is an ordinary cell's
+            ordinary = int(np.searchsorted(step, budget[key], side="right"))
+            if ordinary < end:
+                later = tokens_to_target(tok, ppl, target_ppl)
+                extension = {"extended_tokens": tok[-1], "extended_crossing": later}
+            step, tok, ppl = step[:ordinary], tok[:ordinary], ppl[:ordinary]
+            end = ordinary
         found[key] = {
+            **extension,
             "n_evals": end,
             "last_step": step[-1] if end else math.nan,
             "last_tokens": tok[-1] if end else math.nan,
@@ -87,6 +105,9 @@ def per_cell(cells: Any, evals: Any, target_ppl: float) -> Any:
             else f.get("nonfinite_at", math.nan)
         )
         diverged = cell["status"] == "diverged" or not math.isnan(f.get("nonfinite_at", math.nan))
+        if diverged and diverged_at > budget.get(cell["key"], math.inf):
+            diverged = False  # in the extension past the budget: up to it, a run that finished
+            cell = {**cell, "status": "finished"}
         crossing = f.get("crossing")
         if diverged:
             outcome = "diverged"
@@ -111,6 +132,12 @@ def per_cell(cells: Any, evals: Any, target_ppl: float) -> Any:
                 "outcome": outcome,
                 "best_ppl": f.get("best_ppl", math.nan),
                 "final_ppl": f.get("final_ppl", math.nan),
+                "extended_tokens": f.get("extended_tokens", math.nan),
+                "extended_crossing": (
+                    f["extended_crossing"]
+                    if crossing is None and f.get("extended_crossing") is not None
+                    else math.nan
+                ),
             }
         )
     return pd.DataFrame(rows)
@@ -135,15 +162,20 @@ def describe_target(target: TargetLike | Mapping[str, Any]) -> str:
 
 
 def baseline_curves(cells: Any, evals: Any) -> list[Curve]:
-    """The baseline's finished, non-diverged seeds' validation curves (tokens, perplexity), cut at
-    the first non-finite evaluation: what a target derived from the baseline is computed from."""
+    """The baseline's finished, non-diverged seeds' validation curves (tokens, perplexity) up to the
+    budget (a baseline trained past it: the end of its schedule), cut at the first non-finite
+    evaluation: what a target derived from the baseline is computed from."""
     ev = evals if evals.attrs.get(_CLEAN) else clean_evals(cells, evals)
-    keep = cells[cells["baseline"].astype(bool) & (cells["status"] == "finished")]["key"]
-    return [
-        Curve.of(tok, ppl)
-        for _, _, tok, ppl in curves(ev[ev["key"].isin(set(keep))])
-        if np.isfinite(ppl).all()  # a NaN loss: diverged, whatever its status says
-    ]
+    budget = budget_steps(cells)
+    late = cells["key"].map(budget).astype(float) < cells["diverged_at"].astype(float)
+    done = (cells["status"] == "finished") | ((cells["status"] == "diverged") & late)
+    keep = set(cells[cells["baseline"].astype(bool) & done]["key"])
+    out = []
+    for key, step, tok, ppl in curves(ev[ev["key"].isin(keep)]):
+        ordinary = step <= budget.get(key, np.inf)
+        if np.isfinite(ppl[ordinary]).all():  # a NaN loss: diverged, whatever its status says
+            out.append(Curve.of(tok[ordinary], ppl[ordinary]))
+    return out
 
 
 def resolve_target(target: TargetLike | Mapping[str, Any], evals: Any, cells: Any) -> float:
@@ -177,16 +209,6 @@ def config_sort_key(
     return (not baseline, len(gemms), roles, len(parts), rank, intervention, config)
 
 
-def _seeds(sub: Any, outcome: str) -> str:
-    rows = sub[sub["outcome"] == outcome]
-    if outcome == "diverged":
-        return ", ".join(
-            f"seed {s} at step {int(d)}" if pd.notna(d) else f"seed {s} (step unknown)"
-            for s, d in zip(rows["seed"], rows["diverged_at"], strict=True)
-        )
-    return ", ".join(f"seed {s} ({st})" for s, st in zip(rows["seed"], rows["status"], strict=True))
-
-
 def _mean_tps(sub: Any) -> float:
     tps = sub["tokens_per_s"].astype(float)
     tps = tps[np.isfinite(tps)]
@@ -203,16 +225,6 @@ def seeds_of(sub: Any) -> Seeds:
     reached = crossed[np.isfinite(crossed)].tolist()
     censored = last[~np.isfinite(crossed) & np.isfinite(last) & (last > 0)].tolist()
     return Seeds.of(reached, censored)
-
-
-def _ends(sub: Any) -> list[tuple[float, float]]:
-    """(tokens, ppl) at the end of training of the finished, non-diverged seeds."""
-    done = sub[(sub["status"] == "finished") & (sub["outcome"] != "diverged")]
-    return [
-        (float(t), float(p))
-        for t, p in zip(done["last_tokens"], done["final_ppl"], strict=True)
-        if math.isfinite(t) and math.isfinite(p)
-    ]
 
 
 def _gain(sub: Any, base: Any, spec: SpeedupSpec) -> tuple[float, str, str]:
@@ -246,7 +258,9 @@ def per_config(
     censored log-normal estimate of the median, ``censored``); final_ppl_mean/std (finished,
     non-diverged seeds), best_ppl; rel_token_cost with _lo/_hi/_kind (``censored.relative_cost``:
     observed, censored, bound, none; the baseline's is ``reference``); equal_loss_token_ratio with
-    _lo/_hi/_kind (``equal_loss``; needs ``evals``, the cleaned evaluations); throughput_gain,
+    _lo/_hi/_kind (``equal_loss``: observed, censored, bound; needs ``evals``, the cleaned
+    evaluations); not_reached_after (no seed reached: the tokens every seed trained, in multiples
+    of the baseline's median tokens to target); throughput_gain,
     speedup_source ("measured" or "model:<device>"), projected_speedup with _lo/_hi (gain / (1 +
     cost) over the cost's interval; no point for a bounded cost, only the upper end); note.
     """
@@ -255,7 +269,9 @@ def per_config(
     (base_cfg,) = cell_table.loc[cell_table["baseline"].astype(bool), "config"].unique()
     base = groups[base_cfg]
     base_seeds = seeds_of(base)
+    base_median = tokens_estimate(base_seeds).value
     base_curves = list(_curves_by_key(evals, base).values())
+    extended = bool(base["extended_tokens"].notna().any()) if "extended_tokens" in base else False
 
     def order(cfg: str) -> tuple[Any, ...]:
         r = groups[cfg].iloc[0]
@@ -269,18 +285,29 @@ def per_config(
         counts = {o: int((sub["outcome"] == o).sum()) for o in OUTCOMES}
         seeds = seeds_of(sub)
         tokens = tokens_estimate(seeds)
+        after = not_reached_after(seeds, base_median)
         if is_base:
             cost = Estimate(0.0, math.nan, math.nan, "reference") if seeds.reached else NONE
         else:
-            cost = relative_cost(seeds, base_seeds)
-        ratio = (
-            final_ratio(_ends(sub), base_curves)
-            if evals is not None and not is_base
-            else (Estimate(1.0, math.nan, math.nan, "reference") if is_base else NONE)
-        )
+            offsets = _censored_offsets(evals, sub) if not seeds.reached else None
+            cost = relative_cost(seeds, base_seeds, offsets)
+        off_curve = None
+        if is_base:
+            ratio = Estimate(1.0, math.nan, math.nan, "reference")
+        elif evals is not None:
+            mine = _curves_by_key(evals, sub)
+            ratio, pairing = ratio_at(list(mine.values()), base_curves)
+            seed_of = dict(zip(sub["key"], sub["seed"], strict=True))
+            off_curve = off_curve_note(pairing, [seed_of[k] for k in mine], extended)
+        else:
+            ratio = NONE
         gain, source, gain_note = _gain(sub, base, spec)
         finished = sub[(sub["status"] == "finished") & (sub["outcome"] != "diverged")]
-        notes = _notes(sub, counts, is_base, seeds, cost, base_seeds)
+        notes = config_notes(sub, counts, is_base, seeds, cost, base_seeds, after)
+        if is_base:
+            notes.extend(baseline_notes(sub))
+        if off_curve:
+            notes.append(off_curve)
         if gain_note:
             notes.append(gain_note)
         backends = sorted(set(sub["backend"]))
@@ -319,6 +346,7 @@ def per_config(
                 "equal_loss_token_ratio_lo": ratio.lo,
                 "equal_loss_token_ratio_hi": ratio.hi,
                 "equal_loss_token_ratio_kind": ratio.kind,
+                "not_reached_after": after,
                 "throughput_gain": gain,
                 "speedup_source": source,
                 "projected_speedup": projected_speedup(gain, cost.value),
@@ -330,9 +358,10 @@ def per_config(
     return pd.DataFrame(rows)
 
 
-def equal_loss_curves(cell_table: Any, evals: Any) -> dict[str, tuple[Any, Any]]:
-    """Per non-baseline configuration, (tokens, equal-loss ratio) over training from its seeds'
-    curves (diverged ones cut before the divergence) against the baseline's finished seeds."""
+def equal_loss_curves(cell_table: Any, evals: Any) -> dict[str, tuple[Any, Any, Any]]:
+    """Per non-baseline configuration, (tokens, equal-loss ratio, bounded) over training from its
+    seeds' curves (diverged ones cut before the divergence) against the baseline's finished
+    seeds (``equal_loss.ratio_curve``)."""
     base = cell_table[cell_table["baseline"].astype(bool)]
     base_curves = list(_curves_by_key(evals, base).values())
     out = {}
@@ -345,92 +374,24 @@ def equal_loss_curves(cell_table: Any, evals: Any) -> dict[str, tuple[Any, Any]]
     return out
 
 
+def _censored_offsets(evals: Any | None, sub: Any) -> list[float] | None:
+    """The offsets (``equal_loss.seed_offsets``) of the seeds ``seeds_of`` censors, in its
+    order, from their curves up to their last finite evaluation; None without evaluations."""
+    if evals is None:
+        return None
+    crossed, last = sub["crossed_tokens"].astype(float), sub["last_tokens"].astype(float)
+    keys = sub["key"][~np.isfinite(crossed) & np.isfinite(last) & (last > 0)].tolist()
+    found = {key: Curve.of(tok, ppl) for key, _, tok, ppl in curves(evals[evals["key"].isin(keys)])}
+    if len(found) != len(keys):
+        return None
+    return [float(x) for x in seed_offsets([found[k] for k in keys])]
+
+
 def _curves_by_key(evals: Any | None, sub: Any) -> dict[str, Curve]:
-    """The finished, non-diverged seeds' curves of ``sub`` (cells), by key."""
+    """The finished, non-diverged seeds' curves of ``sub`` (per-cell rows), by key."""
     if evals is None:
         return {}
     keep = set(sub[(sub["status"] == "finished") & (sub["outcome"] != "diverged")]["key"])
-    return {
-        key: Curve.of(tok, ppl)
-        for key, _, tok, ppl in curves(evals[evals["key"].isin(keep)])
-        if np.isfinite(ppl).all()
-    }
-
-
-def _notes(
-    sub: Any,
-    counts: dict[str, int],
-    is_base: bool,
-    seeds: Seeds,
-    cost: Estimate,
-    base_seeds: Seeds,
-) -> list[str]:
-    notes = []
-    base_reached = bool(base_seeds.reached)
-    reached = counts["reached"]
-    if not seeds.reached:
-        who = "the baseline" if is_base else "no seed"
-        yet = counts["incomplete"] + counts["no evals"] > 0  # still running: "not yet", not "never"
-        verb = "has not reached the target yet" if yet else "never reached the target"
-        if not is_base:
-            verb = "has reached the target yet" if yet else "reached the target"
-        best = sub["best_ppl"].min()
-        notes.append(f"{who} {verb}" + (f" (best ppl {best:.4g})" if pd.notna(best) else ""))
-        if cost.kind == "bound":
-            # what was observed: every seed still above the target after this many tokens
-            ended = math.exp(statistics.fmean(math.log(t) for t in seeds.censored))
-            ratio = ended / tokens_estimate(base_seeds).value
-            notes.append(
-                f"cost only bounded: every seed was still above the target after {ratio:.2f}x "
-                f"the baseline's median tokens to it; the 95% lower bound on the cost, with the "
-                f"baseline's seed noise, is {cost.lo:+.1%}"
-            )
-    elif reached < len(sub):
-        notes.append(
-            f"{reached}/{len(sub)} seeds reached; the others are censored at their last "
-            "evaluation in the estimate"
-        )
-    if counts["diverged"]:
-        notes.append("diverged: " + _seeds(sub, "diverged"))
-    if counts["incomplete"] or counts["no evals"]:
-        pending = ", ".join(s for s in (_seeds(sub, "incomplete"), _seeds(sub, "no evals")) if s)
-        notes.append("not finished: " + pending)
-    if seeds.reached and not base_reached and not is_base:
-        notes.append("no relative cost: the baseline never reached the target")
-    if cost.kind in ("observed", "censored") and math.isnan(cost.lo) and cost.sigma == 0:
-        notes.append("seeds reached the target at identical tokens: no spread, no interval")
-    return notes
-
-
-def report_notes(config_table: Any, target_ppl: float) -> list[str]:
-    """Study-level messages for the top of the report (an unreachable baseline, missing seeds)."""
-    notes = []
-    base = config_table[config_table["baseline"]].iloc[0]
-    if base["seeds_reached"] == 0:
-        best = f" (its best was {base['best_ppl']:.4g})" if pd.notna(base["best_ppl"]) else ""
-        if base["n_incomplete"]:
-            verb, advice = "has not reached", " until one of its runs does."
-            best += f" and {base['n_incomplete']} of its runs have not finished"
-        else:
-            verb = "never reached"
-            advice = (
-                ". Choose a target the baseline reaches, for example the default "
-                "`from_baseline: slowest` (every baseline seed reaches it by 75% of its budget)."
-            )
-        notes.append(
-            f"The baseline `{base['config']}` {verb} the target perplexity {target_ppl:.4g}{best}, "
-            f"so relative token costs and projected speedups are undefined (NaN){advice}"
-        )
-    elif base["seeds_reached"] < base["seeds_total"]:
-        notes.append(
-            f"Only {base['seeds_reached']}/{base['seeds_total']} baseline seeds reached the target; "
-            "the others are censored at their last evaluation in every comparison."
-        )
-    most = int(config_table["seeds_total"].max())
-    short = config_table[config_table["seeds_total"] < most]
-    if len(short):
-        listed = ", ".join(
-            f"`{c}` ({n})" for c, n in zip(short["config"], short["seeds_total"], strict=True)
-        )
-        notes.append(f"Some configurations have fewer than {most} seeds: {listed}.")
-    return notes
+    # (a baseline seed that diverged only past the budget counts as finished: its curve up to the
+    # divergence, which Curve.of cuts at)
+    return {key: Curve.of(tok, ppl) for key, _, tok, ppl in curves(evals[evals["key"].isin(keep)])}

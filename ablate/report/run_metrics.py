@@ -11,12 +11,14 @@ Per child run (``run_summaries``; a metric is left out where it does not apply):
     target_ppl                    the target it was judged against
     equal_loss_token_ratio        its tokens at its last evaluation over the tokens the baseline's
                                   seeds needed for the same loss (geometric mean; not for a
-                                  baseline run, nor a diverged or unfinished one)
+                                  baseline run, nor a diverged or unfinished one, nor one that
+                                  ended below every baseline seed's lowest loss)
     diverged_at                   the step, for a diverged run
 
 Per configuration, in the parent run (``config_summaries``), as ``<metric>.<name>`` where name is
 the configuration's short name (``metric_name``): seeds_reached, seeds_total, rel_token_cost,
-equal_loss_token_ratio, projected_speedup, each estimate with ``_lo``/``_hi`` where it has them.
+equal_loss_token_ratio, projected_speedup, each estimate with ``_lo``/``_hi`` where it has them (an
+equal-loss ratio that is only an upper bound: its ``_hi``).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def run_summaries(cell_table: Any, evals: Any, target_ppl: float) -> dict[str, d
         for key, _, tok, ppl in curves(evals[evals["key"].isin(base_keys)])
         if np.isfinite(ppl).all()
     ]
+    curve_of = {key: Curve.of(tok, ppl) for key, _, tok, ppl in curves(evals)}
     out: dict[str, dict[str, float]] = {}
     for r in cell_table.to_dict("records"):
         if r["outcome"] == "no evals":
@@ -82,8 +85,8 @@ def run_summaries(cell_table: Any, evals: Any, target_ppl: float) -> dict[str, d
         if r["outcome"] == "diverged" and _finite(r["diverged_at"]):
             m["diverged_at"] = float(r["diverged_at"])
         done = r["status"] == "finished" and r["outcome"] != "diverged"
-        if done and not r["baseline"] and _finite(r["last_tokens"]) and _finite(r["final_ppl"]):
-            ratio = final_ratio([(float(r["last_tokens"]), float(r["final_ppl"]))], base)
+        if done and not r["baseline"] and r["key"] in curve_of:
+            ratio = final_ratio([curve_of[r["key"]]], base)
             if _finite(ratio.value):
                 m["equal_loss_token_ratio"] = ratio.value
         out[r["key"]] = {k: _rounded(k, v) for k, v in m.items()}
@@ -101,7 +104,10 @@ def config_summaries(config_table: Any, names: Mapping[str, str]) -> dict[str, f
     out: dict[str, float] = {}
     for r in config_table.to_dict("records"):
         name = metric_name(names.get(r["config"], r["config"]))
+        bound = r.get("equal_loss_token_ratio_kind") == "bound"
         for col in _CONFIG_METRICS:
+            if bound and col == "equal_loss_token_ratio":
+                continue  # only an upper bound (_hi): the point under it is not a result to chart
             if _finite(r[col]):
                 out[f"{col}.{name}"] = float(r[col])
     return out

@@ -52,6 +52,9 @@ def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "base_format": c.recipe_axes.get("base_format", "bf16"),
                 "backend": c.config.backend,
                 "tokens_per_step": c.config.train.tokens_per_step,
+                "schedule_steps": (
+                    c.config.train.schedule_end if c.extra_steps else math.nan
+                ),  # a baseline trained past the budget (baseline_extend)
                 "tokens_per_s": run.tokens_per_s if run else math.nan,
                 "run_id": run.run_id if run else None,
                 **{k: env_of(run.tags).get(k, "") if run else "" for k in PROVENANCE},

@@ -58,12 +58,16 @@ def verdict(r: Mapping[str, Any]) -> tuple[str, str]:
 
 def cost_and_speedup(r: Mapping[str, Any]) -> tuple[str, str]:
     """(token cost, projected speedup) of a configuration row as text with their intervals; a cost
-    that is only bounded reads ``at least +X%`` and its speedup ``at most Y×``."""
+    that is only bounded reads ``at least +X%`` and its speedup ``at most Y×``, unless the bound
+    is below zero although every seed trained past the baseline's median tokens to target: then
+    what was observed, ``not reached after 1.36x the baseline's tokens``."""
     if r["rel_token_cost_kind"] == "bound":
-        return (
-            f"at least {markup.pct(r['rel_token_cost_lo'])} (95% lower bound)",
-            f"at most {markup.times(r['projected_speedup_hi'])}",
-        )
+        lo, after = r["rel_token_cost_lo"], r.get("not_reached_after", math.nan)
+        if lo < 0 and math.isfinite(after) and after >= 1:
+            cost = f"not reached after {after:.2f}x the baseline's tokens"
+        else:
+            cost = f"at least {markup.pct(lo)} (95% lower bound)"
+        return cost, f"at most {markup.times(r['projected_speedup_hi'])}"
     cost = markup.interval(
         r["rel_token_cost"], r["rel_token_cost_lo"], r["rel_token_cost_hi"], markup.pct
     )
@@ -73,14 +77,26 @@ def cost_and_speedup(r: Mapping[str, Any]) -> tuple[str, str]:
     return cost, speed
 
 
-def _item(r: Mapping[str, Any], why: str) -> str:
-    cost, speed = cost_and_speedup(r)
-    ratio = markup.interval(
+def ratio_text(r: Mapping[str, Any]) -> str:
+    """The equal-loss ratio of a configuration row as text: ``1.07 [0.95, 1.21]`` (with
+    ``(censored)`` when some pairs were), or ``≤ 1.15 (95% upper bound)`` when every pair was
+    (``equal_loss``: a bound is the only kind printed as one)."""
+    kind = r["equal_loss_token_ratio_kind"]
+    if kind == "bound":
+        hi = r["equal_loss_token_ratio_hi"]
+        return f"≤ {markup.ratio(hi)} (95% upper bound)" if math.isfinite(hi) else "–"
+    text = markup.interval(
         r["equal_loss_token_ratio"],
         r["equal_loss_token_ratio_lo"],
         r["equal_loss_token_ratio_hi"],
         markup.ratio,
     )
+    return text + (" (censored)" if kind == "censored" else "")
+
+
+def _item(r: Mapping[str, Any], why: str) -> str:
+    cost, speed = cost_and_speedup(r)
+    ratio = ratio_text(r)
     seeds = f"{r['seeds_reached']}/{r['seeds_total']} seeds reached"
     parts = [f"speedup {speed}", f"token cost {cost}", f"equal-loss ratio {ratio}", seeds]
     return f"`{r['config']}`: " + ", ".join(parts) + (f" ({why})" if why else "")

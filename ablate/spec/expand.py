@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from backends.recipe import GEMMS, intervention_label, parse_intervention
 
 from ..errors import SpecError
-from ..train.config import RunConfig, config_hash
+from ..train.config import RunConfig, TrainConfig, config_hash
 from ..train.data import check_sources, load_data
 from .axes import check_axis_name, fmt_value, get_path, with_values
 from .loader import parse_yaml, read_study_text
@@ -184,6 +184,16 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
             continue
         if "checkpoint_every" not in raw_train and rc.train.checkpoint_every == 0:
             rc.train.checkpoint_every = rc.train.eval_every  # resumable by default
+        if spec.baseline_extend and baseline is not None and _matches(baseline, vals):
+            if rc.train.schedule_end != rc.train.steps:
+                msg = (
+                    "baseline_extend: the baseline's cells set train.schedule_steps themselves; "
+                    "give one or the other"
+                )
+                if msg not in errors:
+                    errors.append(msg)
+                continue
+            rc.train = extended(rc.train, spec.baseline_extend)
         if rc.device == "auto":  # from the study, not from the machine a command runs on
             rc.device = "cuda" if spec.resources.gpus > 0 else "cpu"
         if rc.train.workers != spec.resources.workers:
@@ -257,6 +267,13 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
     return Study(
         spec=spec, cells=cells, axes=axes, output_dir=Path("."), source=source, notes=notes
     )
+
+
+def extended(train: TrainConfig, fraction: float) -> TrainConfig:
+    """A baseline cell's training under ``baseline_extend: fraction``: ceil(fraction x steps)
+    more steps after the schedule of ``train.steps`` (``TrainConfig.schedule_steps``)."""
+    more = math.ceil(fraction * train.steps - 1e-9)
+    return dataclasses.replace(train, steps=train.steps + more, schedule_steps=train.steps)
 
 
 def _zip_factor(

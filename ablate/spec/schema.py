@@ -38,6 +38,8 @@ SHORTHANDS = ("fp4_gemms", "intervention", "apply_to")
 TOP_AXES = (*RECIPE_AXES, "seed", "backend")
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
 LIST_AXES = ("fp4_gemms", "apply_to")  # axes whose single value is itself a list
+MAX_EXTEND = 4.0
+"""The most ``baseline_extend`` allows: a baseline trained 5x the study's budget."""
 
 
 class CellConfig(BaseModel):
@@ -327,6 +329,13 @@ class StudySpec(BaseModel):
     """Cells to drop: axis -> value (or a list of values, any of which matches)."""
     baseline: dict[str, Any] | None = None
     """Axis -> value selecting the baseline configuration (its seeds)."""
+    baseline_extend: float | None = None
+    """The baseline's cells train on past the study's budget by this fraction of train.steps
+    (0.5: 1.5x the steps): the same schedule up to the budget, so their curves up to it are an
+    ordinary cell's bit for bit, then on at the schedule's final learning rate. Every
+    configuration's final loss then lies on the baseline's curves, which the equal-loss ratio
+    reads; tokens to target and a target derived from the baseline use the part up to the budget.
+    In (0, 4]; the baseline's cells get their own keys."""
     target: Target | None = None
     """Default, when a baseline is set: from_baseline slowest at 0.75 (every baseline seed reaches
     it by 75% of its budget)."""
@@ -364,6 +373,28 @@ class StudySpec(BaseModel):
             base["train"] = {**(train if isinstance(train, dict) else {}), "workers": workers}
             v = {**v, "base": base}
         return v
+
+    @field_validator("baseline_extend", mode="before")
+    @classmethod
+    def _extend_range(cls, v: Any) -> Any:
+        """One message with the field, the allowed range and what it means."""
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_EXTEND
+        if v is not None and not ok:
+            raise ValueError(
+                f"{str(v)[:40]} is not in (0, {MAX_EXTEND:g}]: the fraction of "
+                "train.steps the baseline's cells train past the budget (0.5: 1.5x the steps); "
+                "leave it out for a baseline trained like every other cell"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _extend_needs_a_baseline(self) -> StudySpec:
+        if self.baseline_extend is not None and self.baseline is None:
+            raise ValueError(
+                "baseline_extend: extends the baseline's cells, but the study has no baseline; "
+                "add `baseline: {axis: value}` or drop baseline_extend"
+            )
+        return self
 
     @field_validator("probe", mode="before")
     @classmethod

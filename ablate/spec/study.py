@@ -32,6 +32,23 @@ class Cell:
     def seed(self) -> int:
         return self.config.seed
 
+    @property
+    def extra_steps(self) -> int:
+        """Steps this cell trains past the end of its schedule (a baseline under the study's
+        ``baseline_extend``; 0 for every other cell)."""
+        return self.config.train.steps - self.config.train.schedule_end
+
+    @property
+    def role(self) -> str:
+        """What ``plan`` says of a baseline cell: ``baseline``, and how much longer it trains."""
+        if not self.extra_steps:
+            return "baseline"
+        t = self.config.train
+        return (
+            f"baseline, trains {t.steps} steps: {self.extra_steps} past the budget of "
+            f"{t.schedule_end}, at the final learning rate"
+        )
+
 
 @dataclass
 class Study:
@@ -63,6 +80,20 @@ class Study:
     @property
     def baseline_cells(self) -> list[Cell]:
         return [c for c in self.cells if c.baseline]
+
+    @property
+    def extension_note(self) -> str | None:
+        """One line on the baseline trained past the budget (``baseline_extend``), or None."""
+        longer = [c for c in self.baseline_cells if c.extra_steps]
+        if not longer:
+            return None
+        t = longer[0].config.train
+        return (
+            f"baseline_extend: {self.spec.baseline_extend:g}: each baseline seed trains "
+            f"{t.steps} steps, {t.steps / t.schedule_end:.2f}x the budget of "
+            f"{t.schedule_end} (the same schedule up to it, then its final learning rate), so "
+            "that the equal-loss ratio finds every configuration's final loss on their curves"
+        )
 
     @property
     def target(self) -> Target | None:

@@ -42,23 +42,33 @@ def study_status(study: Study) -> list[CellStatus]:
 
 
 def baseline_curves(study: Study, statuses: list[CellStatus] | None = None) -> list[Curve]:
-    """The validation curves (tokens, perplexity) of the baseline's finished runs, as the target
-    rule (``ablate.targets.target_ppl``) takes them; raises ``TrackingError`` like
-    ``study_status`` when nothing was ever recorded."""
+    """The validation curves (tokens, perplexity) of the baseline's finished runs up to the end of
+    their schedule (the study's budget), as the target rule (``ablate.targets.target_ppl``) takes
+    them; raises ``TrackingError`` like ``study_status`` when nothing was ever recorded."""
     statuses = study_status(study) if statuses is None else statuses
-    ids = [
-        cs.run.run_id
+    # a baseline trained past the budget (baseline_extend) counts up to the end of its schedule:
+    # that part is exactly an ordinary cell's curve
+    budget = {
+        cs.run.run_id: cs.cell.config.train.schedule_end
         for cs in statuses
-        if cs.cell.baseline and cs.run is not None and cs.run.status == "finished"
-    ]
+        if cs.cell.baseline and cs.run is not None and _finished_by_budget(cs.run, cs.cell)
+    }
     out = []
-    for h in read_histories(study.tracking_uri, ids, ("val_loss", "tokens")).values():
+    for rid, h in read_histories(study.tracking_uri, list(budget), ("val_loss", "tokens")).items():
         tokens = dict(h["tokens"])
-        points = [(tokens.get(s, math.nan), v) for s, v in h["val_loss"]]
+        points = [(tokens.get(s, math.nan), v) for s, v in h["val_loss"] if s <= budget[rid]]
         curve = Curve.of([t for t, _ in points], [math.exp(min(v, 700.0)) for _, v in points])
         if len(curve.tokens):
             out.append(curve)
     return out
+
+
+def _finished_by_budget(run: CellRun, cell: Cell) -> bool:
+    """Finished, or diverged only past the budget it trained beyond (``baseline_extend``)."""
+    if run.status == "finished":
+        return True
+    late = run.diverged_at > cell.config.train.schedule_end  # NaN when unknown: not late
+    return run.status == "diverged" and cell.extra_steps > 0 and late
 
 
 def count(statuses: list[str]) -> dict[str, int]:

@@ -47,6 +47,11 @@ class TrainConfig:
     """Cosine decay floor as a fraction of lr."""
     warmup_steps: int = 20
     """Linear warmup steps (then cosine decay to min_lr_ratio * lr at the last step)."""
+    schedule_steps: int | None = None
+    """Steps of the warmup + cosine schedule when the run trains past it (None: ``steps``): the
+    first ``schedule_steps`` steps are exactly those of a run of that many steps, and the rest
+    train at the schedule's final learning rate, min_lr_ratio * lr. A study's
+    ``baseline_extend`` sets it on the baseline's cells; in the key only when below ``steps``."""
     weight_decay: float = 0.1
     """AdamW decoupled weight decay on matrices (not on norms and biases)."""
     beta1: float = 0.9
@@ -104,6 +109,11 @@ class TrainConfig:
             raise ValueError(
                 f"train.precision: unknown {self.precision!r}; allowed: auto, bf16, fp32"
             )
+        if self.schedule_steps is not None and not 1 <= self.schedule_steps <= self.steps:
+            raise ValueError(
+                f"train.schedule_steps: must be in [1, train.steps = {self.steps}] (or null: "
+                f"train.steps), got {self.schedule_steps}"
+            )
         if self.log_every is not None and self.log_every < 1:
             raise ValueError(f"train.log_every: must be >= 1 (or null: auto), got {self.log_every}")
         if self.compile not in ("auto", True, False):
@@ -131,6 +141,17 @@ class TrainConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len
+
+    @property
+    def schedule_end(self) -> int:
+        """The last step of the learning-rate schedule: ``schedule_steps``, else ``steps``. A run
+        up to here is an ordinary run of this many steps, step for step."""
+        return self.steps if self.schedule_steps is None else self.schedule_steps
+
+    def eval_due(self, step: int) -> bool:
+        """Whether the loop evaluates after optimizer step ``step``: every ``eval_every`` steps,
+        at the end of the schedule (the last evaluation of an ordinary run) and at the last step."""
+        return step % self.eval_every == 0 or step in (self.steps, self.schedule_end)
 
     @property
     def resolved_parallel(self) -> Literal["none", "ddp", "fsdp"]:
@@ -392,6 +413,8 @@ def config_hash(cfg: RunConfig) -> str:
     d.pop("probe", None)  # probes change no number of the run
     d["train"].pop("checkpoint_every")
     d["train"].pop("log_every")
+    if cfg.train.schedule_end == cfg.train.steps:  # the whole run on its schedule: the key as ever
+        d["train"].pop("schedule_steps")
     kind = device_kind(cfg.device)
     d["device_kind"] = kind
     d["train"]["precision"] = resolved_precision(cfg.train.precision, kind)
@@ -415,7 +438,7 @@ def legacy_config_hash(cfg: RunConfig) -> str:
     for k in ("checkpoint_dir", "device"):
         d.pop(k)
     d.pop("probe", None)
-    for k in ("compile", "log_every", "workers", "parallel"):  # fields added later
+    for k in ("compile", "log_every", "workers", "parallel", "schedule_steps"):  # added later
         d["train"].pop(k)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -119,7 +119,7 @@ def train(
         step = state.step
         read_now = (
             step % log_every == 0
-            or step % tc.eval_every == 0
+            or tc.eval_due(step)
             or step == tc.steps
             or (prober is not None and prober.due(step))
             or (tc.checkpoint_every and step % tc.checkpoint_every == 0)
@@ -140,7 +140,7 @@ def train(
                 log.log_metrics(m, s_i)
         metrics = steps[-1][3]
         metrics["tokens_per_s"] = state.tokens / state.train_time  # the read waited for the device
-        if step % tc.eval_every == 0 or step == tc.steps:
+        if tc.eval_due(step):
             run.record_eval(state, metrics)
             # the same evaluation with the tokens seen as its step: MLflow charts it against
             # tokens (runs with other batch sizes share that axis, not the step)

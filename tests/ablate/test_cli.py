@@ -117,6 +117,15 @@ def test_validate_plan_and_schema(tmp_path):
     assert [c["baseline"] for c in d["cells"]] == [True, False]
     res = CliRunner().invoke(main, ["schema"])
     assert json.loads(res.stdout)["title"] == "StudySpec"
+    # a baseline trained past the budget: plan says so, for the study and on its cells
+    longer = _write(tmp_path, STUDY + "baseline_extend: 0.5\n")
+    res = CliRunner().invoke(main, ["plan", str(longer), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "baseline_extend: 0.5: each baseline seed trains 6 steps" in res.output
+    assert "(baseline, trains" in res.output and "past the budget of" in res.output
+    res = CliRunner().invoke(main, ["plan", str(longer), "-o", str(out), "--json"])
+    base = json.loads(res.stdout)["cells"][0]
+    assert base["steps"] > base["schedule_steps"]
     assert not out.exists()
 
 
@@ -160,6 +169,47 @@ def test_run_local_then_status_and_plan_say_skip(tmp_path, monkeypatch):
     assert set(summary["device_name"]) == {device_name("cpu")}
     md = (tmp_path / "r" / "report.md").read_text()
     assert "## Provenance" in md and code_hash() in md and "recorded no provenance" not in md
+
+
+def test_a_baseline_trained_longer_is_recorded_so_and_read_up_to_the_budget(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    p = _write(tmp_path, STUDY + "baseline_extend: 0.5\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(
+        main, ["run", str(p), "-o", str(out), "--executor", "local", "--quiet"]
+    )
+    assert res.exit_code == 0, res.output
+    from ablate.report.study import study_frames
+    from ablate.spec import load_study
+    from ablate.tracking import baseline_curves, read_histories, study_status
+
+    study = load_study(p, output=out)
+    statuses = {cs.cell.baseline: cs for cs in study_status(study)}
+    base = statuses[True]
+    assert base.run is not None and base.run.status == "finished"
+    # its MLflow run: the schedule as a param, evaluations up to step 6 (4 + ceil(0.5 x 4))
+    from mlflow.tracking import MlflowClient
+
+    from ablate.tracking import default_uri
+
+    params = MlflowClient(tracking_uri=default_uri(out)).get_run(base.run.run_id).data.params
+    assert params["train.schedule_steps"] == "4" and params["train.steps"] == "6"
+    assert (
+        "train.schedule_steps"
+        not in MlflowClient(tracking_uri=default_uri(out))
+        .get_run(statuses[False].run.run_id)
+        .data.params
+    )
+    hist = read_histories(study.tracking_uri, [base.run.run_id])[base.run.run_id]
+    assert [s for s, _ in hist["val_loss"]] == [0, 2, 4, 6]
+    # a target derived from the baseline reads its curve up to the budget (step 4)
+    (curve,) = baseline_curves(study)
+    assert curve.budget == 4 * 4 * 32
+    cells, _ = study_frames(study)
+    assert cells.set_index("baseline").loc[True, "schedule_steps"] == 4
+    md = (tmp_path / "reports" / "clitest" / "report.md").read_text()
+    assert "trained 1.50x the budget (baseline_extend)" in md
+    assert "**Baseline trained longer**" in md
 
 
 def test_every_command_has_help_with_an_example():

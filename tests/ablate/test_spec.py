@@ -165,6 +165,27 @@ def test_duplicate_cells_run_once():
             ["data.val_tokens >=", "lower probe.batches"],
         ),
         ({"grid": {"seed": [0]}, "probe": {"window": 1}}, "probe.window", [">= 2"]),
+        (
+            {"grid": {"seed": [0]}, "baseline": {"seed": 0}, "baseline_extend": 0},
+            "baseline_extend",
+            ["0 is not in (0, 4]", "fraction of train.steps"],
+        ),
+        (
+            {"grid": {"seed": [0]}, "baseline": {"seed": 0}, "baseline_extend": "long"},
+            "baseline_extend",
+            ["long is not in (0, 4]"],
+        ),
+        ({"grid": {"seed": [0]}, "baseline_extend": 0.5}, "baseline_extend", ["no baseline"]),
+        (
+            {
+                "grid": {"seed": [0]},
+                "base": {"train": {"steps": 5, "schedule_steps": 4}},
+                "baseline": {"seed": 0},
+                "baseline_extend": 0.5,
+            },
+            "baseline_extend",
+            ["set train.schedule_steps themselves"],
+        ),
     ],
 )
 def test_bad_specs_name_the_yaml_path_and_what_is_allowed(kw, path, words):
@@ -296,3 +317,20 @@ def test_scale_mode_as_an_axis_gives_each_cell_its_own_label():
     )
     labels = [c.label for c in study.cells]
     assert labels == ["mxfp4[fprop]/bf16/scale_mode=floor", "mxfp4[fprop]/bf16/scale_mode=ceil"]
+
+
+def test_baseline_extend_trains_the_baseline_on_past_the_budget_under_its_own_keys():
+    grid = {"fp4_gemms": [[], ["fprop"]], "seed": [0, 1]}
+    plain = study(grid=grid, baseline={"fp4_gemms": []})
+    longer = study(grid=grid, baseline={"fp4_gemms": []}, baseline_extend=0.5)
+    keys = {c.label: c.key for c in plain.cells}
+    for c in longer.cells:
+        t = c.config.train
+        if c.baseline:  # 5 steps on the schedule, then ceil(2.5) = 3 more at its final rate
+            assert (t.steps, t.schedule_steps, c.extra_steps) == (8, 5, 3)
+            assert c.key != keys[c.label] and "3 past the budget of 5" in c.role
+        else:  # every other cell is the cell it was: same config, same key, same results
+            assert (t.steps, t.schedule_steps, c.extra_steps) == (5, None, 0)
+            assert c.key == keys[c.label] and c.role == "baseline"
+    assert "trains 8 steps, 1.60x the budget of 5" in (longer.extension_note or "")
+    assert plain.extension_note is None

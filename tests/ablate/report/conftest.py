@@ -33,6 +33,7 @@ def _cell(key: str, spec: dict[str, Any]) -> dict[str, Any]:
         "backend": spec.get("backend", "emulated"),
         "tokens_per_step": TOKENS_PER_STEP,
         "tokens_per_s": spec.get("tokens_per_s", math.nan),
+        "schedule_steps": spec.get("schedule_steps", math.nan),
     }
 
 

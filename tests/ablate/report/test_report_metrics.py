@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
+import pandas as pd
 import pytest
 
 from ablate.errors import ReportError
@@ -238,6 +239,77 @@ def test_a_configuration_no_seed_of_which_reaches_the_target_gets_a_lower_bound_
     assert "cost only bounded" in x["note"] and f"after {naive + 1:.2f}x" in x["note"]
 
 
+def test_a_negative_lower_bound_reads_as_what_was_observed(study):
+    # two configuration seeds still above the target after 1.5x the baseline's tokens, but with
+    # two seeds each the 95% lower bound stays below zero: the report says what it saw
+    from ablate.report.verdict import cost_and_speedup
+
+    runs = {
+        "b0": {"config": "fp8", "baseline": True, "ppl": [8, 4.5, 3.9, 3.5]},
+        "b1": {"config": "fp8", "seed": 1, "baseline": True, "ppl": [8, 4.2, 4.1, 3.0]},
+        "x0": {"config": "x", "ppl": [8, 6, 5, 4.4]},
+        "x1": {"config": "x", "seed": 1, "ppl": [8, 5, 4.4, 4.2]},
+    }
+    cells, evals = study(runs)
+    table = per_config(per_cell(cells, evals, 4.0), evals=clean_evals(cells, evals))
+    x = table.set_index("config").loc["x"]
+    assert x["rel_token_cost_kind"] == "bound" and x["rel_token_cost_lo"] < 0
+    assert x["not_reached_after"] > 1
+    cost, speed = cost_and_speedup(x.to_dict())
+    assert cost == f"not reached after {x['not_reached_after']:.2f}x the baseline's tokens"
+    assert speed.startswith("at most")
+    # a bound above zero reads as one
+    row = {**x.to_dict(), "rel_token_cost_lo": 0.05}
+    assert cost_and_speedup(row)[0] == "at least +5.0% (95% lower bound)"
+
+
+def test_a_baseline_trained_past_the_budget_counts_up_to_it_and_says_so(study):
+    # baseline seeds: 4 evaluations in the budget (steps 100-400), then 2 more (baseline_extend)
+    runs = {
+        "b0": {"config": "fp8", "baseline": True, "ppl": [8, 6, 5, 4.5, 4.2, 4.0]},
+        "b1": {"config": "fp8", "seed": 1, "baseline": True, "ppl": [8, 6.5, 5.5, 5.0, 4.4, 4.1]},
+        "x0": {"config": "x", "ppl": [8, 6.2, 5.2, 4.6]},
+        "x1": {"config": "x", "seed": 1, "ppl": [8, 6.4, 5.3, 4.7]},
+    }
+    for key in ("b0", "b1"):
+        runs[key]["schedule_steps"] = 400
+    cells, evals = study(runs)
+    # a target from the baseline's final perplexity: the budget's (4.5, 5.0), not the end's
+    assert resolve_target({"from_baseline": "final"}, evals, cells) == pytest.approx(4.75)
+    cell = per_cell(cells, evals, 4.8).set_index("key")
+    assert cell.loc["b0", "outcome"] == "reached" and cell.loc["b0", "last_tokens"] == 400e3
+    # b1 gets below 4.8 only after the budget: censored there, as an ordinary cell would be
+    assert cell.loc["b1", "outcome"] == "not reached"
+    assert cell.loc["b1", "final_ppl"] == pytest.approx(5.0)
+    assert 400e3 < cell.loc["b1", "extended_crossing"] < 500e3
+    assert cell.loc["b1", "extended_tokens"] == 600e3 and math.isnan(
+        cell.loc["x0", "extended_tokens"]
+    )
+    table = per_config(per_cell(cells, evals, 4.8), evals=clean_evals(cells, evals)).set_index(
+        "config"
+    )
+    assert "trained 1.50x the budget (baseline_extend)" in table.loc["fp8", "note"]
+    assert "seed 1 reached the target only after the budget" in table.loc["fp8", "note"]
+    # the equal-loss ratio reads the whole curves: x ends (4.6, 4.7) on both baseline seeds'
+    assert table.loc["x", "equal_loss_token_ratio_kind"] == "observed"
+    cut = evals[~(evals["key"].isin(["b0", "b1"]) & (evals["step"] > 400))]
+    plain = per_config(per_cell(cells, cut, 4.8), evals=clean_evals(cells, cut)).set_index("config")
+    # without the extension b1 never gets down to x's losses: censored pairs, said in the notes
+    assert plain.loc["x", "equal_loss_token_ratio_kind"] == "censored"
+    assert "pairs are off the baseline's curve" in plain.loc["x", "note"]
+    # a baseline seed that diverges only in its extension is, up to the budget, a finished run
+    runs["b1"].update(ppl=[8, 6.5, 5.5, 5.0, 4.4, math.nan], status="diverged", diverged_at=600)
+    cells, evals = study(runs)
+    cell = per_cell(cells, evals, 4.8).set_index("key")
+    assert cell.loc["b1", "outcome"] == "not reached" and cell.loc["b1", "diverged_at"] == 600
+    assert resolve_target({"from_baseline": "final"}, evals, cells) == pytest.approx(4.75)
+    table = per_config(per_cell(cells, evals, 4.8), evals=clean_evals(cells, evals)).set_index(
+        "config"
+    )
+    assert "seed 1 diverged at step 600, after the budget" in table.loc["fp8", "note"]
+    assert table.loc["x", "equal_loss_token_ratio_kind"] == "observed"  # b1's curve to step 500
+
+
 def test_baseline_that_never_reaches_the_target_gives_nan_costs_and_a_message(study):
     cells, evals = _three_configs(study, baseline_reaches=False)
     table = per_config(per_cell(cells, evals, 4.0))
@@ -338,3 +410,21 @@ def test_target_from_the_slowest_baseline_seed_is_reached_by_every_seed_in_time(
     assert resolve_target({"from_baseline": "slowest", "at": 1.0}, evals, cells) == pytest.approx(
         3.0
     )
+
+
+def test_mlflow_gets_only_the_upper_end_of_an_equal_loss_ratio_that_is_a_bound():
+    from ablate.report.run_metrics import config_summaries
+
+    def row(config, kind):
+        nan = math.nan
+        return {
+            "config": config, "seeds_reached": 2, "seeds_total": 2, "rel_token_cost": 0.1,
+            "rel_token_cost_lo": 0.0, "rel_token_cost_hi": 0.2, "equal_loss_token_ratio": 0.9,
+            "equal_loss_token_ratio_lo": 0.0 if kind == "bound" else 0.8,
+            "equal_loss_token_ratio_hi": 1.1, "equal_loss_token_ratio_kind": kind,
+            "projected_speedup": nan, "projected_speedup_lo": nan, "projected_speedup_hi": nan,
+        }  # fmt: skip
+
+    out = config_summaries(pd.DataFrame([row("a", "bound"), row("b", "censored")]), {})
+    assert "equal_loss_token_ratio.a" not in out and out["equal_loss_token_ratio_hi.a"] == 1.1
+    assert out["equal_loss_token_ratio.b"] == 0.9 and out["equal_loss_token_ratio_lo.b"] == 0.8

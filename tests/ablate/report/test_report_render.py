@@ -251,17 +251,43 @@ def test_provenance_is_reported_per_configuration_and_mixed_code_is_called_out(t
 
 
 def test_figures_drop_titles_on_request_draw_censored_costs_hollow_and_label_tokens(report):
-    from ablate.report import plots
+    from ablate.report import bars, plots
 
     result, _ = report
     table = result.config_table
     assert table["partial"].any()
-    fig = plots.plot_token_cost(table, title="t", titles=False)
+    fig = bars.plot_token_cost(table, title="t", titles=False)
     (ax,) = fig.axes
     assert ax.get_title() == ""
     hollow = [b for b in ax.patches if b.get_facecolor()[3] == 0 and b.get_width() != 0]
     assert len(hollow) == int((table["partial"] & table["rel_token_cost"].notna()).sum())
-    fig = plots.plot_speedup(table, title="t")
+    fig = bars.plot_speedup(table, title="t")
     assert fig.axes[0].get_title() == "t: projected speedup"
     assert plots.token_formatter()(20_000, 0) == "20k"
     assert plots.token_formatter()(1_200_000, 0) == "1.2M"
+
+
+def test_a_report_with_a_baseline_trained_longer_marks_only_true_bounds(tmp_path):
+    # equal budgets at cost ~0 censor many pairs; the baseline 1.5x longer covers them
+    cells, evals, target = synthetic_study(3, 2, 40, baseline_extend=0.5, seed=3)
+    result = build_report(cells, evals, {"from_baseline": "slowest"}, SpeedupSpec(), tmp_path,
+                          study="longer")  # fmt: skip
+    md = result.report_md.read_text()
+    assert "**Baseline trained longer**" in md and "trained 1.50x the budget" in md
+    table = result.config_table
+    # the target and tokens to target come from the budget: the same as the same runs without
+    # the extension (an extended run's curve up to the budget is the ordinary run's)
+    budget = cells.set_index("key")["schedule_steps"]
+    plain_cells = cells.assign(schedule_steps=math.nan)
+    plain_evals = evals[~(evals["step"] > evals["key"].map(budget))]
+    plain = build_report(plain_cells, plain_evals, {"from_baseline": "slowest"}, SpeedupSpec(),
+                         tmp_path / "plain", study="plain")  # fmt: skip
+    assert result.target_ppl == plain.target_ppl
+    for col in ("tokens_to_target", "rel_token_cost", "rel_token_cost_lo", "final_ppl_mean"):
+        assert table[col].tolist() == pytest.approx(plain.config_table[col].tolist(), nan_ok=True)
+    # "≤" only where the ratio is an upper bound; no ratio without an interval
+    for r in table[~table["baseline"]].to_dict("records"):
+        two_sided = r["equal_loss_token_ratio_kind"] != "bound"
+        assert not two_sided or math.isfinite(r["equal_loss_token_ratio_lo"])
+    rows = [line for line in md.splitlines() if line.startswith("| mxfp4")]
+    assert rows and all("(≤)" not in line for line in rows)

@@ -94,3 +94,27 @@ def test_flatten_joins_nested_keys_with_dots():
     }
     flat = flatten(RunConfig().to_dict())
     assert flat["train.lr"] == TrainConfig().lr and flat["seed"] == 0
+
+
+def test_a_run_past_its_schedule_has_its_own_key_and_an_ordinary_run_keeps_its_key():
+    ordinary = RunConfig(device="cpu", train=TrainConfig(steps=200))
+    same = RunConfig(device="cpu", train=TrainConfig(steps=200, schedule_steps=200))
+    longer = RunConfig(device="cpu", train=TrainConfig(steps=300, schedule_steps=200))
+    assert config_hash(ordinary) == config_hash(same) == "1f94548535cb9ce6"
+    assert config_hash(longer) not in (config_hash(ordinary), config_hash(RunConfig(
+        device="cpu", train=TrainConfig(steps=300))))  # fmt: skip
+    assert legacy_config_hash(RunConfig(train=TrainConfig(schedule_steps=200))) == (
+        "cf1710eca5a47d3d"
+    )
+    # recorded as a param only where set
+    assert "train.schedule_steps" not in run_params(ordinary)
+    assert run_params(longer)["train.schedule_steps"] == 200
+    assert longer.train.schedule_end == 200 and ordinary.train.schedule_end == 200
+
+
+def test_schedule_steps_beyond_the_run_are_refused_naming_the_field_and_range():
+    import pytest
+
+    for bad in (0, 201):
+        with pytest.raises(ValueError, match=r"train.schedule_steps: must be in \[1, train.steps"):
+            TrainConfig(steps=200, schedule_steps=bad)

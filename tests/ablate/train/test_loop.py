@@ -83,6 +83,36 @@ def test_resume_is_bit_exact_and_reports_every_step_once(tmp_path):
     assert [e.val_loss for e in res_a.evals] == [e.val_loss for e in res_b.evals]
 
 
+def test_a_run_past_its_schedule_is_bit_identical_to_an_ordinary_run_up_to_it(tmp_path):
+    # a baseline that trains on (a study's baseline_extend): the ordinary run has 10 steps (its
+    # last evaluation at 10, not a multiple of eval_every); the longer one 15 with the same
+    # schedule over its first 10. Stochastic rounding and a random Hadamard draw random streams.
+    recipe = Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "sr+rht")
+    short = dataclasses.replace(FAST, steps=10)
+    longer = dataclasses.replace(FAST, steps=15, schedule_steps=10)
+    ordinary_log, longer_log = MemoryLogger(), MemoryLogger()
+    ordinary = train(_cfg(tmp_path / "a", recipe=recipe, train=short), ordinary_log)
+    cfg = _cfg(tmp_path / "b", recipe=recipe, train=longer)
+    at_budget = train(cfg, longer_log, stop_after=10)  # checkpointed at step 10
+    wa, wb = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    for k in wa:  # the weights at the budget: the same bits
+        assert torch.equal(wa[k], wb[k]), k
+    assert at_budget.evals == ordinary.evals  # steps 0, 4, 8, 10: the same losses, bit for bit
+    res = train(cfg, longer_log)  # resumed past the budget
+    assert [e.step for e in res.evals] == [0, 4, 8, 10, 12, 15]
+    assert res.evals[:4] == ordinary.evals
+    assert longer_log.series("train_loss")[:10] == ordinary_log.series("train_loss")
+    lrs = [lr for _, lr in longer_log.series("lr")]
+    assert lrs[:10] == [lr for _, lr in ordinary_log.series("lr")]
+    assert lrs[10:] == [FAST.lr * FAST.min_lr_ratio] * 5  # on at the schedule's final rate
+    # and the resumed run is the uninterrupted one
+    whole = train(_cfg(tmp_path / "c", recipe=recipe, train=longer))
+    assert whole.evals == res.evals
+    wb, wc = _weights(tmp_path / "b"), _weights(tmp_path / "c")
+    for k in wb:
+        assert torch.equal(wb[k], wc[k]), k
+
+
 def test_a_finished_run_is_not_trained_again(tmp_path):
     cfg = _cfg(tmp_path)
     first = train(cfg)

@@ -27,3 +27,13 @@ def test_no_warmup_starts_at_the_peak():
     t = TrainConfig(steps=10, lr=1.0, warmup_steps=0, min_lr_ratio=0.0)
     assert lr_at(0, t) == pytest.approx(1.0)
     assert lr_at(10, t) == pytest.approx(0.0)
+
+
+def test_a_run_past_its_schedule_follows_it_exactly_then_stays_at_the_floor():
+    ordinary = TrainConfig(steps=50, lr=2.0, warmup_steps=10, min_lr_ratio=0.25)
+    longer = TrainConfig(steps=75, schedule_steps=50, lr=2.0, warmup_steps=10, min_lr_ratio=0.25)
+    # the same floats, not merely close: the first 50 steps are an ordinary run's
+    assert [lr_at(s, longer) for s in range(50)] == [lr_at(s, ordinary) for s in range(50)]
+    assert [lr_at(s, longer) for s in range(50, 75)] == [0.5] * 25
+    # a cosine stretched over 75 steps would be a different run: still above the floor at 50
+    assert lr_at(50, TrainConfig(steps=75, lr=2.0, warmup_steps=10, min_lr_ratio=0.25)) > 0.6
