@@ -39,8 +39,8 @@ from __future__ import annotations
 import torch
 
 from .fused import _E4M3, Plan, _div, _encode, _exp2i, _round
+from .hadamard import hadamard_transform_reference
 from .rng import uniform24
-from .variants import prepare
 
 SCALE_OVERRIDE = (17 / 16) * 0.93
 """Quartet II's backward ``scale_override`` (``Quartet_II_fn.backward_scale_override``)."""
@@ -91,6 +91,41 @@ def sr_e4m3(t: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.where(u < prob, up, down)  # NaN prob (t on 448, up NaN): down
 
 
+def block_scale(amax_b: torch.Tensor, s_dec: torch.Tensor) -> torch.Tensor:
+    """The E4M3 block scales (float32) before the correction: ``E4M3_RNE((amax_b / v) / s_dec)``,
+    1 where that is 0."""
+    s8 = _round(_div(_div(amax_b, VAL_MAX), s_dec).clamp(max=_E4M3.max), _E4M3, None)
+    return torch.where(s8 == 0, 1.0, s8)
+
+
+def quantize_rotated(
+    x: torch.Tensor, group: int, key: int | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MS-EDEN of ``x`` (..., K), already rotated in groups of ``group`` along its last dimension
+    (K a multiple of it): (element values q (..., K) NaN where the tensor is not finite, rounded
+    E4M3 block scales (..., K / 16) as float32, ``s_dec`` (), the tensor amax ())."""
+    x = x.float()
+    xb = x.unflatten(-1, (-1, BLOCK))  # (..., nb, 16)
+    amax = x.abs().amax()
+    finite = torch.isfinite(amax)
+    s_dec = torch.where(amax == 0, 1.0, _div(_div(amax, SCALES_MAX), VAL_MAX))
+    s8 = block_scale(xb.abs().amax(-1), s_dec)
+    xs = _div(xb, (s8 * s_dec).unsqueeze(-1))  # (..., nb, 16)
+    q = _rtn(xs)
+    groups = (*xs.shape[:-2], -1, group)  # (..., K / G, G): one rotation group per row
+    num = _tree_sum((xs * xs).reshape(groups))
+    den = _tree_sum((xs * q).reshape(groups))
+    corr = torch.where(den == 0, 1.0, _div(num, den))
+    t = s8 * corr.repeat_interleave(group // BLOCK, -1)  # (..., nb) corrected scales
+    block_index = torch.arange(t.numel(), device=t.device).view(t.shape)
+    key_t = key if isinstance(key, torch.Tensor) else torch.tensor(key, device=t.device)
+    s = sr_e4m3(t, uniform24(key_t, block_index))
+    nonfinite = (~torch.isfinite(xb)).any(-1) | ~finite
+    q = torch.where(nonfinite.unsqueeze(-1), torch.nan, q)
+    s = torch.where(nonfinite, torch.nan, s)
+    return q.flatten(-2), s, s_dec, torch.where(finite, amax, torch.nan)
+
+
 def run(
     xm: torch.Tensor, key: torch.Tensor, signs: torch.Tensor | None, p: Plan
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
@@ -102,29 +137,21 @@ def run(
             "rounding: eden (MS-EDEN) corrects its scales over the Hadamard group; quantize with "
             "hadamard=(size, signs) (a GEMM with a Hadamard transform)"
         )
-    b = prepare(xm, signs, p)  # K is a multiple of G (the transform pads it)
-    e = p.elem
-    amax = b.x.abs().amax().float()
-    finite = torch.isfinite(amax)
-    s_dec = torch.where(amax == 0, 1.0, _div(_div(amax, SCALES_MAX), VAL_MAX))
-    s8 = _round(_div(_div(b.amax, VAL_MAX), s_dec).clamp(max=_E4M3.max), _E4M3, None)
-    s8 = torch.where(s8 == 0, 1.0, s8)
-    xs = _div(b.xb, (s8 * s_dec).unsqueeze(-1))  # (..., nb, 16)
-    q = _rtn(xs)
-    groups = (*xs.shape[:-2], -1, G)  # (..., K / G, G): one rotation group per row
-    num = _tree_sum((xs * xs).reshape(groups))
-    den = _tree_sum((xs * q).reshape(groups))
-    corr = torch.where(den == 0, 1.0, _div(num, den))
-    t = s8 * corr.repeat_interleave(G // BLOCK, -1)  # (..., nb) corrected scales
-    block_index = torch.arange(t.numel(), device=t.device).view(t.shape)
-    s = sr_e4m3(t, uniform24(key, block_index))
-    nonfinite = b.nonfinite | ~finite
-    q = torch.where(nonfinite.unsqueeze(-1), torch.nan, q)
+    x = hadamard_transform_reference(xm, -1, G, signs)  # K padded to a multiple of G
+    q, s, s_dec, amax = quantize_rotated(x, G, key)
     if not p.values:
-        scales = torch.where(nonfinite, 0x7F, _encode(s, _E4M3)).to(torch.uint8)
-        return _encode(q.flatten(-2), e), scales, s_dec, torch.where(finite, amax, torch.nan)
-    out = q * (s * s_dec).unsqueeze(-1)
-    return out.flatten(-2)[..., : b.K].to(p.out_dtype), None, None, None
+        scales = torch.where(s.isnan(), 0x7F, _encode(s, _E4M3)).to(torch.uint8)
+        return _encode(q, p.elem), scales, s_dec, amax
+    out = q.unflatten(-1, (-1, BLOCK)) * (s * s_dec).unsqueeze(-1)
+    return out.flatten(-2).to(p.out_dtype), None, None, None
 
 
-__all__ = ["SCALES_MAX", "SCALE_OVERRIDE", "VAL_MAX", "run", "sr_e4m3"]
+__all__ = [
+    "SCALES_MAX",
+    "SCALE_OVERRIDE",
+    "VAL_MAX",
+    "block_scale",
+    "quantize_rotated",
+    "run",
+    "sr_e4m3",
+]
