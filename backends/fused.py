@@ -114,6 +114,12 @@ def _exp2i(e: torch.Tensor) -> torch.Tensor:
     return torch.where(e >= -126, normal, sub).view(torch.float32)
 
 
+def _exp2n(e: torch.Tensor) -> torch.Tensor:
+    """``_exp2i`` for ``e`` known to lie in the normal range [-126, 127] (an element format's grid
+    steps do): the exponent field alone, no clamping."""
+    return ((e.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
 def _log2_parts(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(floor(log2 a), the 23 fraction bits of a's normalized significand) of float32 ``a > 0``.
 
@@ -141,13 +147,13 @@ def _round(v: torch.Tensor, e: Elem, u: torch.Tensor | None) -> torch.Tensor:
     a = v.abs()
     fl = ((a.view(torch.int32) >> 23) & 0xFF) - 127  # floor(log2 a) for normals; subnormals: < emin
     ex = fl.clamp(e.emin, e.emax)
-    t = a * _exp2i(e.mbits - ex)  # exact: a in units of the grid step of its binade
+    t = a * _exp2n(e.mbits - ex)  # exact: a in units of the grid step of its binade
     if u is None:
         r = torch.round(t)  # ties to even: the even integer is the even code
     else:
         f = torch.floor(t)
         r = f + (u < t - f).to(torch.float32)  # up with probability t - floor(t)
-    q = r * _exp2i(ex - e.mbits)
+    q = r * _exp2n(ex - e.mbits)  # ex in [emin, emax]: a normal power of two
     q = torch.where(a >= e.max, e.max, q)
     return torch.copysign(q, v)
 
