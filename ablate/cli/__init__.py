@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from . import probe, results, study
+from . import probe, recipe, results, study
 
 
 @click.group()
@@ -20,7 +20,7 @@ def main() -> None:
 
 
 for command in (
-    study.recipe,
+    recipe.recipe,
     study.validate,
     study.schema,
     study.plan,
