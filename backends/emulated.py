@@ -35,7 +35,7 @@ import torch
 
 from .gemm import GemmKeys
 from .hadamard import hadamard_transform
-from .quant import NV_ALPHA, NV_DEQ, QTensor, QuantSpec, fake_quantize, quantize
+from .quant import QTensor, QuantSpec, _rcp, fake_quantize, nv_alpha, quantize
 from .recipe import GemmRecipe, Recipe
 
 GemmMode = Literal["fp32", "bf16"]
@@ -68,7 +68,8 @@ def _operand(
     return fake_quantize(t, spec, axis=1, key=key, out_dtype=torch.float32, hadamard=had)
 
 
-Scale = tuple[str, torch.Tensor] | None  # ("nv", the tensor amax) or ("tensor", its decode scale)
+Scale = tuple[str, torch.Tensor, float] | None
+"""("nv", the tensor amax, QuantSpec.nv_top) or ("tensor", the tensor decode scale, 1.0)."""
 
 
 def _operand_bf16(
@@ -79,7 +80,7 @@ def _operand_bf16(
     signs: torch.Tensor | None,
 ) -> tuple[torch.Tensor, Scale] | None:
     """(bfloat16 block values, tensor-level scale) of an operand, or None when its values are not
-    exact in bfloat16."""
+    exact in bfloat16 (high precision, or double-block NVFP4's scale per outer block)."""
     h = gemm.hadamard
     had = None if h is None else (h.size, signs)
     if not isinstance(t, QTensor):
@@ -89,22 +90,28 @@ def _operand_bf16(
             return fake_quantize(
                 t, spec, axis=1, key=key, out_dtype=torch.bfloat16, hadamard=had
             ), None
+        if spec.outer_block:
+            return None
         t = quantize(t, spec, axis=1, key=key, hadamard=had)
+    if t.outer_scales is not None:
+        return None
     values, scale = t.block_values(torch.bfloat16)
-    if t.spec.fmt.scale == "nv":  # the amax itself: TE's alpha multiplies the two amaxes first
+    top = t.spec.nv_top
+    if top is not None:  # the amax itself: TE's alpha multiplies the two amaxes first
         assert t.global_amax is not None
-        return values, ("nv", t.global_amax.float().to(values.device))
-    return values, None if scale is None else ("tensor", scale)
+        return values, ("nv", t.global_amax.float().to(values.device), top)
+    return values, None if scale is None else ("tensor", scale, 1.0)
 
 
 def _alpha(sa: Scale, sb: Scale) -> torch.Tensor | None:
     """The output's factor from the operands' tensor-level scales (None: 1)."""
     if sa is not None and sb is not None and sa[0] == sb[0] == "nv":
-        return (sa[1] * sb[1]) * NV_ALPHA  # TransformerEngine's NVFP4 GEMM alpha
+        return (sa[1] * sb[1]) * nv_alpha(sa[2], sb[2])  # TransformerEngine's NVFP4 GEMM alpha
     out = None
     for s in (sa, sb):
         if s is not None:
-            f = s[1] * NV_DEQ if s[0] == "nv" else s[1]  # NVFP4: amax / 2688; FP8: its decode
+            # NVFP4: amax / top (2688, or 1536 with 4/6); FP8, MS-EDEN: the decode scale
+            f = s[1] * _rcp(s[2]) if s[0] == "nv" else s[1]
             out = f if out is None else out * f
     return out
 

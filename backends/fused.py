@@ -97,6 +97,9 @@ class Plan:
     hadamard: int  # Hadamard size, 0 for none
     values: bool  # True: dequantized values in ``out_dtype``; False: codes, scales, tensor scale
     out_dtype: torch.dtype
+    rule: str = ""  # Four Over Six error measure: mse, mae, abs_max (``scale_rule.py``); "": none
+    eden: bool = False  # MS-EDEN rounding (``eden.py``), its group the Hadamard size
+    outer: int = 0  # elements per FP32 scale of double-block NVFP4 (``outer_block.py``); 0: none
 
 
 # ----------------------------------------------------------------------------------------------
@@ -109,6 +112,12 @@ def _exp2i(e: torch.Tensor) -> torch.Tensor:
     normal = (e + 127).clamp(min=1) << 23
     sub = torch.ones_like(e) << (e + 149).clamp(0, 22)
     return torch.where(e >= -126, normal, sub).view(torch.float32)
+
+
+def _exp2n(e: torch.Tensor) -> torch.Tensor:
+    """``_exp2i`` for ``e`` known to lie in the normal range [-126, 127] (an element format's grid
+    steps do): the exponent field alone, no clamping."""
+    return ((e.to(torch.int32) + 127) << 23).view(torch.float32)
 
 
 def _log2_parts(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,13 +147,13 @@ def _round(v: torch.Tensor, e: Elem, u: torch.Tensor | None) -> torch.Tensor:
     a = v.abs()
     fl = ((a.view(torch.int32) >> 23) & 0xFF) - 127  # floor(log2 a) for normals; subnormals: < emin
     ex = fl.clamp(e.emin, e.emax)
-    t = a * _exp2i(e.mbits - ex)  # exact: a in units of the grid step of its binade
+    t = a * _exp2n(e.mbits - ex)  # exact: a in units of the grid step of its binade
     if u is None:
         r = torch.round(t)  # ties to even: the even integer is the even code
     else:
         f = torch.floor(t)
         r = f + (u < t - f).to(torch.float32)  # up with probability t - floor(t)
-    q = r * _exp2i(ex - e.mbits)
+    q = r * _exp2n(ex - e.mbits)  # ex in [emin, emax]: a normal power of two
     q = torch.where(a >= e.max, e.max, q)
     return torch.copysign(q, v)
 
@@ -185,14 +194,16 @@ def _e8m0_exponent(amax: torch.Tensor, e: Elem, mode: int) -> torch.Tensor:
 
 
 def _tensor_scales(
-    x: torch.Tensor, e: Elem, nv: bool
+    x: torch.Tensor, e: Elem, nv: bool, top: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(encode, decode, finite, amax): the float32 tensor-level scales of NVFP4 / per-tensor FP8 on
     x's device, as ``quant._global_scales`` computes them (1, 1 for an all-zero or non-finite tensor;
-    amax NaN for a non-finite one)."""
+    amax NaN for a non-finite one): encode ``top / amax``, ``top`` by default the largest value the
+    format reaches (6 * 448 for NVFP4; Four Over Six gives 6 * 256)."""
     amax = x.abs().amax().float()
     finite = torch.isfinite(amax)
-    top = e.max * (_E4M3.max if nv else 1.0)  # 448 * 6 for NVFP4
+    if top is None:
+        top = e.max * (_E4M3.max if nv else 1.0)  # 448 * 6 for NVFP4
     enc = torch.clamp(_div(torch.full_like(amax, top), amax), max=_F32_MAX)
     enc = torch.where((amax == 0) | ~finite, 1.0, enc)
     return enc, _div(torch.ones_like(enc), enc), finite, torch.where(finite, amax, torch.nan)
@@ -290,16 +301,26 @@ def compile_enabled(device: torch.device) -> bool:
     return device.type == "cuda" and os.environ.get("ABLATE_COMPILE", "1") != "0"
 
 
-@functools.cache
-def compiled(p: Plan) -> Runner:
-    """``run`` for plan ``p`` as one compiled function (dynamic shapes after the first recompile).
+PlanRunner = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor | None, Plan],
+    tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+]
+"""``run``, or another quantizer with its signature (``scale_rule.run``, ``eden.run``,
+``outer_block.run``: the quantizers only this torch path runs)."""
 
-    Each plan compiles a copy of ``run`` under its own code object: Dynamo keeps its cache and its
-    recompile limit per code object, and one plan's layouts and dtypes fit in that limit where all
-    plans together would not (a recipe uses up to six plans: two operands of three GEMMs).
+
+@functools.cache
+def compiled(p: Plan, impl: PlanRunner | None = None) -> Runner:
+    """``impl`` (default ``run``) for plan ``p`` as one compiled function (dynamic shapes after the
+    first recompile).
+
+    Each plan compiles a copy of the function under its own code object: Dynamo keeps its cache and
+    its recompile limit per code object, and one plan's layouts and dtypes fit in that limit where
+    all plans together would not (a recipe uses up to six plans: two operands of three GEMMs).
     """
-    code = run.__code__.replace(co_name=f"quantize_plan_{next(_plan_ids)}")
-    fn = types.FunctionType(code, run.__globals__, code.co_name, (p,))  # p as the default of p
+    impl = impl or run
+    code = impl.__code__.replace(co_name=f"quantize_plan_{next(_plan_ids)}")
+    fn = types.FunctionType(code, impl.__globals__, code.co_name, (p,))  # p as the default of p
     return torch.compile(fn, fullgraph=True)
 
 
@@ -312,20 +333,22 @@ def call(
     signs: torch.Tensor | None,
     p: Plan,
     compile_: bool | None = None,
+    impl: PlanRunner | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """``run``, compiled where ``compile_enabled`` (or ``compile_``) says so, eager otherwise or if
-    compiling fails (with one warning naming the error). ``key``: an int, or a () int64 tensor
-    (the training step's keys, derived on the device)."""
+    """``impl`` (default ``run``), compiled where ``compile_enabled`` (or ``compile_``) says so,
+    eager otherwise or if compiling fails (with one warning naming the error). ``key``: an int, or
+    a () int64 tensor (the training step's keys, derived on the device)."""
+    fn = impl or run
     if isinstance(key, torch.Tensor):
         k = (key & 0xFFFFFFFF).to(device=xm.device, dtype=torch.int64)
     else:
         k = torch.full((), key & 0xFFFFFFFF, dtype=torch.int64, device=xm.device)  # no host sync
     if torch.compiler.is_compiling():  # inside a compiled model: traced into its graph
-        return run(xm, k, signs, p)
+        return fn(xm, k, signs, p)
     use = compile_enabled(xm.device) if compile_ is None else compile_
     if use and p not in _failed:
         try:
-            return compiled(p)(xm, k, signs)
+            return (compiled(p) if impl is None else compiled(p, impl))(xm, k, signs)
         except Exception as exc:  # compile errors surface at the first call
             with _lock:
                 if p not in _failed:
@@ -337,4 +360,4 @@ def call(
                         RuntimeWarning,
                         stacklevel=3,
                     )
-    return run(xm, k, signs, p)
+    return fn(xm, k, signs, p)

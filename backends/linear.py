@@ -134,7 +134,7 @@ def _(calls: torch.Tensor) -> torch.Tensor:
 
 def is_random(g: GemmRecipe) -> bool:
     """Whether a GEMM's output depends on its random streams (SR or random Hadamard signs)."""
-    sr = any(s is not None and s.rounding == "sr" for s in (g.a, g.b))
+    sr = any(s is not None and s.is_random for s in (g.a, g.b))  # SR, MS-EDEN's scales
     return sr or (g.hadamard is not None and g.hadamard.signs == "random")
 
 

@@ -19,7 +19,11 @@ use it). What ``torch._scaled_mm`` receives, for ``a`` (M, K) and ``b`` (N, K), 
 NVFP4's tensor scales enter as TransformerEngine applies them: the GEMM multiplies the codes with the
 E4M3 block scales and the output is multiplied by ``alpha = (amax_a * amax_b) * fp32(1/7225344)``
 (7225344 = (6 * 448)^2; TE's ``compute_nvfp4_per_tensor_scale_kernel``), from the operands' tensor
-amaxes (``QTensor.global_amax``).
+amaxes (``QTensor.global_amax``); with Four Over Six's bound ``fp32(1/1536^2)`` (``quant.nv_alpha``),
+and for MS-EDEN the product of the two tensor decode scales. Four Over Six and MS-EDEN produce
+ordinary NVFP4 codes and E4M3 scales, so the hardware GEMM runs them; double-block NVFP4
+(``outer_block``, TetraJet-v2) has an FP32 scale per 128 elements, which no GEMM here takes:
+``check`` refuses it.
 
 "Swizzled" is cuBLAS's block-scale layout: the (rows, K/block) scale matrix, zero-padded to
 (128·⌈rows/128⌉, 4·⌈cols/4⌉), cut into 128x4 tiles stored one after another (row tiles outer), each
@@ -53,7 +57,7 @@ import torch
 
 from .formats import E2M1, ElementFormat, decode_e8m0, pack_fp4, unpack_fp4
 from .gemm import GemmKeys, UnsupportedFormatError
-from .quant import FORMATS, NV_ALPHA, QTensor, QuantSpec, nv_decode, quantize
+from .quant import FORMATS, NV_ALPHA, QTensor, QuantSpec, _rcp, nv_alpha, quantize
 from .recipe import GEMMS, GemmRecipe, Recipe
 
 _FP8 = frozenset({"fp8_e4m3", "fp8_e5m2"})
@@ -173,6 +177,11 @@ def check_recipe(
             continue
         fa, fb = gemm.a.format, gemm.b.format
         for spec in (gemm.a, gemm.b):
+            if spec.outer_block:
+                problems.append(
+                    f"{g}: {spec.short()}: the hardware GEMM takes one FP32 scale per tensor, not "
+                    f"one per {spec.outer_block} elements (double-block NVFP4 needs its own kernel)"
+                )
             native_block = _BLOCK.get(spec.fmt.scale)
             if spec.block_size is not None and spec.block_size != native_block:
                 problems.append(
@@ -292,13 +301,16 @@ class PackedOperand:
     float8_e4m3fn (NVFP4), flat and swizzled, or (R, Kp/block) row-major."""
     global_scale: torch.Tensor | None
     """NVFP4: float32 () tensor amax (the output is multiplied by ``alpha``, see the module
-    docstring); else None."""
+    docstring), or MS-EDEN's tensor decode scale; else None."""
     rows: int
     """Rows before padding."""
     spec: QuantSpec
     swizzled: bool
     out_dtype: torch.dtype
     """What the GEMM writes for this format on this device."""
+    top: float | None = None
+    """NVFP4: ``QuantSpec.nv_top`` (``global_scale`` is an amax that maps to it); None where
+    ``global_scale`` is itself the tensor decode scale (MS-EDEN)."""
 
 
 def pack_operand(
@@ -354,12 +366,18 @@ def pack_quantized(
     s = s.view(torch.float8_e8m0fnu if f.scale == "e8m0" else torch.float8_e4m3fn)
     g = None
     if f.scale == "nv":
-        assert q.global_amax is not None
-        g = q.global_amax.to(device=device, dtype=torch.float32).reshape(())
+        if q.outer_scales is not None:
+            raise ValueError(
+                f"pack_quantized: {spec.short()} has a scale per {spec.outer_block} elements; no "
+                "scaled GEMM here takes it"
+            )
+        t = q.global_amax if spec.nv_top is not None else q.global_dec  # MS-EDEN: its decode
+        assert t is not None
+        g = t.to(device=device, dtype=torch.float32).reshape(())
     out_dtype = layout.block_out
     if spec.format == "mxfp4" and layout.swizzle:
         out_dtype = torch.bfloat16  # MSLK's MXFP4 kernel writes bf16
-    return PackedOperand(data, s, g, rows, spec, layout.swizzle, out_dtype)
+    return PackedOperand(data, s, g, rows, spec, layout.swizzle, out_dtype, spec.nv_top)
 
 
 def dequantize_packed(p: PackedOperand) -> torch.Tensor:
@@ -380,7 +398,10 @@ def dequantize_packed(p: PackedOperand) -> torch.Tensor:
         sv = decode_e8m0(s)
     else:
         assert p.global_scale is not None
-        sv = nv_decode(s, p.global_scale)  # (s * amax) / 2688, as QTensor.dequantize
+        s8 = s.view(torch.float8_e4m3fn).float()
+        g = p.global_scale.float()
+        # as QTensor.dequantize: (s * amax) * fp32(1/top), or MS-EDEN's s * s_dec
+        sv = (s8 * g) * _rcp(p.top) if p.top is not None else s8 * g
     return (vals.view(R, K // B, B) * sv.unsqueeze(-1)).flatten(1)
 
 
@@ -418,8 +439,23 @@ def scaled_mm(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
         )
     out = out.float()
     if pa.global_scale is not None and pb.global_scale is not None:
-        out = out * ((pa.global_scale * pb.global_scale) * NV_ALPHA)  # NVFP4's alpha
+        out = out * alpha(pa, pb)
     return _unpad(out, pa.rows, pb.rows)
+
+
+def alpha(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
+    """NVFP4's output factor: ``(amax_a * amax_b) * fp32(1/(top_a * top_b))`` (TransformerEngine's
+    alpha; Four Over Six's bound in ``top``), or with MS-EDEN the product of the tensor decode
+    scales (an amax operand's ``amax * fp32(1/top)``)."""
+    assert pa.global_scale is not None and pb.global_scale is not None
+    if pa.top is not None and pb.top is not None:
+        return (pa.global_scale * pb.global_scale) * nv_alpha(pa.top, pb.top)
+
+    def dec(p: PackedOperand) -> torch.Tensor:
+        assert p.global_scale is not None
+        return p.global_scale if p.top is None else p.global_scale * _rcp(p.top)
+
+    return dec(pa) * dec(pb)
 
 
 def scaled_mm_reference(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
@@ -504,8 +540,10 @@ def _pad(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 __all__ = [
     "CAPABILITIES",
     "CUDA_LAYOUT",
+    "NV_ALPHA",
     "Layout",
     "NativeBackend",
+    "alpha",
     "PackedOperand",
     "build_limits",
     "check_recipe",

@@ -32,7 +32,9 @@ noise 0, draw_cos 1).
 Per operand (``operand_stats``, with the quantizer's own scales and keys): the fraction of elements
 saturated (clipped: ``|x| * enc * prescale > max``), flushed to zero (non-zero, quantized to 0), and
 the mean block-scale utilisation (block amax after scaling / the element format's max; above 1 where
-a block clips).
+a block clips). The NVFP4 variants are measured with their own scales: a Four Over Six block
+mapped to 4 shows as a utilisation near 4/6, MS-EDEN's elements against the scale they were rounded
+with (before its correction), double-block NVFP4's against its outer x inner scale.
 
 Error structure over steps (``ErrorHistory``, on the same probe batch at consecutive probe steps):
 ``step_cos``, the cosine between this probe's error and the previous one's; ``sum_ratio``, over the
@@ -52,7 +54,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import _kernel
+from . import _kernel, eden
 from .hadamard import hadamard_transform
 from .linear import QuantLinear, is_random
 from .quant import _F32_MAX, QTensor, QuantSpec, _global_scales, _run_kernel, quantize
@@ -187,8 +189,10 @@ def operand_stats(
     M, K = xt.shape
     elem, f = spec.fmt.elem, spec.fmt
     B = spec.block or K
-    nb = -(-K // B)
-    Kp = nb * B
+    Kp = -(-K // (spec.outer_block or B)) * (spec.outer_block or B)  # as the quantizer pads
+    nb = Kp // B
+    if quantized is None and spec.variant:  # quantized from t: MS-EDEN rotates it itself
+        quantized = quantize(t, spec, axis=1, key=key, hadamard=hadamard)
     if quantized is not None:
         elements, scales = quantized.elements()[:, :K], quantized.scales
     else:
@@ -203,6 +207,14 @@ def operand_stats(
         codes = scales.to(torch.int32)
         enc = torch.ldexp(torch.ones(codes.shape, device=xt.device), 127 - codes)  # 2^-E, exact
         finite = codes != 255
+    elif spec.variant:
+        assert quantized is not None and scales is not None
+        enc = _variant_encode(quantized, xb)
+        s8 = scales.view(torch.float8_e4m3fn).float()
+        if spec.scale_rule is not None:  # a zero scale decodes to zeros, as below
+            enc = torch.where(s8 == 0, 0.0, enc)
+            elements = torch.where((s8 == 0).unsqueeze(-1), 0.0, elements)
+        finite = scales != 0x7F
     else:
         genc, gdec, ok, _ = _global_scales(xt, spec)
         genc_t = torch.tensor(genc, dtype=torch.float32, device=xt.device)
@@ -256,6 +268,25 @@ def operand_stats(
 
 def _count(mask: torch.Tensor) -> int:
     return int(mask.count_nonzero())
+
+
+def _variant_encode(q: QTensor, xb: torch.Tensor) -> torch.Tensor:
+    """(M, nb): what the quantizer of an NVFP4 variant multiplied each block of ``xb`` (M, nb, B)
+    by before rounding: ``1 / (s * S_dec)`` for Four Over Six's chosen scale, ``1 / (o * s)`` for
+    double-block scales, and for MS-EDEN ``1 / (s * s_dec)`` with its block scale before the
+    correction (recomputed from the block maximum, as ``eden.quantize_rotated`` computes it)."""
+    assert q.scales is not None
+    s8 = q.scales.view(torch.float8_e4m3fn).float()
+    ones = torch.ones_like(s8)
+    if q.outer_scales is not None:
+        per = (q.spec.outer_block or 0) // q.spec.block
+        prod = q.outer_scales.repeat_interleave(per, -1) * s8
+        return torch.where(prod != 0, ones / prod, 0.0)
+    assert q.global_dec is not None
+    gdec = q.global_dec.to(device=s8.device, dtype=torch.float32)
+    if q.spec.rounding == "eden":
+        s8 = eden.block_scale(xb.abs().amax(-1), gdec)
+    return torch.clamp(ones / (s8 * gdec), max=_F32_MAX)
 
 
 def _elements_and_scales(

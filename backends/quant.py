@@ -11,6 +11,10 @@ Both run the C kernel of ``_kernel.py`` on the CPU and, on a GPU (or a CPU witho
 the branch-free torch arithmetic of ``fused.py``, compiled into fused kernels on CUDA
 (``quantize_fused``/``fake_quantize_fused`` call that path directly, on any device).
 
+The NVFP4 variants of the 2026 recipes (``variants.py``: Four Over Six's ``scale_rule``, MS-EDEN's
+``rounding: eden``, double-block ``outer_block``) have their own modules and run on the torch path of
+``fused.py`` on every device (the C kernel has none of them).
+
 ``reference.py`` holds the readable specification (``quantize_reference``: grid search for rounding,
 ``frexp`` for the shared exponent) that every path is tested against. The rules:
 
@@ -67,11 +71,11 @@ from typing import Literal
 
 import torch
 
-from . import _kernel, fused
+from . import _kernel, eden, fused, outer_block, scale_rule, variants
 from .formats import E2M1, E4M3, E5M2, ElementFormat, ScaleMode, decode_e8m0, pack_fp4
 from .hadamard import check_size, hadamard_transform
 
-Rounding = Literal["rne", "sr"]
+Rounding = Literal["rne", "sr", "eden"]
 ScaleKind = Literal["e8m0", "nv", "tensor"]
 
 PRESCALE = 0.75  # Tseng et al.'s clip-free prescale for stochastic rounding
@@ -123,14 +127,22 @@ class QuantSpec:
     scale_mode: ScaleMode = ScaleMode.FLOOR
     """E8M0 shared-exponent rule (MX formats only); see ``ScaleMode``."""
     rounding: Rounding = "rne"
-    """Element rounding: round-to-nearest-even or stochastic."""
-    prescale: bool = False
-    """Scale by 3/4 before rounding so nothing saturates (compensated on the GEMM output)."""
+    """Element rounding: round-to-nearest-even, stochastic, or eden (MS-EDEN, nvfp4 after a
+    Hadamard transform: ``eden.py``)."""
+    prescale: bool | float = False
+    """Scale by 3/4 (True) or by this factor in (0, 1) before rounding so nothing saturates
+    (compensated on the GEMM output); 16/17 is fouroversix's unbiased stochastic rounding."""
     block_size: int | None = None
     """Override of the format's block size (MX: 32, NVFP4: 16); a power of two up to 1024."""
     block_rows: int = 1
     """Rows per scale: 1 (one scale per ``block`` elements of a row) or ``block`` (2-D square
     tiles of a 2-D operand, e.g. NVIDIA's 16x16 NVFP4 weight blocks)."""
+    scale_rule: str | None = None
+    """Four Over Six (nvfp4): mse, mae or abs_max: per block, the scale mapping its maximum to 6
+    or to 4, whichever errs less by that measure (``scale_rule.py``); None: the one NVFP4 scale."""
+    outer_block: int | None = None
+    """Double-block nvfp4: an FP32 scale per this many elements (TetraJet-v2: 128) instead of one
+    per tensor (``outer_block.py``)."""
     fmt: BlockFormat = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -146,8 +158,11 @@ class QuantSpec:
             raise ValueError(
                 f"scale_mode: unknown mode {self.scale_mode!r}; allowed: {allowed}"
             ) from None
-        if self.rounding not in ("rne", "sr"):
-            raise ValueError(f"rounding: unknown {self.rounding!r}; allowed: rne, sr")
+        if self.rounding not in variants.ROUNDINGS:
+            raise ValueError(
+                f"rounding: unknown {self.rounding!r}; allowed: {', '.join(variants.ROUNDINGS)}"
+            )
+        object.__setattr__(self, "prescale", variants.check_prescale(self.prescale))
         if self.block_size is not None:
             if self.fmt.block is None:
                 raise ValueError(
@@ -169,6 +184,7 @@ class QuantSpec:
                     f"allowed: 1 (1x{self.block} blocks) or {self.block} "
                     f"({self.block}x{self.block} tiles)"
                 )
+        variants.check(self)
 
     @property
     def block(self) -> int:
@@ -177,7 +193,26 @@ class QuantSpec:
 
     @property
     def prescale_factor(self) -> float:
-        return PRESCALE if self.prescale else 1.0
+        return variants.prescale_factor(self.prescale)
+
+    @property
+    def variant(self) -> bool:
+        """Whether a ``variants`` option is set: only the torch path of ``fused.py`` runs it."""
+        return self.scale_rule is not None or self.rounding == "eden" or bool(self.outer_block)
+
+    @property
+    def is_random(self) -> bool:
+        """Whether quantizing draws random numbers (stochastic rounding, MS-EDEN's scales)."""
+        return self.rounding != "rne"
+
+    @property
+    def nv_top(self) -> float | None:
+        """NVFP4: what the tensor amax maps to, 6 * 448 (6 * 256 with Four Over Six); values
+        decode as ``q * ((s * amax) * fp32(1/top))``. None for MS-EDEN (decoded with its tensor
+        decode scale) and double-block NVFP4 (its outer scales), and for other formats."""
+        if self.fmt.scale != "nv" or self.rounding == "eden" or self.outer_block:
+            return None
+        return scale_rule.TOP if self.scale_rule else float(self.fmt.elem.max * E4M3.max)
 
     def short(self) -> str:
         """Compact label, e.g. ``mxfp4``, ``mxfp4/sr``, ``mxfp4/ceil/sr*0.75``."""
@@ -188,10 +223,14 @@ class QuantSpec:
             s += f"/b{self.block_size}"
         if self.block_rows != 1:
             s += f"/{self.block_rows}x{self.block}"
-        if self.rounding == "sr":
-            s += "/sr"
+        if self.scale_rule is not None:
+            s += f"/4o6{self.scale_rule.replace('_', '')}"
+        if self.outer_block:
+            s += f"/o{self.outer_block}"
+        if self.rounding != "rne":
+            s += f"/{self.rounding}"
         if self.prescale:
-            s += "*0.75"
+            s += f"*{self.prescale_factor:.4g}"
         return s
 
 
@@ -206,7 +245,10 @@ class QTensor:
     of NVFP4 (``S_enc = 2688 / amax``, what the element encode factors are computed with) and of
     per-tensor FP8 (``S_enc = max / amax``, what the elements are decoded with), else None.
     ``global_amax``: float32 scalar amax of the tensor, NVFP4 only (NaN for a non-finite tensor):
-    NVFP4 values decode as ``q * ((s * global_amax) * fp32(1/2688))``, as TransformerEngine's do.
+    NVFP4 values decode as ``q * ((s * global_amax) * fp32(1/2688))``, as TransformerEngine's do
+    (``1/1536`` with Four Over Six; MS-EDEN's as ``q * (s * global_dec)``). ``outer_scales``:
+    float32 ``(..., Kp // outer_block)`` of double-block NVFP4 (``outer_block.py``), whose values
+    decode as ``q * (outer * s)``, and whose codes are padded to a multiple of the outer block.
     """
 
     codes: torch.Tensor
@@ -216,6 +258,7 @@ class QTensor:
     axis: int
     shape: tuple[int, ...]
     global_amax: torch.Tensor | None = None
+    outer_scales: torch.Tensor | None = None
 
     def elements(self) -> torch.Tensor:
         """Element values (float32, element units), in the codes' layout."""
@@ -235,10 +278,26 @@ class QTensor:
             if f.scale == "e8m0":
                 out = (qb * decode_e8m0(self.scales).unsqueeze(-1)).flatten(-2)
             else:
-                assert self.global_amax is not None
-                out = (qb * nv_decode(self.scales, self.global_amax).unsqueeze(-1)).flatten(-2)
+                out = (qb * self.nv_block_decode().unsqueeze(-1)).flatten(-2)
         out = out[..., : self.shape[self.axis]].movedim(-1, self.axis)
         return out.to(dtype)
+
+    def nv_block_decode(self) -> torch.Tensor:
+        """NVFP4: the float32 decode factor of each block, ``(..., nb)``: ``(s * amax) *
+        fp32(1/top)`` (``QuantSpec.nv_top``), MS-EDEN's ``s * global_dec``, or double-block
+        NVFP4's ``outer * s``."""
+        assert self.scales is not None
+        if self.outer_scales is not None:
+            s8 = self.scales.view(torch.float8_e4m3fn).float()
+            per = (self.spec.outer_block or 0) // self.spec.block
+            return self.outer_scales.repeat_interleave(per, -1) * s8
+        top = self.spec.nv_top
+        if top is None:  # MS-EDEN
+            assert self.global_dec is not None
+            s8 = self.scales.view(torch.float8_e4m3fn).float()
+            return s8 * self.global_dec.to(device=s8.device, dtype=torch.float32)
+        assert self.global_amax is not None
+        return nv_decode(self.scales, self.global_amax, top)
 
     def block_values(
         self, dtype: torch.dtype = torch.float32
@@ -252,14 +311,24 @@ class QTensor:
         f = self.spec.fmt
         if f.scale == "e8m0":
             return self.dequantize(dtype), None
+        if self.outer_scales is not None:
+            raise ValueError(
+                "block_values: double-block NVFP4 has a scale per outer block, not per tensor; "
+                "its values are not exact in bfloat16 without it (use dequantize)"
+            )
         q = self.elements()
         if f.scale == "tensor":
             scale = self.global_dec
         else:
-            assert self.scales is not None and self.global_amax is not None
+            assert self.scales is not None
             s8 = self.scales.view(torch.float8_e4m3fn).float()
             q = (q.unflatten(-1, (-1, self.spec.block)) * s8.unsqueeze(-1)).flatten(-2)
-            scale = self.global_amax.float() * NV_DEQ
+            top = self.spec.nv_top
+            if top is None:  # MS-EDEN: its tensor decode scale
+                scale = self.global_dec
+            else:
+                assert self.global_amax is not None
+                scale = self.global_amax.float() * _rcp(top)
         out = q[..., : self.shape[self.axis]].movedim(-1, self.axis)
         assert scale is not None
         return out.to(dtype), scale.to(out.device)
@@ -336,12 +405,24 @@ def _global_scales(x: torch.Tensor, spec: QuantSpec) -> tuple[float, float, bool
     return float(enc), float(dec), True, float(amax)
 
 
-def nv_decode(scales: torch.Tensor, global_amax: torch.Tensor) -> torch.Tensor:
-    """float32 decode factors ``(s * amax) * fp32(1/2688)`` of NVFP4 block scale codes (E4M3 bits),
-    TransformerEngine's dequantization (NaN for the NaN scale code 0x7F)."""
+def _rcp(v: float) -> float:
+    """fp32(1 / v), exact as a Python float."""
+    return float(torch.tensor(1.0) / torch.tensor(v))
+
+
+def nv_decode(scales: torch.Tensor, global_amax: torch.Tensor, top: float = 2688.0) -> torch.Tensor:
+    """float32 decode factors ``(s * amax) * fp32(1/top)`` of NVFP4 block scale codes (E4M3 bits),
+    TransformerEngine's dequantization (NaN for the NaN scale code 0x7F); ``top`` is 6 * 448, or
+    Four Over Six's 6 * 256 (``QuantSpec.nv_top``)."""
     s8 = scales.view(torch.float8_e4m3fn).float()
     amax = global_amax.to(device=s8.device, dtype=torch.float32)
-    return (s8 * amax) * NV_DEQ
+    return (s8 * amax) * (NV_DEQ if top == 2688.0 else _rcp(top))
+
+
+def nv_alpha(top_a: float, top_b: float) -> float:
+    """fp32(1 / (top_a * top_b)): the NVFP4 GEMM's alpha factor on ``amax_a * amax_b``
+    (``NV_ALPHA`` for two standard operands, TransformerEngine's)."""
+    return NV_ALPHA if top_a == top_b == 2688.0 else _rcp(top_a * top_b)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -436,7 +517,8 @@ def quantize(
     axis = _check(x, spec, axis)
     if hadamard is not None:
         check_size(hadamard[0])
-    if not _kernel.usable(x) or spec.block_rows != 1:  # the C kernel scales 1-D blocks only
+    # the C kernel scales 1-D blocks only, and runs none of the ``variants``
+    if not _kernel.usable(x) or spec.block_rows != 1 or spec.variant:
         return quantize_fused(x, spec, axis, key, hadamard)
     if hadamard is not None:
         x = hadamard_transform(x, axis, hadamard[0], hadamard[1])
@@ -471,7 +553,11 @@ def fake_quantize(
     od = out_dtype or (torch.float32 if hadamard is not None else x.dtype)
     if hadamard is not None:
         check_size(hadamard[0])
-    if not (_kernel.usable(x) and od in _kernel.DTYPE_CODES) or spec.block_rows != 1:
+    if (
+        not (_kernel.usable(x) and od in _kernel.DTYPE_CODES)
+        or spec.block_rows != 1
+        or spec.variant
+    ):
         return fake_quantize_fused(x, spec, axis, key, od, hadamard)
     if hadamard is not None:
         size, signs = hadamard
@@ -509,7 +595,21 @@ def _plan(
         hadamard=hadamard[0] if hadamard else 0,
         values=values,
         out_dtype=od,
+        rule=spec.scale_rule or "",
+        eden=spec.rounding == "eden",
+        outer=spec.outer_block or 0,
     )
+
+
+def _impl(spec: QuantSpec) -> fused.PlanRunner | None:
+    """The quantizer of a ``variants`` option (None: ``fused.run``)."""
+    if spec.scale_rule is not None:
+        return scale_rule.run
+    if spec.rounding == "eden":
+        return eden.run
+    if spec.outer_block:
+        return outer_block.run
+    return None
 
 
 def quantize_fused(
@@ -526,10 +626,12 @@ def quantize_fused(
     xm = x.detach().movedim(axis, -1)
     signs = None if hadamard is None else hadamard[1]
     plan = _plan(spec, hadamard, False, torch.float32)
-    codes, scales, gdec, gamax = fused.call(xm, key, signs, plan, compile)
+    codes, scales, gdec, gamax = fused.call(xm, key, signs, plan, compile, _impl(spec))
     shape = list(x.shape)
     if hadamard is not None:
         shape[axis] = -(-shape[axis] // hadamard[0]) * hadamard[0]
+    if spec.outer_block:  # its outer scales come in the tensor-decode slot
+        return QTensor(codes, scales, None, spec, axis, tuple(shape), outer_scales=gdec)
     return QTensor(codes, scales, gdec, spec, axis, tuple(shape), gamax)
 
 
@@ -547,5 +649,5 @@ def fake_quantize_fused(
     od = out_dtype or (torch.float32 if hadamard is not None else x.dtype)
     xm = x.detach().movedim(axis, -1)
     signs = None if hadamard is None else hadamard[1]
-    out = fused.call(xm, key, signs, _plan(spec, hadamard, True, od), compile)[0]
+    out = fused.call(xm, key, signs, _plan(spec, hadamard, True, od), compile, _impl(spec))[0]
     return out.movedim(-1, axis)

@@ -86,6 +86,12 @@ class GemmRecipe:
     def __post_init__(self) -> None:
         if self.hadamard is not None and (self.a is None or self.b is None):
             raise ValueError("hadamard: a Hadamard transform needs both operands quantized")
+        eden = [s for s in (self.a, self.b) if s is not None and s.rounding == "eden"]
+        if eden and self.hadamard is None:
+            raise ValueError(
+                "hadamard: rounding eden (MS-EDEN) corrects its scales over the Hadamard group, "
+                "so its GEMM needs a Hadamard transform (Quartet II: size 128, signs random)"
+            )
 
     @property
     def high_precision(self) -> bool:
@@ -301,9 +307,10 @@ class Recipe:
                                                  "hadamard": {"size", "signs"} | None}},
              "keep_first", "keep_last", "layers": {"types", "blocks"}}
 
-        OPERAND is ``{"operand": x|w|dy, "format", "rounding", "prescale", "block": [rows, cols]}``;
-        a high-precision operand has format ``bf16``, rounding None, block None; a per-tensor
-        format has block None. ``layers`` None entries mean every layer type / every block.
+        OPERAND is ``{"operand": x|w|dy, "format", "rounding", "prescale", "block": [rows, cols]}``
+        plus ``scale_rule`` (Four Over Six) and ``outer_block`` where they are set; a
+        high-precision operand has format ``bf16``, rounding None, block None; a per-tensor
+        format has block None; prescale is false, true (3/4) or the factor. ``layers`` None entries mean every layer type / every block.
         """
 
         def operand(name: str, s: QuantSpec | None) -> dict[str, Any]:
@@ -315,13 +322,18 @@ class Recipe:
                     "prescale": False,
                     "block": None,
                 }
-            return {
+            d = {
                 "operand": name,
                 "format": s.format,
                 "rounding": s.rounding,
                 "prescale": s.prescale,
                 "block": [s.block_rows, s.block] if s.block else None,
             }
+            if s.scale_rule is not None:
+                d["scale_rule"] = s.scale_rule
+            if s.outer_block:
+                d["outer_block"] = s.outer_block
+            return d
 
         gemms: dict[str, Any] = {}
         for g in GEMMS:
@@ -357,6 +369,10 @@ class Recipe:
             }
             if s.block_rows != 1:  # only when set: the keys of recipes without it stay as they were
                 d["block_rows"] = s.block_rows
+            if s.scale_rule is not None:  # likewise
+                d["scale_rule"] = s.scale_rule
+            if s.outer_block:
+                d["outer_block"] = s.outer_block
             return d
 
         def had(h: HadamardSpec | None) -> dict[str, Any] | None:

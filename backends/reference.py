@@ -75,8 +75,15 @@ def _round_reference(v: torch.Tensor, elem: ElementFormat, u: torch.Tensor | Non
 
 
 def quantize_reference(x: torch.Tensor, spec: QuantSpec, axis: int = -1, key: int = 0) -> QTensor:
-    """The specification of ``quantize``: slow, readable, pure torch."""
+    """The specification of ``quantize``: slow, readable, pure torch. Not of the ``variants``
+    (Four Over Six, MS-EDEN, double-block NVFP4): each is specified by its own module and tested
+    against a transcription of its source; ValueError for them."""
     axis = _check(x, spec, axis)
+    if spec.variant:
+        raise ValueError(
+            f"quantize_reference specifies the formats' own scales and roundings; {spec.short()} "
+            "is specified by its module (backends/scale_rule.py, eden.py, outer_block.py)"
+        )
     f, elem = spec.fmt, spec.fmt.elem
     xm = x.detach().float().movedim(axis, -1)
     K = xm.shape[-1]

@@ -1,15 +1,19 @@
-"""``ablate recipe``: what a named recipe or a recipe shorthand resolves to, operand by operand, as
-an aligned table or as JSON (``Recipe.table()``)."""
+"""The ``recipe`` command: what a named recipe, a variant of one (a partial override) or a recipe
+shorthand resolves to, operand by operand, as a table or as JSON."""
 
 from __future__ import annotations
 
 import json
+from fractions import Fraction
+from typing import Any
 
 import click
+import yaml
 
 from backends.named import named_recipe
 from backends.recipe import GEMMS, Recipe
 
+from ..spec.override import RecipeOverride
 from ..spec.recipe import select
 
 
@@ -26,6 +30,14 @@ from ..spec.recipe import select
 @click.option("--base", default="bf16", show_default=True, help="Other GEMMs: bf16, fp8, mxfp8.")
 @click.option("--keep-first", default=0, type=click.IntRange(min=0), help="First N blocks in BF16.")
 @click.option("--keep-last", default=0, type=click.IntRange(min=0), help="Last N blocks in BF16.")
+@click.option(
+    "--set",
+    "changes",
+    multiple=True,
+    metavar="PATH=VALUE",
+    help="Change a field of the named recipe (a partial override), e.g. wgrad.hadamard=null or "
+    "dgrad.dy.rounding=rne; repeatable. VALUE is YAML.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved table as JSON.")
 def recipe(
     name: str | None,
@@ -35,18 +47,25 @@ def recipe(
     base: str,
     keep_first: int,
     keep_last: int,
+    changes: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Show what a named recipe or a recipe shorthand resolves to, operand by operand.
+    """Show what a named recipe, a variant of one, or a recipe shorthand resolves to, operand by
+    operand.
 
-    NAME is a named recipe (nvidia_nvfp4, tseng_mxfp4, amd_mxfp4_h16, quartet); without it the
-    shorthand options describe the recipe. --json prints {"gemms": {GEMM: {"a": OPERAND, "b":
-    OPERAND, "hadamard": {"size", "signs"} | null}}, "keep_first", "keep_last", "layers"} with
-    OPERAND = {"operand", "format", "rounding", "prescale", "block": [rows, cols]}.
+    NAME is a named recipe (nvidia_nvfp4, tseng_mxfp4, amd_mxfp4_h16, quartet, four_over_six,
+    nvidia_nvfp4_4over6, quartet_ii, tetrajet_v2), or a variant written as a study writes it
+    ('{name: nvidia_nvfp4, wgrad: {hadamard: null}}'); --set changes fields of it the same way.
+    Without NAME the shorthand options describe the recipe. --json prints {"gemms": {GEMM: {"a":
+    OPERAND, "b": OPERAND, "hadamard": {"size", "signs"} | null}}, "keep_first", "keep_last",
+    "layers"} with OPERAND = {"operand", "format", "rounding", "prescale", "block": [rows, cols]}
+    and "scale_rule", "outer_block" where set.
 
     \b
     Example:
         ablate recipe nvidia_nvfp4
+        ablate recipe nvidia_nvfp4 --set wgrad.hadamard=null
+        ablate recipe '{name: quartet_ii, fprop: {scale_rule: null}}' --json
         ablate recipe tseng_mxfp4 --base bf16 --json
         ablate recipe --fp4 fprop,dgrad,wgrad --intervention dht --base fp8
     """
@@ -59,8 +78,13 @@ def recipe(
                     "describe a shorthand instead (give one or the other)"
                 )
             r = select(
-                named_recipe(name, base), keep_first=keep_first, keep_last=keep_last, layers=None
+                _named_or_variant(name, changes, base),
+                keep_first=keep_first,
+                keep_last=keep_last,
+                layers=None,
             )
+        elif changes:
+            raise ValueError("--set: changes a named recipe; give its NAME first")
         else:
             r = Recipe.from_shorthand(
                 gemms,
@@ -79,10 +103,56 @@ def recipe(
     click.echo(recipe_table_text(r))
 
 
+def _named_or_variant(name: str, changes: tuple[str, ...], base: str) -> Recipe:
+    """The named recipe ``name`` (or a variant mapping written in YAML) with the ``--set``
+    changes; ValueError at the path of what is wrong."""
+    spec: Any = yaml.safe_load(name) if name.lstrip().startswith("{") else name
+    if not changes and isinstance(spec, str):
+        return named_recipe(spec, base)
+    tree: dict[str, Any] = dict(spec) if isinstance(spec, dict) else {"name": spec}
+    for item in changes:
+        path, sep, value = item.partition("=")
+        keys = [k for k in path.strip().split(".") if k]
+        if not sep or not keys:
+            raise ValueError(f"--set: {item!r} is not PATH=VALUE, e.g. wgrad.hadamard=null")
+        node = tree
+        for k in keys[:-1]:
+            child = node.get(k)
+            node = node.setdefault(k, {}) if child is None else child
+            if not isinstance(node, dict):
+                raise ValueError(f"--set: {path} goes below {k}, which is not a mapping")
+        node[keys[-1]] = yaml.safe_load(value)
+    return RecipeOverride.parse(tree).build(base)
+
+
+def _prescale_text(p: bool | float) -> str:
+    if p is True:
+        return "3/4"
+    if not p:
+        return "-"
+    f = Fraction(p).limit_denominator(64)
+    return f"{f.numerator}/{f.denominator}" if abs(float(f) - p) < 1e-12 else f"{p:.4g}"
+
+
+def _scale_text(o: dict[str, Any]) -> str:
+    """The variant scaling of an operand row: 4/6-mse, o128, or -."""
+    parts = []
+    if o.get("scale_rule"):
+        parts.append(f"4/6-{o['scale_rule']}")
+    if o.get("outer_block"):
+        parts.append(f"o{o['outer_block']}")
+    return "+".join(parts) or "-"
+
+
 def recipe_table_text(r: Recipe) -> str:
-    """``Recipe.table()`` as aligned text: one row per GEMM operand, then the layer selection."""
+    """``Recipe.table()`` as aligned text: one row per GEMM operand, then the layer selection. A
+    ``scale`` column (Four Over Six, outer blocks) appears where an operand has one."""
     t = r.table()
+    ops = [t["gemms"][g][op] for g in GEMMS for op in ("a", "b")]
+    scale = any(_scale_text(o) != "-" for o in ops)
     rows = [["gemm", "operand", "format", "rounding", "prescale", "block", "hadamard"]]
+    if scale:
+        rows[0].insert(6, "scale")
     for g in GEMMS:
         row = t["gemms"][g]
         h = row["hadamard"]
@@ -93,17 +163,18 @@ def recipe_table_text(r: Recipe) -> str:
         for op in ("a", "b"):
             o = row[op]
             block = "-" if o["block"] is None else "x".join(map(str, o["block"]))
-            rows.append(
-                [
-                    g,
-                    o["operand"],
-                    o["format"],
-                    o["rounding"] or "-",
-                    "3/4" if o["prescale"] else "-",
-                    block,
-                    had,
-                ]
-            )
+            row_text = [
+                g,
+                o["operand"],
+                o["format"],
+                o["rounding"] or "-",
+                _prescale_text(o["prescale"]),
+                block,
+                had,
+            ]
+            if scale:
+                row_text.insert(6, _scale_text(o))
+            rows.append(row_text)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows

@@ -20,7 +20,13 @@ units of a BF16 step (``step_time`` of an all-BF16 recipe is 1):
                  the cost of quantizing its operands as a fraction of that GEMM's BF16 time; plus
                  the role's interventions: ``hadamard_overhead`` x g/16 for a g-point Hadamard
                  transform and ``sr_overhead`` for stochastic rounding (none, SR, RHT16 and DHT16
-                 thus project different gains; the interventions apply to the FP4 GEMMs)
+                 thus project different gains; the interventions apply to the FP4 GEMMs); plus
+                 the quantizers of the 2026 recipes, each charged to a GEMM with an operand that
+                 uses it: ``scale_rule_overhead`` for Four Over Six (``4over6``: every block is
+                 quantized twice, once per candidate scale, dequantized and compared, all in the
+                 quantizer's pass over the operand) and ``eden_overhead`` for MS-EDEN (``eden``:
+                 two sums per Hadamard group for the correction and a random number per block
+                 for the scale; its Hadamard transform is charged as any other)
 
 Calibration. The defaults (device ``mi355x``, ``gemm_share`` 0.5, ``quant_overhead`` 0) reproduce the
 MXFP4 paper's measurement on MI355X (arXiv 2605.09825, Llama 3.1-8B): full MXFP4 (all three GEMMs)
@@ -44,6 +50,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from ..errors import ReportError
 from ..spec.speedup import BASE_FORMATS, FP4_FORMATS, ROLES, SpeedupSpec, format_name
@@ -69,33 +76,46 @@ def role_formats(fp4_gemms: str, fp4_format: str, base_format: str) -> dict[str,
     return {r: fp4 if r in names else base for r in ROLES}
 
 
-def intervention_costs(intervention: str) -> tuple[int, bool]:
-    """(total Hadamard points, stochastic rounding?) of an intervention label such as ``none``,
-    ``sr``, ``dht16``, ``sr+rht64``; ValueError for a part it does not know."""
-    points, sr = 0, False
+class Costs(NamedTuple):
+    """What a GEMM's intervention label charges (``intervention_costs``)."""
+
+    points: int = 0
+    """Hadamard points (a g-point transform costs ``hadamard_overhead`` x g/16)."""
+    sr: bool = False
+    """Stochastic rounding (``sr_overhead``)."""
+    four_over_six: bool = False
+    """Four Over Six block scales (``scale_rule_overhead``)."""
+    eden: bool = False
+    """MS-EDEN's correction and scale rounding (``eden_overhead``)."""
+
+
+def intervention_costs(intervention: str) -> Costs:
+    """The cost terms of an intervention label such as ``none``, ``sr``, ``dht16``, ``sr+rht64``,
+    ``sr+4over6+fht16``, ``eden+rht128``; ReportError for a part it does not know."""
+    points, flags = 0, {"sr": False, "4over6": False, "eden": False}
     for part in (p.strip() for p in intervention.split("+")):
         if part in ("", "none"):
             continue
-        if part == "sr":
-            sr = True
+        if part in flags:
+            flags[part] = True
             continue
         m = re.fullmatch(r"(rht|dht|fht)(\d+)?", part)
         if m is None:
             raise ReportError(
                 f"intervention {intervention!r}: unknown part {part!r}; allowed: none, sr, "
-                "rht[N], dht[N], fht[N]"
+                "4over6, eden, rht[N], dht[N], fht[N]"
             )
         points += int(m.group(2) or 16)
-    return points, sr
+    return Costs(points, flags["sr"], flags["4over6"], flags["eden"])
 
 
 def step_time(
     formats: Mapping[str, str],
     spec: SpeedupSpec,
-    interventions: Mapping[str, tuple[int, bool]] | None = None,
+    interventions: Mapping[str, Costs] | None = None,
 ) -> float:
-    """Modelled step time of a recipe (per-role formats, and per role the Hadamard points and
-    stochastic rounding from ``intervention_costs``) in units of an all-BF16 step."""
+    """Modelled step time of a recipe (per-role formats, and per role the cost terms of
+    ``intervention_costs``) in units of an all-BF16 step."""
     ratios = spec.ratios()
     shares = spec.shares()
     t = 1.0 - sum(shares.values())
@@ -107,13 +127,15 @@ def step_time(
                 f"pick another speedup device or give its throughput, e.g. throughput: {{{fmt}: 4.0}}"
             )
         overhead = spec.quant_overhead if fmt != "bf16" else 0.0
-        points, sr = (interventions or {}).get(role, (0, False))
-        overhead += spec.hadamard_overhead * points / 16 + (spec.sr_overhead if sr else 0.0)
+        c = Costs(*(interventions or {}).get(role, Costs()))
+        overhead += spec.hadamard_overhead * c.points / 16 + (spec.sr_overhead if c.sr else 0.0)
+        overhead += spec.scale_rule_overhead if c.four_over_six else 0.0
+        overhead += spec.eden_overhead if c.eden else 0.0
         t += shares[role] * (1.0 / ratios[fmt] + overhead)
     return t
 
 
-def role_interventions(fp4_gemms: str, intervention: str) -> dict[str, tuple[int, bool]]:
+def role_interventions(fp4_gemms: str, intervention: str) -> dict[str, Costs]:
     """Per role, the intervention's cost terms: the intervention applies to the FP4 GEMMs; or, for
     a per-GEMM intervention such as ``fprop:none,dgrad:sr,wgrad:sr+fht16`` (a named or explicit
     recipe whose GEMMs differ), each listed role's own."""
@@ -121,7 +143,7 @@ def role_interventions(fp4_gemms: str, intervention: str) -> dict[str, tuple[int
     if ":" not in intervention:
         costs = intervention_costs(intervention)
         return {r: costs for r in ROLES if r in names}
-    out: dict[str, tuple[int, bool]] = {}
+    out: dict[str, Costs] = {}
     for item in intervention.split(","):
         role, sep, label = item.partition(":")
         if not sep or role.strip() not in ROLES:
@@ -137,8 +159,8 @@ def throughput_gain(
     cell_formats: Mapping[str, str],
     baseline_formats: Mapping[str, str],
     spec: SpeedupSpec,
-    cell_interventions: Mapping[str, tuple[int, bool]] | None = None,
-    baseline_interventions: Mapping[str, tuple[int, bool]] | None = None,
+    cell_interventions: Mapping[str, Costs] | None = None,
+    baseline_interventions: Mapping[str, Costs] | None = None,
 ) -> float:
     """Modelled step-throughput gain of a recipe over the baseline: baseline step time / its step time."""
     return step_time(baseline_formats, spec, baseline_interventions) / step_time(

@@ -21,9 +21,13 @@ GEMMs it leaves unquantized, and each selected onto layers by ``keep_first``/``k
 
     layers: {types: [mlp], blocks: [0, -1]}  # attention / mlp linears; block indices (-1: last)
 
-In ``gemms`` a GEMM's own keys (format, rounding, prescale, scale_mode, block) apply to both of its
-operands, and an operand's keys, under its tensor name (fprop: x, w; dgrad: dy, w; wgrad: dy, x),
-override them. ``format`` is a ``backends.quant.FORMATS`` name or ``bf16`` (high precision);
+In ``gemms`` a GEMM's own keys (format, rounding, prescale, scale_mode, block, scale_rule,
+outer_block) apply to both of its operands, and an operand's keys, under its tensor name (fprop: x,
+w; dgrad: dy, w; wgrad: dy, x), override them. The NVFP4 variants of ``backends.variants``:
+``scale_rule: mse|mae|abs_max`` (Four Over Six), ``rounding: eden`` (MS-EDEN; its GEMM needs a
+``hadamard``), ``outer_block: 128`` (TetraJet-v2's FP32 scale per 128 elements). A named recipe
+with some of these keys changed is a partial override (``recipe: {name: ..., wgrad: {...}}``,
+``ablate.spec.override``). ``format`` is a ``backends.quant.FORMATS`` name or ``bf16`` (high precision);
 ``block`` is ``[rows, cols]``: ``[1, N]`` for blocks of N along the reduction dimension, ``[N, N]``
 for 2-D tiles, which only the weight ``w`` takes (fprop and dgrad then share one quantization of W
 when they give it the same spec). ``prescale`` (the 3/4 clip-free scale, undone on the output) is
@@ -57,15 +61,41 @@ class OperandSpec(BaseModel):
 
     format: FormatName | None = None
     """mxfp4, nvfp4, mxfp8_e4m3, mxfp8_e5m2, fp8_e4m3, fp8_e5m2, or bf16 (high precision)."""
-    rounding: Literal["rne", "sr"] | None = None
-    """rne (round to nearest, ties to even) or sr (stochastic)."""
-    prescale: bool | None = None
-    """Scale by 3/4 before rounding so nothing clips (undone on the GEMM output); any rounding."""
+    rounding: Literal["rne", "sr", "eden"] | None = None
+    """rne (round to nearest, ties to even), sr (stochastic) or eden (MS-EDEN, nvfp4 after a
+    Hadamard transform)."""
+    prescale: bool | float | None = None
+    """Scale by 3/4 (true), or by a factor in (0, 1] such as 16/17 (written as a number or
+    "16/17"), before rounding so nothing clips (undone on the GEMM output); any rounding."""
     scale_mode: Literal["floor", "ceil", "even", "rceil"] | None = None
     """MX shared-exponent rule (OCP: floor)."""
     block: list[int] | None = None
     """[rows, cols]: [1, N] (N elements along the reduction dimension share a scale) or [N, N]
     (2-D tiles; the weight w only). Default: [1, 32] for MX, [1, 16] for NVFP4."""
+    scale_rule: Literal["mse", "mae", "abs_max"] | None = None
+    """nvfp4: Four Over Six block scales, chosen by this error measure (default: none)."""
+    outer_block: int | None = None
+    """nvfp4: an FP32 scale per this many elements (TetraJet-v2: 128) instead of per tensor."""
+
+    @field_validator("prescale", mode="before")
+    @classmethod
+    def _factor(cls, v: Any) -> Any:
+        if v is None or isinstance(v, bool):
+            return v
+        try:
+            if isinstance(v, str) and "/" in v:  # "16/17"
+                num, _, den = v.partition("/")
+                f = float(num) / float(den)
+            else:
+                f = float(v)
+        except (TypeError, ValueError, ZeroDivisionError):
+            f = float("nan")
+        if not 0 < f <= 1:
+            raise ValueError(
+                f"{v!r} is not allowed; allowed: true (3/4), false, or a factor in (0, 1] such "
+                "as 16/17"
+            )
+        return f
 
     @field_validator("block")
     @classmethod
@@ -134,9 +164,7 @@ class _GemmSpec(OperandSpec):
             block = fields["block"]
             if fmt == "bf16":
                 extra = [
-                    k
-                    for k in ("rounding", "prescale", "scale_mode", "block")
-                    if fields[k] is not None
+                    k for k in OperandSpec.model_fields if k != "format" and fields[k] is not None
                 ]
                 if extra:
                     raise ValueError(
@@ -151,7 +179,7 @@ class _GemmSpec(OperandSpec):
                     f"allowed for {op}: [1, N]"
                 )
             kw: dict[str, Any] = {"format": fmt}
-            for k in ("rounding", "prescale", "scale_mode"):
+            for k in ("rounding", "prescale", "scale_mode", "scale_rule", "outer_block"):
                 if fields[k] is not None:
                     kw[k] = fields[k]
             if block is not None:
@@ -165,8 +193,11 @@ class _GemmSpec(OperandSpec):
                 kw["block_rows"] = block[0]
             try:
                 specs.append(QuantSpec(**kw))
-            except ValueError as e:  # "block_size: ..." / "block_rows: ..."
-                raise ValueError(f"{at('block')}: {str(e).partition(': ')[2]}") from None
+            except ValueError as e:  # "<QuantSpec field>: ..." -> the YAML key that set it
+                field, _, rest = str(e).partition(": ")
+                key = "block" if field in ("block_size", "block_rows") else field
+                key = key if key in OperandSpec.model_fields else "format"
+                raise ValueError(f"{at(key)}: {rest}") from None
         h = None if self.hadamard is None else self.hadamard.spec()
         if h is not None and None in specs:
             raise ValueError(
@@ -307,8 +338,10 @@ def recipe_axes(r: Recipe, base_format: str) -> dict[str, str]:
     labels = {}
     for g in fp4:
         gr = r.gemm(g)
-        sr = any(s is not None and s.rounding == "sr" for s in (gr.a, gr.b))
-        parts = (["sr"] if sr else []) + ([gr.hadamard.short()] if gr.hadamard else [])
+        ops = [s for s in (gr.a, gr.b) if s is not None]
+        parts = [p for p in ("sr", "eden") if any(s.rounding == p for s in ops)]
+        parts += ["4over6"] if any(s.scale_rule for s in ops) else []
+        parts += [gr.hadamard.short()] if gr.hadamard else []
         labels[g] = "+".join(parts) or "none"
     if len(set(labels.values())) <= 1:
         intervention = next(iter(labels.values()), "none")
@@ -338,11 +371,15 @@ def to_gemms(r: Recipe) -> dict[str, Any]:
             return {"format": "bf16"}
         d: dict[str, Any] = {"format": s.format, "rounding": s.rounding}
         if s.prescale:
-            d["prescale"] = True
+            d["prescale"] = s.prescale
         if s.fmt.scale == "e8m0":
             d["scale_mode"] = s.scale_mode.value
         if s.block:
             d["block"] = [s.block_rows, s.block]
+        if s.scale_rule is not None:
+            d["scale_rule"] = s.scale_rule
+        if s.outer_block:
+            d["outer_block"] = s.outer_block
         return d
 
     out: dict[str, Any] = {}

@@ -16,6 +16,7 @@ from backends.registry import available_backends
 from ..train.config import ProbeConfig, RunConfig, TrainConfig
 from ..train.data import DataConfig
 from ..train.model import ModelConfig
+from .override import RecipeOverride
 from .recipe import GemmsSpec, LayersSpec, check_recipe_name, explicit_recipe, select
 from .speedup import SpeedupSpec
 
@@ -72,9 +73,11 @@ class CellConfig(BaseModel):
     """First N transformer blocks stay in high precision."""
     keep_last: int = Field(default=0, ge=0)
     """Last N transformer blocks stay in high precision."""
-    recipe: str | None = None
+    recipe: str | RecipeOverride | None = None
     """A named recipe instead of the shorthands: nvidia_nvfp4, tseng_mxfp4, amd_mxfp4_h16,
-    quartet (backends.named; ``ablate recipe NAME`` shows one)."""
+    quartet, four_over_six, nvidia_nvfp4_4over6, quartet_ii, tetrajet_v2 (backends.named;
+    ``ablate recipe NAME`` shows one); or a variant of one, {name: NAME, fprop|dgrad|wgrad:
+    {changed keys}} (ablate.spec.override)."""
     gemms: GemmsSpec | None = None
     """The explicit recipe instead of the shorthands: per GEMM (fprop, dgrad, wgrad) and operand
     (x, w, dy) format, rounding, prescale, block, and a Hadamard transform (ablate.spec.recipe)."""
@@ -82,10 +85,12 @@ class CellConfig(BaseModel):
     """Which block linears follow the recipe: types (attention, mlp) and block indices (negative:
     from the end); default all. The rest stay in high precision, as keep_first/keep_last blocks."""
 
-    @field_validator("recipe")
+    @field_validator("recipe", mode="before")
     @classmethod
-    def _named(cls, v: str | None) -> str | None:
-        return None if v is None else check_recipe_name(v)
+    def _named(cls, v: Any) -> Any:
+        if isinstance(v, dict):  # a variant: its first problem at its path below recipe
+            return RecipeOverride.parse(v)
+        return check_recipe_name(v) if isinstance(v, str) else v
 
     @model_validator(mode="after")
     def _one_recipe(self) -> CellConfig:
@@ -140,6 +145,13 @@ class CellConfig(BaseModel):
 
     def recipe_object(self) -> Recipe:
         """The cell's ``backends.Recipe``, from whichever spelling it uses."""
+        if isinstance(self.recipe, RecipeOverride):
+            return select(
+                self.recipe.build(self.base_format),
+                keep_first=self.keep_first,
+                keep_last=self.keep_last,
+                layers=self.layers,
+            )
         if self.recipe is not None or self.gemms is not None:
             return explicit_recipe(
                 self.recipe,

@@ -139,6 +139,28 @@ class SpeedupSpec(BaseModel):
         ),
     )
 
+    scale_rule_overhead: float = Field(
+        default=0.01,
+        ge=0,
+        description=(
+            "Cost of Four Over Six block scales (4/6) on a GEMM's operands, as a fraction of that "
+            "GEMM's BF16 time, added to every GEMM with an operand that uses them: each block is "
+            "quantized twice (map-to-6 and map-to-4), dequantized and its errors compared, in "
+            "the quantizer's one pass over the operand. Default 0.01: an estimate (as much again "
+            "as a quantizer's arithmetic, like one extra pass), not a measurement."
+        ),
+    )
+    eden_overhead: float = Field(
+        default=0.01,
+        ge=0,
+        description=(
+            "Cost of MS-EDEN (Quartet II) on a GEMM's operands beyond their Hadamard transform "
+            "(charged by hadamard_overhead): two sums per rotation group for the scale "
+            "correction and a random number per block to round the corrected scale. Default "
+            "0.01: an estimate, not a measurement."
+        ),
+    )
+
     @field_validator("device")
     @classmethod
     def _known_device(cls, v: str) -> str:
@@ -204,7 +226,9 @@ class SpeedupSpec(BaseModel):
             f"({roles}); the rest does not change with the recipe. Quantization overhead: "
             f"{self.quant_overhead:.0%} of a quantized GEMM's BF16 time; interventions add "
             f"{self.hadamard_overhead:.1%} per 16 Hadamard points and {self.sr_overhead:.1%} for "
-            "stochastic rounding of each GEMM they apply to (estimates, not measurements). The "
+            "stochastic rounding of each GEMM they apply to, and the 2026 quantizers "
+            f"{self.scale_rule_overhead:.1%} for Four Over Six block scales and "
+            f"{self.eden_overhead:.1%} for MS-EDEN (estimates, not measurements). The "
             "defaults reproduce the measured +20% step throughput of full MXFP4 over FP8 on MI355X "
             "(a recipe without interventions)."
         )

@@ -62,6 +62,52 @@ def test_recipe_by_name_as_json_and_as_a_table():
     assert lines[4].split() == ["dgrad", "dy", "mxfp4", "sr", "3/4", "1x32", "64", "random"]
 
 
+def test_the_2026_recipes_resolve_by_name():
+    for name, check in [
+        ("four_over_six", lambda d: d["gemms"]["fprop"]["a"]["scale_rule"] == "mse"),
+        ("quartet_ii", lambda d: d["gemms"]["wgrad"]["a"]["rounding"] == "eden"),
+        ("tetrajet_v2", lambda d: d["gemms"]["dgrad"]["b"]["outer_block"] == 128),
+        ("nvidia_nvfp4_4over6", lambda d: d["gemms"]["fprop"]["b"]["scale_rule"] == "mae"),
+    ]:
+        res = CliRunner().invoke(main, ["recipe", name, "--json"])
+        assert res.exit_code == 0, res.output
+        assert check(json.loads(res.stdout)), name
+    res = CliRunner().invoke(main, ["recipe", "four_over_six"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[1].split() == [
+        "gemm",
+        "operand",
+        "format",
+        "rounding",
+        "prescale",
+        "block",
+        "scale",
+        "hadamard",
+    ]
+    assert lines[4].split() == ["dgrad", "dy", "nvfp4", "sr", "16/17", "1x16", "4/6-mse", "-"]
+
+
+def test_recipe_shows_a_partial_override_with_the_changed_field():
+    res = CliRunner().invoke(main, ["recipe", "nvidia_nvfp4", "--set", "wgrad.hadamard=null"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0] == "nvidia_nvfp4~wgrad.hadamard=none"
+    assert lines[6].split() == ["wgrad", "dy", "nvfp4", "sr", "-", "1x16", "-"]
+    res = CliRunner().invoke(
+        main, ["recipe", "{name: nvidia_nvfp4, dgrad: {dy: {rounding: rne}}}", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["gemms"]["dgrad"]["a"]["rounding"] == "rne"
+    assert d["gemms"]["wgrad"]["a"]["rounding"] == "sr"  # only the named field changed
+    res = CliRunner().invoke(main, ["recipe", "nvidia_nvfp4", "--set", "wgrad.hadmard=null"])
+    assert res.exit_code == 2 and "recipe.wgrad.hadmard: unknown key" in res.output
+    assert "did you mean 'hadamard'" in res.output
+    res = CliRunner().invoke(main, ["recipe", "--set", "wgrad.hadamard=null"])
+    assert res.exit_code == 2 and "give its NAME first" in res.output
+
+
 def test_recipe_unknown_name_or_name_with_shorthand_is_a_usage_error():
     res = CliRunner().invoke(main, ["recipe", "nvidia"])
     assert res.exit_code == 2 and "allowed: nvidia_nvfp4, tseng_mxfp4" in res.output

@@ -54,6 +54,10 @@ def test_named_recipes_as_an_axis_next_to_shorthand_baselines():
         "tseng_mxfp4/bf16",
         "amd_mxfp4_h16",
         "quartet",
+        "four_over_six",
+        "nvidia_nvfp4_4over6",
+        "quartet_ii",
+        "tetrajet_v2",
     }
     by = {c.config_label: c for c in s.cells if c.seed == 0}
     assert by["nvidia_nvfp4"].config.recipe == named_recipe("nvidia_nvfp4")
@@ -69,6 +73,16 @@ def test_named_recipes_as_an_axis_next_to_shorthand_baselines():
     assert by["tseng_mxfp4/bf16"].recipe_axes["intervention"] == "sr+rht64"
     assert by["amd_mxfp4_h16"].recipe_axes["intervention"] == "dht16"
     assert by["quartet"].recipe_axes["intervention"] == "fprop:dht32,dgrad:sr+rht32,wgrad:sr+rht32"
+    # the 2026 recipes' quantizers are named too (the speedup model charges them)
+    assert by["four_over_six"].recipe_axes["intervention"] == (
+        "fprop:4over6,dgrad:sr+4over6,wgrad:sr+4over6+fht16"
+    )
+    assert by["quartet_ii"].recipe_axes["intervention"] == (
+        "fprop:4over6,dgrad:eden+rht128,wgrad:eden+rht128"
+    )
+    assert (
+        by["tetrajet_v2"].recipe_axes["intervention"] == "fprop:none,dgrad:sr+rht16,wgrad:sr+rht16"
+    )
     assert [c.label for c in s.baseline_cells] == ["fp8/seed0", "fp8/seed1"]
 
 
@@ -175,8 +189,11 @@ def test_shorthand_only_studies_keep_their_keys_and_labels():
         ({"grid": {"gemms": [{"fprop": {"dy": {}}}]}}, "grid.gemms[0].fprop.dy", ["allowed:", "x, w"]),
         ({"grid": {"gemms": [{"dgrad": {"x": {}}}]}}, "grid.gemms[0].dgrad.x", ["dy, w"]),
         ({"grid": {"gemms": [{"wgrad": {"x": {"format": "mxfp4"}}}]}}, "grid.gemms[0].wgrad.dy.format", ["no format", "bf16, mxfp4"]),
-        ({"grid": {"gemms": [{"fprop": {"format": "mxfp4", "rounding": "up"}}]}}, "grid.gemms[0].fprop.rounding", ["'rne'", "'sr'"]),
-        ({"grid": {"gemms": [{"fprop": {"format": "mxfp4", "prescale": "yes please"}}]}}, "grid.gemms[0].fprop.prescale", ["boolean"]),
+        ({"grid": {"gemms": [{"fprop": {"format": "mxfp4", "rounding": "up"}}]}}, "grid.gemms[0].fprop.rounding", ["'rne'", "'sr'", "'eden'"]),
+        ({"grid": {"gemms": [{"fprop": {"format": "mxfp4", "scale_rule": "mse"}}]}}, "grid.gemms[0].fprop.scale_rule", ["needs E4M3", "nvfp4"]),
+        ({"grid": {"gemms": [{"wgrad": {"format": "nvfp4", "rounding": "eden"}}]}}, "grid.gemms[0].wgrad.hadamard", ["rounding eden", "Hadamard"]),
+        ({"grid": {"gemms": [{"fprop": {"format": "nvfp4", "outer_block": 100}}]}}, "grid.gemms[0].fprop.outer_block", ["allowed: 32, 64, 128"]),
+        ({"grid": {"gemms": [{"fprop": {"format": "mxfp4", "prescale": "yes please"}}]}}, "grid.gemms[0].fprop.prescale", ["true (3/4)", "16/17"]),
         ({"grid": {"gemms": [{"fprop": {"format": "mxfp4", "scale_mode": "round"}}]}}, "grid.gemms[0].fprop.scale_mode", ["'floor'", "'rceil'"]),
         ({"grid": {"gemms": [{"fprop": {"format": "mxfp4", "w": {"block": [16, 32]}}}]}}, "grid.gemms[0].fprop.w.block", ["[1, N] or [N, N]"]),
         ({"grid": {"gemms": [{"fprop": {"format": "mxfp4", "x": {"block": [32, 32]}}}]}}, "grid.gemms[0].fprop.x.block", ["weight operand w only"]),
@@ -227,10 +244,13 @@ def test_shipped_recipe_studies_compare_every_named_recipe_with_baselines(name):
     s = load_study(ROOT / "studies" / f"{name}.yaml", check_files=False)
     configs = {c.config_label for c in s.cells}
     for recipe in NAMED_RECIPES:
-        cells = [c for c in s.cells if c.config_label.startswith(recipe)]
+        cells = [c for c in s.cells if c.values.get("recipe") == recipe]
         assert cells, (name, recipe, configs)
         for c in cells:  # every named cell resolves to its recipe's GEMMs
             r, want = c.config.recipe, named_recipe(recipe, c.values["base_format"])
             assert all(r.gemm(g) == want.gemm(g) for g in GEMMS)
+    # and a partial override: NVIDIA's recipe without its wgrad RHT, named as a variant
+    variant = [c for c in s.cells if c.config_label.startswith("nvidia_nvfp4~")]
+    assert variant and all(c.config.recipe.wgrad.hadamard is None for c in variant)
     assert {"bf16", "fp8"} <= configs
     assert len(s.baseline_cells) >= 2 and len({c.seed for c in s.cells}) >= 2

@@ -57,9 +57,10 @@ def test_bf16_recipe_equals_nn_linear(shape, dtype):
 
 
 def _operand(t, spec, key, h, signs):
-    if h is not None:
-        t = hadamard_transform(t, 1, h.size, signs)
-    return t.float() if spec is None else fake_quantize(t, spec, axis=1, key=key)
+    if spec is None:
+        return (t if h is None else hadamard_transform(t, 1, h.size, signs)).float()
+    had = None if h is None else (h.size, signs)  # MS-EDEN needs to know its rotation group
+    return fake_quantize(t, spec, axis=1, key=key, hadamard=had, out_dtype=torch.float32)
 
 
 def _expected_gemm(q: QuantLinear, gemm: str, a: torch.Tensor, b: torch.Tensor, call: int):
@@ -81,7 +82,7 @@ def _expected_gemm(q: QuantLinear, gemm: str, a: torch.Tensor, b: torch.Tensor, 
     out = _operand(a, g.a, ka, h, signs).double() @ _operand(b, g.b, kb, h, signs).double().t()
     for s in (g.a, g.b):
         if s is not None and s.prescale:
-            out = out / 0.75
+            out = out / s.prescale_factor  # 3/4, or fouroversix's 16/17
     return out
 
 

@@ -18,6 +18,14 @@ NV_W = ("nvfp4", "rne", False, [16, 16])
 NV_DY = ("nvfp4", "sr", False, [1, 16])
 MX_RNE = ("mxfp4", "rne", False, [1, 32])
 MX_SR = ("mxfp4", "sr", True, [1, 32])
+# (format, rounding, prescale, block, {scale_rule / outer_block})
+F46 = ("nvfp4", "rne", False, [1, 16], {"scale_rule": "mse"})
+F46_DY = ("nvfp4", "sr", 16 / 17, [1, 16], {"scale_rule": "mse"})
+TE46_X = ("nvfp4", "rne", False, [1, 16], {"scale_rule": "mae"})
+TE46_W = ("nvfp4", "rne", False, [16, 16], {"scale_rule": "mae"})
+EDEN = ("nvfp4", "eden", False, [1, 16])
+TJ_FWD = ("nvfp4", "rne", False, [1, 16], {"outer_block": 128})
+TJ_BWD = ("nvfp4", "sr", False, [1, 16], {"outer_block": 128})
 
 # recipe -> gemm -> (a, b, hadamard (size, signs) or None)
 PUBLISHED: dict[str, dict[str, tuple[Any, Any, Any]]] = {
@@ -46,6 +54,32 @@ PUBLISHED: dict[str, dict[str, tuple[Any, Any, Any]]] = {
         "dgrad": (MX_SR, MX_SR, (32, "random")),
         "wgrad": (MX_SR, MX_SR, (32, "random")),
     },
+    # fouroversix (340M config): 4/6-MSE on every operand, gradients SR with 16/17, wgrad RHT16
+    # with TE's sign vector; weights 1x16 (weight_scale_2d off)
+    "four_over_six": {
+        "fprop": (F46, F46, None),
+        "dgrad": (F46_DY, F46, None),
+        "wgrad": (F46_DY, F46, (16, "fixed")),
+    },
+    # TE NVFP4BlockScaling(nvfp4_4over6="all", disable_rht=True): 4/6-MAE on x and the 16x16 w,
+    # standard NVFP4 SR gradients, no RHT
+    "nvidia_nvfp4_4over6": {
+        "fprop": (TE46_X, TE46_W, None),
+        "dgrad": (NV_DY, TE46_W, None),
+        "wgrad": (NV_DY, TE46_X, None),
+    },
+    # Quartet II: 4/6 forward; MS-EDEN after a random-sign RHT128 on every backward operand
+    "quartet_ii": {
+        "fprop": (F46, F46, None),
+        "dgrad": (EDEN, EDEN, (128, "random")),
+        "wgrad": (EDEN, EDEN, (128, "random")),
+    },
+    # TetraJet-v2 (TJv2-base): double-block NVFP4 (16 / 128), RTN forward, SR + RHT16 backward
+    "tetrajet_v2": {
+        "fprop": (TJ_FWD, TJ_FWD, None),
+        "dgrad": (TJ_BWD, TJ_BWD, (16, "random")),
+        "wgrad": (TJ_BWD, TJ_BWD, (16, "random")),
+    },
 }
 OPERAND_NAMES = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("dy", "x")}
 
@@ -59,13 +93,14 @@ def _operand(name: str, want: Any) -> dict[str, Any]:
             "prescale": False,
             "block": None,
         }
-    fmt, rounding, prescale, block = want
+    fmt, rounding, prescale, block, *extra = want
     return {
         "operand": name,
         "format": fmt,
         "rounding": rounding,
         "prescale": prescale,
         "block": block,
+        **(extra[0] if extra else {}),
     }
 
 
@@ -156,6 +191,10 @@ def test_each_named_recipe_cites_its_source():
         "tseng_mxfp4": ["Tseng, Yu, Park", "AISTATS 2025"],
         "amd_mxfp4_h16": ["MI355X", "2605.09825"],
         "quartet": ["IST-DASLab", "2505.14669", "Approximated"],
+        "four_over_six": ["mit-han-lab/fouroversix", "2512.02010", "Approximated"],
+        "nvidia_nvfp4_4over6": ["nvfp4_4over6", "disable_rht", "Approximated"],
+        "quartet_ii": ["IST-DASLab/Quartet-II", "2601.22813", "Approximated"],
+        "tetrajet_v2": ["TetraJet-v2-NVFP4Training", "2510.27527", "OsciReset", "OutControl"],
     }
     for name, words in cites.items():
         doc = NAMED_RECIPES[name].__doc__ or ""
@@ -165,7 +204,9 @@ def test_each_named_recipe_cites_its_source():
 
 def test_unknown_name_lists_the_allowed_ones():
     with pytest.raises(
-        ValueError, match="allowed: nvidia_nvfp4, tseng_mxfp4, amd_mxfp4_h16, quartet"
+        ValueError,
+        match="allowed: nvidia_nvfp4, tseng_mxfp4, amd_mxfp4_h16, quartet, four_over_six, "
+        "nvidia_nvfp4_4over6, quartet_ii, tetrajet_v2",
     ):
         named_recipe("nvidia")
 
@@ -181,3 +222,16 @@ def test_each_named_recipe_trains_a_layer(name):
     y.square().mean().backward()
     assert torch.isfinite(y).all() and x.grad is not None and torch.isfinite(x.grad).all()
     assert q.weight.grad is not None and torch.isfinite(q.weight.grad).all()
+
+
+def test_transformer_engines_4over6_differs_from_four_over_six():
+    # the question: is TE's nvfp4_4over6 another recipe? It is: MAE (not MSE), 16x16
+    # weights, standard NVFP4 gradients, no RHT
+    te, fos = named_recipe("nvidia_nvfp4_4over6"), named_recipe("four_over_six")
+    assert te != fos
+    assert te.fprop.b is not None and te.fprop.b.scale_rule == "mae" and te.fprop.b.block_rows == 16
+    assert te.dgrad.a is not None and te.dgrad.a.scale_rule is None
+    assert te.wgrad.hadamard is None and fos.wgrad.hadamard is not None
+    from backends import QuantLinear
+
+    assert QuantLinear(32, 48, recipe=te).shares_weight_quantization

@@ -35,6 +35,12 @@ RECIPES = {
     ),
     # 2-D weight tiles shared by fprop and dgrad, the recipe's own sign vector
     "nvidia_nvfp4": named_recipe("nvidia_nvfp4"),
+    # the 2026 quantizers (torch path only): 4/6 (with SR*16/17 and 16x16 tiles), MS-EDEN after
+    # a random RHT128, double-block scales
+    "four_over_six": named_recipe("four_over_six"),
+    "nvidia_nvfp4_4over6": named_recipe("nvidia_nvfp4_4over6"),
+    "quartet_ii": named_recipe("quartet_ii"),
+    "tetrajet_v2": named_recipe("tetrajet_v2"),
 }
 SYNC_RECIPES = list(RECIPES)
 

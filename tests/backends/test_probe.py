@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from backends import QuantLinear, QuantSpec, Recipe
-from backends.hadamard import hadamard_transform
+from backends.hadamard import hadamard_transform, sign_vector
 from backends.named import named_recipe
 from backends.probe import (
     REDRAW_STRIDE,
@@ -95,6 +95,9 @@ def test_capture_records_every_gemm_as_the_backend_saw_it_and_changes_nothing():
         Recipe.from_shorthand(GEMMS, "fht64", fp4_format="nvfp4"),
         Recipe.from_shorthand(["wgrad"], "sr", base="fp8"),
         named_recipe("nvidia_nvfp4"),  # the recipe's own sign vector on wgrad
+        named_recipe("four_over_six"),  # 4/6 with SR*16/17 on dy
+        named_recipe("quartet_ii"),  # MS-EDEN after RHT128
+        named_recipe("tetrajet_v2"),  # double-block scales
     ],
     ids=lambda r: r.short(),
 )
@@ -343,3 +346,23 @@ def test_high_precision_operand_has_no_statistics():
     a, b = torch.randn(8, 64), torch.randn(16, 64)
     m = probe_gemm(layer, [_call(layer, a, b, 0)], draws=1).metrics
     assert "x.sat" in m and "w.sat" not in m
+
+
+def test_the_nvfp4_variants_are_measured_with_their_own_scales():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(64, 256, generator=g) * torch.exp(torch.randn(64, 256, generator=g))
+    plain = operand_stats(x, QuantSpec(format="nvfp4"), key=0).metrics()
+    # Four Over Six: blocks mapped to 4 use two thirds of the range, and never clip
+    fos = operand_stats(x, QuantSpec(format="nvfp4", scale_rule="mse"), key=0).metrics()
+    assert 4 / 6 < fos["util"] < plain["util"] - 0.05
+    assert fos["sat"] < plain["sat"]
+    # MS-EDEN (scaled maximum 6.07 before its correction) and double-block scales: a block's
+    # maximum lands near the top of the grid, as with NVFP4's own scale
+    signs = sign_vector(128, 3)
+    eden = operand_stats(
+        x, QuantSpec(format="nvfp4", rounding="eden"), key=0, hadamard=(128, signs)
+    ).metrics()
+    assert 0.95 < eden["util"] < 1.1 and eden["sat"] > 0
+    outer = operand_stats(x, QuantSpec(format="nvfp4", outer_block=128), key=0).metrics()
+    assert 0.95 < outer["util"] < 1.07
+    assert all(0 <= m[k] < 1 for m in (fos, eden, outer) for k in ("sat", "ftz"))

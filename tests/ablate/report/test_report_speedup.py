@@ -174,11 +174,11 @@ def test_interventions_cost_throughput_in_the_model():
     assert gain("sr") == pytest.approx(0.75 / (0.625 + 0.5 * 0.01))
     assert gain("sr+rht16") == pytest.approx(0.75 / (0.625 + 0.5 * 0.02))
     assert gain("none") > gain("dht16") > gain("sr+rht16") > gain("rht64")
-    assert intervention_costs("sr+dht32") == (32, True)
+    assert intervention_costs("sr+dht32") == (32, True, False, False)
     with pytest.raises(ReportError, match="unknown part 'xyz'"):
         intervention_costs("xyz")
     # interventions apply to the FP4 GEMMs only
-    assert role_interventions("wgrad", "dht16") == {"wgrad": (16, False)}
+    assert role_interventions("wgrad", "dht16") == {"wgrad": (16, False, False, False)}
 
 
 def test_a_per_gemm_intervention_is_charged_gemm_by_gemm():
@@ -186,7 +186,11 @@ def test_a_per_gemm_intervention_is_charged_gemm_by_gemm():
     from ablate.report.speedup import role_interventions
 
     per = role_interventions("fprop+dgrad+wgrad", "fprop:none,dgrad:sr,wgrad:sr+fht16")
-    assert per == {"fprop": (0, False), "dgrad": (0, True), "wgrad": (16, True)}
+    assert per == {
+        "fprop": (0, False, False, False),
+        "dgrad": (0, True, False, False),
+        "wgrad": (16, True, False, False),
+    }
     spec = SpeedupSpec(device="b200")  # runs NVFP4
     full = role_formats("fprop+dgrad+wgrad", "nvfp4", "fp8")
     base = role_formats("", "nvfp4", "fp8")
@@ -194,3 +198,28 @@ def test_a_per_gemm_intervention_is_charged_gemm_by_gemm():
     assert throughput_gain(full, base, spec, per) > throughput_gain(full, base, spec, uniform)
     with pytest.raises(ReportError, match="ROLE:INTERVENTION"):
         role_interventions("wgrad", "wgard:sr")
+
+
+def test_four_over_six_and_ms_eden_are_charged_on_the_gemms_that_use_them():
+    from ablate.report.speedup import Costs, intervention_costs, role_interventions
+
+    assert intervention_costs("sr+4over6+fht16") == Costs(16, True, True, False)
+    assert intervention_costs("eden+rht128") == Costs(128, False, False, True)
+    spec = SpeedupSpec(device="b200")  # 4/6 and MS-EDEN 1% each by default
+    full = role_formats("fprop+dgrad+wgrad", "nvfp4", "fp8")
+    base = role_formats("", "nvfp4", "fp8")
+    plain = throughput_gain(full, base, spec, role_interventions("fprop+dgrad+wgrad", "none"))
+    four = throughput_gain(full, base, spec, role_interventions("fprop+dgrad+wgrad", "4over6"))
+    # FP8 step 0.75; NVFP4 0.625 + 3 GEMMs x (1/6) x 0.01
+    assert plain == pytest.approx(0.75 / 0.625)
+    assert four == pytest.approx(0.75 / (0.625 + 0.5 * 0.01))
+    qii = role_interventions(
+        "fprop+dgrad+wgrad", "fprop:4over6,dgrad:eden+rht128,wgrad:eden+rht128"
+    )
+    want = 0.625 + (0.01 + 2 * (0.01 * 128 / 16 + 0.01)) / 6
+    assert throughput_gain(full, base, spec, qii) == pytest.approx(0.75 / want)
+    free = SpeedupSpec(device="b200", scale_rule_overhead=0, eden_overhead=0)
+    assert throughput_gain(full, base, free, role_interventions("fprop+dgrad+wgrad", "4over6")) == (
+        pytest.approx(plain)
+    )
+    assert "Four Over Six" in spec.describe() and "MS-EDEN" in spec.describe()
