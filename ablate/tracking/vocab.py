@@ -31,7 +31,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
-from backends.recipe import GEMMS
+from backends.recipe import GEMMS, selection_label
 
 from ..spec.axes import fmt_value
 from ..spec.study import Cell
@@ -144,15 +144,19 @@ def short_name(cell: Cell, *, seed: bool = True) -> str:
     """The run's name in the MLflow UI: short, and leading with what tells cells apart, e.g.
     ``dht16·fdw/fp8·s1`` (intervention, FP4 GEMMs by initial, base format, seed), ``fp8·s0`` for a
     baseline, ``nvfp4:fdw/fp8·s0`` for another FP4 format, a named recipe by its name
-    (``nvidia_nvfp4·s0``), other axes as ``lr=0.003``. The full
+    (``nvidia_nvfp4·s0``) and a variant of one by its label, other axes as ``lr=0.003``. The full
     label stays in the tag ``ablate.label``. Without ``seed``: the configuration's short name."""
     r, ax = cell.config.recipe, cell.recipe_axes
     fp4 = "".join(_GEMM_LETTER[g] for g in GEMMS if r.gemm(g).is_fp4)
     base = str(ax.get("base_format", "bf16"))
     parts = []
     named = cell.values.get("recipe")
-    if named:  # a named recipe says it all (its GEMMs may differ: per-GEMM interventions)
-        parts.append(str(named))
+    if named:  # a named recipe says it all (its GEMMs may differ: per-GEMM interventions);
+        # a variant of one (a mapping) by its label, ``nvidia_nvfp4~wgrad.hadamard=none``
+        # (the selection, such as keep_last, shows as an axis of its own)
+        parts.append(
+            named if isinstance(named, str) else r.short().removesuffix(selection_label(r))
+        )
     elif fp4:
         fmt = str(ax.get("fp4_format", "mxfp4"))
         recipe = (f"{fmt}:" if fmt != "mxfp4" else "") + f"{fp4}/{base}"

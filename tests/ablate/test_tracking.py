@@ -465,8 +465,10 @@ def test_run_names_are_short_lead_with_what_differs_and_tell_every_cell_apart():
     }
     recipes = load_study(root / "recipes.yaml")
     assert "nvidia_nvfp4·s2" in {short_name(c) for c in recipes.cells}
+    assert "nvidia_nvfp4~wgrad.hadamard=none·s0" in {short_name(c) for c in recipes.cells}
     for path in sorted(root.glob("*.yaml")):
         study = load_study(path)
         names = [short_name(c) for c in study.cells]
         assert len(set(names)) == len(names), path.name
-        assert max(map(len, names)) <= 40, path.name
+        # a variant of a named recipe says what changed (nvidia_nvfp4~wgrad.hadamard=none)
+        assert max(map(len, names)) <= 48, path.name
