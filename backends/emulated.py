@@ -29,13 +29,15 @@ for one backend object.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Literal
 
 import torch
 
 from .gemm import GemmKeys
 from .hadamard import hadamard_transform
-from .quant import QTensor, QuantSpec, _rcp, fake_quantize, nv_alpha, quantize
+from .qops import fake_quantize, quantize
+from .quant import QTensor, QuantSpec, _rcp, nv_alpha
 from .recipe import GemmRecipe, Recipe
 
 GemmMode = Literal["fp32", "bf16"]
@@ -116,15 +118,69 @@ def _alpha(sa: Scale, sb: Scale) -> torch.Tensor | None:
     return out
 
 
-def mm_bf16(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b^T`` of bfloat16 operands with FP32 accumulation and output: one BF16 GEMM on CUDA;
-    elsewhere (no ``mm.dtype`` kernel) the same exact products in an FP32 GEMM."""
-    if a.device.type == "cuda":
+_BF16_GEMM: dict[str, bool] = {}
+"""Device type -> whether ``torch.mm(..., out_dtype=torch.float32)`` runs there on bfloat16
+operands (``bf16_gemm_available``)."""
+
+
+def bf16_gemm_available(device: torch.device) -> bool:
+    """Whether ``device`` has a BF16 GEMM with FP32 output (``torch.mm(out_dtype=)``): tried once
+    per device type, eagerly (CUDA has it; torch's CPU build has no ``mm.dtype`` kernel). Inside a
+    traced model the answer found before is used (CUDA's when none was)."""
+    kind = device.type
+    if kind not in _BF16_GEMM:
+        if torch.compiler.is_compiling():
+            return kind == "cuda"
         try:
-            return torch.mm(a, b.t(), out_dtype=torch.float32)
-        except (TypeError, RuntimeError):  # a torch without mm(out_dtype=)
-            pass
+            a = torch.ones(2, 2, dtype=torch.bfloat16, device=device)
+            _BF16_GEMM[kind] = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (TypeError, RuntimeError, NotImplementedError):
+            _BF16_GEMM[kind] = False
+    return _BF16_GEMM[kind]
+
+
+def mm_bf16(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b^T`` of bfloat16 operands with FP32 accumulation and output: one BF16 GEMM where the
+    device has one (``bf16_gemm_available``); elsewhere the same exact products in an FP32 GEMM
+    (after the warning of ``slow_path``)."""
+    if bf16_gemm_available(a.device):
+        return torch.mm(a, b.t(), out_dtype=torch.float32)
     return a.float() @ b.float().t()
+
+
+def slow_path(
+    gemm: GemmRecipe, device: torch.device, dtypes: tuple[torch.dtype, torch.dtype], mode: GemmMode
+) -> str | None:
+    """Why a GEMM of ``gemm`` with high-precision operands of ``dtypes`` (a, b) does not run in a
+    BF16 GEMM with FP32 accumulation although ``mode`` is bf16, or None when it does (or ``mode``
+    is fp32): an operand that is not exact in bfloat16, or a device without such a GEMM. What
+    ``mm`` decides, and what a trainer can ask before it compiles a model (``warn_slow_path``)."""
+    if mode != "bf16" or gemm.high_precision:
+        return None
+    for name, spec, dt in (("a", gemm.a, dtypes[0]), ("b", gemm.b, dtypes[1])):
+        if spec is None and dt != torch.bfloat16:  # (a Hadamard needs both quantized)
+            return (
+                f"emulated GEMM {gemm.short()}: operand {name} is high precision and not exact in "
+                f"bfloat16 ({dt}), so it runs as an FP32 GEMM instead of a BF16 one"
+            )
+    if not bf16_gemm_available(device):
+        return (
+            f"emulated GEMM {gemm.short()}: {device.type} has no BF16 GEMM with FP32 output in "
+            f"torch {torch.__version__} (torch.mm(out_dtype=torch.float32)), so its exact BF16 "
+            "products run as an FP32 GEMM"
+        )
+    return None
+
+
+_WARNED: set[str] = set()
+
+
+def warn_slow_path(reason: str | None) -> None:
+    """Warn once per process and reason (``slow_path``); nothing for None."""
+    if reason is None or reason in _WARNED:
+        return
+    _WARNED.add(reason)
+    warnings.warn(f"ablate: {reason}", RuntimeWarning, stacklevel=3)
 
 
 class EmulatedBackend:
@@ -149,7 +205,11 @@ class EmulatedBackend:
     ) -> torch.Tensor:
         device = (a.codes if isinstance(a, QTensor) else a).device
         out: torch.Tensor | None = None
-        if (self.gemm or default_mode(device)) == "bf16":
+        mode = self.gemm or default_mode(device)
+        if not torch.compiler.is_compiling():  # a traced model: its trainer asked before
+            dtypes = tuple(torch.bfloat16 if isinstance(t, QTensor) else t.dtype for t in (a, b))
+            warn_slow_path(slow_path(gemm, device, dtypes, mode))  # type: ignore[arg-type]
+        if mode == "bf16":
             pa = _operand_bf16(a, gemm.a, keys.a, gemm, signs)
             pb = _operand_bf16(b, gemm.b, keys.b, gemm, signs) if pa is not None else None
             if pa is not None and pb is not None:

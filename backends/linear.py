@@ -62,7 +62,8 @@ from torch import nn
 
 from .gemm import GemmKeys
 from .hadamard import SIZES, sign_vector
-from .quant import QTensor, quantize
+from .qops import quantize
+from .quant import QTensor
 from .recipe import GEMMS, OPERANDS, GemmRecipe, Recipe
 from .registry import get_backend
 from .rng import GEMM_IDS, OPERAND_IDS, derive_key, extend_key
@@ -164,7 +165,9 @@ class _QuantLinearFn(torch.autograd.Function):
     ) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])  # (T, in)
         keys = layer._key_table(call)  # every GEMM's keys of this call, derived once
-        ctx.save_for_backward(x2, weight, call, keys)
+        # the input itself, not its (T, in) view: torch.compile cannot save a view that aliases an
+        # input of the traced Function when that input was made in the graph (autocast's cast)
+        ctx.save_for_backward(x, weight, call, keys)
         ctx.layer, ctx.x_shape, ctx.has_bias = layer, x.shape, bias is not None
         # fprop: X (T, in) and W (out, in) both quantized along in_features; with shared 2-D
         # weight blocks W is quantized here once, and dgrad uses the same quantization
@@ -181,7 +184,8 @@ class _QuantLinearFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x2, weight, call, keys = ctx.saved_tensors
+        x, weight, call, keys = ctx.saved_tensors
+        x2 = x.reshape(-1, x.shape[-1])  # (T, in)
         layer: QuantLinear = ctx.layer
         dy2 = dy.reshape(-1, dy.shape[-1])  # (T, out)
         dx = dw = db = None

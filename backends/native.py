@@ -65,7 +65,8 @@ from .capabilities import (
 )
 from .formats import E2M1, ElementFormat, decode_e8m0, pack_fp4, unpack_fp4
 from .gemm import GemmKeys, UnsupportedFormatError
-from .quant import NV_ALPHA, QTensor, QuantSpec, _rcp, nv_alpha, quantize
+from .qops import quantize
+from .quant import NV_ALPHA, QTensor, QuantSpec, _rcp, nv_alpha
 from .recipe import GemmRecipe, Recipe
 
 _FNUZ = {"e4m3": torch.float8_e4m3fnuz, "e5m2": torch.float8_e5m2fnuz}
@@ -195,7 +196,10 @@ def pack_quantized(
     f, B = spec.fmt, spec.block or 1
     rows, K = q.codes.shape
     R, Kp = _round_up(rows, layout.row_align), _round_up(K, math.lcm(layout.k_align, B))
-    codes = _pad(q.codes, R, Kp).to(device)
+    # row-major (R, Kp) whatever the strides of the view that was quantized (``x.t()`` of dgrad
+    # and wgrad): cuBLASLt multiplies only a row-major mat_a by a column-major mat_b (``b.t()`` of
+    # a row-major b), and Inductor's lowering of ``_scaled_mm`` checks the same on the CPU
+    codes = _pad(q.codes, R, Kp).to(device).contiguous()
     if f.is_fp4:
         data = pack_fp4(codes).view(torch.float4_e2m1fn_x2)
     elif layout.fnuz and f.scale == "tensor":  # MI300 has FNUZ FP8 and no MX GEMM
@@ -332,6 +336,7 @@ class NativeBackend:
     def check(self, recipe: Recipe, device: torch.device) -> None:
         arch = device_arch(device)
         check_recipe(recipe, arch, device_name(device), build_limits(arch))
+        self._layouts[torch.device(device)] = layout_for(arch)  # before any traced call
 
     def mm(
         self,
@@ -347,9 +352,9 @@ class NativeBackend:
                 "needs both operands quantized (use `backend: emulated`)"
             )
         device = a.codes.device if isinstance(a, QTensor) else a.device
-        layout = self._layouts.get(device)
-        if layout is None:
-            layout = self._layouts[device] = layout_for(device_arch(device))
+        # read, not filled, here: a traced model would guard on the dict changing after its first
+        # call and compile again (``check`` fills it, eagerly)
+        layout = self._layouts.get(device) or layout_for(device_arch(device))
         h = gemm.hadamard
         had = None if h is None else (h.size, signs)
 

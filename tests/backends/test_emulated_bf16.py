@@ -106,3 +106,49 @@ def test_the_default_mode_and_its_override(monkeypatch):
         default_mode(torch.device("cpu"))
     with pytest.raises(ValueError, match="gemm: unknown"):
         EmulatedBackend("fp16")  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------------------------
+# a GEMM that cannot take the BF16 path says so, once
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    from backends import emulated
+
+    monkeypatch.setattr(emulated, "_WARNED", set())
+
+
+def test_a_device_without_a_bf16_gemm_warns_once_naming_the_gemm(fresh_warnings):
+    # torch's CPU build has no mm(out_dtype=float32) kernel: bf16 mode multiplies the same exact
+    # products in an FP32 GEMM there, and says so the first time
+    from backends.emulated import bf16_gemm_available
+
+    assert not bf16_gemm_available(torch.device("cpu"))
+    g = GemmRecipe(a=QuantSpec(format="mxfp4"), b=QuantSpec(format="mxfp4"))
+    a, b = torch.randn(8, 64), torch.randn(4, 64)
+    with pytest.warns(RuntimeWarning, match=r"emulated GEMM .*mxfp4.*cpu has no BF16 GEMM"):
+        EmulatedBackend("bf16").mm(a, b, g, KEYS, None)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second time: nothing
+        EmulatedBackend("bf16").mm(a, b, g, KEYS, None)
+
+
+def test_a_high_precision_operand_that_is_not_bf16_warns_that_its_gemm_runs_in_fp32(
+    fresh_warnings,
+):
+    g = GemmRecipe(a=QuantSpec(format="mxfp4"), b=None)
+    with pytest.warns(RuntimeWarning, match=r"operand b is high precision .*torch.float32"):
+        EmulatedBackend("bf16").mm(torch.randn(8, 64), torch.randn(4, 64), g, KEYS, None)
+
+
+def test_the_fp32_mode_and_exact_operands_on_a_bf16_device_do_not_warn():
+    from backends.emulated import slow_path
+
+    g = GemmRecipe(a=QuantSpec(format="mxfp4"), b=None)
+    cpu, bf16 = torch.device("cpu"), (torch.bfloat16, torch.bfloat16)
+    assert slow_path(g, cpu, (torch.float32,) * 2, "fp32") is None
+    assert slow_path(GemmRecipe(), cpu, bf16, "bf16") is None  # high precision: no emulated GEMM
+    assert "no BF16 GEMM" in (slow_path(g, cpu, bf16, "bf16") or "")  # exact, but no kernel

@@ -10,6 +10,9 @@ tests compare the hardware GEMMs with ``emulated`` and skip with the hardware th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 
@@ -283,6 +286,55 @@ def test_sr_prescale_is_undone_as_emulated_does():
     assert torch.equal(out, torch.full((4, 3), 4 / 3, dtype=torch.float32))
 
 
+def _gemm_views(t: int = 64, d_in: int = 96, d_out: int = 128) -> dict[str, tuple]:
+    """Each GEMM's operands as ``backends.linear`` hands them to a backend, unpadded (every
+    dimension a multiple of 32): fprop (X, W), dgrad (dY, W^T), wgrad (dY^T, X^T); transposes are
+    views with the strides of a transpose."""
+    x, w, dy = _x(t, d_in, seed=1), _x(d_out, d_in, seed=2), _x(t, d_out, seed=3)
+    return {"fprop": (x, w), "dgrad": (dy, w.t()), "wgrad": (dy.t(), x.t())}
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
+@pytest.mark.parametrize("gemm", ["fprop", "dgrad", "wgrad"])
+def test_packed_operands_have_the_layout_cublaslt_multiplies(fmt, gemm):
+    # cuBLASLt's scaled GEMM multiplies only a row-major mat_a by a column-major mat_b, and
+    # scaled_mm passes (a, b.t()): both packed operands must be row-major, whatever the strides of
+    # the view that was quantized (the CPU's _scaled_mm accepts any layout, so only this shows it)
+    a, b = _gemm_views()[gemm]
+    pa, pb = (pack_operand(t, QuantSpec(format=fmt)) for t in (a, b))
+    assert pa.data.is_contiguous(), pa.data.stride()  # mat_a row-major
+    mat_b = pb.data.t()
+    assert mat_b.stride() == (1, mat_b.shape[0]), mat_b.stride()  # mat_b column-major
+
+
+@pytest.mark.parametrize(
+    "quantizer",
+    ["opaque", pytest.param("traced", marks=pytest.mark.slow)],
+)
+def test_native_fp8_gemms_compile_with_inductor_as_cuda_needs_them(quantizer, monkeypatch):
+    # Inductor's lowering of _scaled_mm applies cuBLASLt's layout rule on the CPU too ("mat_a must
+    # be row_major"): each GEMM's operands, transposed views included, packed and multiplied in one
+    # Inductor-compiled graph, and the products equal the eager ones; with the quantizer as an
+    # opaque op (the default) and traced into the graph (ABLATE_QUANT_OPS=0)
+    monkeypatch.setenv("ABLATE_QUANT_OPS", "1" if quantizer == "opaque" else "0")
+    views = _gemm_views()
+    e4m3, e5m2 = QuantSpec(format="fp8_e4m3"), QuantSpec(format="fp8_e5m2")
+    specs = {"fprop": (e4m3, e4m3), "dgrad": (e5m2, e4m3), "wgrad": (e5m2, e4m3)}
+
+    def gemms(*ts: torch.Tensor) -> list[torch.Tensor]:
+        out = []
+        for i, g in enumerate(specs):
+            sa, sb = specs[g]
+            out.append(scaled_mm(pack_operand(ts[2 * i], sa), pack_operand(ts[2 * i + 1], sb)))
+        return out
+
+    args = [t for g in specs for t in views[g]]
+    torch._dynamo.reset()
+    compiled = torch.compile(gemms, backend="inductor", fullgraph=True, dynamic=False)
+    for got, ref in zip(compiled(*args), gemms(*args), strict=True):
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
 def test_scaled_mm_refuses_operands_of_different_k():
     pa = pack_operand(_x(16, 64), QuantSpec(format="fp8_e4m3"))
     pb = pack_operand(_x(16, 96), QuantSpec(format="fp8_e4m3"))
@@ -310,8 +362,11 @@ _NEEDS = {
 }
 
 
-def _needs(fmt: str, key: str) -> pytest.MarkDecorator:
-    return pytest.mark.skipif(fmt not in _HAS, reason=f"needs {_NEEDS[key]}; this machine: {_HERE}")
+def _needs(fmt: str, key: str) -> Callable[[Any], Any]:
+    """The marks of a test that needs ``fmt``'s native GEMM: ``gpu`` (``make gpu-check`` selects
+    it), skipped without the hardware."""
+    skip = pytest.mark.skipif(fmt not in _HAS, reason=f"needs {_NEEDS[key]}; this machine: {_HERE}")
+    return lambda f: pytest.mark.gpu(skip(f))
 
 
 def _tolerances(fmt: str) -> tuple[int, int]:
@@ -356,6 +411,7 @@ def test_native_fp8_matches_emulated_on_the_gpu(fa, fb, sr):
     "fmt,key", [("mxfp8_e4m3", "mxfp8_e4m3"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4")]
 )
 @pytest.mark.parametrize("sr", [False, True], ids=["rne", "sr"])
+@pytest.mark.gpu
 def test_native_block_formats_match_emulated_on_the_gpu(fmt, key, sr):
     if fmt not in _HAS:
         pytest.skip(f"needs {_NEEDS[key]}; this machine: {_HERE}")
@@ -380,6 +436,7 @@ def test_fp8_layer_trains_on_native_as_on_emulated():
         assert float((g_nat - g_emu).norm() / g_emu.norm()) < 2e-2
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(_ARCH is None, reason="needs a CUDA or ROCm GPU; this machine: no GPU")
 def test_device_arch_names_the_gpu():
     assert _ARCH is not None and (_ARCH.startswith("sm_") or _ARCH.startswith("gfx"))

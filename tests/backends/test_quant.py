@@ -892,6 +892,7 @@ _COMPILE_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.slow
+@pytest.mark.gpu  # on CUDA when there is one (Triton)
 @pytest.mark.parametrize(
     ("spec", "dtype", "hadamard", "values"),
     [
