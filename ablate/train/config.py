@@ -73,6 +73,11 @@ class TrainConfig:
     """torch.compile the model (forward and backward, quantizers included): true, false, or auto
     (on for CUDA devices, off on the CPU, where the C kernel quantizes eagerly). A compiled run is
     in its key (fused kernels round differently); an uncompiled one keeps the key it always had."""
+    fused_adamw: Compile = "auto"
+    """AdamW's fused kernel (one pass over all parameters; it skips a non-finite step on the
+    device, with no host read): true, false, or auto (on for CUDA; off on the CPU, where the
+    foreach kernels run). In the key when it differs from auto's choice for the device: it rounds
+    differently from the foreach kernels (by one float32 ulp here and there)."""
     log_every: int | None = None
     """Read the steps' losses and gradient norms on the host (and log them) every N steps, and at
     evaluations, probes, checkpoints and the end; between those a GPU queues steps without waiting
@@ -116,8 +121,11 @@ class TrainConfig:
             )
         if self.log_every is not None and self.log_every < 1:
             raise ValueError(f"train.log_every: must be >= 1 (or null: auto), got {self.log_every}")
-        if self.compile not in ("auto", True, False):
-            raise ValueError(f"train.compile: unknown {self.compile!r}; allowed: auto, true, false")
+        for name in ("compile", "fused_adamw"):
+            if getattr(self, name) not in ("auto", True, False):
+                raise ValueError(
+                    f"train.{name}: unknown {getattr(self, name)!r}; allowed: auto, true, false"
+                )
         if self.divergence_factor <= 1:
             raise ValueError(f"train.divergence_factor: must be > 1, got {self.divergence_factor}")
         if self.workers < 1:
@@ -152,6 +160,12 @@ class TrainConfig:
         """Whether the loop evaluates after optimizer step ``step``: every ``eval_every`` steps,
         at the end of the schedule (the last evaluation of an ordinary run) and at the last step."""
         return step % self.eval_every == 0 or step in (self.steps, self.schedule_end)
+
+    @property
+    def micro_batch(self) -> int:
+        """Sequences in one forward of one worker: ``batch_size / workers / grad_accum`` (training's
+        micro-batch, and evaluation's)."""
+        return self.batch_size // (self.workers * self.grad_accum)
 
     @property
     def resolved_parallel(self) -> Literal["none", "ddp", "fsdp"]:
@@ -393,7 +407,8 @@ def resolved_log_every(log_every: int | None, kind: str) -> int:
 
 
 def resolved_compile(compile: Compile, kind: str) -> bool:
-    """What ``train.compile`` means on a device kind: ``auto`` is on for CUDA, off on the CPU."""
+    """What ``train.compile`` (or ``train.fused_adamw``) means on a device kind: ``auto`` is on
+    for CUDA, off on the CPU."""
     return kind == "cuda" if compile == "auto" else bool(compile)
 
 
@@ -418,10 +433,15 @@ def config_hash(cfg: RunConfig) -> str:
     kind = device_kind(cfg.device)
     d["device_kind"] = kind
     d["train"]["precision"] = resolved_precision(cfg.train.precision, kind)
-    if resolved_compile(cfg.train.compile, kind):
+    if resolved_compile(cfg.train.compile, kind):  # compiled: in the key; eager: as before
         d["train"]["compile"] = True
-    else:  # an eager run: the key it had before train.compile existed
+    else:
         d["train"].pop("compile")
+    fused = resolved_compile(cfg.train.fused_adamw, kind)
+    if fused == resolved_compile("auto", kind):  # what every run did before the field existed
+        d["train"].pop("fused_adamw")
+    else:
+        d["train"]["fused_adamw"] = fused
     parallel = cfg.train.resolved_parallel
     if parallel == "none":  # one process: the key it had before train.parallel existed
         d["train"].pop("parallel")
@@ -438,7 +458,7 @@ def legacy_config_hash(cfg: RunConfig) -> str:
     for k in ("checkpoint_dir", "device"):
         d.pop(k)
     d.pop("probe", None)
-    for k in ("compile", "log_every", "workers", "parallel", "schedule_steps"):  # added later
+    for k in ("compile", "fused_adamw", "log_every", "workers", "parallel", "schedule_steps"):
         d["train"].pop(k)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 

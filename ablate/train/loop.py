@@ -12,11 +12,14 @@ at evaluations (the untrained model's step-0 perplexity as init_val_ppl, so that
 the UI's charts), and each evaluation again as val_loss_by_tokens / val_ppl_by_tokens with the tokens
 seen as the step, so the MLflow UI can chart validation against tokens.
 
-GPU-grade execution: the model is compiled where ``train.compile`` says (``auto``: on CUDA), AdamW is
-fused on CUDA (where it also skips a non-finite step on the device, through ``found_inf``), the
-matmul policy is explicit (``device.numerics_policy``: no TF32), and a step never waits for the
-device: losses and gradient norms stay on it until the next read, every ``train.log_every`` steps
-and at evaluations, probes, checkpoints and the end, one transfer for the steps since the last.
+GPU-grade execution: the model is compiled where ``train.compile`` says (``auto``: on CUDA; per
+block and head, before DDP or FSDP wraps it: ``compiling``), AdamW is fused where
+``train.fused_adamw`` says (``auto``: on CUDA; it skips a non-finite step on the device, through
+``found_inf``), the matmul policy is explicit (``device.numerics_policy``: no TF32), batches reach
+a GPU from page-locked memory, evaluation runs in training's micro-batches, and a step never waits
+for the device: losses and gradient norms stay on it until the next read, every
+``train.log_every`` steps and at evaluations, probes, checkpoints and the end, one transfer for the
+steps since the last.
 
 Data parallel (``train.parallel`` ddp or fsdp, ``train.workers`` ranks in a process group that Ray
 Train or ``parallel.process_group`` made): each rank trains its rows of every global batch, the
@@ -33,7 +36,6 @@ finds a finished run's checkpoint returns its result without training.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -46,6 +48,7 @@ from torch import nn
 
 from .batches import BatchSampler
 from .checkpoint import load_checkpoint, load_sharded, save_checkpoint, save_sharded
+from .compiling import compile_model, warn_slow_gemms
 from .config import (
     EvalPoint,
     RunConfig,
@@ -54,6 +57,7 @@ from .config import (
     config_hash,
     resolved_compile,
     resolved_log_every,
+    resolved_precision,
     run_params,
 )
 from .data import TokenData, load_data, val_batches
@@ -172,29 +176,33 @@ def evaluate(
     batches: list[Batch],
     ctx_fn: Callable[[], AbstractContextManager[Any]],
     ranks: Ranks | None = None,
+    micro_batch: int | None = None,
 ) -> float:
-    """Mean validation loss over the fixed held-out batches (with ``ranks``: each rank its rows of
-    every batch, the token-weighted sums added over the ranks)."""
+    """Mean validation loss over the fixed held-out batches, token-weighted (a short last batch
+    counts by its tokens). Each rank evaluates its rows of every batch (``ranks``) in forwards of at
+    most ``micro_batch`` sequences, training's micro-batch: evaluation never holds more than a
+    training forward does (the fp32 log-probabilities of the vocabulary are the largest part);
+    None: the rank's rows in one forward. The sums stay on the device until the end (one read).
+
+    Every rank runs the same number of forwards (FSDP's forward is a collective): a rank whose
+    share of a chunk is empty runs it on one row with weight 0."""
     was_training = model.training
     model.eval()
-    if ranks is None or ranks.world == 1:
-        total, count = 0.0, 0
-        for x, y in batches:  # the last batch may be smaller: weight by tokens
-            with ctx_fn():
-                total += float(model(x, y)) * y.numel()
-            count += y.numel()
-        model.train(was_training)
-        return total / count
-    # on the batches' device: NCCL reduces only CUDA tensors
-    sums = torch.zeros(2, dtype=torch.float64, device=batches[0][0].device)
+    ranks = ranks if ranks is not None else Ranks()
+    device = batches[0][0].device
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # token-weighted loss, tokens
     for x, y in batches:
         xr, yr = ranks.rows(x), ranks.rows(y)
-        n = yr.numel()
-        if n == 0:  # a short last batch: run a forward anyway (FSDP's is a collective)
-            xr, yr = x[:1], y[:1]
-        with ctx_fn():
-            loss = float(model(xr, yr))
-        sums += torch.tensor([loss * n, n], dtype=torch.float64, device=sums.device)
+        widest = -(-x.shape[0] // ranks.world)  # the most rows any rank has of this batch
+        chunks = max(1, -(-widest // micro_batch)) if micro_batch else 1
+        for xc, yc in zip(xr.tensor_split(chunks), yr.tensor_split(chunks), strict=True):
+            n = yc.numel()
+            if n == 0:  # this rank has no rows here: a forward anyway, weighted 0
+                xc, yc = x[:1], y[:1]
+            with ctx_fn():
+                loss = model(xc, yc)
+            sums[0] += loss.detach().double() * n  # scalars, no host-to-device copy
+            sums[1] += n
     total, count = ranks.sum(sums).tolist()
     model.train(was_training)
     return total / count
@@ -255,6 +263,8 @@ class _Run:
         self.optimizer.zero_grad(set_to_none=True)
         x, y = self.sampler.next()  # the global batch: this rank trains its rows
         x, y = self.ranks.rows(x), self.ranks.rows(y)
+        if self.device.type == "cuda":  # from page-locked memory: a copy the step need not wait for
+            x, y = x.pin_memory(), y.pin_memory()
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
         micro = zip(x.chunk(tc.grad_accum), y.chunk(tc.grad_accum), strict=True)
@@ -298,7 +308,7 @@ class _Run:
 
     def record_eval(self, state: TrainState, metrics: dict[str, float]) -> None:
         """Evaluate, append to the state's history and add val_loss/val_ppl to ``metrics``."""
-        loss = evaluate(self.model, self.val, self.ctx, self.ranks)
+        loss = evaluate(self.model, self.val, self.ctx, self.ranks, self.config.train.micro_batch)
         state.evals.append(EvalPoint(step=state.step, tokens=state.tokens, val_loss=loss))
         metrics.update(val_loss=loss, val_ppl=math.exp(min(loss, 700.0)))
 
@@ -360,10 +370,10 @@ def _build(config: RunConfig, log: Logger, stop_after: int | None) -> _Run:
     )
     n_params = count_parameters(model)  # before FSDP shards them
     if resolved_compile(tc.compile, device.type):
-        # in place: parameter and buffer names, hence checkpoints, stay as they are; the backend
-        # is Inductor unless ABLATE_COMPILE_BACKEND names another (the tests' aot_eager traces the
-        # same graphs without generating code, which takes Inductor minutes on a 2-core CPU)
-        model.compile(backend=os.environ.get("ABLATE_COMPILE_BACKEND", "inductor"))
+        # per block and head, in place, before DDP or FSDP2 wraps the model (``compiling`` says
+        # why); checkpoint names stay those of the eager model
+        warn_slow_gemms(model, device, _compute_dtype(config, device))
+        compile_model(model)
     ranks = ranks_of(config)
     shared = ranks.wrap(model, device)  # DDP's wrapper, or the model itself (FSDP shards it)
     opt = torch.optim.AdamW(
@@ -371,7 +381,7 @@ def _build(config: RunConfig, log: Logger, stop_after: int | None) -> _Run:
         lr=tc.lr,
         betas=(tc.beta1, tc.beta2),
         eps=tc.eps,
-        fused=True if device.type == "cuda" else None,  # the CPU keeps the foreach kernels
+        fused=True if resolved_compile(tc.fused_adamw, device.type) else None,
     )
     sampler = BatchSampler(data.train, tc.seq_len, tc.batch_size, config.data.data_seed)
     val = val_batches(data.val, tc.seq_len, tc.batch_size)
@@ -397,6 +407,12 @@ def _build(config: RunConfig, log: Logger, stop_after: int | None) -> _Run:
         config_hash=config_hash(config),
         t_start=t_start,
     )
+
+
+def _compute_dtype(config: RunConfig, device: torch.device) -> torch.dtype:
+    """The dtype of the GEMMs' high-precision operands: bfloat16 under autocast, else float32."""
+    bf16 = resolved_precision(config.train.precision, device.type) == "bf16"
+    return torch.bfloat16 if bf16 else torch.float32
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:

@@ -22,14 +22,22 @@ Assumptions, each matching how ``loop.py`` and ``model.py`` train today:
   output, which is a view of attention's output); RoPE saves nothing large (its products need only
   the constant cos/sin tables, which do not require grad); attention is
   ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels: no T x T scores are
-  materialized) and saves the rotated q, the head-repeated k and v (C each), its output (C) and the
-  fp32 log-sum-exp (H); SwiGLU saves w1's output, silu's output, w3's output and their product
+  materialized; grouped-query attention inside the kernel, ``enable_gqa``) and saves the rotated q
+  (C), k and v (KV = n_kv_heads x head_dim each: not repeated per query head), its output (C) and
+  the fp32 log-sum-exp (H); SwiGLU saves w1's output, silu's output, w3's output and their product
   (4 F). Under bf16 autocast the residual stream and the norms stay fp32 while
   the GEMM operands are bf16, and autocast casts the norm's output once per linear (3 copies for
-  wq/wk/wv, 2 for w1/w3). Per block and token that is 4 (10 C + 4 F + H + 2) bytes in fp32 and
-  4 (4 C + H + 2) + 2 (9 C + 4 F) in bf16. After the blocks: the final norm (as above) and the loss: the fp32 log-probabilities (B, T, V) that ``log_softmax``
+  wq/wk/wv, 2 for w1/w3). Per block and token that is 4 (8 C + 2 KV + 4 F + H + 2) bytes in fp32
+  and 4 (4 C + H + 2) + 2 (7 C + 2 KV + 4 F) in bf16. After the blocks: the final norm (as above) and the loss: the fp32 log-probabilities (B, T, V) that ``log_softmax``
   saves, plus one more (B, T, V) fp32 tensor alive around the loss (the logits in the forward,
   their gradient in the backward). The token ids (int64) are saved by the embedding.
+- **Evaluation** runs in forwards of training's micro-batch (``loop.evaluate``) without autograd,
+  between optimizer steps, when the gradients of the last step are still allocated: it holds no
+  saved activations, only one forward's transients (``evaluation_bytes``): one block's worth of
+  activations, and at the head the logits (B, T, V) in the autocast precision, their fp32 copy
+  and the fp32 log-probabilities. The estimate counts the larger of training's activations and
+  evaluation's (``MemoryEstimate.peak_activations``); at a large vocabulary evaluation's head is
+  the larger.
 - **Autocast weight copies** (bf16 only): the bf16 copy of every linear's weight (the block linears
   and the LM head) that autocast, or ``QuantLinear.forward``, makes and autograd keeps until the
   backward: 2 bytes per linear parameter.
@@ -119,9 +127,10 @@ def activation_parts(
     # the norm's output as the linears' input: once in fp32; under autocast one bf16 cast per
     # linear (wq, wk, wv; w1, w3)
     lin_inputs = (5 if precision == "bf16" else 2) * dim * a
-    # rotated q, head-repeated k and v, output (wo's input is a view of it); fp32 log-sum-exp.
-    # RoPE saves nothing large: its multiplications only need the (constant) cos/sin tables.
-    sdpa = 4 * dim * a + n_heads * _F32
+    # rotated q, k and v (grouped: KV wide), output (wo's input is a view of it); fp32
+    # log-sum-exp. RoPE saves nothing large: its multiplications only need the cos/sin tables.
+    kv = _need(cfg.n_kv_heads) * (dim // n_heads)
+    sdpa = (2 * dim + 2 * kv) * a + n_heads * _F32
     mlp = 4 * ffn * a  # w1 out, silu out, w3 out, product
     per_token_block = 2 * norm + lin_inputs + sdpa + mlp
     tokens = micro_batch * seq_len
@@ -131,6 +140,19 @@ def activation_parts(
         "tokens": tokens * _I64,
         "loss_transient": vocab * _F32 * tokens,  # logits (forward) / their gradient (backward)
     }
+
+
+def evaluation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, precision: str) -> int:
+    """Bytes one evaluation forward of ``micro_batch`` x ``seq_len`` tokens holds at its peak, no
+    autograd (module docstring): one block's activations as transients, the hidden state, and at
+    the head the logits in the autocast precision, their fp32 copy (the same tensor in fp32) and
+    the fp32 log-probabilities."""
+    tokens = micro_batch * seq_len
+    parts = activation_parts(cfg, micro_batch, seq_len, precision)
+    one_block = parts["blocks"] // _need(cfg.n_layers)
+    vocab, dim = _need(cfg.vocab_size), _need(cfg.dim)
+    logits = (_BF16 + 2 * _F32 if precision == "bf16" else 2 * _F32) * vocab
+    return one_block + (logits + 2 * dim * _F32) * tokens
 
 
 def _weight_extras(cfg: ModelConfig, recipe: Recipe | None, precision: str) -> tuple[int, int]:
@@ -165,6 +187,7 @@ class MemoryEstimate:
     gradients: int
     optimizer: int
     activations: int
+    """Training's: what autograd keeps for one micro-batch."""
     weight_copies: int
     quant_extras: int
     precision: str
@@ -174,6 +197,13 @@ class MemoryEstimate:
     fsdp_unsharded: int = 0
     workers: int = 1
     parallel: str = "none"
+    evaluation: int = 0
+    """What one evaluation forward holds (``evaluation_bytes``); not added to ``activations``:
+    the two never coexist, ``peak_activations`` is the larger."""
+
+    @property
+    def peak_activations(self) -> int:
+        return max(self.activations, self.evaluation)
 
     @property
     def shards(self) -> int:
@@ -186,7 +216,7 @@ class MemoryEstimate:
             self.parameters
             + self.gradients
             + self.optimizer
-            + self.activations
+            + self.peak_activations
             + self.weight_copies
             + self.quant_extras
             + self.ddp_buckets
@@ -206,7 +236,8 @@ class MemoryEstimate:
             "parameters": self.parameters,
             "gradients": self.gradients,
             "optimizer": self.optimizer,
-            "activations": self.activations,
+            "activations": self.peak_activations,  # training's or evaluation's, the larger
+            "evaluation": self.evaluation,  # (not added: included in activations when larger)
             "weight_copies": self.weight_copies,
             "quant_extras": self.quant_extras,
             "ddp_buckets": self.ddp_buckets,
@@ -226,7 +257,9 @@ class MemoryEstimate:
         per = " per worker" if self.parallel != "none" else ""
         return (
             f"{mode}{g(self.total)} per device = params {g(self.parameters)} + grads "
-            f"{g(self.gradients)} + adam {g(self.optimizer)} + activations {g(self.activations)}"
+            f"{g(self.gradients)} + adam {g(self.optimizer)} + activations "
+            f"{g(self.peak_activations)} (training {g(self.activations)}, evaluation "
+            f"{g(self.evaluation)}: the larger counts)"
             f" + weight copies {g(self.weight_copies + self.quant_extras)}{extra} + "
             f"{ALLOWANCE:.0%} {g(self.allowance)} ({self.n_params / 1e6:,.1f}M params, "
             f"{self.precision}, micro-batch {self.micro_batch} x {self.seq_len}{per})"
@@ -279,6 +312,7 @@ def estimate(
         gradients=-(-n * _F32 // shards),
         optimizer=-(-2 * n * _F32 // shards),
         activations=sum(activation_parts(c, micro, seq_len, precision).values()),
+        evaluation=evaluation_bytes(c, micro, seq_len, precision),
         weight_copies=copies,  # of the all-gathered weights under FSDP: not sharded
         quant_extras=quant,
         ddp_buckets=n * _F32 if parallel == "ddp" else 0,
@@ -364,6 +398,7 @@ __all__ = [
     "activation_parts",
     "estimate",
     "estimate_run",
+    "evaluation_bytes",
     "format_bytes",
     "fsdp_unsharded",
     "param_count",

@@ -256,14 +256,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.flatten(-2).to(x.dtype)  # (B, T, H, hd)
 
 
-def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """(B, T, KV, hd) -> (B, T, KV * n_rep, hd): each key/value head serves n_rep query heads."""
-    if n_rep == 1:
-        return x
-    b, t, kv, hd = x.shape
-    return x[:, :, :, None, :].expand(b, t, kv, n_rep, hd).reshape(b, t, kv * n_rep, hd)
-
-
 class Attention(nn.Module):
     """Causal grouped-query attention with RoPE on queries and keys."""
 
@@ -286,10 +278,11 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim)  # (B, T, KV, hd)
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim)  # (B, T, KV, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        n_rep = self.n_heads // self.n_kv_heads
-        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, T, H, hd)
-        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (B, H, T, hd)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (B, H, T, hd), k, v (B, KV, T, hd)
+        # each key/value head serves H / KV query heads inside the kernel: no (B, H, T, hd) copy
+        # of K and V is made (and kept for the backward), as repeating them would
+        gqa = self.n_kv_heads != self.n_heads
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)  # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, C)
         out: torch.Tensor = self.wo(y)
         return out
@@ -403,6 +396,11 @@ class Transformer(nn.Module):
         h = self.tok_embeddings(tokens)  # (B, T, C)
         for layer in self.layers:
             h = layer(h, cos, sin)  # (B, T, C)
+        return self.output(h, targets)
+
+    def output(self, h: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The head: final norm, LM head, and with ``targets`` the loss (a method of its own so
+        that ``ablate.train.compiling`` compiles it as one graph)."""
         logits: torch.Tensor = self.lm_head(self.norm(h))  # (B, T, V)
         if targets is None:
             return logits

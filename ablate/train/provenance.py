@@ -66,7 +66,7 @@ def code_hash() -> str:
 
 
 @functools.cache
-def _git() -> tuple[str, str]:
+def git_state() -> tuple[str, str]:
     """(commit, dirty) of the checkout ablate runs from, or ("unknown", "unknown")."""
 
     def git(*args: str) -> str:
@@ -101,7 +101,7 @@ def device_name(kind: str) -> str:
 def environment(config: RunConfig) -> dict[str, str]:
     """The provenance of a run of ``config`` in this process (module docstring)."""
     kind = device_kind(config.device)
-    commit, dirty = _git()
+    commit, dirty = git_state()
     env = {
         "ablate_version": _version(),
         "git_commit": commit,

@@ -3,6 +3,7 @@ as ``diverged``, and refuses bad configuration before training."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -288,3 +289,25 @@ def test_gradient_accumulation_matches_the_full_batch():
 
 def _fields(t: TrainConfig) -> dict:
     return {f: getattr(t, f) for f in t.__slots__}
+
+
+def test_evaluation_runs_in_training_micro_batches_and_weighs_them_by_tokens():
+    # grad_accum 4 of a batch of 8: training's forwards take 2 sequences, and so do evaluation's
+    # (a whole batch of 8 at once would hold four times the log-probabilities); the loss is the
+    # same token-weighted mean, also over a short last batch
+    from ablate.train.loop import evaluate
+
+    model = build_model(ModelConfig(preset="tiny"), 257, seed=0)
+    rows: list[int] = []
+    model.register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[0]))
+    data = load_data(DataConfig(val_tokens=4096))
+    from ablate.train.batches import val_batches
+
+    batches = val_batches(data.val, 64, 8)
+    assert batches[-1][0].shape[0] < 8  # a short last batch
+    whole = evaluate(model, batches, contextlib.nullcontext)
+    assert set(rows) == {8, batches[-1][0].shape[0]}
+    rows.clear()
+    micro = evaluate(model, batches, contextlib.nullcontext, micro_batch=2)
+    assert max(rows) == 2 and sum(rows) == sum(x.shape[0] for x, _ in batches)
+    assert micro == pytest.approx(whole, rel=1e-6)

@@ -83,7 +83,7 @@ def test_estimate_breakdown_and_fsdp_shards():
     assert (e.parameters, e.gradients, e.optimizer) == (4 * n, 4 * n, 8 * n)
     assert e.micro_batch == 1 and e.total > 128e9 and e.shards == 1
     assert (e.ddp_buckets, e.fsdp_unsharded) == (0, 0)
-    assert e.total == sum(v for k, v in e.breakdown().items() if k != "total")
+    assert e.total == sum(v for k, v in e.breakdown().items() if k not in ("total", "evaluation"))
     # FSDP x8, the same global batch: each worker's micro-batch is 64 / 8 / 8 = 1 sequence
     step = dict(batch_size=64, grad_accum=8, seq_len=2048, precision="bf16")
     one = estimate(cfg, None, **step)
@@ -97,7 +97,8 @@ def test_estimate_breakdown_and_fsdp_shards():
     # reduce-scattered every micro-batch: grad_accum 8 keeps no unsharded gradients beyond the
     # working set's
     assert fsdp.ddp_buckets == 0 and 0 < fsdp.fsdp_unsharded < 4 * n / 2
-    assert fsdp.total == sum(v for k, v in fsdp.breakdown().items() if k != "total")
+    parts = fsdp.breakdown().items()
+    assert fsdp.total == sum(v for k, v in parts if k not in ("total", "evaluation"))
     # what FSDP changes, and nothing else: 7/8 of the sharded state, 7/8 of the activations (a
     # micro-batch of 1, not 8), plus its unsharded working set
     saved = sum(

@@ -1,0 +1,162 @@
+"""A CPU rehearsal of how a cell trains on a GPU: the trainer's own step (``loop._Run``), compiled
+per block and head with ``fullgraph`` (``ablate.train.compiling``), under bf16 autocast with the
+emulated backend's BF16 GEMM path (``ABLATE_EMULATED_GEMM=bf16``) and fused AdamW, in one process
+and under DDP and FSDP2 (process groups of one, gloo), native FP8 through the CPU's
+``torch._scaled_mm``.
+
+Pinned per step: the graphs compiled (the first step compiles one graph for all blocks, which share
+a recipe, and one for the head; later steps compile nothing: no recompile), no graph break (each
+unit is ``fullgraph``: a break would raise), and the losses equal the eager step's within a stated
+tolerance (rel 5e-3 after 3 steps; observed: at most ~1e-3): the quantizers are opaque ops that
+compute the eager bits (``backends.qops``), so a compiled step differs from the eager one only
+where the compiler fuses the high-precision arithmetic around them (RMSNorm, RoPE, SwiGLU, the
+loss) and rounds its bf16 casts elsewhere, which can move an element across a quantization
+boundary.
+
+Two compilers, for the suite's time on a 2-core CPU (Inductor's C++ build of one recipe's block
+takes a minute or more there):
+
+- **Inductor**, CUDA's compiler (here its C++ code generation, at ``-O0`` and without SIMD: what is
+  rehearsed is the lowering, not the CPU's speed), on one recipe that holds every kind of operation
+  the main recipes put into a block's graph (``COMPOSITE``: NVFP4 with 16x16 weight tiles quantized
+  once for fprop and dgrad, its FP8 block scales and tensor amaxes; stochastic rounding's keys;
+  MXFP4 after a Hadamard transform with signs redrawn per call), in one process and under FSDP2
+  (whose compiled blocks see the unsharded parameters its hooks put in place); native FP8's
+  ``_scaled_mm`` under Inductor is ``tests/backends/test_native.py``'s.
+- **aot_eager** (Dynamo and AOTAutograd, whose graphs, guards and recompiles Inductor gets as
+  they are) on every main recipe (BF16, native FP8, MXFP4 + SR, + RHT16, + DHT16, NVFP4,
+  ``nvidia_nvfp4``) in one process, and under DDP and FSDP2 on the composite recipe and
+  ``nvidia_nvfp4`` (what the wrappers change is the same for every recipe: hooks around the
+  compiled blocks, not what is inside them).
+
+On a GPU (``make gpu-check``, marker ``gpu``) Inductor compiles every main recipe.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from ablate.train import DataConfig, ModelConfig, RunConfig, TrainConfig
+from ablate.train.device import resolve_device
+from ablate.train.logger import NullLogger
+from ablate.train.loop import _build
+from ablate.train.parallel import process_group
+from ablate.train.state import TrainState
+from backends import QuantLinear, Recipe, named_recipe
+from backends.native import NativeBackend
+from backends.quant import QuantSpec
+from backends.recipe import GEMMS, GemmRecipe, HadamardSpec
+
+pytestmark = pytest.mark.slow
+
+FULL = list(GEMMS)
+_X, _DY = QuantSpec(format="nvfp4"), QuantSpec(format="nvfp4", rounding="sr")
+_W = QuantSpec(format="nvfp4", block_rows=16)
+_MX = QuantSpec(format="mxfp4", rounding="sr")
+COMPOSITE = Recipe(
+    fprop=GemmRecipe(a=_X, b=_W),
+    dgrad=GemmRecipe(a=_DY, b=_W),  # W^T: fprop's 16x16 quantization, transposed
+    wgrad=GemmRecipe(a=_MX, b=_MX, hadamard=HadamardSpec(size=16, signs="random")),
+)
+RECIPES = {
+    "composite": lambda: COMPOSITE,
+    "bf16": lambda: None,
+    "fp8_native": lambda: Recipe.from_shorthand([], base="fp8"),
+    "mxfp4_sr": lambda: Recipe.from_shorthand(FULL, "sr"),
+    "mxfp4_rht16": lambda: Recipe.from_shorthand(FULL, "rht16"),
+    "mxfp4_dht16": lambda: Recipe.from_shorthand(FULL, "dht16"),
+    "nvfp4": lambda: Recipe.from_shorthand(FULL, fp4_format="nvfp4"),
+    "nvidia_nvfp4": lambda: named_recipe("nvidia_nvfp4"),
+}
+STEPS = 3
+# two blocks (one shared graph), GQA (2 query heads per KV head), every dimension a multiple of
+# 32 (MX blocks) and 16 (NVFP4's 16x16 weight tiles)
+MODEL = ModelConfig(
+    preset=None, dim=64, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=128, max_seq_len=64
+)
+
+
+@pytest.fixture(autouse=True)
+def _cuda_like(monkeypatch):
+    monkeypatch.setenv("ABLATE_EMULATED_GEMM", "bf16")
+    monkeypatch.setenv("TORCHINDUCTOR_DEBUG_COMPILE", "1")  # -O0: a fast C++ build
+    with torch._inductor.config.patch({"cpp.vec_isa_ok": False}):  # scalar C++: builds faster
+        yield
+
+
+def _cfg(name: str, parallel: str, compiled: bool, device: str) -> RunConfig:
+    recipe = RECIPES[name]()
+    return RunConfig(
+        model=MODEL,
+        data=DataConfig(val_tokens=1024),
+        train=TrainConfig(
+            steps=STEPS,
+            batch_size=4,
+            seq_len=32,
+            warmup_steps=1,
+            precision="bf16",
+            compile=compiled,
+            fused_adamw=True,
+            parallel=parallel,  # type: ignore[arg-type]
+        ),
+        recipe=recipe if recipe is not None else Recipe.bf16(),
+        # native FP8 where a GPU checks it (on the CPU: swapped in below)
+        backend="native" if name == "fp8_native" and device == "cuda" else "emulated",
+        device=device,
+    )
+
+
+def _steps(
+    name: str, parallel: str, compiled: bool, device: str
+) -> tuple[list[float], list[int], int]:
+    """(losses, graphs compiled in each step, graph breaks) of ``STEPS`` trainer steps."""
+    cfg = _cfg(name, parallel, compiled, device)
+    losses, graphs = [], []
+    breaks = sum(counters["graph_break"].values())
+    with process_group(cfg, resolve_device(device)):
+        run = _build(cfg, NullLogger(), None)
+        if name == "fp8_native" and device == "cpu":  # the CPU's _scaled_mm runs per-tensor FP8
+            # (convert_model's check refuses native on a CPU, which has no device to check)
+            for m in run.model.modules():
+                if isinstance(m, QuantLinear):
+                    m.backend = NativeBackend()
+        state = TrainState()
+        for _ in range(STEPS):
+            before = counters["stats"]["unique_graphs"]
+            step = run.optimizer_step(state)
+            losses.append(float(step.loss))
+            graphs.append(counters["stats"]["unique_graphs"] - before)
+    return losses, graphs, sum(counters["graph_break"].values()) - breaks
+
+
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+MAIN = [n for n in RECIPES if n != "composite"]
+CASES = [
+    pytest.param("composite", p, "cpu", "inductor", id=f"composite-{p}-cpu")
+    for p in ("none", "fsdp")
+]
+CASES += [pytest.param(n, "none", "cpu", "aot_eager", id=f"{n}-none-cpu-aot_eager") for n in MAIN]
+CASES += [
+    pytest.param(n, p, "cpu", "aot_eager", id=f"{n}-{p}-cpu-aot_eager")
+    for n in ("composite", "nvidia_nvfp4")
+    for p in ("ddp", "fsdp")
+]
+# on a GPU: Inductor (Triton) on every main recipe in one process, and each mode once (NCCL)
+CASES += [
+    pytest.param(n, p, "cuda", "inductor", id=f"{n}-{p}-cuda", marks=[pytest.mark.gpu, _CUDA])
+    for n, p in [*((n, "none") for n in RECIPES), ("mxfp4_rht16", "ddp"), ("nvidia_nvfp4", "fsdp")]
+]
+
+
+@pytest.mark.parametrize(("name", "parallel", "device", "compiler"), CASES)
+def test_the_compiled_step_compiles_once_and_trains_as_the_eager_one(
+    name, parallel, device, compiler, monkeypatch
+):
+    monkeypatch.setenv("ABLATE_COMPILE_BACKEND", compiler)
+    eager, _, _ = _steps(name, parallel, compiled=False, device=device)
+    compiled, graphs, breaks = _steps(name, parallel, compiled=True, device=device)
+    assert graphs == [2] + [0] * (STEPS - 1)  # blocks + head, then no recompile
+    assert breaks == 0
+    assert compiled == pytest.approx(eager, rel=5e-3)
