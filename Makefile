@@ -4,6 +4,7 @@
 #   make test         # the same set-up plus the test extras, then the test suite
 #
 # `make test-fast` skips the slow end-to-end tests; `make lint` runs ruff and mypy (CI runs both).
+# `make gpu-check` checks a GPU machine end to end (no .venv: the machine's own torch with CUDA).
 # Set-up happens once per .venv and again only when pyproject.toml changes.
 
 PYTHON ?= python3
@@ -14,7 +15,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-test quickstart test test-fast lint check clean-venv
+.PHONY: setup setup-test quickstart test test-fast lint check clean-venv gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,3 +52,18 @@ check: lint test
 
 clean-venv:
 	rm -rf $(VENV)
+
+# On a GPU machine, with the python3 that has torch with CUDA (nothing installed, no network
+# needed): the GPU tests, the GPU benchmark, the GPU study and its report, one ddp and one fsdp
+# step on NCCL, into reports/gpu/<date>-<device>/. WHEELS=dir installs the wheel files in dir
+# (pydantic and its three dependencies for the study) into a temporary folder first.
+GPU_PYTHON ?= python3
+WHEELS ?=
+GPU_CHECK_ARGS ?=
+gpu-check:
+	@site=""; \
+	if [ -n "$(WHEELS)" ]; then \
+		site=$$(mktemp -d) && \
+		$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --target $$site $(WHEELS)/*.whl || exit 1; \
+	fi; \
+	PYTHONPATH="$(CURDIR)$${site:+:$$site}" PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m ablate.gpu_check $(GPU_CHECK_ARGS)

@@ -16,14 +16,12 @@ import pandas as pd
 from ..errors import ReportError, TrackingError
 from ..tracking import StudyTracker, read_histories, study_status
 from ..tracking.vocab import env_of, short_name
-from .provenance import PROVENANCE
+from .frames import cell_row, cells_frame
 from .render import ReportResult, build_report
 from .run_metrics import config_summaries
 
 if TYPE_CHECKING:
     from ..spec import Study
-
-_STATUSES = {"finished", "diverged", "failed", "running", "interrupted", "pending"}
 
 
 def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -36,32 +34,15 @@ def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows: list[dict[str, Any]] = []
     for cs in statuses:
         c, run = cs.cell, cs.run
-        status = run.status if run else "pending"
-        rows.append(
-            {
-                "key": c.key,
-                "label": c.label,
-                "config": c.config_label,
-                "seed": c.seed,
-                "status": status if status in _STATUSES else "running",
-                "diverged_at": run.diverged_at if run else math.nan,
-                "baseline": c.baseline,
-                "fp4_gemms": c.recipe_axes.get("fp4_gemms", ""),
-                "intervention": c.recipe_axes.get("intervention", "none"),
-                "fp4_format": c.recipe_axes.get("fp4_format", "mxfp4"),
-                "base_format": c.recipe_axes.get("base_format", "bf16"),
-                "backend": c.config.backend,
-                "tokens_per_step": c.config.train.tokens_per_step,
-                "schedule_steps": (
-                    c.config.train.schedule_end if c.extra_steps else math.nan
-                ),  # a baseline trained past the budget (baseline_extend)
-                "tokens_per_s": run.tokens_per_s if run else math.nan,
-                "run_id": run.run_id if run else None,
-                **{k: env_of(run.tags).get(k, "") if run else "" for k in PROVENANCE},
-            }
+        row = cell_row(
+            c,
+            status=run.status if run else "pending",
+            diverged_at=run.diverged_at if run else math.nan,
+            tokens_per_s=run.tokens_per_s if run else math.nan,
+            env=env_of(run.tags) if run else {},
         )
-    cells = pd.DataFrame(rows)
-    cells["baseline"] = cells["baseline"].astype(bool)
+        rows.append({**row, "run_id": run.run_id if run else None})
+    cells = cells_frame(rows)
     run_ids = [r for r in cells["run_id"] if r]
     hist = (
         read_histories(study.tracking_uri, run_ids, keys=("val_loss", "tokens")) if run_ids else {}
