@@ -25,9 +25,9 @@ takes a minute or more there):
   ``_scaled_mm`` under Inductor is ``tests/backends/test_native.py``'s.
 - **aot_eager** (Dynamo and AOTAutograd, whose graphs, guards and recompiles Inductor gets as
   they are) on every main recipe (BF16, native FP8, MXFP4 + SR, + RHT16, + DHT16, NVFP4,
-  ``nvidia_nvfp4``) in one process, and under DDP and FSDP2 on the composite recipe and
-  ``nvidia_nvfp4`` (what the wrappers change is the same for every recipe: hooks around the
-  compiled blocks, not what is inside them).
+  ``nvidia_nvfp4``) in one process, and on the composite recipe under DDP (what the wrappers
+  change is the same for every recipe: hooks around the compiled blocks, not what is inside
+  them).
 
 On a GPU (``make gpu-check``, marker ``gpu``) Inductor compiles every main recipe.
 """
@@ -138,11 +138,7 @@ CASES = [
     for p in ("none", "fsdp")
 ]
 CASES += [pytest.param(n, "none", "cpu", "aot_eager", id=f"{n}-none-cpu-aot_eager") for n in MAIN]
-CASES += [
-    pytest.param(n, p, "cpu", "aot_eager", id=f"{n}-{p}-cpu-aot_eager")
-    for n in ("composite", "nvidia_nvfp4")
-    for p in ("ddp", "fsdp")
-]
+CASES += [pytest.param("composite", "ddp", "cpu", "aot_eager", id="composite-ddp-cpu-aot_eager")]
 # on a GPU: Inductor (Triton) on every main recipe in one process, and each mode once (NCCL)
 CASES += [
     pytest.param(n, p, "cuda", "inductor", id=f"{n}-{p}-cuda", marks=[pytest.mark.gpu, _CUDA])
