@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import re
@@ -55,6 +56,7 @@ LIMITS = {"environment": 30, "tests": 170, "parallel": 90, "bench": 200, "study"
 """Each stage's own time limit in seconds (within what the budget leaves it)."""
 MINIMUM = {"environment": 5, "tests": 30, "parallel": 20, "bench": 40, "study": 40}
 """Below this much time a stage is skipped ("out of time") rather than started."""
+CPU_VAL_TOKENS = 1024  # the study's 65,536 would take 512 evaluation forwards of CPU_SIZES
 CPU_SIZES: dict[str, Any] = {
     "steps": 4,
     "batch_size": 4,
@@ -354,15 +356,12 @@ def stage_bench(args: argparse.Namespace, out: Path) -> None:
 
 
 def stage_study(args: argparse.Namespace, out: Path) -> None:
-    try:
-        import matplotlib  # noqa: F401
-        import pandas  # noqa: F401
-        import pydantic  # noqa: F401
-    except ImportError as e:
+    missing = [m for m in ("pydantic", "pandas", "matplotlib") if not importlib.util.find_spec(m)]
+    if missing:
         print(
-            f"RESULT: skipped: {e.name} is not installed (the study's spec and report need "
-            "pydantic, pandas and matplotlib); `make gpu-check WHEELS=dir` installs wheel files "
-            "from dir first"
+            f"RESULT: skipped: {', '.join(missing)} not installed (the study's spec and report "
+            "need pydantic, pandas and matplotlib); `make gpu-check WHEELS=dir` installs wheel "
+            "files from dir first"
         )
         sys.exit(3)
     summary = run_study(STUDY, out / "study", cpu=args.device == "cpu", log=print)
@@ -375,7 +374,7 @@ def run_study(
 ) -> dict[str, Any]:
     """Train every cell of the study at ``path`` in this process (as the local executor would, but
     with an in-memory logger instead of MLflow) and write its report into ``out``. ``cpu``: the
-    toy sizes of ``CPU_SIZES`` on the ``tiny`` preset, the emulated backend everywhere."""
+    toy sizes of ``CPU_SIZES`` and ``CPU_VAL_TOKENS`` on the ``tiny`` preset, the emulated backend everywhere."""
     import dataclasses
 
     from .report.frames import results_frames
@@ -388,13 +387,20 @@ def run_study(
     study = load_study(path)
     results = []
     for cell in study.cells:
-        cfg = cell.config
+        # no checkpoints: nothing here resumes a cell (a study's cells checkpoint into the folder
+        # the runner gives them)
+        cfg = dataclasses.replace(
+            cell.config,
+            checkpoint_dir=None,
+            train=dataclasses.replace(cell.config.train, checkpoint_every=0),
+        )
         if cpu:
             cfg = dataclasses.replace(
                 cfg,
                 device="cpu",
                 backend="emulated",
                 model=ModelConfig(preset="tiny"),
+                data=dataclasses.replace(cfg.data, val_tokens=CPU_VAL_TOKENS),
                 train=dataclasses.replace(cfg.train, **CPU_SIZES),
             )
         t0 = time.perf_counter()
