@@ -14,6 +14,10 @@ PY := $(VENV)/bin/python
 # pull a multi-GB CUDA build. On a GPU machine: make TORCH='torch==2.13.0 --index-url <cuda index>'
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
+# the suite in two processes (pytest-xdist): its slow tests wait on subprocesses, Ray and servers
+# as much as they compute; TEST_WORKERS=0 runs it in this process (e.g. to debug one failure)
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 
 .PHONY: setup setup-test quickstart test test-fast lint check clean-venv gpu-check
 
@@ -38,10 +42,10 @@ quickstart: setup
 	$(VENV)/bin/ablate run studies/quickstart.yaml
 
 test: setup-test
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup-test
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 lint: setup-test
 	$(VENV)/bin/ruff check .

@@ -224,7 +224,13 @@ def gpu_cluster():
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=2,
+        include_dashboard=False,
+        object_store_memory=100 * 2**20,
+    )
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

@@ -141,7 +141,7 @@ def test_workers_no_set_of_nodes_can_place_are_refused_when_ray_starts():
 
     from ablate.executor import RayExecutor
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
     try:
         for kw, says in [
             ({"cpus": 1, "workers": 3}, "3 workers of 1 CPUs and 0 GPUs, but the Ray cluster's "

@@ -193,7 +193,7 @@ def test_a_changed_config_gets_a_new_run_not_the_old_one(tmp_path):
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
     yield
     ray.shutdown()
 

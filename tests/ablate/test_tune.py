@@ -387,7 +387,7 @@ def test_ray_cancels_a_trial_the_pruner_stops(store, tmp_path):
     raw["grid"] = {"fp4_gemms": [[]]}
     raw["base"]["train"].update(steps=2000, eval_every=50)
     study = e2e_study(raw, store, tmp_path / "out")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
     try:
         res = run_tune(study, executor="ray", poll_s=0.5)
     finally:

@@ -24,7 +24,7 @@ def one_cpu_ray():
     """A local Ray of one CPU, shared by the tests here (the study's executor joins it)."""
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False, object_store_memory=100 * 2**20)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, object_store_memory=100 * 2**20)
     yield ray
     ray.shutdown()
 
