@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-from dataclasses import fields
 
 import torch
 
@@ -45,16 +44,9 @@ def traced_inline() -> bool:
     return os.environ.get("ABLATE_QUANT_OPS", "1") == "0"
 
 
-@torch.compiler.assume_constant_result  # run at trace time: the graph holds the string
 def _spec_arg(spec: QuantSpec) -> str:
-    """``spec`` as the JSON string the ops take (fields in declaration order; enums by value)."""
-    out = {}
-    for f in fields(spec):
-        if not f.init:
-            continue
-        v = getattr(spec, f.name)
-        out[f.name] = getattr(v, "value", v)
-    return json.dumps(out, separators=(",", ":"))
+    """``spec`` as the JSON string the ops take (``QuantSpec.wire``: a constant in the graph)."""
+    return spec.wire
 
 
 @functools.cache

@@ -5,7 +5,8 @@ of quantization itself and its entry points are ``quant.py``'s."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import torch
@@ -79,6 +80,11 @@ class QuantSpec:
     """Double-block nvfp4: an FP32 scale per this many elements (TetraJet-v2: 128) instead of one
     per tensor (``outer_block.py``)."""
     fmt: BlockFormat = field(init=False, repr=False, compare=False)
+    wire: str = field(init=False, repr=False, compare=False)
+    """The spec as a JSON string of its fields (declaration order, enums by value): what the
+    quantizer's custom ops take (``qops.py``), stable across processes. An attribute, not a
+    function of the spec, so that a traced model reads it as a constant (torch 2.11's Dynamo
+    cannot pass a frozen dataclass to a function it runs at trace time)."""
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -120,6 +126,7 @@ class QuantSpec:
                     f"({self.block}x{self.block} tiles)"
                 )
         variants.check(self)
+        object.__setattr__(self, "wire", _wire(self))
 
     @property
     def block(self) -> int:
@@ -317,3 +324,12 @@ def nv_alpha(top_a: float, top_b: float) -> float:
     """fp32(1 / (top_a * top_b)): the NVFP4 GEMM's alpha factor on ``amax_a * amax_b``
     (``NV_ALPHA`` for two standard operands, TransformerEngine's)."""
     return NV_ALPHA if top_a == top_b == 2688.0 else _rcp(top_a * top_b)
+
+
+def _wire(spec: QuantSpec) -> str:
+    out = {}
+    for f in fields(spec):
+        if f.init:
+            v = getattr(spec, f.name)
+            out[f.name] = getattr(v, "value", v)
+    return json.dumps(out, separators=(",", ":"))
