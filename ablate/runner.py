@@ -33,6 +33,7 @@ from .executor import (
 )
 from .planning import TO_RUN, PlannedCell, plan_cells, summarize
 from .preflight import check_gpus, preflight
+from .preparing import prepare_study
 from .progress import WAIT_REPEAT_S, WAIT_WARN_S, CellProgress, Progress, WaitWatch, fmt_s
 from .spec import Cell, Study
 from .task import Outcome, Task
@@ -223,6 +224,7 @@ def run_study(
     ``WAIT_REPEAT_S``) while it waits (0: never; ``progress.WaitWatch``)."""
     out = stream or sys.stderr
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
+    prepare_study(study, out=out)  # tokenizes each data configuration once, records nothing
     with (
         clean_failed_start(study.output_dir) as launched,
         study_lock(study.output_dir),
@@ -293,7 +295,9 @@ def _launch(
         result.run_ids[c.key] = rid
         ckpt = study.checkpoint_dir(c).resolve()
         ckpt.parent.mkdir(parents=True, exist_ok=True)  # a worker checks that it sees the folder
-        cfg = dataclasses.replace(c.config, checkpoint_dir=str(ckpt))
+        cfg = dataclasses.replace(
+            c.config, checkpoint_dir=str(ckpt), data_cache=str(study.data_cache())
+        )
         tracker.set_status(rid, "pending")
         uri, cwd = study.tracking_uri, os.getcwd()
         ex.submit(

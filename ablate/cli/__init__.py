@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from . import plan, probe, recipe, results, study
+from . import data, plan, probe, recipe, results, study
 
 
 @click.group()
@@ -24,6 +24,7 @@ for command in (
     plan.validate,
     plan.schema,
     plan.plan,
+    data.data,
     study.run,
     study.status,
     study.adopt,

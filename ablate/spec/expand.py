@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -18,7 +19,8 @@ from backends.recipe import GEMMS, intervention_label, parse_intervention
 
 from ..errors import SpecError
 from ..train.config import RunConfig, TrainConfig, config_hash
-from ..train.data import check_sources, load_data
+from ..train.data import check_sources
+from ..train.prepared import already_prepared, check_counts
 from .axes import check_axis_name, fmt_value, get_path, with_values
 from .loader import parse_yaml, read_study_text
 from .messages import pydantic_errors
@@ -82,11 +84,16 @@ def parse_study(
         raise SpecError(tune_errors, source)
     if check_files:
         errors = []
-        for cfg in {c.config.data.path: c.config.data for c in study.cells}.values():
+        for cfg in {
+            json.dumps(dataclasses.asdict(c.config.data), sort_keys=True): c.config.data
+            for c in study.cells
+        }.values():
             try:
                 check_sources(cfg)
-                if cfg.corpus != "hf":  # a remote dataset is only read by the workers
-                    load_data(cfg)  # cached per process; raises when too small to train on
+                # the token counts where the data is prepared already (``ablate run`` prepares
+                # it, and checks them, before anything starts)
+                if (p := already_prepared(cfg, study.data_cache())) is not None:
+                    check_counts(cfg, p)
             except (FileNotFoundError, ValueError) as err:
                 varied = any(a.startswith("data.") for a in study.axes)
                 errors.append(str(err) if varied else f"base.{err}")

@@ -355,6 +355,10 @@ class StudySpec(BaseModel):
     tracking: Tracking = Field(default_factory=Tracking)
     output: str | None = None
     """Output folder (checkpoints, MLflow store); default runs/<name> in the current directory."""
+    data_cache: str | None = None
+    """Folder of prepared data (each data configuration tokenized once, memory-mapped by every
+    cell): default $ABLATE_DATA_CACHE, else ~/.cache/ablate/data. On a cluster, a folder that
+    every node sees (else each node prepares its own copy once)."""
     speedup: SpeedupSpec = Field(default_factory=SpeedupSpec)
     """How the report projects step throughput where it was not measured on native GEMMs."""
     tune: TuneSpec | None = None

@@ -103,5 +103,13 @@ class Study:
             return Target(from_baseline="slowest")
         return None
 
+    def data_cache(self) -> Path:
+        """The folder of prepared data (``data_cache``, else ``ablate.train.prepared``'s default),
+        absolute: cells on other nodes get this path."""
+        from ..train.prepared import default_cache
+
+        given = self.spec.data_cache
+        return (Path(given) if given else default_cache()).expanduser().resolve()
+
     def checkpoint_dir(self, cell: Cell) -> Path:
         return self.output_dir / "cells" / cell.key

@@ -14,7 +14,8 @@ Modules, one concept each:
 - ``checkpoint``: atomic checkpoints, their ``checkpoint.json`` sidecar (``checkpoint_info``), resume
 - ``schedule``: the learning rate per step (``lr_at``)
 - ``device``: ``resolve_device`` and the autocast policy
-- ``model``, ``data`` (with ``corpus``, ``tokenizer``, ``batches``), ``logger``; ``bench`` measures
+- ``data`` (its config and sources: ``corpus``, ``tokenizer``), ``prepared`` (tokenized once into
+  memory-mapped files, ``load_data``; with ``tokenizing``), ``batches``, ``model``, ``logger``; ``bench`` measures
   throughput
 
 This ``__init__`` loads its modules on first attribute access, so that the study spec, which needs
@@ -32,9 +33,12 @@ if TYPE_CHECKING:
     from .logger import Logger, MemoryLogger, NullLogger
     from .loop import train
     from .model import ModelConfig
+    from .prepared import TokenData, load_data
 
 _LAZY = {
     "DataConfig": ".data",
+    "TokenData": ".prepared",
+    "load_data": ".prepared",
     "EvalPoint": ".config",
     "Logger": ".logger",
     "MemoryLogger": ".logger",
@@ -48,6 +52,8 @@ _LAZY = {
 
 __all__ = [
     "DataConfig",
+    "TokenData",
+    "load_data",
     "EvalPoint",
     "Logger",
     "MemoryLogger",

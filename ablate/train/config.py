@@ -280,6 +280,9 @@ class RunConfig:
     """cpu, cuda, cuda:N, or auto (cuda when available)."""
     checkpoint_dir: str | None = None
     """Where checkpoints go; a run finding one there resumes from it."""
+    data_cache: str | None = None
+    """The folder of prepared data (``ablate.train.prepared``; None: ``$ABLATE_DATA_CACHE``, else
+    ``~/.cache/ablate/data``). Like ``checkpoint_dir``, not part of the run's key nor its params."""
     probe: ProbeConfig | None = None
     """Gradient-fidelity probes (None: off). Not part of the run's key, nor of its params."""
 
@@ -303,21 +306,26 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (JSON-able); ``from_dict`` inverts it."""
-        return {
-            "model": dataclasses.asdict(self.model),
-            "data": dataclasses.asdict(self.data),
-            "train": dataclasses.asdict(self.train),
-            "recipe": self.recipe.to_dict(),
-            "backend": self.backend,
-            "seed": self.seed,
-            "device": self.device,
-            "checkpoint_dir": self.checkpoint_dir,
-        } | ({"probe": self.probe.to_dict()} if self.probe is not None else {})
+        return (
+            {
+                "model": dataclasses.asdict(self.model),
+                "data": dataclasses.asdict(self.data),
+                "train": dataclasses.asdict(self.train),
+                "recipe": self.recipe.to_dict(),
+                "backend": self.backend,
+                "seed": self.seed,
+                "device": self.device,
+                "checkpoint_dir": self.checkpoint_dir,
+            }
+            | ({"data_cache": self.data_cache} if self.data_cache is not None else {})
+            | ({"probe": self.probe.to_dict()} if self.probe is not None else {})
+        )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         known = {
-            "model", "data", "train", "recipe", "backend", "seed", "device", "checkpoint_dir", "probe"
+            "model", "data", "train", "recipe", "backend", "seed", "device", "checkpoint_dir", "probe",
+            "data_cache",
         }  # fmt: skip
         unknown = set(d) - known
         if unknown:
@@ -333,6 +341,7 @@ class RunConfig:
             seed=d.get("seed", 0),
             device=d.get("device", "auto"),
             checkpoint_dir=d.get("checkpoint_dir"),
+            data_cache=d.get("data_cache"),
             probe=ProbeConfig(**d["probe"]) if d.get("probe") is not None else None,
         )
 
@@ -412,7 +421,9 @@ def resolved_compile(compile: Compile, kind: str) -> bool:
     return kind == "cuda" if compile == "auto" else bool(compile)
 
 
-KEY_EXCLUDED = ("checkpoint_dir", "device", "train.checkpoint_every", "train.log_every")
+KEY_EXCLUDED = (
+    "checkpoint_dir", "data_cache", "device", "train.checkpoint_every", "train.log_every"
+)  # fmt: skip
 """RunConfig fields that do not change a run's numbers: not in its key, not logged as params (a
 study can change how often it checkpoints, or move its output folder, and keep its results).
 ``probe`` is left out of both the same way (``config_hash``, ``run_params``)."""
@@ -425,7 +436,10 @@ def config_hash(cfg: RunConfig) -> str:
     d = cfg.to_dict()
     for k in ("checkpoint_dir", "device"):
         d.pop(k)
+    d.pop("data_cache", None)
     d.pop("probe", None)  # probes change no number of the run
+    if d["data"]["val"] is None:  # validated on the held-out tail: the key as before data.val
+        d["data"].pop("val")
     d["train"].pop("checkpoint_every")
     d["train"].pop("log_every")
     if cfg.train.schedule_end == cfg.train.steps:  # the whole run on its schedule: the key as ever
@@ -457,7 +471,9 @@ def legacy_config_hash(cfg: RunConfig) -> str:
     d = cfg.to_dict()
     for k in ("checkpoint_dir", "device"):
         d.pop(k)
+    d.pop("data_cache", None)
     d.pop("probe", None)
+    d["data"].pop("val")
     for k in ("compile", "fused_adamw", "log_every", "workers", "parallel", "schedule_steps"):
         d["train"].pop(k)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,58 +1,105 @@
-"""Training data: ``DataConfig``, corpora from files and datasets, the held-out split, ``load_data``.
-
-``load_data`` turns a ``DataConfig`` into a ``TokenData`` (train and validation token streams, the
-vocabulary size and a fingerprint):
+"""Training data's configuration and its sources: ``DataConfig`` (with ``data.val``, a validation
+corpus of its own), and the readers that turn a corpus into documents.
 
 - corpora: the built-in one (``corpus.py``: Python's own documentation, no download; the default),
   local text / JSONL / Parquet files, Hugging Face datasets, and pre-tokenized binary shards;
-- tokenizers (``tokenizer.py``): UTF-8 bytes (vocab 257 with EOS) or a Hugging Face ``tokenizer.json``;
-- the split: the *last* ``val_tokens`` tokens of the stream are the fixed validation set, never
-  trained on; everything before them is the training set;
-- a fingerprint (sha256 of the token stream and the tokenizer name) that the loop logs, so results
-  on different data never mix silently.
+- tokenizers (``tokenizer.py``): UTF-8 bytes (vocab 257 with EOS) or a Hugging Face tokenizer (a
+  ``tokenizer.json``, a folder holding one, or a hub name);
+- the split: without ``data.val`` the *last* ``val_tokens`` tokens of the stream are the fixed
+  validation set, never trained on; with it, the first ``val_tokens`` of that corpus.
 
-Batches live in ``batches.py`` (re-exported here). Optional packages (``pyarrow``, ``datasets``,
-``tokenizers``) are imported only by the code that reads those formats.
+Tokenizing, the cache of prepared (memory-mapped) token files and ``load_data`` live in
+``prepared.py`` (``load_data`` and ``TokenData`` are re-exported from there by ``ablate.train``);
+batches in ``batches.py``. Optional packages (``pyarrow``, ``datasets``, ``tokenizers``,
+``huggingface_hub``) are imported only by the code that reads those formats.
 """
 
 from __future__ import annotations
 
-import array
-import ctypes
-import hashlib
 import json
 import os
 import sys
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from glob import glob
 from itertools import islice
 from pathlib import Path
-from typing import Any, Literal, get_args
-
-import torch
+from typing import Literal, get_args
 
 from .batches import BatchSampler, val_batches  # noqa: F401  (re-exported)
-from .corpus import builtin_documents  # noqa: F401
-from .tokenizer import (  # noqa: F401  (re-exported)
-    ByteTokenizer,
-    HFTokenizer,
-    Tokenizer,
-    _import_optional,
-    load_tokenizer,
-)
+from .corpus import builtin_documents
+from .tokenizer import _import_optional, tokenizer_kind
 
 Corpus = Literal["builtin", "text", "jsonl", "parquet", "hf", "tokens"]
 TokenDtype = Literal["uint16", "uint32"]
 
 # Corpora read from data.path, and the file extension a directory is searched for.
 _FILE_EXT = {"text": ".txt", "jsonl": ".jsonl", "parquet": ".parquet", "tokens": ".bin"}
-_TORCH_DTYPE = {"uint16": torch.uint16, "uint32": torch.uint32}
 
 
 SEED_LIMIT = 2**32
 """Seeds (model and data order) are below this: every random stream they key accepts them."""
+
+
+def _check_source(src: DataConfig | ValData, field: str) -> None:
+    """The checks a corpus's fields share, in the training data (``data.``) and in ``data.val.``."""
+    corpora = get_args(Corpus)
+    if src.corpus not in corpora:
+        raise ValueError(f"{field}corpus: unknown corpus {src.corpus!r}; expected one of {corpora}")
+    if src.corpus in _FILE_EXT and not src.path:
+        raise ValueError(
+            f"{field}path: required for corpus {src.corpus!r} "
+            f"(a file, a directory of {_FILE_EXT[src.corpus]} files, or a glob)"
+        )
+    if src.corpus not in _FILE_EXT and src.path is not None:
+        hint = f"; name the dataset in {field}hf_dataset" if src.corpus == "hf" else ""
+        raise ValueError(f"{field}path: not used by corpus {src.corpus!r}{hint}")
+    if src.corpus == "hf" and not src.hf_dataset:
+        raise ValueError(f"{field}hf_dataset: required for corpus 'hf' (e.g. 'allenai/c4')")
+    if src.corpus != "hf" and (src.hf_dataset is not None or src.hf_config is not None):
+        raise ValueError(
+            f"{field}hf_dataset/hf_config: only used by corpus 'hf', not {src.corpus!r}"
+        )
+    if not src.text_field:
+        raise ValueError(f"{field}text_field: must name a field, got an empty string")
+    if src.max_documents is not None:
+        if src.corpus == "tokens":
+            raise ValueError(
+                f"{field}max_documents: shards of tokens have no documents; leave it unset"
+            )
+        if not _is_int(src.max_documents) or src.max_documents < 1:
+            raise ValueError(
+                f"{field}max_documents: must be None or >= 1, got {src.max_documents!r}"
+            )
+    if src.token_dtype not in get_args(TokenDtype):
+        raise ValueError(
+            f"{field}token_dtype: {src.token_dtype!r}; expected one of {get_args(TokenDtype)}"
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class ValData:
+    """``data.val``: a validation corpus of its own (e.g. C4's ``validation`` split), tokenized by
+    the training data's tokenizer; its first ``data.val_tokens`` tokens are the validation set."""
+
+    corpus: Corpus
+    """As ``data.corpus``: text, jsonl, parquet, hf, tokens (builtin: no separate split exists)."""
+    path: str | None = None
+    text_field: str = "text"
+    hf_dataset: str | None = None
+    hf_config: str | None = None
+    hf_split: str = "validation"
+    """For corpus ``hf``: the split to read (default ``validation``)."""
+    max_documents: int | None = None
+    token_dtype: TokenDtype = "uint16"
+
+    def __post_init__(self) -> None:
+        if self.corpus == "builtin":
+            raise ValueError(
+                "data.val.corpus: 'builtin' has no separate validation split; leave data.val unset "
+                "to validate on the held-out tail of the training stream"
+            )
+        _check_source(self, "data.val.")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -78,50 +125,27 @@ class DataConfig:
     max_documents: int | None = None
     """Read at most this many documents (all corpora but ``tokens``); ``None`` reads them all."""
     tokenizer: str = "byte"
-    """``byte`` (UTF-8 bytes + EOS, vocab 257) or the path of a Hugging Face ``tokenizer.json``."""
+    """``byte`` (UTF-8 bytes + EOS, vocab 257), the path of a Hugging Face ``tokenizer.json`` (or of
+    a folder holding one), or a hub name such as ``meta-llama/Llama-3.1-8B`` (fetched once; gated
+    models need ``HF_TOKEN``)."""
     token_dtype: TokenDtype = "uint16"
     """Element type of the ``tokens`` shards; ``uint16`` holds vocabularies up to 65536."""
     val_tokens: int = 65536
-    """Size of the fixed validation set, taken from the end of the token stream, never trained on."""
+    """Size of the fixed validation set: the last ``val_tokens`` of the token stream, never trained
+    on, or with ``val`` the first ``val_tokens`` of that corpus."""
+    val: ValData | None = None
+    """A validation corpus of its own (``{corpus: hf, hf_dataset: allenai/c4, hf_config: en,
+    hf_split: validation}``); then the whole training stream is trained on. None: the tail."""
     data_seed: int = 0
     """Seed of the order of training batches; separate from the model initialization seed."""
 
     def __post_init__(self) -> None:
-        corpora = get_args(Corpus)
-        if self.corpus not in corpora:
-            raise ValueError(
-                f"data.corpus: unknown corpus {self.corpus!r}; expected one of {corpora}"
-            )
-        if self.corpus in _FILE_EXT and not self.path:
-            raise ValueError(
-                f"data.path: required for corpus {self.corpus!r} "
-                f"(a file, a directory of {_FILE_EXT[self.corpus]} files, or a glob)"
-            )
-        if self.corpus not in _FILE_EXT and self.path is not None:
-            hint = "; name the dataset in data.hf_dataset" if self.corpus == "hf" else ""
-            raise ValueError(f"data.path: not used by corpus {self.corpus!r}{hint}")
-        if self.corpus == "hf" and not self.hf_dataset:
-            raise ValueError("data.hf_dataset: required for corpus 'hf' (e.g. 'allenai/c4')")
-        if self.corpus != "hf" and (self.hf_dataset is not None or self.hf_config is not None):
-            raise ValueError(
-                f"data.hf_dataset/hf_config: only used by corpus 'hf', not {self.corpus!r}"
-            )
-        if not self.text_field:
-            raise ValueError("data.text_field: must name a field, got an empty string")
-        if self.max_documents is not None:
-            if self.corpus == "tokens":
-                raise ValueError(
-                    "data.max_documents: shards of tokens have no documents; leave it unset"
-                )
-            if not _is_int(self.max_documents) or self.max_documents < 1:
-                raise ValueError(
-                    f"data.max_documents: must be None or >= 1, got {self.max_documents!r}"
-                )
+        if isinstance(self.val, dict):  # from a run's config.json or a task's dict
+            self.val = ValData(**self.val)
+        _check_source(self, "data.")
         if not self.tokenizer:
-            raise ValueError("data.tokenizer: 'byte' or the path of a tokenizer.json, got ''")
-        if self.token_dtype not in get_args(TokenDtype):
             raise ValueError(
-                f"data.token_dtype: {self.token_dtype!r}; expected one of {get_args(TokenDtype)}"
+                "data.tokenizer: 'byte', the path of a tokenizer.json or a hub name, got ''"
             )
         if not _is_int(self.val_tokens) or self.val_tokens < 1:
             raise ValueError(f"data.val_tokens: must be an integer >= 1, got {self.val_tokens!r}")
@@ -138,8 +162,9 @@ def _is_int(x: object) -> bool:
 # --- documents from files and datasets ---------------------------------------------------------
 
 
-def _resolve_files(cfg: DataConfig) -> list[Path]:
-    spec, ext = str(cfg.path), _FILE_EXT[cfg.corpus]
+def resolve_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]:
+    """The files a file corpus reads, in name order; raises naming ``{field}path``."""
+    spec, ext = str(src.path), _FILE_EXT[src.corpus]
     if any(c in spec for c in "*?["):
         files = [Path(p) for p in glob(spec, recursive=True) if os.path.isfile(p)]
     elif os.path.isdir(spec):
@@ -147,24 +172,33 @@ def _resolve_files(cfg: DataConfig) -> list[Path]:
     elif os.path.isfile(spec):
         files = [Path(spec)]
     else:
-        raise FileNotFoundError(f"data.path: {spec!r} does not exist")
+        raise FileNotFoundError(f"{field}path: {spec!r} does not exist")
     if not files:
         raise FileNotFoundError(
-            f"data.path: no files match {spec!r} (a directory is searched for *{ext})"
+            f"{field}path: no files match {spec!r} (a directory is searched for *{ext})"
         )
     return sorted(files, key=str)
 
 
 def check_sources(cfg: DataConfig) -> None:
-    """Fail fast on inputs that do not exist (data files, tokenizer file), before any training
-    starts; relative paths are taken from the current directory, as ``load_data`` takes them."""
+    """Fail fast on inputs that do not exist (data files, the validation corpus's files, a
+    tokenizer file), before any training starts, without the network (a hub tokenizer is fetched
+    when the data is prepared); relative paths are taken from the current directory."""
     if cfg.corpus in _FILE_EXT:
-        _resolve_files(cfg)
-    if cfg.tokenizer != "byte" and not os.path.isfile(cfg.tokenizer):
-        raise FileNotFoundError(
-            f"data.tokenizer: {cfg.tokenizer!r} does not exist; give the path of a "
-            "tokenizer.json or 'byte'"
-        )
+        resolve_files(cfg)
+    if cfg.val is not None and cfg.val.corpus in _FILE_EXT:
+        resolve_files(cfg.val, "data.val.")
+    tokenizer_kind(cfg.tokenizer)
+
+
+def source_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]:
+    """The local files a corpus reads (a local ``save_to_disk`` dataset's files too): their names,
+    sizes and modification times are part of the prepared data's fingerprint."""
+    if src.corpus in _FILE_EXT:
+        return resolve_files(src, field)
+    if src.corpus == "hf" and os.path.isdir(str(src.hf_dataset)):
+        return sorted(p for p in Path(str(src.hf_dataset)).rglob("*") if p.is_file())
+    return []
 
 
 def _text_documents(files: list[Path]) -> Iterator[str]:
@@ -206,7 +240,7 @@ def _parquet_documents(files: list[Path], text_field: str) -> Iterator[str]:
             yield from (t for t in batch.column(0).to_pylist() if t is not None)
 
 
-def _hf_documents(cfg: DataConfig) -> Iterator[str]:
+def _hf_documents(cfg: DataConfig | ValData) -> Iterator[str]:
     datasets = _import_optional("datasets", "datasets", "data.corpus='hf'")
     name = str(cfg.hf_dataset)
     local = Path(name)
@@ -240,7 +274,8 @@ def _hf_documents(cfg: DataConfig) -> Iterator[str]:
     yield from (t for t in ds[cfg.text_field] if t is not None)
 
 
-def _documents(cfg: DataConfig, files: list[Path]) -> Iterator[str]:
+def documents(cfg: DataConfig | ValData, files: list[Path]) -> Iterator[str]:
+    """The corpus's non-empty documents in order, at most ``max_documents`` (not ``tokens``)."""
     if cfg.corpus == "builtin":
         docs: Iterable[str] = builtin_documents()
     elif cfg.corpus == "text":
@@ -254,154 +289,13 @@ def _documents(cfg: DataConfig, files: list[Path]) -> Iterator[str]:
     return islice((d for d in docs if d), cfg.max_documents)
 
 
-def _encode(docs: Iterator[str], tok: Tokenizer) -> torch.Tensor:
-    """Documents -> one int64 stream with ``eos_id`` between documents."""
-    encode_batch = getattr(tok, "encode_batch", None)
-    ids = array.array("q")
-    first = True
-    while chunk := list(islice(docs, 1024)):
-        for doc_ids in encode_batch(chunk) if encode_batch else map(tok.encode, chunk):
-            if not first:
-                ids.append(tok.eos_id)
-            ids.extend(doc_ids)
-            first = False
-    if not ids:
-        return torch.empty(0, dtype=torch.int64)
-    return torch.frombuffer(ids, dtype=torch.int64).clone()
-
-
-def _load_shards(files: list[Path], token_dtype: TokenDtype) -> torch.Tensor:
-    """Memory-mapped shards concatenated in name order. One shard stays mapped; several are copied
-    into memory at their stored width (2 or 4 bytes a token)."""
-    dtype = _TORCH_DTYPE[token_dtype]
-    width = dtype.itemsize
-    parts = []
-    for f in files:
-        nbytes = f.stat().st_size
-        if nbytes % width:
-            raise ValueError(
-                f"data.token_dtype: {f} has {nbytes} bytes, not a whole number of {token_dtype} tokens"
-            )
-        if nbytes:
-            parts.append(torch.from_file(str(f), shared=False, size=nbytes // width, dtype=dtype))
-    if not parts:
-        return torch.empty(0, dtype=dtype)
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def _fingerprint(stream: torch.Tensor, tokenizer_name: str) -> tuple[str, int]:
-    """sha256 (16 hex chars) of the tokenizer name and the stream as little-endian int64, whatever
-    its stored width, so the same tokens from text or from shards match; and the largest id."""
-    h = hashlib.sha256(tokenizer_name.encode() + b"\0")
-    max_id = -1
-    step = 1 << 22
-    for start in range(0, stream.numel(), step):
-        chunk = stream[start : start + step].to(torch.int64, copy=True)
-        max_id = max(max_id, int(chunk.max()))
-        # The chunk's raw bytes (bytes(storage) would walk them one Python int at a time).
-        h.update(ctypes.string_at(chunk.data_ptr(), chunk.numel() * 8))
-    return h.hexdigest()[:16], max_id
-
-
-# --- loading -------------------------------------------------------------------------------------
-
-
-@dataclass
-class TokenData:
-    """A tokenized corpus split into training tokens and the fixed validation tail."""
-
-    train: torch.Tensor = field(repr=False)
-    """1-D token ids: int64, or uint16/uint32 memory-mapped from a ``tokens`` shard."""
-    val: torch.Tensor = field(repr=False)
-    """The last ``val_tokens`` ids of the stream, same dtype as ``train``."""
-    vocab_size: int
-    fingerprint: str
-    corpus_name: str
-    tokenizer: Tokenizer = field(repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class _Stream:
-    tokens: torch.Tensor
-    tokenizer: Tokenizer
-    name: str
-    fingerprint: str
-
-
-# A study runs many cells in one process: keep the last few tokenized corpora.
-_CACHE: OrderedDict[tuple[Any, ...], _Stream] = OrderedDict()
-_CACHE_SIZE = 4
-
-
-def clear_data_cache() -> None:
-    """Forget the corpora ``load_data`` tokenized in this process."""
-    _CACHE.clear()
-
-
-def _corpus_name(cfg: DataConfig) -> str:
-    if cfg.corpus == "builtin":
+def corpus_name(src: DataConfig | ValData) -> str:
+    """A readable name of a corpus, for logs and manifests (``hf:allenai/c4/en:validation``)."""
+    if src.corpus == "builtin":
         name = f"builtin-py{sys.version_info[0]}.{sys.version_info[1]}"
-    elif cfg.corpus == "hf":
-        config = f"/{cfg.hf_config}" if cfg.hf_config else ""
-        name = f"hf:{cfg.hf_dataset}{config}:{cfg.hf_split}"
+    elif src.corpus == "hf":
+        config = f"/{src.hf_config}" if src.hf_config else ""
+        name = f"hf:{src.hf_dataset}{config}:{src.hf_split}"
     else:
-        name = f"{cfg.corpus}:{cfg.path}"
-    return name if cfg.max_documents is None else f"{name}[:{cfg.max_documents}]"
-
-
-def _load_stream(cfg: DataConfig, files: list[Path]) -> _Stream:
-    tok = load_tokenizer(cfg.tokenizer)
-    if cfg.corpus == "tokens":
-        if cfg.token_dtype == "uint16" and tok.vocab_size > 1 << 16:
-            raise ValueError(
-                f"data.token_dtype: 'uint16' cannot hold the {tok.vocab_size} ids of data.tokenizer "
-                f"{cfg.tokenizer!r}; use 'uint32'"
-            )
-        tokens = _load_shards(files, cfg.token_dtype)
-    else:
-        tokens = _encode(_documents(cfg, files), tok)
-    fingerprint, max_id = _fingerprint(tokens, tok.name)
-    if max_id >= tok.vocab_size:
-        raise ValueError(
-            f"data.tokenizer: token id {max_id} in {_corpus_name(cfg)} is outside the vocabulary "
-            f"({tok.vocab_size}) of {cfg.tokenizer!r}; wrong tokenizer or data.token_dtype?"
-        )
-    return _Stream(tokens, tok, _corpus_name(cfg), fingerprint)
-
-
-def load_data(cfg: DataConfig, *, min_train_tokens: int = 4096) -> TokenData:
-    """Tokenize (or map) the configured corpus and split it: the last ``cfg.val_tokens`` tokens are
-    validation, the rest training. Raises if fewer than ``min_train_tokens`` are left to train on.
-
-    Tokenized corpora are cached per process, keyed by the config (minus ``data_seed``, which only
-    orders batches) and the size and mtime of the files read; callers must not modify the tensors.
-    """
-    files = _resolve_files(cfg) if cfg.corpus in _FILE_EXT else []
-    stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    if cfg.tokenizer != "byte" and os.path.isfile(cfg.tokenizer):
-        stats.append((cfg.tokenizer, 0, os.stat(cfg.tokenizer).st_mtime_ns))
-    split_only = ("val_tokens", "data_seed")  # applied after loading: not part of the corpus
-    key = (*(getattr(cfg, f.name) for f in fields(cfg) if f.name not in split_only), tuple(stats))
-    stream = _CACHE.get(key)
-    if stream is None:
-        stream = _load_stream(cfg, files)
-        _CACHE[key] = stream
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    _CACHE.move_to_end(key)
-
-    n = stream.tokens.numel()
-    if n < cfg.val_tokens + min_train_tokens:
-        raise ValueError(
-            f"data: {stream.name} has {n} tokens, fewer than data.val_tokens ({cfg.val_tokens}) + "
-            f"{min_train_tokens} to train on = {cfg.val_tokens + min_train_tokens}; use a larger "
-            "corpus or lower data.val_tokens"
-        )
-    return TokenData(
-        train=stream.tokens[: n - cfg.val_tokens],
-        val=stream.tokens[n - cfg.val_tokens :],
-        vocab_size=stream.tokenizer.vocab_size,
-        fingerprint=stream.fingerprint,
-        corpus_name=stream.name,
-        tokenizer=stream.tokenizer,
-    )
+        name = f"{src.corpus}:{src.path}"
+    return name if src.max_documents is None else f"{name}[:{src.max_documents}]"

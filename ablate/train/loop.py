@@ -60,11 +60,12 @@ from .config import (
     resolved_precision,
     run_params,
 )
-from .data import TokenData, load_data, val_batches
+from .data import val_batches
 from .device import autocast, numerics_policy, resolve_device
 from .logger import Logger, NullLogger
 from .model import build_model, count_parameters
 from .parallel import Ranks, ranks_of
+from .prepared import TokenData, load_data
 from .probe import make_prober
 from .schedule import lr_at
 from .state import TrainState
@@ -99,7 +100,13 @@ def train(
     prober = make_prober(config, run.model, run.data.val, run.ctx)  # None: probes off
 
     params = run_params(config)
-    params.update({"data.fingerprint": run.data.fingerprint, "model.n_params": run.n_params})
+    params.update(
+        {
+            "data.fingerprint": run.data.fingerprint,
+            "data.prepared": run.data.prepared,
+            "model.n_params": run.n_params,
+        }
+    )
     log.log_params(params)
     if state.step == 0 and not state.evals:
         m0: dict[str, float] = {"tokens": 0.0}
@@ -353,7 +360,7 @@ def _build(config: RunConfig, log: Logger, stop_after: int | None) -> _Run:
     tc = config.train
     device = resolve_device(config.device)
     numerics_policy()
-    data = load_data(config.data)
+    data = load_data(config.data, cache=config.data_cache)
     if stop_after is not None and stop_after < 0:
         raise ValueError(f"stop_after: must be >= 0, got {stop_after}")
     ckpt_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None

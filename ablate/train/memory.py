@@ -340,13 +340,14 @@ def fsdp_unsharded(cfg: ModelConfig, grad_accum: int) -> int:
 
 def tokenizer_vocab(run: RunConfig) -> int | None:
     """The tokenizer's vocabulary the model will be built for: 257 for ``byte``; a tokenizer.json's
-    when it loads, else None (the model's own or its preset's vocabulary is used)."""
+    (a hub tokenizer's only from the local cache: a plan does not wait for the network) when it
+    loads, else None (the model's own or its preset's vocabulary is used)."""
     if run.data.tokenizer == "byte":
         return 257
     try:
         from .tokenizer import load_tokenizer
 
-        return load_tokenizer(run.data.tokenizer).vocab_size
+        return load_tokenizer(run.data.tokenizer, offline=True).vocab_size
     except Exception:  # noqa: BLE001  (a missing file or package: fall back to the config's)
         return None
 

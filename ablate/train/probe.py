@@ -212,16 +212,16 @@ def probe_checkpoints(
     configuration wrote is refused with a ValueError. ``device`` overrides where it runs (default:
     ``config.device``); the run's numbers are those of its device kind."""
     from .checkpoint import CHECKPOINT
-    from .data import load_data
     from .device import autocast, resolve_device
     from .model import build_model
+    from .prepared import load_data
 
     cfg = cfg or config.probe or ProbeConfig()
     problems = cfg.problems(config)
     if problems:
         raise ValueError("; ".join(problems))
     dev = resolve_device(device or config.device)
-    data = load_data(config.data)
+    data = load_data(config.data, cache=config.data_cache)
     model = build_model(
         config.model,
         data.vocab_size,

@@ -1,10 +1,16 @@
-"""Tokenizers: UTF-8 bytes (vocab 257 with EOS, the default) or a Hugging Face ``tokenizer.json``."""
+"""Tokenizers: UTF-8 bytes (vocab 257 with EOS, the default) or a Hugging Face tokenizer, from a
+``tokenizer.json`` file, a folder holding one, or a hub name (``meta-llama/Llama-3.1-8B``).
+
+``tokenizer_identity`` is what the prepared data's fingerprint holds of a tokenizer: the content
+hash of a local file, the name of a hub tokenizer (its content hash goes into the manifest when it
+is fetched)."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,15 +50,18 @@ _EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]")
 
 class HFTokenizer:
     """A Hugging Face ``tokenizer.json`` (``pip install tokenizers``). Special tokens are not added;
-    documents are separated by the file's end-of-text token."""
+    documents are separated by the file's end-of-text token. ``label`` names it in ``name`` (the
+    file's name, or the hub name it was fetched for)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, label: str | None = None) -> None:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"data.tokenizer: no tokenizer file at {path!r}")
         tokenizers = _import_optional("tokenizers", "tokenizers", f"data.tokenizer={path!r}")
         self._tok = tokenizers.Tokenizer.from_file(path)
+        self.path = path
         digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
-        self.name = f"hf:{Path(path).name}@{digest}"  # the content hash: same name, same tokens
+        # the content hash: same name, same tokens
+        self.name = f"hf:{label or Path(path).name}@{digest}"
         self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
         ids = [self._tok.token_to_id(t) for t in _EOS_CANDIDATES]
         found = [i for i in ids if i is not None]
@@ -72,9 +81,68 @@ class HFTokenizer:
         return str(self._tok.decode(list(ids), skip_special_tokens=False))
 
 
-def load_tokenizer(spec: str) -> Tokenizer:
-    """``"byte"`` -> ``ByteTokenizer``; anything else is the path of a ``tokenizer.json``."""
-    return ByteTokenizer() if spec == "byte" else HFTokenizer(spec)
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def tokenizer_kind(spec: str) -> str:
+    """What ``data.tokenizer`` names: ``byte``, ``file`` (a tokenizer.json, or a folder holding
+    one) or ``hub`` (``org/name`` that is no local path). Raises naming the field otherwise."""
+    if spec == "byte":
+        return "byte"
+    if os.path.isfile(spec) or os.path.isfile(os.path.join(spec, "tokenizer.json")):
+        return "file"
+    if _HUB_NAME.match(spec) and not spec.endswith(".json") and not os.path.exists(spec):
+        return "hub"
+    raise FileNotFoundError(
+        f"data.tokenizer: {spec!r} does not exist; give 'byte', the path of a tokenizer.json (or of "
+        "a folder holding one), or a Hugging Face hub name such as 'meta-llama/Llama-3.1-8B'"
+    )
+
+
+def _local_file(spec: str) -> str:
+    return spec if os.path.isfile(spec) else os.path.join(spec, "tokenizer.json")
+
+
+def tokenizer_identity(spec: str) -> str:
+    """The tokenizer's part of a data fingerprint, without loading it or touching the network:
+    ``byte``, ``file:<sha256 of its content>`` or ``hub:<name>``."""
+    kind = tokenizer_kind(spec)
+    if kind == "file":
+        return "file:" + hashlib.sha256(Path(_local_file(spec)).read_bytes()).hexdigest()[:16]
+    return "byte" if kind == "byte" else f"hub:{spec}"
+
+
+def fetch_hub_tokenizer(name: str, *, offline: bool = False) -> str:
+    """The local path of hub model ``name``'s ``tokenizer.json``: from the Hugging Face cache, else
+    downloaded (``HF_TOKEN`` for gated models such as Llama). Raises naming the field, and saying
+    how to pass a local file, when it cannot be had."""
+    hub = _import_optional("huggingface_hub", "huggingface_hub", f"data.tokenizer={name!r}")
+    try:
+        return str(hub.hf_hub_download(name, "tokenizer.json", local_files_only=True))
+    except Exception as e:
+        if offline:  # not cached yet, and the caller will not wait for the network
+            raise FileNotFoundError(f"data.tokenizer: {name!r} is not in the local cache") from e
+    try:
+        return str(hub.hf_hub_download(name, "tokenizer.json"))
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FileNotFoundError(
+            f"data.tokenizer: cannot fetch {name!r} from the Hugging Face hub ({first[:200]}); "
+            "with no network, or for a gated model without access (set HF_TOKEN), download its "
+            "tokenizer.json where you can and give its path: data.tokenizer: /path/to/tokenizer.json"
+        ) from None
+
+
+def load_tokenizer(spec: str, *, offline: bool = False) -> Tokenizer:
+    """``"byte"`` -> ``ByteTokenizer``; a ``tokenizer.json`` (or a folder holding one) or a hub name
+    -> ``HFTokenizer`` (a hub tokenizer is fetched once into the Hugging Face cache; ``offline``:
+    only from there)."""
+    kind = tokenizer_kind(spec)
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "hub":
+        return HFTokenizer(fetch_hub_tokenizer(spec, offline=offline), label=spec)
+    return HFTokenizer(_local_file(spec))
 
 
 def _import_optional(module: str, pip_name: str, needed_for: str) -> Any:

@@ -73,6 +73,7 @@ from pydantic import ValidationError
 from ..errors import TrackingError, TuneError
 from ..executor import Executor, ExecutorName
 from ..preflight import preflight
+from ..preparing import prepare_study
 from ..runner import (
     clean_failed_start,
     open_study,
@@ -227,7 +228,9 @@ class _Driver:
         if ckpt.exists():  # left by an earlier optuna.db (numbers restarted): not this trial's
             shutil.rmtree(ckpt)
         ckpt.parent.mkdir(parents=True, exist_ok=True)  # a worker checks that it sees the folder
-        rc = dataclasses.replace(rc, checkpoint_dir=str(ckpt.resolve()))
+        rc = dataclasses.replace(
+            rc, checkpoint_dir=str(ckpt.resolve()), data_cache=str(self.study.data_cache())
+        )
         tags.update(recipe_tags(rc.recipe.short(), rc.seed))
         rid = self.tracker.create_run(
             self.parent, config_hash(rc), label, tags, rc.to_dict(), role="trial"
@@ -379,6 +382,7 @@ def run_tune(
     target_ppl = resolve_target_ppl(study) if tune.objective == "tokens_to_target" else None
     uri = study.tracking_uri
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
+    prepare_study(study, cells=[s.cell for s in searches], out=out)  # records nothing
     lock = study_lock(study.output_dir / "tune", command="ablate tune", error=TuneError)
     with clean_failed_start(study.output_dir) as launched, lock, contextlib.ExitStack() as held:
         res = study.spec.resources

@@ -12,17 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablate.train.data import (
-    BatchSampler,
-    ByteTokenizer,
-    DataConfig,
-    TokenData,
-    builtin_documents,
-    clear_data_cache,
-    load_data,
-    load_tokenizer,
-    val_batches,
-)
+from ablate.train.data import BatchSampler, DataConfig, builtin_documents, val_batches
+from ablate.train.prepared import TokenData, load_data
+from ablate.train.tokenizer import ByteTokenizer, load_tokenizer
 
 HAS_PYARROW = importlib.util.find_spec("pyarrow") is not None
 HAS_DATASETS = importlib.util.find_spec("datasets") is not None
@@ -68,11 +60,9 @@ def stream(data: TokenData) -> torch.Tensor:
 # --- built-in corpus ---------------------------------------------------------------------------
 
 
-def test_builtin_corpus_is_deterministic_large_and_english() -> None:
-    clear_data_cache()
-    first = load_data(DataConfig())
-    clear_data_cache()
-    second = load_data(DataConfig())
+def test_builtin_corpus_is_deterministic_large_and_english(tmp_path: Path) -> None:
+    first = load_data(DataConfig(), cache=tmp_path / "one")  # prepared twice, from scratch
+    second = load_data(DataConfig(), cache=tmp_path / "two")
     assert first.fingerprint == second.fingerprint
     assert torch.equal(first.train, second.train) and torch.equal(first.val, second.val)
     assert first.corpus_name == f"builtin-py{sys.version_info[0]}.{sys.version_info[1]}"
@@ -89,8 +79,10 @@ def test_builtin_corpus_is_deterministic_large_and_english() -> None:
 
 def test_builtin_corpus_is_identical_in_a_fresh_process(tmp_path: Path) -> None:
     """A new interpreter with an empty corpus cache builds the same token stream."""
-    code = "from ablate.train.data import DataConfig, load_data; print(load_data(DataConfig()).fingerprint)"
-    env = {**os.environ, "ABLATE_CACHE_DIR": str(tmp_path)}
+    code = (
+        "from ablate.train import DataConfig, load_data; print(load_data(DataConfig()).fingerprint)"
+    )
+    env = {**os.environ, "ABLATE_CACHE_DIR": str(tmp_path), "ABLATE_DATA_CACHE": str(tmp_path)}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     )
@@ -151,7 +143,7 @@ def test_hf_tokenizer_file_encodes_documents(tmp_path: Path) -> None:
 
 
 def test_missing_tokenizer_file_names_the_field(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="data.tokenizer: no tokenizer file at"):
+    with pytest.raises(FileNotFoundError, match="data.tokenizer: .*nope.json' does not exist"):
         load_data(small(tokenizer=str(tmp_path / "nope.json")))
 
 
@@ -214,7 +206,6 @@ def test_jsonl_without_the_text_field_names_file_line_and_field(tmp_path: Path) 
 def test_token_shards_round_trip_via_memmap(tmp_path: Path, token_dtype: str) -> None:
     text = load_data(small(corpus="text", path=str(write_text(tmp_path / "txt", DOCS_A))))
     ids = stream(text)
-    dtype = {"uint16": torch.uint16, "uint32": torch.uint32}[token_dtype]
     half = ids.numel() // 2
     for i, part in enumerate((ids[:half], ids[half:])):
         write_shard(tmp_path / f"shard_{i}.bin", part.tolist(), token_dtype)
@@ -223,14 +214,14 @@ def test_token_shards_round_trip_via_memmap(tmp_path: Path, token_dtype: str) ->
         small(corpus="tokens", path=str(tmp_path / "shard_*.bin"), token_dtype=token_dtype)
     )
     assert torch.equal(stream(shards), ids)
-    assert torch.equal(shards.val.to(torch.int64), text.val)
+    assert torch.equal(shards.val.to(torch.int64), text.val.to(torch.int64))
     assert shards.fingerprint == text.fingerprint  # same tokens, same fingerprint
     assert shards.vocab_size == 257
 
     one = load_data(
         small(corpus="tokens", path=str(tmp_path / "shard_0.bin"), token_dtype=token_dtype)
     )
-    assert one.train.dtype == dtype  # a single shard stays memory-mapped at its stored width
+    assert one.train.dtype == torch.uint16  # prepared at the width its vocabulary (257) needs
     x, y = BatchSampler(one.train, 16, 4, 0).next()
     assert x.dtype == torch.int64 and torch.equal(x[:, 1:], y[:, :-1])
 
@@ -287,7 +278,9 @@ def test_val_split_is_the_fixed_tail_disjoint_from_train() -> None:
     assert data.val.numel() == 5000
     n = data.train.numel()
     assert torch.equal(stream(data), stream(full))  # train + val is the whole stream, in order
-    assert torch.equal(data.val, stream(full)[n:])  # the val set is the last 5000 tokens
+    assert torch.equal(
+        data.val.to(torch.int64), stream(full)[n:]
+    )  # the val set is the last 5000 tokens
     assert torch.equal(other_seed.val, data.val)  # the data order never changes the val set
     assert n + data.val.numel() == stream(full).numel()  # so no token is in both
 
