@@ -25,7 +25,7 @@ def data() -> None:
     "--workers",
     type=click.IntRange(min=1),
     default=None,
-    help="Processes that tokenize with a Hugging Face tokenizer (default: the CPUs, at most 8; "
+    help="Processes that tokenize with a Hugging Face tokenizer (default: half the CPUs, at most 8; "
     "the byte tokenizer always runs in one).",
 )
 def prepare(study_file: str, output: str | None, max_cells: int, workers: int | None) -> None:

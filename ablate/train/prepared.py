@@ -56,6 +56,12 @@ _NP: dict[str, np.dtype[Any]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("
 _TORCH = {"uint16": torch.uint16, "uint32": torch.uint32}
 
 
+def default_workers() -> int:
+    """Processes that tokenize with a Hugging Face tokenizer by default: half the CPUs (each
+    single-threaded; one process already encodes on several threads), at most 8, at least 1."""
+    return max(1, min(8, (os.cpu_count() or 1) // 2))
+
+
 def default_cache() -> Path:
     """``$ABLATE_DATA_CACHE``, else ``$XDG_CACHE_HOME/ablate/data`` (``~/.cache/ablate/data``)."""
     if env := os.environ.get(CACHE_ENV):
@@ -197,7 +203,7 @@ def prepare(
 ) -> Prepared:
     """The prepared set of ``cfg`` in ``cache`` (default ``default_cache()``): reused when it is
     whole (``verify``: checksums too), else built (``workers`` processes for a Hugging Face
-    tokenizer, default the CPU count up to 8). ``say`` gets one line per event; ``progress`` (default
+    tokenizer, default ``default_workers()``). ``say`` gets one line per event; ``progress`` (default
     stderr) the progress of a build. Raises ValueError/FileNotFoundError naming the field."""
     root = Path(cache) if cache is not None else default_cache()
     key = data_key(cfg)
@@ -365,7 +371,7 @@ def _build(
     tok = load_tokenizer(cfg.tokenizer)
     dtype_name = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
     dtype = _NP[dtype_name]
-    n_workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
+    n_workers = workers if workers is not None else default_workers()
     # the fingerprint runs logged before prepared data existed: the tokenizer's name, then the
     # stream as int64 (the held-out tail included), so the same tokens keep their fingerprint
     fp = hashlib.sha256(tok.name.encode() + b"\0")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.pool
+import os
 from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import islice
@@ -52,6 +53,10 @@ _WORKER_TOKENIZER: Tokenizer | None = None
 
 def _init_worker(path: str) -> None:
     global _WORKER_TOKENIZER
+    # one thread per process: the processes are the parallelism (before the first encode starts
+    # the tokenizers library's thread pool)
+    os.environ["RAYON_RS_NUM_CPUS"] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER_TOKENIZER = HFTokenizer(path)
 
 
@@ -64,14 +69,15 @@ def encode_chunks(
     tok: Tokenizer, docs: Iterable[list[str]], dtype: np.dtype, workers: int
 ) -> Iterator[tuple[int, np.ndarray]]:
     """``(documents, ids)`` per chunk of ``docs``, in order. With ``workers`` > 1 and a Hugging Face
-    tokenizer, chunks are encoded by that many spawned processes, at most two chunks each in
-    flight (the reader never runs ahead of them by more); the byte tokenizer is faster here than
-    the processes' start-up and their pickling, and always runs in this process."""
+    tokenizer, chunks are encoded by that many forked processes (one thread each; forked, not
+    spawned: a spawned one would import the caller's ``__main__`` and torch), at most two chunks
+    each in flight (the reader never runs ahead of them by more); the byte tokenizer is faster here
+    than the processes' start-up and their pickling, and always runs in this process."""
     if workers <= 1 or not isinstance(tok, HFTokenizer):
         for chunk in docs:
             yield len(chunk), encode_chunk(tok, chunk, dtype)
         return
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("fork")
     with ctx.Pool(workers, initializer=_init_worker, initargs=(tok.path,)) as pool:
         pending: deque[tuple[int, multiprocessing.pool.AsyncResult[bytes]]] = deque()
         for chunk in docs:

@@ -12,8 +12,8 @@ import torch
 
 from ablate.train import DataConfig, MemoryLogger, ModelConfig, RunConfig, TrainConfig, train
 from ablate.train.checkpoint import CHECKPOINT
-from ablate.train.prepared import load_data
 from ablate.train.model import build_model
+from ablate.train.prepared import load_data
 from ablate.train.schedule import lr_at
 from backends import QuantLinear, Recipe, convert_model
 
