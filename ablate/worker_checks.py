@@ -99,9 +99,10 @@ def check_paths(config: dict[str, Any], workdir: str) -> None:
             )
     try:
         check_sources(cfg.data)
-        hf = named.get("data.hf_dataset")
-        if hf is not None and not os.path.isdir(hf):
-            raise FileNotFoundError(f"data.hf_dataset: {hf!r} does not exist")
+        for field in ("data.hf_dataset", "data.val.hf_dataset"):
+            hf = named.get(field)
+            if hf is not None and not os.path.isdir(hf):
+                raise FileNotFoundError(f"{field}: {hf!r} does not exist")
     except FileNotFoundError as e:
         raise WorkerSetupError(f"{e} on {host} (working directory {os.getcwd()}); {SHARED}") from e
 
@@ -109,11 +110,18 @@ def check_paths(config: dict[str, Any], workdir: str) -> None:
 def _paths(cfg: RunConfig) -> dict[str, str]:
     """The config's fields that name files or folders (by dotted name), those it sets: a local
     dataset folder (``hf_dataset`` written as a path; a hub name never starts with / or .)."""
-    d = cfg.data
+    from .train.tokenizer import is_hub_name
+
+    d, v = cfg.data, cfg.data.val
+    local_tokenizer = d.tokenizer != "byte" and not is_hub_name(d.tokenizer)
     named = {
         "data.path": d.path,
-        "data.tokenizer": None if d.tokenizer == "byte" else d.tokenizer,
+        "data.tokenizer": d.tokenizer if local_tokenizer else None,
         "data.hf_dataset": d.hf_dataset if (d.hf_dataset or "").startswith(_LOCAL) else None,
+        "data.val.path": v.path if v is not None else None,
+        "data.val.hf_dataset": (
+            v.hf_dataset if v is not None and (v.hf_dataset or "").startswith(_LOCAL) else None
+        ),
         "checkpoint_dir": cfg.checkpoint_dir,
     }
     return {k: v for k, v in named.items() if v is not None}

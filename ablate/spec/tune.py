@@ -146,7 +146,7 @@ def check_tune(tune: TuneSpec, study: Study) -> list[str]:
             )
     if tune.objective == "tokens_to_target" and study.target is None:
         errors.append(
-            "tune.objective: tokens_to_target needs the study's target (target: {val_ppl: ...}, "
+            "tune.objective: tokens_to_target needs the study's target (target: {val_loss: ...}, {val_ppl: ...}, "
             "or a baseline); or use final_val_loss"
         )
     if tune.direction == "maximize":

@@ -84,6 +84,11 @@ class HFTokenizer:
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+def is_hub_name(spec: str) -> bool:
+    """``org/name`` that is no local path: a Hugging Face hub tokenizer."""
+    return bool(_HUB_NAME.match(spec)) and not spec.endswith(".json") and not os.path.exists(spec)
+
+
 def tokenizer_kind(spec: str) -> str:
     """What ``data.tokenizer`` names: ``byte``, ``file`` (a tokenizer.json, or a folder holding
     one) or ``hub`` (``org/name`` that is no local path). Raises naming the field otherwise."""
@@ -91,7 +96,7 @@ def tokenizer_kind(spec: str) -> str:
         return "byte"
     if os.path.isfile(spec) or os.path.isfile(os.path.join(spec, "tokenizer.json")):
         return "file"
-    if _HUB_NAME.match(spec) and not spec.endswith(".json") and not os.path.exists(spec):
+    if is_hub_name(spec):
         return "hub"
     raise FileNotFoundError(
         f"data.tokenizer: {spec!r} does not exist; give 'byte', the path of a tokenizer.json (or of "

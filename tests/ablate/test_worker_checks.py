@@ -77,6 +77,25 @@ def test_a_missing_data_file_fails_the_cell_naming_the_path_and_the_host(cell, t
     assert "cluster workers need the driver's paths on shared storage" in reason
 
 
+def test_a_missing_validation_file_is_named_and_a_hub_tokenizer_is_no_path(cell, tmp_path):
+    tracker, rid, uri = cell
+    (tmp_path / "a.txt").write_text("some text")
+    config = {
+        "data": {
+            "corpus": "text",
+            "path": "a.txt",
+            "tokenizer": "meta-llama/Llama-3.1-8B",
+            "val": {"corpus": "text", "path": "val/missing.txt"},
+        }
+    }
+    reason = _fails(tracker, Task("k", "k", config, uri, rid, str(tmp_path / "gone")))
+    # the driver's folder is needed for the two relative paths, not for the hub name
+    assert "reads data.path: a.txt, data.val.path: val/missing.txt from it" in reason
+    tracker.set_status(rid, "pending")
+    reason = _fails(tracker, Task("k", "k", config, uri, rid, str(tmp_path)))
+    assert f"data.val.path: 'val/missing.txt' does not exist on {socket.gethostname()}" in reason
+
+
 def test_the_drivers_working_directory_and_checkpoint_folder_must_exist_on_the_worker(
     cell, tmp_path
 ):
