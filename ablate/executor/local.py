@@ -3,7 +3,10 @@ each task in this process, one at a time (tests, tiny studies, debugging)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections import deque
+from collections.abc import Iterator
 from typing import Literal, Protocol
 
 from ..task import Outcome, Task
@@ -37,6 +40,22 @@ class Executor(Protocol):
         ...
 
 
+@contextlib.contextmanager
+def _driver_state_kept() -> Iterator[None]:
+    """A task run in this process changes what a worker process may change for good: the working
+    directory and torch's thread count. Both come back afterwards, so the driver (or whatever else
+    runs in this process next, e.g. compiled code built for its thread count) does not inherit a
+    cell's."""
+    import torch
+
+    cwd, threads = os.getcwd(), torch.get_num_threads()
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        torch.set_num_threads(threads)
+
+
 class LocalExecutor:
     """In this process, one task at a time: ``wait`` runs the next one to its end."""
 
@@ -51,7 +70,10 @@ class LocalExecutor:
         self._queue.append(task)
 
     def wait(self, timeout: float) -> list[Outcome]:
-        return [run_one(self._queue.popleft())] if self._queue else []
+        if not self._queue:
+            return []
+        with _driver_state_kept():
+            return [run_one(self._queue.popleft())]
 
     def cancel(self, key: str) -> None:
         self._queue = deque(t for t in self._queue if t.key != key)

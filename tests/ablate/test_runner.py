@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from ablate.errors import RunnerError
@@ -145,26 +146,41 @@ def test_interrupted_cells_resume_in_the_same_run_without_duplicate_steps(tmp_pa
 def test_a_failing_cell_is_recorded_and_rerun_only_when_asked(tmp_path):
     s = tiny_study(tmp_path)
     bad = s.cells[1]
-    text = tmp_path / "corpus.txt"
-    text.write_text("a small corpus. " * 2000)
-    bad.config.data.corpus, bad.config.data.path = "text", str(text)  # (keys stay as planned)
-    text.unlink()  # gone after planning: the cell fails when it loads its data
+    # changed after planning (the keys stay as planned) to heads that do not divide the width:
+    # the data is prepared and checked before anything starts, so this cell fails when its worker
+    # builds the model
+    n_heads = bad.config.model.n_heads
+    bad.config.model.n_heads = 7
     res = run_study(s, executor="local", progress=False)
     assert res.outcomes[s.cells[0].key].status == "finished"
     assert res.outcomes[bad.key].status == "failed"
-    assert "does not exist" in res.outcomes[bad.key].reason
+    assert "n_heads" in res.outcomes[bad.key].reason
     client = MlflowClient(tracking_uri=s.tracking_uri)
     run = client.search_runs(
         [client.get_experiment_by_name("t").experiment_id], f"tags.`ablate.key` = '{bad.key}'"
     )[0]
-    assert run.info.status == "FAILED" and "does not exist" in run.data.tags["ablate.reason"]
+    assert run.info.status == "FAILED" and "n_heads" in run.data.tags["ablate.reason"]
     assert "Traceback" in run.data.tags["ablate.traceback"]
     assert [p.action for p in plan(s)] == ["skip", "failed"]
     assert run_study(s, executor="local", progress=False).outcomes == {}
-    text.write_text("a small corpus. " * 2000)
+    bad.config.model.n_heads = n_heads
     res = run_study(s, executor="local", progress=False, rerun_failed=True)
     assert list(res.outcomes) == [bad.key] and res.outcomes[bad.key].status == "finished"
     assert_store_holds(s, expect_steps=6)
+
+
+def test_a_local_cell_leaves_the_drivers_threads_and_directory_as_they_were(tmp_path):
+    """The local executor runs a cell in this process; the cell's thread count (resources.cpus)
+    and working directory must not stay: compiled code built next would see one thread."""
+    s = tiny_study(tmp_path, seed=[0])
+    torch.set_num_threads(2)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        run_study(s, executor="local", progress=False)
+        assert torch.get_num_threads() == 2 and os.getcwd() == str(tmp_path)
+    finally:
+        os.chdir(cwd)
 
 
 def test_a_device_that_cannot_run_the_study_fails_before_anything_is_written(tmp_path):

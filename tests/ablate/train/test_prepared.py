@@ -268,25 +268,34 @@ def test_two_processes_preparing_the_same_data_build_it_once(tmp_path: Path) -> 
     assert left == [results[0][1], f"{results[0][1]}.lock"]  # no temporary folder left
 
 
-def test_a_run_maps_its_data_and_its_memory_does_not_grow_with_the_corpus(tmp_path: Path) -> None:
-    ids = np.arange(25_000_000, dtype="<u2") % 257  # 50 MB of tokens
-    ids.tofile(tmp_path / "big.bin")
-    cfg = DataConfig(corpus="tokens", path=str(tmp_path / "big.bin"))
+def _growth(tmp_path: Path, n_tokens: int) -> int:
+    """Resident bytes a fresh process gains by ``load_data`` of an ``n_tokens`` prepared set and a
+    read of its first window (imports done before)."""
+    path = tmp_path / f"{n_tokens}.bin"
+    (np.arange(n_tokens, dtype="<u2") % 257).tofile(path)
+    cfg = DataConfig(corpus="tokens", path=str(path))
     prepare(cfg, cache=tmp_path / "cache")
     code = (
-        "import os, resource\n"
+        "import os\n"
         "from ablate.train import DataConfig, load_data\n"
+        "from ablate.train.prepared import prepare\n"
         "def rss(): return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')\n"
-        "cfg = DataConfig(corpus='tokens', path=" + repr(str(tmp_path / "big.bin")) + ")\n"
-        "before = rss(); d = load_data(cfg, cache=" + repr(str(tmp_path / "cache")) + ")\n"
-        "x = d.train[1000:2000].sum()\n"
+        f"cfg = DataConfig(corpus='tokens', path={str(path)!r})\n"
+        "before = rss()\n"
+        f"d = load_data(cfg, cache={str(tmp_path / 'cache')!r})\n"
+        "x = d.train[:1025].to(dtype=d.train.dtype, copy=True)\n"
         "print(rss() - before, d.train.numel())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     grew, n = map(int, out.stdout.split())
-    assert n == 25_000_000 - 65536
-    assert grew < 8 << 20, f"resident memory grew by {grew / 2**20:.1f} MiB for a 50 MB corpus"
+    assert n == n_tokens - 65536
+    return grew
+
+
+def test_a_runs_memory_does_not_grow_with_the_corpus(tmp_path: Path) -> None:
+    small, large = _growth(tmp_path, 500_000), _growth(tmp_path, 25_000_000)  # 1 MB and 50 MB
+    assert large - small < 4 << 20, f"{small / 2**20:.1f} MiB for 1 MB, {large / 2**20:.1f} for 50"
 
 
 # --- tokenizers by file, folder and hub name -----------------------------------------------------
