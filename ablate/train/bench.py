@@ -36,7 +36,14 @@ from backends.gemm import UnsupportedFormatError
 from backends.recipe import GEMMS, Recipe
 from backends.registry import get_backend
 
-from .config import Compile, RunConfig, TrainConfig, resolved_compile, resolved_log_every
+from .config import (
+    Checkpointing,
+    Compile,
+    RunConfig,
+    TrainConfig,
+    resolved_compile,
+    resolved_log_every,
+)
 from .data import DataConfig
 from .device import resolve_device
 from .logger import NullLogger
@@ -88,13 +95,19 @@ def run_config(
     backend: str = "emulated",
     compile: Compile = "auto",
     vocab_size: int | None = None,
+    checkpointing: Checkpointing = "none",
 ) -> RunConfig:
     """The run a study cell of this preset and recipe would train (the built-in corpus)."""
     return RunConfig(
         model=ModelConfig(preset=preset, vocab_size=vocab_size),
         data=DataConfig(val_tokens=batch * seq_len + 1),
         train=TrainConfig(
-            steps=10**6, batch_size=batch, seq_len=seq_len, warmup_steps=2, compile=compile
+            steps=10**6,
+            batch_size=batch,
+            seq_len=seq_len,
+            warmup_steps=2,
+            compile=compile,
+            activation_checkpointing=checkpointing,
         ),
         recipe=recipe,
         backend=backend,
@@ -159,6 +172,7 @@ def measure(
     skip: dict[str, str] | None = None,
     after: Callable[[dict[str, Any], _Run, TrainState], None] | None = None,
     keep_going: bool = False,
+    checkpointing: Checkpointing = "none",
 ) -> list[dict[str, Any]]:
     """One row per (preset, recipe): backend, compiled or not, tokens/s, ms per step (median over
     blocks), step time / bf16's. ``batch``, ``seq_len`` and ``vocab`` may differ per preset;
@@ -177,13 +191,16 @@ def measure(
         for name in recipes:
             backend = backend_for(name, dev)
             row: dict[str, Any] = {"preset": preset, "recipe": name, "backend": backend}
+            row["checkpointing"] = checkpointing
             row.update(batch=b, seq_len=t, recipe_label=RECIPES[name].short())
             if name in skip:
                 row.update(tokens_per_s=None, step_ms=None, vs_bf16=None, skipped=skip[name])
                 rows.append(row)
                 continue
             try:  # in a call of its own: a failed run's memory goes with its frame
-                cfg = run_config(preset, RECIPES[name], b, t, device, backend, compile, v)
+                cfg = run_config(
+                    preset, RECIPES[name], b, t, device, backend, compile, v, checkpointing
+                )
                 run, state, times = _timed(cfg, warmup, steps)
             except Exception as e:  # noqa: BLE001 - with keep_going, any failure is the row's
                 if not keep_going:
@@ -257,6 +274,24 @@ def report_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def recompute_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per (preset, recipe) measured both ways: the checkpointed step time over the plain one."""
+    ms = {
+        (r["preset"], r["recipe"], r["checkpointing"]): r["step_ms"]
+        for r in rows
+        if r["step_ms"] is not None
+    }
+    out = []
+    for (preset, recipe, mode), t in ms.items():
+        if mode == "blocks" and (preset, recipe, "none") in ms:
+            base = ms[preset, recipe, "none"]
+            out.append(
+                f"recompute {preset} {recipe}: {t:.1f} ms against {base:.1f} ms per step = "
+                f"{t / base:.3f}x (activation_checkpointing blocks / none)"
+            )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
@@ -267,6 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (they compile)")
     add_compile_argument(ap)
+    ap.add_argument(
+        "--activation-checkpointing",
+        nargs="+",
+        default=["none"],
+        choices=["none", "blocks"],
+        help="train.activation_checkpointing of the timed runs; both: the recompute's cost",
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     compile = parse_compile(a.compile)
@@ -279,17 +321,25 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, device {a.device}; batch {a.batch} x {a.seq_len} tokens, "
         f"compile {a.compile}, median over steps"
     )
-    rows = measure(
-        a.presets,
-        a.recipes,
-        a.device,
-        a.steps,
-        a.batch,
-        a.seq_len,
-        compile=compile,
-        warmup=a.warmup,
-    )
-    print("\n".join(report_lines(rows)))
+    rows = []
+    for mode in a.activation_checkpointing:
+        part = measure(
+            a.presets,
+            a.recipes,
+            a.device,
+            a.steps,
+            a.batch,
+            a.seq_len,
+            compile=compile,
+            warmup=a.warmup,
+            checkpointing=mode,
+        )
+        if len(a.activation_checkpointing) > 1:
+            print(f"activation_checkpointing: {mode}")
+        print("\n".join(report_lines(part)))
+        rows += part
+    for line in recompute_lines(rows):
+        print(line)
     if a.json:
         print(json.dumps(rows))
     return 0

@@ -14,7 +14,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from backends.recipe import Recipe
 
@@ -24,6 +24,7 @@ from .model import PRESETS, ModelConfig
 Precision = Literal["auto", "bf16", "fp32"]
 Compile = Literal["auto"] | bool
 Parallel = Literal["auto", "none", "ddp", "fsdp"]
+Checkpointing = Literal["none", "blocks"]
 PARALLEL = ("auto", "none", "ddp", "fsdp")
 Status = Literal["finished", "diverged", "stopped"]
 ProbeGemm = Literal["fprop", "dgrad", "wgrad"]
@@ -94,6 +95,12 @@ class TrainConfig:
     sharded), none (one process), or auto (ddp when workers > 1, else none). ddp or fsdp with one
     worker runs the distributed code path in a process group of one (``ablate.train.parallel``)."""
 
+    activation_checkpointing: Checkpointing = "none"
+    """``blocks``: each transformer block's activations are recomputed in the backward instead of
+    kept (``ablate.train.recompute``): the block's input is kept, and one block's activations are
+    alive at a time. The recomputed forward draws the random streams of the original one, so a run
+    is bit-identical with and without it (tested); in the key when on, so a grid can hold both."""
+
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "seq_len", "eval_every"):
             if getattr(self, name) < 1:
@@ -126,6 +133,11 @@ class TrainConfig:
                 raise ValueError(
                     f"train.{name}: unknown {getattr(self, name)!r}; allowed: auto, true, false"
                 )
+        if self.activation_checkpointing not in get_args(Checkpointing):
+            raise ValueError(
+                f"train.activation_checkpointing: unknown {self.activation_checkpointing!r}; "
+                f"allowed: {', '.join(get_args(Checkpointing))}"
+            )
         if self.divergence_factor <= 1:
             raise ValueError(f"train.divergence_factor: must be > 1, got {self.divergence_factor}")
         if self.workers < 1:
@@ -456,6 +468,8 @@ def config_hash(cfg: RunConfig) -> str:
         d["train"].pop("fused_adamw")
     else:
         d["train"]["fused_adamw"] = fused
+    if cfg.train.activation_checkpointing == "none":  # the key as before the field existed
+        d["train"].pop("activation_checkpointing")
     parallel = cfg.train.resolved_parallel
     if parallel == "none":  # one process: the key it had before train.parallel existed
         d["train"].pop("parallel")
@@ -474,7 +488,10 @@ def legacy_config_hash(cfg: RunConfig) -> str:
     d.pop("data_cache", None)
     d.pop("probe", None)
     d["data"].pop("val")
-    for k in ("compile", "fused_adamw", "log_every", "workers", "parallel", "schedule_steps"):
+    for k in (
+        "compile", "fused_adamw", "log_every", "workers", "parallel", "schedule_steps",
+        "activation_checkpointing",
+    ):  # fmt: skip
         d["train"].pop(k)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 

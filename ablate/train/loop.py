@@ -67,6 +67,7 @@ from .model import build_model, count_parameters
 from .parallel import Ranks, ranks_of
 from .prepared import TokenData, load_data
 from .probe import make_prober
+from .recompute import set_checkpointing
 from .schedule import lr_at
 from .state import TrainState
 
@@ -376,6 +377,7 @@ def _build(config: RunConfig, log: Logger, stop_after: int | None) -> _Run:
         device=device,
     )
     n_params = count_parameters(model)  # before FSDP shards them
+    set_checkpointing(model, tc.activation_checkpointing)  # before compile, DDP and FSDP2
     if resolved_compile(tc.compile, device.type):
         # per block and head, in place, before DDP or FSDP2 wraps the model (``compiling`` says
         # why); checkpoint names stay those of the eager model

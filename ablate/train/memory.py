@@ -13,8 +13,8 @@ Assumptions, each matching how ``loop.py`` and ``model.py`` train today:
   steps, but they are all alive at the optimizer step, which is the peak that matters).
 - **Optimizer state** is AdamW's ``exp_avg`` and ``exp_avg_sq``: 2 x fp32 per parameter.
 - **Activations** are what autograd saves in one forward of one micro-batch
-  (``batch_size / workers / grad_accum`` sequences of ``seq_len`` tokens), with no activation
-  checkpointing;
+  (``batch_size / workers / grad_accum`` sequences of ``seq_len`` tokens) (with activation
+  checkpointing, see below);
   micro-batches are run one after the other, so only one micro-batch's are alive at once. Per block
   and token (C = dim, F = ffn_dim, H = n_heads), in fp32 runs:
   each RMSNorm saves its input x, the normalized x (before the weight) and 1/rms; the linears save
@@ -47,6 +47,12 @@ Assumptions, each matching how ``loop.py`` and ``model.py`` train today:
   quantization (``shares_weight_quantization``) also keeps the quantized W (uint8 codes, one per
   element, plus one uint8 scale per block): counted as 1 + 1/16 bytes per weight element.
   The emulated backend's transient quantization buffers are not modelled; they are in the allowance.
+- **Activation checkpointing** (``train.activation_checkpointing: blocks``,
+  ``ablate.train.recompute``): a block keeps only its input, the fp32 residual stream (4 C bytes
+  per token), and saves neither its bf16 weight copies nor a 2-D-block recipe's quantized weights
+  (both are made again in the recompute); in the backward one block's activations and weight
+  copies are rebuilt at a time, and are counted once. The head (final norm, log-probabilities) is
+  not checkpointed.
 - **Allowance**: +10% of the sum above, for the caching allocator's fragmentation, cuBLAS and
   attention workspaces and the CUDA context's share of the memory (``ALLOWANCE``).
 
@@ -114,12 +120,14 @@ def _block_linear_params(c: ModelConfig) -> int:
 
 
 def activation_parts(
-    cfg: ModelConfig, micro_batch: int, seq_len: int, precision: str
+    cfg: ModelConfig, micro_batch: int, seq_len: int, precision: str, checkpointing: str = "none"
 ) -> dict[str, int]:
     """Bytes autograd keeps for one forward of ``micro_batch`` x ``seq_len`` tokens of the resolved
     ``cfg``, by part: ``blocks`` (all of them), ``head`` (final norm, LM head input, log-probs),
     ``tokens`` (ids), and ``loss_transient``: one (B, T, V) fp32 tensor alive around the loss but
-    not saved. ``precision`` is the resolved one: ``fp32`` or ``bf16`` (autocast)."""
+    not saved. ``precision`` is the resolved one: ``fp32`` or ``bf16`` (autocast). With
+    ``checkpointing`` ``blocks``, ``blocks`` is each block's input (fp32, the residual stream), and
+    ``recompute`` one block's activations, rebuilt in its backward."""
     dim, n_heads, ffn = _need(cfg.dim), _need(cfg.n_heads), _need(cfg.ffn_dim)
     vocab = _need(cfg.vocab_size)
     a = _BF16 if precision == "bf16" else _F32  # GEMM operands and outputs
@@ -134,8 +142,14 @@ def activation_parts(
     mlp = 4 * ffn * a  # w1 out, silu out, w3 out, product
     per_token_block = 2 * norm + lin_inputs + sdpa + mlp
     tokens = micro_batch * seq_len
-    return {
-        "blocks": _need(cfg.n_layers) * per_token_block * tokens,
+    if checkpointing == "blocks":
+        kept = {
+            "blocks": _need(cfg.n_layers) * dim * _F32 * tokens,
+            "recompute": per_token_block * tokens,
+        }
+    else:
+        kept = {"blocks": _need(cfg.n_layers) * per_token_block * tokens}
+    return kept | {
         "head": (norm + dim * a + vocab * _F32) * tokens,  # final norm, lm_head input, log-probs
         "tokens": tokens * _I64,
         "loss_transient": vocab * _F32 * tokens,  # logits (forward) / their gradient (backward)
@@ -155,11 +169,17 @@ def evaluation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, precision
     return one_block + (logits + 2 * dim * _F32) * tokens
 
 
-def _weight_extras(cfg: ModelConfig, recipe: Recipe | None, precision: str) -> tuple[int, int]:
-    """(autocast weight copies, quantized-weight copies) in bytes."""
+def _weight_extras(
+    cfg: ModelConfig, recipe: Recipe | None, precision: str, checkpointing: str = "none"
+) -> tuple[int, int]:
+    """(autocast weight copies, quantized-weight copies) in bytes. A checkpointed block saves
+    neither (its casts and quantizations are recomputed): one block's are alive in its backward."""
     dim, vocab, n_layers = _need(cfg.dim), _need(cfg.vocab_size), _need(cfg.n_layers)
+    kept_blocks = 1 if checkpointing == "blocks" else n_layers
     copies = (
-        (n_layers * _block_linear_params(cfg) + vocab * dim) * _BF16 if precision == "bf16" else 0
+        (kept_blocks * _block_linear_params(cfg) + vocab * dim) * _BF16
+        if precision == "bf16"
+        else 0
     )
     quant = 0
     if recipe is not None and not recipe.high_precision:
@@ -171,10 +191,15 @@ def _weight_extras(cfg: ModelConfig, recipe: Recipe | None, precision: str) -> t
             "attention": (dim * dim, dim * kv, dim * kv, dim * dim),
             "mlp": (dim * ffn,) * 3,
         }
-        for block in range(n_layers):
-            for kind, sizes in shapes.items():
-                if shares_weight_quantization(recipe.for_layer(kind, block, n_layers)):
-                    quant += sum(sizes) * 17 // 16  # uint8 codes + uint8 block scales
+        per_block = [
+            sum(
+                sum(sizes) * 17 // 16  # uint8 codes + uint8 block scales
+                for kind, sizes in shapes.items()
+                if shares_weight_quantization(recipe.for_layer(kind, block, n_layers))
+            )
+            for block in range(n_layers)
+        ]
+        quant = max(per_block) if checkpointing == "blocks" else sum(per_block)
     return copies, quant
 
 
@@ -200,6 +225,9 @@ class MemoryEstimate:
     evaluation: int = 0
     """What one evaluation forward holds (``evaluation_bytes``); not added to ``activations``:
     the two never coexist, ``peak_activations`` is the larger."""
+    checkpointing: str = "none"
+    """``train.activation_checkpointing``: with ``blocks`` the activations are the blocks' inputs
+    plus one block's, and the weight copies one block's."""
 
     @property
     def peak_activations(self) -> int:
@@ -255,6 +283,7 @@ class MemoryEstimate:
         if self.parallel == "fsdp":
             extra = f" + fsdp unsharded {g(self.fsdp_unsharded)}"
         per = " per worker" if self.parallel != "none" else ""
+        ac = ", blocks checkpointed" if self.checkpointing == "blocks" else ""
         return (
             f"{mode}{g(self.total)} per device = params {g(self.parameters)} + grads "
             f"{g(self.gradients)} + adam {g(self.optimizer)} + activations "
@@ -262,7 +291,7 @@ class MemoryEstimate:
             f"{g(self.evaluation)}: the larger counts)"
             f" + weight copies {g(self.weight_copies + self.quant_extras)}{extra} + "
             f"{ALLOWANCE:.0%} {g(self.allowance)} ({self.n_params / 1e6:,.1f}M params, "
-            f"{self.precision}, micro-batch {self.micro_batch} x {self.seq_len}{per})"
+            f"{self.precision}, micro-batch {self.micro_batch} x {self.seq_len}{per}{ac})"
         )
 
 
@@ -285,6 +314,7 @@ def estimate(
     recipe: Recipe | None = None,
     workers: int = 1,
     parallel: str = "none",
+    checkpointing: str = "none",
 ) -> MemoryEstimate:
     """The estimate per device for ``cfg`` (resolved with ``vocab_size``), one optimizer step of
     ``batch_size`` sequences split over ``workers`` workers, each in ``grad_accum`` micro-batches,
@@ -304,14 +334,14 @@ def estimate(
     c = cfg.resolved(vocab_size)
     n = param_count(c)
     micro = batch_size // (workers * grad_accum)
-    copies, quant = _weight_extras(c, recipe, precision)
+    copies, quant = _weight_extras(c, recipe, precision, checkpointing)
     shards = workers if parallel == "fsdp" else 1
     return MemoryEstimate(
         n_params=n,
         parameters=-(-n * _F32 // shards),
         gradients=-(-n * _F32 // shards),
         optimizer=-(-2 * n * _F32 // shards),
-        activations=sum(activation_parts(c, micro, seq_len, precision).values()),
+        activations=sum(activation_parts(c, micro, seq_len, precision, checkpointing).values()),
         evaluation=evaluation_bytes(c, micro, seq_len, precision),
         weight_copies=copies,  # of the all-gathered weights under FSDP: not sharded
         quant_extras=quant,
@@ -322,6 +352,7 @@ def estimate(
         seq_len=seq_len,
         workers=workers,
         parallel=parallel,
+        checkpointing=checkpointing,
     )
 
 
@@ -369,6 +400,7 @@ def estimate_run(run: RunConfig, kind: str | None = None) -> MemoryEstimate:
         recipe=run.recipe,
         workers=tc.workers,
         parallel=tc.resolved_parallel,
+        checkpointing=tc.activation_checkpointing,
     )
 
 

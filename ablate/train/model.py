@@ -28,6 +28,8 @@ from torch import nn
 
 from backends import Recipe, convert_model
 
+from .recompute import checkpointed
+
 _SHAPE_FIELDS = ("dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len")
 # used when ``preset`` is None and the field is not given
 _FALLBACKS: dict[str, float] = {"rope_theta": 10_000.0, "norm_eps": 1e-5}
@@ -313,7 +315,15 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(dim, eps)
         self.ffn_norm = RMSNorm(dim, eps)
 
+    checkpointing = False
+    """Recompute this block's activations in the backward (``recompute.set_checkpointing``)."""
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.checkpointing and torch.is_grad_enabled():
+            return checkpointed(self._forward, x, cos, sin)
+        return self._forward(x, cos, sin)
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)  # (B, T, C)
         return h + self.feed_forward(self.ffn_norm(h))  # (B, T, C)
 

@@ -76,6 +76,48 @@ def test_activation_estimate_matches_the_saved_tensors(preset, fp4, precision):
     assert predicted == pytest.approx(measured, rel=0.02)
 
 
+@pytest.mark.parametrize(
+    ("preset", "fp4"), [("tiny", False), ("small", False), ("small", True)], ids=str
+)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_checkpointed_estimate_matches_the_saved_tensors(preset, fp4, precision):
+    """With every block checkpointed (``ablate.train.recompute``) the forward keeps each block's
+    input, the head's tensors and the LM head's bf16 copy, within 5% of the estimate; the rebuilt
+    block the estimate adds (``recompute``, one block's weight copies) is the per-block figure the
+    test above checks without checkpointing, and the saving against it is most of the total."""
+    from ablate.train.recompute import set_checkpointing
+
+    cfg = ModelConfig(preset=preset)
+    b, t = 4, 128
+    recipe = Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "sr") if fp4 else None
+    model = build_model(cfg, 257, recipe=recipe)
+    set_checkpointing(model, "blocks")
+    tokens = torch.randint(0, 257, (b, t), generator=torch.Generator().manual_seed(0))
+    measured = _saved_bytes(model, tokens, precision)
+    c = cfg.resolved(257)
+    parts = activation_parts(c, b, t, precision, "blocks")
+    one_block = parts.pop("recompute")
+    parts.pop("loss_transient")
+    kw = dict(batch_size=b, grad_accum=1, seq_len=t, precision=precision, recipe=recipe)
+    est = estimate(cfg, 257, checkpointing="blocks", **kw)
+    plain = estimate(cfg, 257, **kw)
+    block_copies = (plain.weight_copies - est.weight_copies) // (c.n_layers - 1)
+    predicted = sum(parts.values()) + est.weight_copies - block_copies  # the LM head's copy
+    assert predicted == pytest.approx(measured, rel=0.05)
+    assert one_block == activation_parts(c, b, t, precision)["blocks"] // c.n_layers
+    assert est.activations == sum(activation_parts(c, b, t, precision, "blocks").values())
+    assert est.total < plain.total
+
+
+def test_the_8b_study_fits_80_gib_with_checkpointed_blocks():
+    cfg = ModelConfig(preset="llama3_8b", vocab_size=128256)
+    kw = dict(batch_size=64, grad_accum=8, seq_len=8192, precision="bf16", workers=8)
+    plain = estimate(cfg, None, parallel="fsdp", **kw)
+    ac = estimate(cfg, None, parallel="fsdp", checkpointing="blocks", **kw)
+    assert plain.total > 110 * 2**30 and ac.total <= 72 * 2**30
+    assert plain.activations - ac.activations > 50 * 2**30  # 67 GiB of blocks -> their inputs
+
+
 def test_estimate_breakdown_and_fsdp_shards():
     cfg = ModelConfig(preset="llama3_8b")
     e = estimate(cfg, None, batch_size=8, grad_accum=8, seq_len=2048, precision="bf16")
