@@ -75,7 +75,8 @@ def test_fused_adamw_trains_like_the_foreach_kernels(parallel):
 
     fused, foreach = losses(True), losses(False)
     assert fused[0] == foreach[0]  # the untrained model
-    assert fused != foreach  # another kernel: another rounding
+    # another kernel, maybe another rounding: equal on an AVX-512 Xeon, an ulp apart here and
+    # there on an AMD EPYC (that the fused kernel runs is asserted by the test above)
     assert fused == pytest.approx(foreach, rel=1e-4)
 
 
