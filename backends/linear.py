@@ -52,8 +52,10 @@ block from its path (``layer_type``; ``layers.3.attention.wq`` is an attention l
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -131,6 +133,64 @@ def _next_call(calls: torch.Tensor) -> torch.Tensor:
 @_next_call.register_fake
 def _(calls: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(calls)
+
+
+class CallTape:
+    """The call indices that a region's training calls drew, in order: recorded in its forward
+    (``recording``) and handed out again, in the same order, to the same calls made once more
+    (``replaying``), so a recomputed forward draws the original forward's random streams and no
+    counter advances twice. Eager only: under torch.compile a selective checkpoint that saves
+    ``ablate::next_call`` does the same (``ablate.train.recompute``)."""
+
+    def __init__(self) -> None:
+        self.calls: list[torch.Tensor] = []
+        self._replayed: int | None = None  # None: recording
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        self._replayed = None
+        token = _TAPE.set(self)
+        try:
+            yield
+        finally:
+            _TAPE.reset(token)
+
+    @contextlib.contextmanager
+    def replaying(self) -> Iterator[None]:
+        self._replayed = 0
+        token = _TAPE.set(self)
+        try:
+            yield
+        finally:
+            _TAPE.reset(token)
+
+    def draw(self, calls: torch.Tensor) -> torch.Tensor:
+        """A training call's index: ``_next_call(calls)`` recorded, or the recorded one replayed."""
+        if self._replayed is None:
+            self.calls.append(_next_call(calls))
+            return self.calls[-1]
+        if self._replayed >= len(self.calls):
+            raise RuntimeError(
+                f"a recomputed forward made more than the {len(self.calls)} quantized training "
+                "calls of the forward it repeats: the region is not deterministic"
+            )
+        self._replayed += 1
+        return self.calls[self._replayed - 1]
+
+
+_TAPE: contextvars.ContextVar[CallTape | None] = contextvars.ContextVar(
+    "ablate_call_tape", default=None
+)
+
+
+def _training_call(calls: torch.Tensor) -> torch.Tensor:
+    """The index of a training call: from the active ``CallTape`` in eager mode, else the
+    counter's (``_next_call``)."""
+    if not torch.compiler.is_compiling():
+        tape = _TAPE.get()
+        if tape is not None:
+            return tape.draw(calls)
+    return _next_call(calls)
 
 
 def is_random(g: GemmRecipe) -> bool:
@@ -389,7 +449,7 @@ class QuantLinear(nn.Linear):
             x, weight = x.to(dt), weight.to(dt)
             bias = None if bias is None else bias.to(dt)
         if self.training and torch.is_grad_enabled():  # a training call: advance the streams
-            call = _next_call(self.calls)  # this call's index, on the device (no host sync)
+            call = _training_call(self.calls)  # this call's index, on the device (no host sync)
         else:
             call = self.calls.clone()
         with torch.autocast(x.device.type, enabled=False):

@@ -7,18 +7,26 @@ each ``QuantLinear`` training call takes its call index from ``ablate::next_call
 the layer's counter, so the recomputed forward would draw the *next* call's stochastic rounding and
 random Hadamard signs (and dgrad/wgrad, keyed by the saved index, the next call's too).
 
-So the checkpoint is *selective* (``create_selective_checkpoint_contexts``) with one rule:
-``ablate::next_call`` is saved (``MUST_SAVE``) and everything else recomputed. In the recompute
-the op does not run again: it returns the index it returned in the forward, and the counter is not
-advanced a second time. Every key of the recomputed forward, and of the backward, is then the
-original's, so the recomputed activations are bit for bit those that produced the loss, and a run
-with checkpointing equals one without (tests: SR and random Hadamard on all three GEMMs, one
-process, DDP, FSDP2, gradient accumulation, resume, compiled). No other state enters a call's
-numbers: NVFP4's per-tensor scale is computed from the tensor at hand, not kept.
+So the recompute replays the forward's call indices. In eager mode the checkpoint's contexts are
+a ``backends.linear.CallTape``: the forward records the index each training call drew, and the
+recompute hands the same indices, in the same order, to the same calls, without advancing any
+counter. Under torch.compile the checkpoint is *selective* (``create_selective_checkpoint_contexts``)
+with one rule: ``ablate::next_call`` is saved (``MUST_SAVE``) and everything else recomputed, so the
+compiled recompute reads the saved index instead of running the op again (the checkpoint becomes a
+higher-order op whose saved ``next_call`` output the backward graph reads). Every key of the
+recomputed forward, and of the backward, is then the original's, so the recomputed activations are
+bit for bit those that produced the loss, and a run with checkpointing equals one without (tests:
+SR and random Hadamard on all three GEMMs, one process, DDP, FSDP2 with the fp32 and the bf16
+all-gather, gradient accumulation, resume, compiled). No other state enters a call's numbers:
+NVFP4's per-tensor scale is computed from the tensor at hand, not kept.
 
-The same rule holds under ``torch.compile``: the checkpoint becomes a higher-order op whose saved
-``next_call`` output the backward graph reads. FSDP2 shards each block after it is wrapped here
-(the recompute runs inside the block's backward, after FSDP has all-gathered its parameters).
+Why not the selective checkpoint in eager mode too: it counts every op the region dispatches and
+requires the recompute to dispatch the same ones, and FSDP2's hooks do not (with
+``train.fsdp_all_gather: bf16`` each linear is a unit of its own inside the block, whose
+all-gathers run again in the recompute for the linears whose backward has not started, and not for
+the one whose has); it also runs a Python dispatch mode over every op of the forward and the
+recompute. The tape has neither cost. FSDP2 shards each block after it is wrapped here (the
+recompute runs inside the block's backward, after FSDP has all-gathered its parameters).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-import backends.linear  # noqa: F401  (registers ablate::next_call)
+from backends.linear import CallTape  # (and registers ablate::next_call)
 
 
 def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
@@ -47,8 +55,17 @@ _CONTEXTS = functools.partial(create_selective_checkpoint_contexts, _policy)
 
 
 def checkpointed(fn: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
-    """``fn(*args)``, its activations recomputed in the backward with the forward's call indices."""
-    out: torch.Tensor = checkpoint(fn, *args, use_reentrant=False, context_fn=_CONTEXTS)
+    """``fn(*args)``, its activations recomputed in the backward with the forward's call indices
+    (module docstring: a ``CallTape`` in eager mode, a selective checkpoint when compiled)."""
+    if torch.compiler.is_compiling():
+        context: Callable[[], Any] = _CONTEXTS
+    else:
+        tape = CallTape()
+
+        def context() -> tuple[Any, Any]:
+            return tape.recording(), tape.replaying()
+
+    out: torch.Tensor = checkpoint(fn, *args, use_reentrant=False, context_fn=context)
     return out
 
 

@@ -2,7 +2,8 @@
 ``train.activation_checkpointing: blocks`` is bit-identical on the CPU to the same run without it,
 with SR and a random 16-point Hadamard on fprop, dgrad and wgrad, in one process, with gradient
 accumulation, across a resume, compiled, and with 2 DDP or FSDP2 workers over gloo. A plain
-``torch.utils.checkpoint`` is shown to be wrong on the same layer, so the test can fail."""
+``torch.utils.checkpoint`` is shown to be wrong on the same layer, so the test can fail. Eager runs
+replay a call tape, compiled ones a selective checkpoint (``ablate.train.recompute``): both tested."""
 
 from __future__ import annotations
 
@@ -54,6 +55,20 @@ def test_a_checkpointed_layer_draws_the_forwards_streams_and_a_plain_checkpoint_
     assert torch.equal(plain[0], ref[0])  # the forward is the same ...
     assert not torch.equal(plain[2], ref[2])  # ... but wgrad drew the next call's streams
     assert plain[3] == 2
+
+
+def test_a_replay_that_makes_more_calls_than_its_forward_is_refused():
+    from backends.linear import CallTape
+
+    layer, x = _layer(), torch.randn(4, 64)
+    tape = CallTape()
+    with tape.recording():
+        layer(x)
+    with tape.replaying():
+        layer(x)  # the recorded call, again
+        with pytest.raises(RuntimeError, match="more than the 1 quantized training calls"):
+            layer(x)
+    assert int(layer.calls) == 1
 
 
 def cfg(
@@ -188,24 +203,26 @@ def test_activation_checkpointing_is_in_the_key_when_on_and_bad_values_name_the_
         TrainConfig(activation_checkpointing="all")  # type: ignore[arg-type]
 
 
-@pytest.mark.slow
-def test_a_study_over_checkpointing_finishes_with_identical_validation_losses(tmp_path):
+def study_over(tmp_path: Path, axis: str, values: list[str], **train: Any) -> list[Any]:
+    """Run a two-cell study of the ``tiny`` model (SR + RHT16 on every GEMM) over ``values`` of
+    the train field ``axis`` on the local executor; its MLflow runs, in the grid's order, with
+    their ``val_loss`` curves as ``run.curve``."""
     from mlflow.tracking import MlflowClient
 
     from ablate.runner import run_study
     from ablate.spec import parse_study
 
     raw = {
-        "name": "ac",
+        "name": "grid",
         "base": {
             "device": "cpu",
             "model": {"preset": "tiny"},
             "data": {"val_tokens": 4096},
-            "train": {"steps": 6, "batch_size": 4, "seq_len": 32, "eval_every": 2},
+            "train": {"batch_size": 4, "seq_len": 32, "eval_every": 2} | train,
             "fp4_gemms": ["fprop", "dgrad", "wgrad"],
             "intervention": "sr+rht16",
         },
-        "grid": {"train.activation_checkpointing": ["none", "blocks"]},
+        "grid": {f"train.{axis}": values},
         "resources": {"cpus": 1},
     }
     study = parse_study(raw, output=tmp_path / "out")
@@ -213,8 +230,13 @@ def test_a_study_over_checkpointing_finishes_with_identical_validation_losses(tm
     res = run_study(study, executor="local", progress=False)
     assert [o.status for o in res.outcomes.values()] == ["finished", "finished"]
     client = MlflowClient(tracking_uri=study.tracking_uri)
-    curves = [
-        [m.value for m in client.get_metric_history(rid, "val_loss")]
-        for rid in res.run_ids.values()
-    ]
-    assert len(curves[0]) == 4 and curves[0] == curves[1]
+    runs = [client.get_run(res.run_ids[c.key]) for c in study.cells]
+    for r in runs:
+        r.curve = [m.value for m in client.get_metric_history(r.info.run_id, "val_loss")]
+    return runs
+
+
+@pytest.mark.slow
+def test_a_study_over_checkpointing_finishes_with_identical_validation_losses(tmp_path):
+    runs = study_over(tmp_path, "activation_checkpointing", ["none", "blocks"], steps=6)
+    assert len(runs[0].curve) == 4 and runs[0].curve == runs[1].curve
