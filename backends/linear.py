@@ -240,7 +240,8 @@ class _QuantLinearFn(torch.autograd.Function):
         y = layer._mm("fprop", x2, w, call, keys)  # (T, out) float32
         if bias is not None:
             y = y + bias.float()
-        return y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+        # cast last: under autocast a new tensor, not a view (FSDP2 warns of a unit returning one)
+        return y.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

@@ -25,6 +25,7 @@ Precision = Literal["auto", "bf16", "fp32"]
 Compile = Literal["auto"] | bool
 Parallel = Literal["auto", "none", "ddp", "fsdp"]
 Checkpointing = Literal["none", "blocks"]
+AllGather = Literal["fp32", "bf16"]
 PARALLEL = ("auto", "none", "ddp", "fsdp")
 Status = Literal["finished", "diverged", "stopped"]
 ProbeGemm = Literal["fprop", "dgrad", "wgrad"]
@@ -101,6 +102,18 @@ class TrainConfig:
     alive at a time. The recomputed forward draws the random streams of the original one, so a run
     is bit-identical with and without it (tested); in the key when on, so a grid can hold both."""
 
+    fsdp_all_gather: AllGather = "fp32"
+    """The dtype FSDP2 all-gathers the block linears' weights in (``train.parallel: fsdp``). fp32:
+    the master weights, which autocast then casts to bf16 and keeps until the backward; bf16:
+    ``MixedPrecisionPolicy(param_dtype=bfloat16)`` per block linear, so the all-gather moves half
+    the bytes and the gathered bf16 weight is the one the GEMMs read (no second copy kept). The
+    master weights, the optimizer, the gradient reduction (fp32), the residual stream, the norms,
+    the embedding and the LM head are unchanged. Needs bf16 precision: a linear under bf16
+    autocast reads, and every recipe quantizes, the bf16 rounding of its weight either way, so
+    the run is bit-identical to the fp32 all-gather (tested); in the key when bf16. Not with
+    ``train.compile``: each linear is an FSDP2 unit of its own, whose hooks a compiled block
+    (``fullgraph``) cannot trace; such a config is refused."""
+
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "seq_len", "eval_every"):
             if getattr(self, name) < 1:
@@ -137,6 +150,17 @@ class TrainConfig:
             raise ValueError(
                 f"train.activation_checkpointing: unknown {self.activation_checkpointing!r}; "
                 f"allowed: {', '.join(get_args(Checkpointing))}"
+            )
+        if self.fsdp_all_gather not in get_args(AllGather):
+            raise ValueError(
+                f"train.fsdp_all_gather: unknown {self.fsdp_all_gather!r}; "
+                f"allowed: {', '.join(get_args(AllGather))}"
+            )
+        if self.fsdp_all_gather == "bf16" and self.resolved_parallel != "fsdp":
+            raise ValueError(
+                "train.fsdp_all_gather: bf16 is how FSDP2 all-gathers the weights, but "
+                f"train.parallel is {self.resolved_parallel}; use train.parallel: fsdp, or "
+                "fsdp_all_gather: fp32"
             )
         if self.divergence_factor <= 1:
             raise ValueError(f"train.divergence_factor: must be > 1, got {self.divergence_factor}")
@@ -307,6 +331,8 @@ class RunConfig:
                 f"of train.seq_len + 1 = {self.train.seq_len + 1} tokens; raise data.val_tokens "
                 "or lower train.seq_len"
             )
+        if self.train.fsdp_all_gather == "bf16":
+            self._check_bf16_all_gather()
         max_len = self.model.max_seq_len
         if max_len is None and self.model.preset is not None and self.model.preset in PRESETS:
             max_len = PRESETS[self.model.preset].max_seq_len
@@ -314,6 +340,23 @@ class RunConfig:
             raise ValueError(
                 f"train.seq_len: {self.train.seq_len} is longer than the model supports "
                 f"(model.max_seq_len = {max_len}); shorten it or raise model.max_seq_len"
+            )
+
+    def _check_bf16_all_gather(self) -> None:
+        kind = device_kind(self.device)
+        precision = resolved_precision(self.train.precision, kind)
+        if precision != "bf16":
+            raise ValueError(
+                "train.fsdp_all_gather: bf16 needs bf16 precision (autocast), but train.precision "
+                f"{self.train.precision!r} is {precision} on {kind}; set train.precision: bf16, "
+                "or fsdp_all_gather: fp32"
+            )
+        if resolved_compile(self.train.compile, kind):
+            raise ValueError(
+                f"train.fsdp_all_gather: bf16 makes each block linear an FSDP2 unit of its own, "
+                f"whose hooks a compiled block cannot trace (train.compile "
+                f"{self.train.compile!r} is on for {kind}); set train.compile: false, or "
+                "fsdp_all_gather: fp32"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -468,8 +511,9 @@ def config_hash(cfg: RunConfig) -> str:
         d["train"].pop("fused_adamw")
     else:
         d["train"]["fused_adamw"] = fused
-    if cfg.train.activation_checkpointing == "none":  # the key as before the field existed
-        d["train"].pop("activation_checkpointing")
+    for name, default in (("activation_checkpointing", "none"), ("fsdp_all_gather", "fp32")):
+        if getattr(cfg.train, name) == default:  # the key as before the field existed
+            d["train"].pop(name)
     parallel = cfg.train.resolved_parallel
     if parallel == "none":  # one process: the key it had before train.parallel existed
         d["train"].pop("parallel")
@@ -490,7 +534,7 @@ def legacy_config_hash(cfg: RunConfig) -> str:
     d["data"].pop("val")
     for k in (
         "compile", "fused_adamw", "log_every", "workers", "parallel", "schedule_steps",
-        "activation_checkpointing",
+        "activation_checkpointing", "fsdp_all_gather",
     ):  # fmt: skip
         d["train"].pop(k)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

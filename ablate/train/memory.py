@@ -79,6 +79,13 @@ shares the model) change what one device holds. Every worker trains its own micr
   micro-batch (``parallel.Ranks.accumulating``: only DDP skips the reduction before a step's last
   micro-batch), so gradients accumulate sharded and ``grad_accum`` adds nothing here; skipping it
   would keep the whole model's fp32 gradients unsharded on every device (30 GiB at 8B).
+- **fsdp with the bf16 all-gather** (``train.fsdp_all_gather: bf16``; each block linear a unit of
+  its own with ``param_dtype=bfloat16``): the gathered bf16 weight is what the GEMM reads and
+  saves, and FSDP2 frees its storage after the linear's forward (gathering it again for the
+  backward), so the block linears keep **no weight copies**; the LM head's, made by autocast from
+  the fp32 root, stays. In the unsharded working set the block linears' parameters count 2 bytes,
+  and their unsharded gradients 2 + 4 (FSDP2 casts the bf16 gradient to fp32 for the
+  reduce-scatter); the root and the norms stay fp32.
 
 The parts are added as if all were alive at once (gradients and activations overlap only from
 the second micro-batch of a step, the unsharded working set peaks in the backward while the
@@ -170,12 +177,19 @@ def evaluation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, precision
 
 
 def _weight_extras(
-    cfg: ModelConfig, recipe: Recipe | None, precision: str, checkpointing: str = "none"
+    cfg: ModelConfig,
+    recipe: Recipe | None,
+    precision: str,
+    checkpointing: str = "none",
+    all_gather: str = "fp32",
 ) -> tuple[int, int]:
     """(autocast weight copies, quantized-weight copies) in bytes. A checkpointed block saves
-    neither (its casts and quantizations are recomputed): one block's are alive in its backward."""
+    neither (its casts and quantizations are recomputed): one block's are alive in its backward.
+    With FSDP's bf16 all-gather the block linears make no copy: only the LM head's is left."""
     dim, vocab, n_layers = _need(cfg.dim), _need(cfg.vocab_size), _need(cfg.n_layers)
     kept_blocks = 1 if checkpointing == "blocks" else n_layers
+    if all_gather == "bf16":
+        kept_blocks = 0
     copies = (
         (kept_blocks * _block_linear_params(cfg) + vocab * dim) * _BF16
         if precision == "bf16"
@@ -228,6 +242,8 @@ class MemoryEstimate:
     checkpointing: str = "none"
     """``train.activation_checkpointing``: with ``blocks`` the activations are the blocks' inputs
     plus one block's, and the weight copies one block's."""
+    all_gather: str = "fp32"
+    """``train.fsdp_all_gather``: with ``bf16`` the block linears keep no weight copies."""
 
     @property
     def peak_activations(self) -> int:
@@ -284,6 +300,8 @@ class MemoryEstimate:
             extra = f" + fsdp unsharded {g(self.fsdp_unsharded)}"
         per = " per worker" if self.parallel != "none" else ""
         ac = ", blocks checkpointed" if self.checkpointing == "blocks" else ""
+        if self.all_gather == "bf16":
+            ac += ", bf16 all-gather"
         return (
             f"{mode}{g(self.total)} per device = params {g(self.parameters)} + grads "
             f"{g(self.gradients)} + adam {g(self.optimizer)} + activations "
@@ -315,17 +333,26 @@ def estimate(
     workers: int = 1,
     parallel: str = "none",
     checkpointing: str = "none",
+    all_gather: str = "fp32",
 ) -> MemoryEstimate:
     """The estimate per device for ``cfg`` (resolved with ``vocab_size``), one optimizer step of
     ``batch_size`` sequences split over ``workers`` workers, each in ``grad_accum`` micro-batches,
     at resolved ``precision``; ``parallel`` is the resolved mode: none, ddp or fsdp (see the
-    module's docstring for what each keeps on a device)."""
+    module's docstring for what each keeps on a device); ``all_gather`` is FSDP's all-gather dtype
+    of the block linears (fp32, or bf16 with fsdp and bf16 precision)."""
     if workers < 1:
         raise ValueError(f"workers: must be >= 1, got {workers}")
     if parallel not in ("none", "ddp", "fsdp"):
         raise ValueError(f"parallel: unknown {parallel!r}; allowed: none, ddp, fsdp")
     if parallel == "none" and workers > 1:
         raise ValueError(f"parallel: none trains in one process, not {workers} workers")
+    if all_gather not in ("fp32", "bf16"):
+        raise ValueError(f"all_gather: unknown {all_gather!r}; allowed: fp32, bf16")
+    if all_gather == "bf16" and (parallel != "fsdp" or precision != "bf16"):
+        raise ValueError(
+            f"all_gather: bf16 needs parallel fsdp and precision bf16, not {parallel} and "
+            f"{precision}"
+        )
     if batch_size % (workers * grad_accum):
         raise ValueError(
             f"batch_size: {batch_size} does not split into workers x grad_accum = "
@@ -334,7 +361,7 @@ def estimate(
     c = cfg.resolved(vocab_size)
     n = param_count(c)
     micro = batch_size // (workers * grad_accum)
-    copies, quant = _weight_extras(c, recipe, precision, checkpointing)
+    copies, quant = _weight_extras(c, recipe, precision, checkpointing, all_gather)
     shards = workers if parallel == "fsdp" else 1
     return MemoryEstimate(
         n_params=n,
@@ -346,26 +373,32 @@ def estimate(
         weight_copies=copies,  # of the all-gathered weights under FSDP: not sharded
         quant_extras=quant,
         ddp_buckets=n * _F32 if parallel == "ddp" else 0,
-        fsdp_unsharded=fsdp_unsharded(c, grad_accum) if parallel == "fsdp" else 0,
+        fsdp_unsharded=fsdp_unsharded(c, grad_accum, all_gather) if parallel == "fsdp" else 0,
         precision=precision,
         micro_batch=micro,
         seq_len=seq_len,
         workers=workers,
         parallel=parallel,
         checkpointing=checkpointing,
+        all_gather=all_gather,
     )
 
 
-def fsdp_unsharded(cfg: ModelConfig, grad_accum: int) -> int:
+def fsdp_unsharded(cfg: ModelConfig, grad_accum: int, all_gather: str = "fp32") -> int:
     """Bytes of FSDP's unsharded working set on one device for the resolved ``cfg`` (module
     docstring): the root's all-gathered parameters, two blocks' (computed and prefetched), and as
     many unsharded gradients (reduce-scattered every micro-batch, whatever ``grad_accum``), all
-    fp32."""
+    fp32; with the bf16 ``all_gather`` the block linears' parameters in bf16, their gradients in
+    bf16 plus the fp32 copy reduce-scattered."""
     del grad_accum  # every micro-batch is reduce-scattered: gradients accumulate sharded
     dim, vocab = _need(cfg.dim), _need(cfg.vocab_size)
     root = vocab * dim + dim + (0 if cfg.tie_embeddings else vocab * dim)  # embedding, norm, head
-    block = _block_linear_params(cfg) + 2 * dim
-    gathered = (root + 2 * block) * _F32
+    linears, norms = _block_linear_params(cfg), 2 * dim
+    if all_gather == "bf16":
+        params = root * _F32 + 2 * (linears * _BF16 + norms * _F32)
+        grads = root * _F32 + 2 * (linears * (_BF16 + _F32) + norms * _F32)
+        return params + grads
+    gathered = (root + 2 * (linears + norms)) * _F32
     return 2 * gathered
 
 
@@ -401,6 +434,7 @@ def estimate_run(run: RunConfig, kind: str | None = None) -> MemoryEstimate:
         workers=tc.workers,
         parallel=tc.resolved_parallel,
         checkpointing=tc.activation_checkpointing,
+        all_gather=tc.fsdp_all_gather,
     )
 
 

@@ -19,6 +19,20 @@ How the numbers are shared, so that W workers train the run one worker would:
   parameters and fp32 gradient reduction, explicitly: the bf16 compute comes from autocast, as on
   one device, so the fp32 master weights, the optimizer and the reduction are the same in every
   mode). Both start from the same initial weights on every rank (the same seed builds them).
+  With ``train.fsdp_all_gather: bf16`` every linear inside a block is a ``fully_shard`` unit of
+  its own with ``param_dtype=bfloat16`` (and fp32 reduction; ``cast_forward_inputs=False``: the
+  linear casts its input under autocast as before), the block's unit keeping its norms fp32: the
+  all-gather moves bf16, and the gathered bf16 weight is what the GEMMs read, so autocast keeps
+  no second copy for the backward (FSDP2 frees the gathered storage after the forward and
+  gathers it again for the backward). What it changes in the numbers: nothing, under bf16
+  autocast. A linear there reads its weight's bf16 rounding either way (``nn.Linear`` through
+  autocast, ``QuantLinear.forward`` by its own cast, so a recipe quantizes W from its bf16
+  rounding in both, as TransformerEngine's FP8 and NVFP4 recipes do), and its weight gradient
+  is rounded to bf16 on its way back in both (the bf16 GEMM output, cast to fp32 by autocast's
+  cast's backward, or by FSDP2 for the fp32 reduce-scatter). Tested bit-identical to the fp32
+  all-gather on the CPU. fp32 precision cannot use it (``RunConfig`` refuses it): the weights
+  would be rounded to bf16 where the run computes in fp32; nor can a compiled one (each linear's
+  FSDP2 hooks inside a ``fullgraph`` block are untraceable).
 - **Logged values.** A step's loss and gradient norm are averaged over the ranks (one all-reduce
   of two numbers per step): every rank then holds the same values and takes the same decision
   (divergence guard, non-finite step), so no rank leaves a collective the others enter.
@@ -57,6 +71,8 @@ class Ranks:
     mode: Mode = "none"
     rank: int = 0
     world: int = 1
+    all_gather: Literal["fp32", "bf16"] = "fp32"
+    """FSDP2's all-gather dtype of the block linears (``train.fsdp_all_gather``)."""
 
     @property
     def distributed(self) -> bool:
@@ -118,10 +134,16 @@ class Ranks:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             mp = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+            bf16 = MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False
+            )
             blocks = getattr(model, "layers", None)
             if not isinstance(blocks, nn.ModuleList):
                 raise TypeError("train.parallel: fsdp needs a model whose blocks are .layers")
             for block in blocks:
+                if self.all_gather == "bf16":  # each linear its own unit, before its block's
+                    for linear in [m for m in block.modules() if isinstance(m, nn.Linear)]:
+                        fully_shard(linear, mp_policy=bf16)
                 fully_shard(block, mp_policy=mp)
             fully_shard(model, mp_policy=mp)
         if self.rank:  # after DDP's broadcast of rank 0's buffers: each rank's own keys (rank 0
@@ -147,7 +169,7 @@ def ranks_of(config: RunConfig) -> Ranks:
             f"resources.workers: the run trains with {config.train.workers} workers, but its "
             f"process group has {world}"
         )
-    return Ranks(mode, dist.get_rank(), world)
+    return Ranks(mode, dist.get_rank(), world, config.train.fsdp_all_gather)
 
 
 def backend_for(device: torch.device) -> str:
