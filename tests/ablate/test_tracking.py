@@ -444,11 +444,12 @@ def test_a_worker_killed_between_checkpoints_loses_no_step_on_resume(uri, tmp_pa
     assert steps(uri, run_id, "val_loss") == [0, 4, 8, 12, 16]
 
 
-def test_run_names_are_short_lead_with_what_differs_and_tell_every_cell_apart():
+def test_run_names_are_short_lead_with_what_differs_and_tell_every_cell_apart(monkeypatch):
     from ablate.spec import load_study
     from ablate.tracking.vocab import cell_params, short_name
 
     root = Path(__file__).resolve().parents[2] / "studies"
+    monkeypatch.chdir(root.parent)  # the studies' data paths are the repository root's
     qs = load_study(root / "quickstart.yaml")
     by_label = {c.label: c for c in qs.cells}
     cell = by_label["mxfp4[fprop,dgrad,wgrad]+dht16/fp8/seed1"]
