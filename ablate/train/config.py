@@ -26,7 +26,6 @@ Compile = Literal["auto"] | bool
 Parallel = Literal["auto", "none", "ddp", "fsdp"]
 Checkpointing = Literal["none", "blocks"]
 AllGather = Literal["fp32", "bf16"]
-PARALLEL = ("auto", "none", "ddp", "fsdp")
 Status = Literal["finished", "diverged", "stopped"]
 ProbeGemm = Literal["fprop", "dgrad", "wgrad"]
 
@@ -103,16 +102,9 @@ class TrainConfig:
     is bit-identical with and without it (tested); in the key when on, so a grid can hold both."""
 
     fsdp_all_gather: AllGather = "fp32"
-    """The dtype FSDP2 all-gathers the block linears' weights in (``train.parallel: fsdp``). fp32:
-    the master weights, which autocast then casts to bf16 and keeps until the backward; bf16:
-    ``MixedPrecisionPolicy(param_dtype=bfloat16)`` per block linear, so the all-gather moves half
-    the bytes and the gathered bf16 weight is the one the GEMMs read (no second copy kept). The
-    master weights, the optimizer, the gradient reduction (fp32), the residual stream, the norms,
-    the embedding and the LM head are unchanged. Needs bf16 precision: a linear under bf16
-    autocast reads, and every recipe quantizes, the bf16 rounding of its weight either way, so
-    the run is bit-identical to the fp32 all-gather (tested); in the key when bf16. Not with
-    ``train.compile``: each linear is an FSDP2 unit of its own, whose hooks a compiled block
-    (``fullgraph``) cannot trace; such a config is refused."""
+    """FSDP2's all-gather of the block linears' weights: fp32 (the master weights), or bf16: half
+    the bytes, no autocast copy kept; needs bf16 precision, no compile; changes no number (tested
+    bit-identical, ``ablate.train.parallel``). In the key when bf16."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "seq_len", "eval_every"):
@@ -166,9 +158,9 @@ class TrainConfig:
             raise ValueError(f"train.divergence_factor: must be > 1, got {self.divergence_factor}")
         if self.workers < 1:
             raise ValueError(f"resources.workers: must be >= 1, got {self.workers}")
-        if self.parallel not in PARALLEL:
+        if self.parallel not in get_args(Parallel):
             raise ValueError(
-                f"train.parallel: unknown {self.parallel!r}; allowed: {', '.join(PARALLEL)}"
+                f"train.parallel: unknown {self.parallel!r}; allowed: {', '.join(get_args(Parallel))}"
             )
         if self.workers > 1 and self.parallel == "none":
             raise ValueError(
@@ -346,18 +338,14 @@ class RunConfig:
         kind = device_kind(self.device)
         precision = resolved_precision(self.train.precision, kind)
         if precision != "bf16":
-            raise ValueError(
-                "train.fsdp_all_gather: bf16 needs bf16 precision (autocast), but train.precision "
-                f"{self.train.precision!r} is {precision} on {kind}; set train.precision: bf16, "
-                "or fsdp_all_gather: fp32"
-            )
-        if resolved_compile(self.train.compile, kind):
-            raise ValueError(
-                f"train.fsdp_all_gather: bf16 makes each block linear an FSDP2 unit of its own, "
-                f"whose hooks a compiled block cannot trace (train.compile "
-                f"{self.train.compile!r} is on for {kind}); set train.compile: false, or "
-                "fsdp_all_gather: fp32"
-            )
+            why = f"needs bf16 precision (autocast), but train.precision {self.train.precision!r}"
+            fix = f"is {precision} on {kind}; set train.precision: bf16"
+        elif resolved_compile(self.train.compile, kind):
+            why = "makes each block linear an FSDP2 unit, whose hooks a compiled block cannot trace"
+            fix = f"(train.compile: {self.train.compile} on {kind}); set train.compile: false"
+        else:
+            return
+        raise ValueError(f"train.fsdp_all_gather: bf16 {why} {fix}, or fsdp_all_gather: fp32")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dict (JSON-able); ``from_dict`` inverts it."""
