@@ -19,6 +19,7 @@ from typing import Any, Literal, get_args
 from backends.recipe import Recipe
 
 from .data import SEED_LIMIT, DataConfig
+from .hf import check_config
 from .model import PRESETS, ModelConfig
 
 Precision = Literal["auto", "bf16", "fp32"]
@@ -325,9 +326,10 @@ class RunConfig:
             )
         if self.train.fsdp_all_gather == "bf16":
             self._check_bf16_all_gather()
-        max_len = self.model.max_seq_len
-        if max_len is None and self.model.preset is not None and self.model.preset in PRESETS:
-            max_len = PRESETS[self.model.preset].max_seq_len
+        if self.model.hf is not None:  # its positions and attention window (ablate.train.hf)
+            check_config(self.model.hf, vocab_size=None, seq_len=self.train.seq_len)
+        preset = PRESETS.get(self.model.preset or "")
+        max_len = self.model.max_seq_len or (preset.max_seq_len if preset else None)
         if max_len is not None and self.train.seq_len > max_len:
             raise ValueError(
                 f"train.seq_len: {self.train.seq_len} is longer than the model supports "
@@ -351,7 +353,7 @@ class RunConfig:
         """Plain nested dict (JSON-able); ``from_dict`` inverts it."""
         return (
             {
-                "model": dataclasses.asdict(self.model),
+                "model": self.model.to_dict(),
                 "data": dataclasses.asdict(self.data),
                 "train": dataclasses.asdict(self.train),
                 "recipe": self.recipe.to_dict(),
@@ -366,10 +368,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
-        known = {
-            "model", "data", "train", "recipe", "backend", "seed", "device", "checkpoint_dir", "probe",
-            "data_cache",
-        }  # fmt: skip
+        known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise ValueError(

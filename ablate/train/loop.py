@@ -375,6 +375,7 @@ def _build(config: RunConfig, log: Logger, stop_after: int | None) -> _Run:
         backend=config.backend,
         seed=config.seed,
         device=device,
+        seq_len=tc.seq_len,
     )
     n_params = count_parameters(model)  # before FSDP shards them
     set_checkpointing(model, tc.activation_checkpointing)  # before compile, DDP and FSDP2

@@ -20,7 +20,8 @@ same device type gives bit-identical weights, and nothing depends on the global 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,7 @@ from torch import nn
 
 from backends import Recipe, convert_model
 
+from .hf import HFCausalLM, build_hf_model, shape_fields
 from .recompute import checkpointed
 
 _SHAPE_FIELDS = ("dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len")
@@ -63,13 +65,47 @@ class ModelConfig:
     """RMSNorm epsilon."""
     tie_embeddings: bool | None = None
     """Share the LM head's weight with the token embedding. None: the preset's, else False."""
+    hf: str | None = None
+    """A Hugging Face architecture instead of a preset: a ``config.json``, a local model folder or a
+    hub name (``ablate.train.hf``; needs ``pip install 'ablate[hf]'``). Its config sets every shape."""
+    init: str = "random"
+    """With ``hf``: ``random`` (transformers' initialization, from the seed) or ``pretrained`` (the
+    folder's or hub model's weights, for continued-pretraining ablations)."""
 
     def __post_init__(self) -> None:
+        if self.hf is not None or self.init != "random":
+            self._check_hf()
+            return
         if self.preset is not None and self.preset not in PRESETS:
             raise ValueError(
                 f"model.preset: unknown preset {self.preset!r}; allowed: {', '.join(PRESETS)}"
             )
         self._merged()._validate(check_required=self.preset is None)
+
+    def _check_hf(self) -> None:
+        if not isinstance(self.hf, str) or not self.hf.strip():
+            raise ValueError(
+                f"model.init: {self.init!r} needs model.hf (a Hugging Face config.json, model "
+                "folder or hub name)"
+                if self.hf is None
+                else f"model.hf: must be a config.json, a model folder or a hub name, got {self.hf!r}"
+            )
+        if self.init not in ("random", "pretrained"):
+            raise ValueError(f"model.init: unknown {self.init!r}; allowed: random, pretrained")
+        for f in fields(self):
+            if f.name not in ("preset", "hf", "init") and getattr(self, f.name) is not None:
+                raise ValueError(
+                    f"model.{f.name}: not allowed with model.hf (the architecture's config sets "
+                    "every shape); remove it, or change the config"
+                )
+        self.preset = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a dict; ``hf`` and ``init`` only when set (a preset's keys as before)."""
+        d = asdict(self)
+        if self.hf is None:
+            del d["hf"], d["init"]
+        return d
 
     def _merged(self) -> ModelConfig:
         """Explicit fields over the preset's, without validation or vocabulary resolution."""
@@ -123,7 +159,10 @@ class ModelConfig:
 
     def resolved(self, vocab_size: int | None = None) -> ModelConfig:
         """A fully specified copy (``preset=None``, every field set) for a tokenizer of
-        ``vocab_size`` tokens. Precedence: explicit field > tokenizer > preset default."""
+        ``vocab_size`` tokens. Precedence: explicit field > tokenizer > preset default. With ``hf``:
+        the architecture's shapes as a preset-like config (``hf.shape_fields``; ``hf`` not kept)."""
+        if self.hf is not None:
+            return ModelConfig(preset=None, **shape_fields(self.hf)).resolved(vocab_size)
         m = self._merged()
         explicit_vocab = self.vocab_size
         if explicit_vocab is not None:
@@ -429,7 +468,8 @@ def build_model(
     backend: str = "emulated",
     seed: int = 0,
     device: str | torch.device = "cpu",
-) -> Transformer:
+    seq_len: int | None = None,
+) -> Transformer | HFCausalLM:
     """The model for ``cfg`` and a tokenizer of ``vocab_size`` tokens, on ``device``.
 
     Created on the meta device, then (unless ``device`` is meta) materialized on ``device`` and
@@ -437,8 +477,14 @@ def build_model(
     identical weights. With a ``recipe`` that quantizes anything, every block linear becomes a
     ``backends.QuantLinear`` (``convert_model`` with the same ``seed`` for its random streams); the
     embedding and ``lm_head`` stay high precision. A meta model has shapes only (for counting).
+    ``seq_len``: checked against a ``model.hf`` architecture's positions (a preset's in RunConfig).
     """
     dev = torch.device(device)
+    if cfg.hf is not None:  # built by transformers, converted by backends.convert
+        return build_hf_model(
+            cfg.hf, cfg.init, vocab_size=vocab_size, recipe=recipe, backend=backend, seed=seed,
+            device=dev, seq_len=seq_len,
+        )  # fmt: skip
     with torch.device("meta"):
         model = Transformer(cfg.resolved(vocab_size))
     if dev.type != "meta":
@@ -459,6 +505,11 @@ def count_parameters(model: nn.Module) -> int:
 def num_params(cfg: ModelConfig, vocab_size: int | None = None) -> int:
     """Parameters of ``cfg`` (tokenizer vocabulary ``vocab_size``, else the config's or preset's),
     counted on the meta device: nothing is allocated, so the 8B shape counts in milliseconds."""
+    if cfg.hf is not None:
+        meta = torch.device("meta")
+        return count_parameters(
+            build_hf_model(cfg.hf, cfg.init, vocab_size=vocab_size, device=meta)
+        )
     with torch.device("meta"):
         return count_parameters(Transformer(cfg.resolved(vocab_size)))
 
