@@ -219,3 +219,18 @@ def test_the_architecture_is_in_the_key_and_a_presets_key_is_as_before():
         "init": "random",
         "preset": None,
     } | {k: None for k in a.to_dict()["model"] if k not in ("hf", "init", "preset")}
+
+
+def test_the_guides_convert_example_runs_and_quantizes_what_it_says():
+    """docs/models.md's ``backends.convert`` example, as written, on a plain transformers model."""
+    text = (ROOT / "docs" / "models.md").read_text()
+    block = text.split("## From Python")[1].split("```python\n")[1].split("```")[0]
+    scope: dict[str, Any] = {}
+    exec(compile(block, "docs/models.md", "exec"), scope)
+    model = scope["model"]
+    fp4 = {n for n, r in _recipes(model).items() if not r.high_precision}
+    assert fp4 == {
+        f"model.layers.{b}.mlp.{p}" for b in range(3) for p in ("gate_proj", "up_proj", "down_proj")
+    }
+    grad = model.model.layers[0].mlp.up_proj.weight.grad
+    assert grad is not None and torch.isfinite(grad).all()
