@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args
 from backends.recipe import Recipe
 
 from .data import SEED_LIMIT, DataConfig
-from .hf import check_config
+from .hf import check_config, config_identity
 from .model import PRESETS, ModelConfig
 
 Precision = Literal["auto", "bf16", "fp32"]
@@ -476,10 +476,10 @@ def config_hash(cfg: RunConfig) -> str:
     resolved config without ``KEY_EXCLUDED``, plus the device *kind* (cpu or cuda, not which GPU)
     and the resolved precision (bf16 or fp32); stable across YAML spelling and order."""
     d = cfg.to_dict()
-    for k in ("checkpoint_dir", "device"):
-        d.pop(k)
-    d.pop("data_cache", None)
-    d.pop("probe", None)  # probes change no number of the run
+    for k in ("checkpoint_dir", "device", "data_cache", "probe"):  # probes change no number
+        d.pop(k, None)
+    if cfg.model.hf is not None:  # an architecture by its config's contents, not its path
+        d["model"]["hf"] = config_identity(cfg.model.hf)
     if d["data"]["val"] is None:  # validated on the held-out tail: the key as before data.val
         d["data"].pop("val")
     d["train"].pop("checkpoint_every")

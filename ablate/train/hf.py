@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,18 @@ def _read_config(spec: str) -> Any:
             f"{str(e).splitlines()[0][:200]}); give a config.json, a local model folder or a "
             "hub name (with network access, or already in the Hugging Face cache)"
         ) from e
+
+
+def config_identity(spec: str) -> str:
+    """What a cell's key holds of ``model.hf``: the sha256 of the architecture's ``config.json``
+    (its JSON, keys sorted: neither the path nor the formatting count) for a local file or folder;
+    a hub name as written (with the network it may change under the same name)."""
+    path = Path(spec).expanduser()
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        return spec
+    canonical = json.dumps(json.loads(file.read_text()), sort_keys=True)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def load_config(spec: str) -> Any:
@@ -256,6 +270,7 @@ __all__ = [
     "HFCausalLM",
     "build_hf_model",
     "check_config",
+    "config_identity",
     "load_config",
     "shape_fields",
     "transformers_module",

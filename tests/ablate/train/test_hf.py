@@ -207,18 +207,24 @@ def test_bad_configurations_name_their_field(tmp_path):
         build_model(ModelConfig(hf=QWEN3), 1000)
 
 
-def test_the_architecture_is_in_the_key_and_a_presets_key_is_as_before():
+def test_the_architecture_is_in_the_key_by_its_contents_and_a_presets_key_is_as_before(tmp_path):
     preset = RunConfig.from_dict(_cfg("none"))
     assert "hf" not in preset.to_dict()["model"]  # a preset cell's key and params as ever
     a = RunConfig.from_dict(cfg())
     b = RunConfig.from_dict(cfg() | {"model": {"hf": QWEN3, "init": "pretrained"}})
     assert len({config_hash(preset), config_hash(a), config_hash(b)}) == 3
     assert RunConfig.from_dict(a.to_dict()) == a
-    assert json.loads(json.dumps(a.to_dict()))["model"] == {
-        "hf": QWEN3,
-        "init": "random",
-        "preset": None,
-    } | {k: None for k in a.to_dict()["model"] if k not in ("hf", "init", "preset")}
+    assert a.to_dict()["model"]["hf"] == QWEN3 and a.to_dict()["model"]["init"] == "random"
+    raw = json.loads(Path(QWEN3).read_text())
+    moved = tmp_path / "moved"  # the same architecture elsewhere, written differently: same key
+    moved.mkdir()
+    (moved / "config.json").write_text(json.dumps(dict(reversed(raw.items())), indent=4))
+    assert config_hash(RunConfig.from_dict(cfg() | {"model": {"hf": str(moved)}})) == config_hash(a)
+    edited = tmp_path / "edited.json"  # an edited architecture under any path: another key
+    edited.write_text(json.dumps(raw | {"rms_norm_eps": 1e-5}))
+    assert config_hash(RunConfig.from_dict(cfg() | {"model": {"hf": str(edited)}})) != config_hash(
+        a
+    )
 
 
 def test_the_guides_convert_example_runs_and_quantizes_what_it_says():
