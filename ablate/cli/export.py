@@ -72,7 +72,7 @@ def export(
         raise click.ClickException(str(e)) from None
     meta = json.loads((out / METADATA).read_text())
     click.echo(
-        f"{meta['cell']} at step {meta['step']} ({meta['status'] or 'interrupted'}) written to "
+        f"{meta['cell']} at step {meta['step']} ({meta['status']}) written to "
         f"{out} as {meta['architecture']}",
         err=True,
     )

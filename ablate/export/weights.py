@@ -49,7 +49,8 @@ class RunWeights:
     """The model's state dict, on the CPU, under the trainer's names."""
     step: int
     status: str | None
-    """``finished``, ``diverged`` or ``stopped``; None for a checkpoint taken while it trained."""
+    """``finished`` or ``diverged``; None for a checkpoint taken while it trained (every
+    ``train.checkpoint_every`` steps, or where it was stopped): ``unfinished`` in the export."""
     config_hash: str
     format: str
     """``single`` (``checkpoint.pt``) or ``sharded``."""

@@ -150,7 +150,7 @@ def export_model(
         "format": "ablate-export/1",
         **(meta or {}),
         "step": run.step if run else None,
-        "status": run.status if run else None,
+        "status": (run.status or "unfinished") if run else None,
         "val_loss": run.val_loss if run else None,
         "checkpoint_format": run.format if run else None,
         "architecture": hf_config.get("architectures", [None])[0],

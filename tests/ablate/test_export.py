@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from ablate.cli import main
 from ablate.export import ExportError, export_cell, export_checkpoint, export_model
+from ablate.runner import run_study
 from ablate.spec import load_study
 from ablate.tracking import read_histories, study_status
 from ablate.train import RunConfig, train
@@ -44,16 +45,20 @@ grid:
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """The study run to its end once for the module: (its file, its output folder)."""
+    """The study run once for the module, interrupted after 2 steps (its first cell exported
+    then), then to its end: (its file, its output folder, the interrupted cell's export)."""
     tmp = tmp_path_factory.mktemp("export")
     p = tmp / "s.yaml"
     p.write_text(STUDY)
     out = tmp / "out"
+    s = load_study(p, output=out)
+    run_study(s, executor="local", progress=False, stop_after=2)
+    early = export_cell(p, s.cells[0].label, tmp / "early", output=out)
     res = CliRunner().invoke(
         main, ["run", str(p), "-o", str(out), "--executor", "local", "--quiet"]
     )
     assert res.exit_code == 0, res.output
-    return p, out
+    return p, out, early
 
 
 def _ablate_model(config: RunConfig, checkpoint: Path) -> torch.nn.Module:
@@ -95,7 +100,7 @@ def _load(folder: Path):
 def test_an_exported_cell_loads_as_llama_with_ablates_logits_and_recorded_val_loss(
     study, tmp_path, label
 ):
-    p, out = study
+    p, out, _ = study
     s = load_study(p, output=out)
     cell = next(c for c in s.cells if c.label.split("/")[0] == label)
     dest = tmp_path / "hf"
@@ -141,7 +146,7 @@ def test_an_exported_cell_loads_as_llama_with_ablates_logits_and_recorded_val_lo
 def test_export_refuses_an_unknown_cell_a_cell_without_checkpoint_and_a_folder_in_use(
     study, tmp_path
 ):
-    p, out = study
+    p, out, _ = study
     s = load_study(p, output=out)
     res = CliRunner().invoke(
         main, ["export", str(p), "--output", str(out), "--cell", "nope", "-o", str(tmp_path / "x")]
@@ -164,6 +169,22 @@ def test_export_refuses_an_unknown_cell_a_cell_without_checkpoint_and_a_folder_i
     res = CliRunner().invoke(main, [*args, "--force"])
     assert res.exit_code == 0, res.output
     assert (used / "notes.txt").read_text() == "mine" and (used / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_an_interrupted_cell_exports_its_last_checkpoint(study):
+    p, out, early = study
+    s = load_study(p, output=out)
+    meta = json.loads((early / "ablate_export.json").read_text())
+    assert meta["step"] == 2 and meta["status"] == "unfinished"
+    run = next(cs.run for cs in study_status(s) if cs.cell.key == s.cells[0].key)
+    assert run is not None
+    logged = dict(
+        read_histories(s.tracking_uri, [run.run_id], ["val_loss"])[run.run_id]["val_loss"]
+    )
+    assert meta["val_loss"] == pytest.approx(logged[2], abs=1e-12)
+    batches = _val(s.cells[0].config, s.data_cache())
+    assert abs(_hf_loss(_load(early), batches) - logged[2]) <= TOL
 
 
 def _cfg(**over) -> dict:
