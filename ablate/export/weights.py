@@ -13,14 +13,17 @@ from typing import Any
 
 import torch
 
-from ..errors import AblateError
+from ..errors import ExportError
 from ..train.checkpoint import CHECKPOINT, SHARDED, checkpoint_info
 
 _EXTRA = "pip install 'ablate[hf]'"
-
-
-class ExportError(AblateError):
-    """An export that cannot be made (no checkpoint, an unknown cell, an occupied folder)."""
+__all__ = [
+    "ExportError",
+    "RunWeights",
+    "read_checkpoint",
+    "safetensors_torch",
+    "transformers_module",
+]
 
 
 def transformers_module() -> Any:
