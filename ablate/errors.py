@@ -50,3 +50,8 @@ class TuneError(AblateError, RuntimeError):
 
 class ReportError(AblateError):
     """A study cannot be reported as asked (bad input, undefined target, unsupported format)."""
+
+
+class ExportError(AblateError):
+    """A checkpoint that cannot be exported as asked (an unknown cell, no checkpoint, an occupied
+    output folder)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from . import data, plan, probe, recipe, results, study
+from . import data, export, plan, probe, recipe, results, study
 
 
 @click.group()
@@ -32,5 +32,6 @@ for command in (
     results.report,
     results.tune,
     probe.probe,
+    export.export,
 ):
     main.add_command(command)

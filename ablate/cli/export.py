@@ -1,0 +1,79 @@
+"""The ``export`` command: a study cell's weights as a Hugging Face checkpoint folder
+(``ablate.export.export_cell``; docs/export.md)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..errors import AblateError
+from .common import load, study_arg, tracking_uri_opt
+
+
+@click.command()
+@study_arg
+@click.option(
+    "--cell", "label", required=True, help="The cell's label (or key), as `ablate status` shows it."
+)
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="The folder to write (refused when it exists and is not empty, unless --force).",
+)
+@click.option(
+    "--output",
+    default=None,
+    help="The study's output folder (default: its output, runs/<name>).",
+)
+@click.option(
+    "--force", is_flag=True, help="Replace an export's files in a folder that is not empty."
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16"]),
+    default="float32",
+    show_default=True,
+    help="The weights' dtype in model.safetensors (the master weights are float32).",
+)
+@tracking_uri_opt("The MLflow store of the study's runs, for the run id the export records.")
+def export(
+    study_file: str,
+    label: str,
+    out_dir: str,
+    output: str | None,
+    force: bool,
+    dtype: str,
+    tracking_uri: str | None,
+) -> None:
+    """Write a cell's weights as a Hugging Face checkpoint.
+
+    The folder gets config.json, model.safetensors (the high-precision master weights, never FP4
+    codes), the tokenizer when it is a Hugging Face one, and ablate_export.json (study, cell, run,
+    step, recipe, tokenizer, departures from Llama). A built-in preset loads as LlamaForCausalLM.
+    The latest checkpoint is exported: a finished cell's final weights, an interrupted cell's last
+    checkpoint.
+
+    \b
+    Example:
+        ablate export studies/quickstart.yaml --cell 'bf16/seed0' -o exported/quickstart-bf16
+    """
+    from ..export import METADATA, export_cell
+
+    study = load(study_file, output, tracking_uri=tracking_uri)
+    try:
+        out = export_cell(study, label, out_dir, force=force, dtype=dtype)
+    except AblateError as e:
+        raise click.ClickException(str(e)) from None
+    except ImportError as e:
+        raise click.ClickException(str(e)) from None
+    meta = json.loads((out / METADATA).read_text())
+    click.echo(
+        f"{meta['cell']} at step {meta['step']} ({meta['status']}) written to "
+        f"{out} as {meta['architecture']}",
+        err=True,
+    )
+    click.echo(str(out))

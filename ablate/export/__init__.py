@@ -1,0 +1,28 @@
+"""Hugging Face checkpoints out of ``ablate`` runs (``ablate export``; docs/export.md).
+
+``export_cell`` writes a study cell's latest checkpoint as a ``transformers`` checkpoint folder,
+``export_checkpoint`` a run's checkpoint folder, ``export_model`` a configuration and its weights;
+``hf_checkpoint`` is the mapping from the trainer's model to ``transformers``' (the built-in decoder
+as ``LlamaForCausalLM``), ``read_checkpoint`` reads a run's weights from either checkpoint form.
+``transformers`` and ``safetensors`` are optional: ``pip install 'ablate[hf]'``.
+"""
+
+from ..errors import ExportError
+from .mapping import DEPARTURES, hf_checkpoint, llama_checkpoint, permute_rotary
+from .weights import RunWeights, read_checkpoint
+from .writer import METADATA, export_cell, export_checkpoint, export_model, find_cell
+
+__all__ = [
+    "DEPARTURES",
+    "METADATA",
+    "ExportError",
+    "RunWeights",
+    "export_cell",
+    "export_checkpoint",
+    "export_model",
+    "find_cell",
+    "hf_checkpoint",
+    "llama_checkpoint",
+    "permute_rotary",
+    "read_checkpoint",
+]

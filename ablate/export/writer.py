@@ -1,0 +1,263 @@
+"""Writing a Hugging Face checkpoint folder: ``export_model`` (a run's configuration and weights),
+``export_checkpoint`` (a run's checkpoint folder) and ``export_cell`` (a study's cell by its label).
+
+The folder holds ``config.json``, ``model.safetensors`` (the high-precision master weights, float32
+unless asked otherwise), the tokenizer when the run's is a Hugging Face one (``tokenizer.json`` and
+a minimal ``tokenizer_config.json``) and ``ablate_export.json``: where the weights come from (study,
+cell, run, step, recipe, code), the token ids of a byte tokenizer, and where the model departs from
+the architecture it is exported as. An existing folder that is not empty is refused unless
+``force``, which replaces only the files an export writes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .mapping import DEPARTURES, QUANT_BUFFERS, hf_checkpoint
+from .weights import ExportError, RunWeights, read_checkpoint, safetensors_torch
+
+if TYPE_CHECKING:
+    from ..spec import Cell, Study
+    from ..train.config import RunConfig
+
+METADATA = "ablate_export.json"
+FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    METADATA,
+)
+"""What an export writes (``force`` replaces these, and nothing else, in an existing folder)."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+WEIGHTS_NOTE = (
+    "the high-precision master weights: a recipe's quantized layers (backends.QuantLinear) keep a "
+    "high-precision weight and quantize it inside each GEMM; no FP4 or FP8 codes are written, so "
+    "this checkpoint computes the unquantized model"
+)
+BYTE_IDS = "ids 0-255: the bytes of the UTF-8 text; 256: EOS (end of document); no other tokens"
+
+
+def export_cell(
+    study: Study | str | Path,
+    label: str,
+    out_dir: str | Path,
+    *,
+    force: bool = False,
+    dtype: str = "float32",
+    output: str | Path | None = None,
+) -> Path:
+    """Export the latest checkpoint of ``study``'s cell ``label`` (its label or its key) to
+    ``out_dir``; ``study`` is a loaded ``Study`` or a study file (``output``: its output folder
+    when not the default). A finished cell keeps its final weights; an interrupted one its last
+    checkpoint (every ``train.checkpoint_every`` steps). Returns ``out_dir``."""
+    from ..spec import load_study
+
+    if not isinstance(study, str | Path):
+        s = study
+    else:
+        s = load_study(study, output=Path(output) if output else None)
+    cell = find_cell(s, label)
+    ckpt = s.checkpoint_dir(cell)
+    try:
+        weights = read_checkpoint(ckpt)
+    except ExportError:
+        raise ExportError(
+            f"export: cell {cell.label} of study {s.name} has no checkpoint in {ckpt}; run the "
+            "study first (a cell checkpoints at its end and every train.checkpoint_every steps)"
+        ) from None
+    meta = {"study": s.name, "cell": cell.label, "key": cell.key, "run_id": _run_id(s, cell)}
+    return export_model(cell.config, weights, out_dir, force=force, dtype=dtype, meta=meta)
+
+
+def find_cell(study: Study, label: str) -> Cell:
+    """The cell of ``study`` with this label (or key); ``ExportError`` listing the labels if none."""
+    for c in study.cells:
+        if label in (c.label, c.key):
+            return c
+    shown = ", ".join(c.label for c in study.cells[:30])
+    more = f" (and {len(study.cells) - 30} more)" if len(study.cells) > 30 else ""
+    raise ExportError(f"--cell: study {study.name} has no cell {label!r}; its cells: {shown}{more}")
+
+
+def export_checkpoint(
+    config: RunConfig,
+    checkpoint_dir: str | Path | None = None,
+    out_dir: str | Path = "export",
+    *,
+    force: bool = False,
+    dtype: str = "float32",
+) -> Path:
+    """Export the checkpoint of a run of ``config`` in ``checkpoint_dir`` (default: its
+    ``checkpoint_dir``), refused when another configuration wrote it."""
+    from ..train.config import config_hash
+
+    where = checkpoint_dir or config.checkpoint_dir
+    if where is None:
+        raise ExportError("export: no checkpoint_dir given, and the run's config sets none")
+    weights = read_checkpoint(where)
+    if weights.config_hash != config_hash(config):
+        raise ExportError(
+            f"export: {where} was written by another configuration "
+            f"({weights.config_hash} != {config_hash(config)})"
+        )
+    return export_model(config, weights, out_dir, force=force, dtype=dtype)
+
+
+def export_model(
+    config: RunConfig,
+    weights: RunWeights | nn.Module | dict[str, torch.Tensor],
+    out_dir: str | Path,
+    *,
+    force: bool = False,
+    dtype: str = "float32",
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Write the model of ``config`` with ``weights`` (a checkpoint's ``RunWeights``, the model, or
+    its state dict) as a Hugging Face checkpoint in ``out_dir`` (module docstring)."""
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype: unknown {dtype!r}; allowed: {', '.join(DTYPES)}")
+    run = weights if isinstance(weights, RunWeights) else None
+    if isinstance(weights, nn.Module):
+        state = weights.state_dict()
+    else:
+        state = weights.state if isinstance(weights, RunWeights) else weights
+    hf_spec = getattr(config.model, "hf", None)  # a Hugging Face architecture's run
+    out = _claim(Path(out_dir), force)
+    tok = _tokenizer(config.data.tokenizer)
+    hf_config, hf_state = hf_checkpoint(config, state, eos_id=tok["eos_id"])
+    hf_config["torch_dtype"] = hf_config["dtype"] = dtype
+    tensors = {
+        k: (v.to(DTYPES[dtype]) if v.is_floating_point() else v).detach().cpu().contiguous()
+        for k, v in hf_state.items()
+    }
+    safetensors_torch().save_file(
+        tensors, str(out / "model.safetensors"), metadata={"format": "pt"}
+    )
+    _write_json(out / "config.json", hf_config)
+    gen = {"bos_token_id": hf_config.get("bos_token_id"), "eos_token_id": tok["eos_id"]}
+    _write_json(out / "generation_config.json", gen)
+    tok_files = _write_tokenizer(tok, out, hf_config.get("max_position_embeddings"))
+    quantized = [k.rpartition(".")[0] for k in state if k.endswith(".sr_seed")]
+    record: dict[str, Any] = {
+        "format": "ablate-export/1",
+        **(meta or {}),
+        "step": run.step if run else None,
+        "status": (run.status or "unfinished") if run else None,
+        "val_loss": run.val_loss if run else None,
+        "checkpoint_format": run.format if run else None,
+        "architecture": hf_config.get("architectures", [None])[0],
+        "source": f"model.hf: {hf_spec}" if hf_spec else "ablate.train.model.Transformer",
+        "recipe": config.recipe.short(),
+        "recipe_table": config.recipe.to_dict(),
+        "weights": WEIGHTS_NOTE,
+        "quantized_layers": len(quantized),
+        "dropped_buffers": list(QUANT_BUFFERS) if quantized else [],
+        "forward_quantized": not config.recipe.fprop.high_precision,
+        "dtype": dtype,
+        "tokenizer": {k: v for k, v in tok.items() if k != "hf"} | {"files": tok_files},
+        "departures_from_llama": [] if hf_spec else list(DEPARTURES),
+        "rope": None
+        if hf_spec
+        else "ablate rotates interleaved channel pairs (2i, 2i+1) of each head; the rows of wq "
+        "and wk are permuted per head to transformers' halves (i, i + head_dim/2): same function",
+        "ablate_version": _version(),
+        "code_hash": _code_hash(),
+        "run_config": config.to_dict(),
+    }
+    _write_json(out / METADATA, record)
+    return out
+
+
+def _claim(out: Path, force: bool) -> Path:
+    """``out``, created; refused when it holds anything and not ``force`` (then only the files an
+    export writes are removed from it)."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"-o: {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise ExportError(
+                f"-o: {out} is not empty; nothing was written (pass --force to replace an "
+                "export there, or give another folder)"
+            )
+        for name in FILES:
+            (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _tokenizer(spec: str) -> dict[str, Any]:
+    """What the export says of the run's tokenizer (``spec``: ``data.tokenizer``)."""
+    from ..train.tokenizer import HFTokenizer, load_tokenizer, tokenizer_kind
+
+    try:
+        kind = tokenizer_kind(spec)
+        tok = load_tokenizer(spec)
+    except (FileNotFoundError, ImportError, ValueError) as e:
+        raise ExportError(
+            f"export: {e} (a relative data.tokenizer is read from the current folder: export "
+            "from the folder the study ran in)"
+        ) from None
+    out: dict[str, Any] = {"spec": spec, "kind": kind, "vocab_size": tok.vocab_size}
+    out["eos_id"] = tok.eos_id
+    if isinstance(tok, HFTokenizer):
+        out["hf"] = tok
+    else:
+        out["ids"] = BYTE_IDS
+    return out
+
+
+def _write_tokenizer(tok: dict[str, Any], out: Path, max_len: int | None) -> list[str]:
+    """A Hugging Face tokenizer's ``tokenizer.json`` and a ``tokenizer_config.json`` that
+    ``AutoTokenizer.from_pretrained`` reads; nothing for the byte tokenizer."""
+    hf = tok.get("hf")
+    if hf is None:
+        return []
+    shutil.copyfile(hf.path, out / "tokenizer.json")
+    eos = hf._tok.id_to_token(hf.eos_id)
+    _write_json(
+        out / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": eos,
+            "model_max_length": max_len,
+            "clean_up_tokenization_spaces": False,
+        },
+    )
+    return ["tokenizer.json", "tokenizer_config.json"]
+
+
+def _run_id(study: Study, cell: Cell) -> str | None:
+    """The cell's MLflow run id, when its store can be read (the export does not need it)."""
+    try:
+        from ..tracking import study_status
+
+        for cs in study_status(study):
+            if cs.cell.key == cell.key and cs.run is not None:
+                return str(cs.run.run_id)
+    except Exception:  # an unreachable store: the export is still whole without the id
+        return None
+    return None
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def _code_hash() -> str:
+    from ..train.provenance import code_hash
+
+    return code_hash()
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
