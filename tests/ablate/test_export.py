@@ -254,3 +254,40 @@ def test_an_untied_model_with_a_hugging_face_tokenizer_exports_both(tmp_path):
     meta = json.loads((out / "ablate_export.json").read_text())
     assert meta["tokenizer"]["files"] == ["tokenizer.json", "tokenizer_config.json"]
     assert meta["step"] is None and meta["recipe"] == "bf16"
+
+
+@pytest.mark.slow
+def test_a_hugging_face_architectures_cell_exports_as_itself(tmp_path):
+    """A ``model: {hf: ...}`` cell (Qwen3's architecture, MXFP4 wgrad) exports under its own names:
+    ``AutoModelForCausalLM`` loads a ``Qwen3ForCausalLM`` with the trainer's logits and the
+    validation loss the run recorded."""
+    qwen3 = Path(__file__).resolve().parents[2] / "studies" / "qwen3_tiny" / "config.json"
+    p = tmp_path / "s.yaml"
+    p.write_text(
+        STUDY.replace("{preset: tiny}", "{hf: " + str(qwen3) + "}").replace(
+            "[[], [wgrad]]", "[[wgrad]]"
+        )
+    )
+    out = tmp_path / "out"
+    s = load_study(p, output=out)
+    run_study(s, executor="local", progress=False)
+    cell = s.cells[0]
+    dest = export_cell(p, cell.label, tmp_path / "hf", output=out)
+    hf = _load(dest)
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    meta = json.loads((dest / "ablate_export.json").read_text())
+    assert meta["quantized_layers"] == 4 * 7 and meta["step"] == 4
+    ck = torch.load(
+        s.checkpoint_dir(cell) / "checkpoint.pt", map_location="cpu", weights_only=False
+    )
+    ours = build_model(cell.config.model, 257, recipe=cell.config.recipe, seed=cell.config.seed)
+    ours.load_state_dict(ck["model"])
+    ours.eval()
+    batches = _val(cell.config, s.data_cache())
+    with torch.no_grad():
+        diff = max(float((ours(x) - hf(x).logits).abs().max()) for x, _ in batches)
+    assert diff <= TOL, diff
+    run = next(cs.run for cs in study_status(s) if cs.cell.key == cell.key)
+    assert run is not None
+    logged = read_histories(s.tracking_uri, [run.run_id], ["val_loss"])[run.run_id]["val_loss"]
+    assert abs(_hf_loss(hf, batches) - logged[-1][1]) <= TOL
