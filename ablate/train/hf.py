@@ -99,7 +99,7 @@ def load_config(spec: str) -> Any:
 
 def shape_fields(spec: str) -> dict[str, Any]:
     """The architecture's shapes as ``ModelConfig`` fields (the memory estimate's and FLOP
-    count's view of it; a ``head_dim`` other than hidden / heads is not represented)."""
+    count's view of it: a Llama-style decoder of those shapes; q/k norms are not counted)."""
     c = load_config(spec)
     theta = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(
         c, "rope_theta", 10_000.0
@@ -109,6 +109,7 @@ def shape_fields(spec: str) -> dict[str, Any]:
         "n_layers": c.num_hidden_layers,
         "n_heads": c.num_attention_heads,
         "n_kv_heads": getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+        "head_dim": getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
         "ffn_dim": c.intermediate_size,
         "vocab_size": c.vocab_size,
         "max_seq_len": c.max_position_embeddings,
@@ -116,6 +117,23 @@ def shape_fields(spec: str) -> dict[str, Any]:
         "norm_eps": float(getattr(c, "rms_norm_eps", 1e-6)),
         "tie_embeddings": bool(getattr(c, "tie_word_embeddings", False)),
     }
+
+
+def qk_norm_bytes(spec: str, precision: str) -> int:
+    """Bytes per token and decoder layer that the architecture's q/k norms save for the backward,
+    beyond a Llama-style layer (``memory.activation_parts``; measured in the suite): Qwen3 normalizes
+    each head of q and k (fp32 input and rsqrt, and the normalized q/k in fp32, or under autocast
+    in bf16), OLMo 2 all of q and all of k (fp32 input, normalized and rsqrt); 0 for the others."""
+    c = load_config(spec)
+    heads, kv_heads = c.num_attention_heads, getattr(c, "num_key_value_heads", None)
+    kv_heads = kv_heads or heads
+    hd = getattr(c, "head_dim", None) or c.hidden_size // heads
+    if c.model_type == "qwen3":
+        normed = 4 if precision == "fp32" else 2
+        return sum((4 + normed) * n * hd + 4 * n for n in (heads, kv_heads))
+    if c.model_type == "olmo2":
+        return sum(4 * (2 * n * hd + 1) for n in (heads, kv_heads))
+    return 0
 
 
 def check_config(spec: str, *, vocab_size: int | None, seq_len: int | None) -> Any:
@@ -272,6 +290,7 @@ __all__ = [
     "check_config",
     "config_identity",
     "load_config",
+    "qk_norm_bytes",
     "shape_fields",
     "transformers_module",
 ]

@@ -23,7 +23,8 @@ Assumptions, each matching how ``loop.py`` and ``model.py`` train today:
   the constant cos/sin tables, which do not require grad); attention is
   ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels: no T x T scores are
   materialized; grouped-query attention inside the kernel, ``enable_gqa``) and saves the rotated q
-  (C), k and v (KV = n_kv_heads x head_dim each: not repeated per query head), its output (C) and
+  (Q = n_heads x head_dim: C unless ``model.head_dim`` says otherwise), k and v (KV = n_kv_heads
+  x head_dim each: not repeated per query head), its output (Q) and
   the fp32 log-sum-exp (H); SwiGLU saves w1's output, silu's output, w3's output and their product
   (4 F). Under bf16 autocast the residual stream and the norms stay fp32 while
   the GEMM operands are bf16, and autocast casts the norm's output once per linear (3 copies for
@@ -98,7 +99,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .model import ModelConfig, _need
+from .hf import qk_norm_bytes
+from .model import ModelConfig, _need, num_params
 
 if TYPE_CHECKING:
     from backends import Recipe
@@ -121,20 +123,32 @@ def param_count(cfg: ModelConfig, vocab_size: int | None = None) -> int:
 
 
 def _block_linear_params(c: ModelConfig) -> int:
-    dim, ffn = _need(c.dim), _need(c.ffn_dim)
-    kv = _need(c.n_kv_heads) * (dim // _need(c.n_heads))
-    return 2 * dim * dim + 2 * dim * kv + 3 * dim * ffn  # wq, wo, wk, wv, w1, w2, w3
+    dim, ffn, q, kv = _need(c.dim), _need(c.ffn_dim), *_head_widths(c)
+    return 2 * dim * q + 2 * dim * kv + 3 * dim * ffn  # wq, wo, wk, wv, w1, w2, w3
+
+
+def _head_widths(c: ModelConfig) -> tuple[int, int]:
+    """(Q, KV): the widths of the queries (n_heads x head_dim; C unless ``model.head_dim`` says
+    otherwise) and of the keys and values (n_kv_heads x head_dim each)."""
+    hd = _need(c.head_dim)
+    return _need(c.n_heads) * hd, _need(c.n_kv_heads) * hd
 
 
 def activation_parts(
-    cfg: ModelConfig, micro_batch: int, seq_len: int, precision: str, checkpointing: str = "none"
+    cfg: ModelConfig,
+    micro_batch: int,
+    seq_len: int,
+    precision: str,
+    checkpointing: str = "none",
+    extra: int = 0,
 ) -> dict[str, int]:
     """Bytes autograd keeps for one forward of ``micro_batch`` x ``seq_len`` tokens of the resolved
     ``cfg``, by part: ``blocks`` (all of them), ``head`` (final norm, LM head input, log-probs),
     ``tokens`` (ids), and ``loss_transient``: one (B, T, V) fp32 tensor alive around the loss but
     not saved. ``precision`` is the resolved one: ``fp32`` or ``bf16`` (autocast). With
     ``checkpointing`` ``blocks``, ``blocks`` is each block's input (fp32, the residual stream), and
-    ``recompute`` one block's activations, rebuilt in its backward."""
+    ``recompute`` one block's activations, rebuilt in its backward. ``extra``: bytes per token and
+    block that an architecture saves beyond these (``hf.qk_norm_bytes``: q/k norms)."""
     dim, n_heads, ffn = _need(cfg.dim), _need(cfg.n_heads), _need(cfg.ffn_dim)
     vocab = _need(cfg.vocab_size)
     a = _BF16 if precision == "bf16" else _F32  # GEMM operands and outputs
@@ -144,10 +158,10 @@ def activation_parts(
     lin_inputs = (5 if precision == "bf16" else 2) * dim * a
     # rotated q, k and v (grouped: KV wide), output (wo's input is a view of it); fp32
     # log-sum-exp. RoPE saves nothing large: its multiplications only need the cos/sin tables.
-    kv = _need(cfg.n_kv_heads) * (dim // n_heads)
-    sdpa = (2 * dim + 2 * kv) * a + n_heads * _F32
+    q, kv = _head_widths(cfg)
+    sdpa = (2 * q + 2 * kv) * a + n_heads * _F32
     mlp = 4 * ffn * a  # w1 out, silu out, w3 out, product
-    per_token_block = 2 * norm + lin_inputs + sdpa + mlp
+    per_token_block = 2 * norm + lin_inputs + sdpa + mlp + extra
     tokens = micro_batch * seq_len
     if checkpointing == "blocks":
         kept = {
@@ -163,13 +177,15 @@ def activation_parts(
     }
 
 
-def evaluation_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, precision: str) -> int:
+def evaluation_bytes(
+    cfg: ModelConfig, micro_batch: int, seq_len: int, precision: str, extra: int = 0
+) -> int:
     """Bytes one evaluation forward of ``micro_batch`` x ``seq_len`` tokens holds at its peak, no
     autograd (module docstring): one block's activations as transients, the hidden state, and at
     the head the logits in the autocast precision, their fp32 copy (the same tensor in fp32) and
     the fp32 log-probabilities."""
     tokens = micro_batch * seq_len
-    parts = activation_parts(cfg, micro_batch, seq_len, precision)
+    parts = activation_parts(cfg, micro_batch, seq_len, precision, extra=extra)
     one_block = parts["blocks"] // _need(cfg.n_layers)
     vocab, dim = _need(cfg.vocab_size), _need(cfg.dim)
     logits = (_BF16 + 2 * _F32 if precision == "bf16" else 2 * _F32) * vocab
@@ -200,9 +216,9 @@ def _weight_extras(
         from backends.linear import shares_weight_quantization
 
         ffn = _need(cfg.ffn_dim)
-        kv = _need(cfg.n_kv_heads) * (dim // _need(cfg.n_heads))
+        q, kv = _head_widths(cfg)
         shapes = {
-            "attention": (dim * dim, dim * kv, dim * kv, dim * dim),
+            "attention": (dim * q, dim * kv, dim * kv, q * dim),
             "mlp": (dim * ffn,) * 3,
         }
         per_block = [
@@ -359,7 +375,9 @@ def estimate(
             f"{workers} x {grad_accum} equal micro-batches"
         )
     c = cfg.resolved(vocab_size)
-    n = param_count(c)
+    # a Hugging Face architecture: its own parameter count and what its q/k norms save
+    n = param_count(c) if cfg.hf is None else num_params(cfg, vocab_size)
+    extra = 0 if cfg.hf is None else qk_norm_bytes(cfg.hf, precision)
     micro = batch_size // (workers * grad_accum)
     copies, quant = _weight_extras(c, recipe, precision, checkpointing, all_gather)
     shards = workers if parallel == "fsdp" else 1
@@ -368,8 +386,10 @@ def estimate(
         parameters=-(-n * _F32 // shards),
         gradients=-(-n * _F32 // shards),
         optimizer=-(-2 * n * _F32 // shards),
-        activations=sum(activation_parts(c, micro, seq_len, precision, checkpointing).values()),
-        evaluation=evaluation_bytes(c, micro, seq_len, precision),
+        activations=sum(
+            activation_parts(c, micro, seq_len, precision, checkpointing, extra).values()
+        ),
+        evaluation=evaluation_bytes(c, micro, seq_len, precision, extra),
         weight_copies=copies,  # of the all-gathered weights under FSDP: not sharded
         quant_extras=quant,
         ddp_buckets=n * _F32 if parallel == "ddp" else 0,

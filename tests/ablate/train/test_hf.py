@@ -160,6 +160,15 @@ def test_two_workers_train_a_cell_bit_identically_with_checkpointed_layers(mode)
         assert ours[k] == ref[k] if k == "__evals__" else torch.equal(ours[k], ref[k]), k
 
 
+def test_a_bf16_all_gather_of_a_cells_linears_is_bit_identical_to_the_fp32_one():
+    def fsdp(all_gather: str) -> dict[str, Any]:
+        d = cfg("blocks", parallel="fsdp", grad_accum=2)
+        d["train"] |= {"precision": "bf16", "fsdp_all_gather": all_gather}
+        return d
+
+    _same(_run(fsdp("bf16")), _run(fsdp("fp32")))
+
+
 def test_probes_measure_a_cells_layers_by_block():
     from ablate.train.probe import make_prober
 
@@ -171,6 +180,29 @@ def test_probes_measure_a_cells_layers_by_block():
     metrics = prober.run()
     assert any(k.endswith(".L3") for k in metrics) and not any(k.endswith(".L1") for k in metrics)
     assert all(v == v for v in metrics.values())  # no NaN
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "olmo2"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_memory_estimate_counts_what_an_architecture_saves(tmp_path, model_type, precision):
+    """``ablate plan``'s activation estimate against the bytes autograd saves in one forward (as
+    tests/ablate/train/test_memory.py checks the presets), heads wider than width / heads, and
+    Qwen3's per-head and OLMo 2's full-width q/k norms; the parameter count is the model's own."""
+    from test_memory import _saved_bytes
+
+    from ablate.train.memory import activation_parts, estimate
+
+    path = _small(model_type, tmp_path, head_dim=32, tie_word_embeddings=True)
+    mc = ModelConfig(hf=path)
+    model = build_model(mc, 257)
+    b, t = 4, 48
+    tokens = torch.randint(0, 257, (b, t), generator=torch.Generator().manual_seed(0))
+    measured = _saved_bytes(model, tokens, precision)
+    est = estimate(mc, 257, batch_size=b, grad_accum=1, seq_len=t, precision=precision)
+    transient = activation_parts(mc.resolved(257), b, t, precision)["loss_transient"]
+    predicted = est.activations - transient + est.weight_copies
+    assert predicted == pytest.approx(measured, rel=0.01)
+    assert est.n_params == sum(p.numel() for p in model.parameters())
 
 
 def test_a_pretrained_folder_loads_its_weights(tmp_path):

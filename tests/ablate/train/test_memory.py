@@ -21,9 +21,18 @@ from ablate.train.model import ModelConfig, build_model, count_parameters, num_p
 from backends import Recipe
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small"])
+def _config(preset: str) -> ModelConfig:
+    """A preset, or ``tiny-head_dim64``: tiny with heads of 64 (``model.head_dim``; 128 / 4 = 32)."""
+    return (
+        ModelConfig(preset="tiny", head_dim=64)
+        if preset.endswith("64")
+        else ModelConfig(preset=preset)
+    )
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "tiny-head_dim64"])
 def test_param_count_is_exact(preset):
-    cfg = ModelConfig(preset=preset)
+    cfg = _config(preset)
     assert param_count(cfg, 257) == count_parameters(build_model(cfg, 257))
 
 
@@ -53,15 +62,18 @@ def _saved_bytes(model, tokens, precision):
 
 
 @pytest.mark.parametrize(
-    ("preset", "fp4"), [("tiny", False), ("small", False), ("tiny", True)], ids=str
+    ("preset", "fp4"),
+    [("tiny", False), ("small", False), ("tiny", True), ("tiny-head_dim64", False)],
+    ids=str,
 )
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_activation_estimate_matches_the_saved_tensors(preset, fp4, precision):
     """Within 2%: the estimate lists the tensors autograd saves one by one, so it should agree
     to the byte but for the RoPE tables (buffers, tens of KB) and QuantLinear's per-call key
     tables (bytes); bf16 is CPU autocast, whose cast rules for linear and SDPA are those of CUDA
-    autocast. With every GEMM in MXFP4, QuantLinear saves what nn.Linear does."""
-    cfg = ModelConfig(preset=preset)
+    autocast. With every GEMM in MXFP4, QuantLinear saves what nn.Linear does.
+    ``tiny-head_dim64``: heads twice as wide as width / heads (``model.head_dim``)."""
+    cfg = _config(preset)
     b, t = 4, 128
     recipe = Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "none") if fp4 else None
     model = build_model(cfg, 257, recipe=recipe)

@@ -224,3 +224,21 @@ def test_flops_per_token_is_6n_plus_attention_term():
     expected = 6 * n_matmul + 12 * 32 * 4096 * 8192
     assert abs(flops_per_token(cfg) - expected) / expected < 1e-4
     assert flops_per_token(cfg, seq_len=1024) < flops_per_token(cfg)
+
+
+def test_head_dim_sets_the_heads_width_apart_from_the_models():
+    """``model.head_dim`` (Qwen3-0.6B: 16 heads of 128 at width 1024): queries n_heads x head_dim
+    wide, keys and values n_kv_heads x head_dim; width / heads need not divide then; odd refused."""
+    cfg = ModelConfig(preset="tiny", head_dim=64)  # tiny: width 128, 4 heads, 2 kv heads
+    m = build_model(cfg, 257)
+    a = m.layers[0].attention
+    assert a.wq.weight.shape == (256, 128) and a.wk.weight.shape == (128, 128)
+    assert a.wo.weight.shape == (128, 256) and m.rope_cos.shape == (256, 32)
+    assert m(torch.zeros(2, 8, dtype=torch.long)).shape == (2, 8, 257)
+    odd = dict(dim=100, n_layers=1, n_heads=3, n_kv_heads=1, ffn_dim=64, max_seq_len=16)
+    assert ModelConfig(preset=None, head_dim=32, **odd).resolved(257).head_dim == 32
+    with pytest.raises(ValueError, match="model.n_heads: 3 does not divide model.dim 100"):
+        ModelConfig(preset=None, **odd)
+    with pytest.raises(ValueError, match="model.head_dim: 33 must be even"):
+        ModelConfig(preset="tiny", head_dim=33)
+    assert "head_dim" not in ModelConfig(preset="tiny").to_dict()  # a preset's key as before
