@@ -178,6 +178,7 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
 
     # 4. resolve every cell into a RunConfig (combinations can be impossible)
     resolved: list[tuple[dict[str, Any], RunConfig, dict[str, Any]]] = []
+    failed: list[tuple[str, list[str]]] = []  # (the cell's values, its errors)
     for vals in kept:
         try:
             cc = CellConfig.model_validate(with_values(base, vals))
@@ -185,9 +186,7 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
         except (ValidationError, ValueError) as e:
             what = ", ".join(f"{a}: {fmt_value(v)}" for a, v in vals.items())
             msgs = pydantic_errors(e, CellConfig) if isinstance(e, ValidationError) else [str(e)]
-            errors.extend(
-                f"cell {{{what}}}: {m}; drop impossible cells with `exclude`" for m in msgs
-            )
+            failed.append((what, msgs))
             continue
         if "checkpoint_every" not in raw_train and rc.train.checkpoint_every == 0:
             rc.train.checkpoint_every = rc.train.eval_every  # resumable by default
@@ -229,6 +228,15 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
                 "base_format": cc.base_format,
             }
         resolved.append((vals, rc, recipe_axes))
+    shared = {tuple(m) for _, m in failed}
+    if len(failed) == len(kept) > 1 and len(shared) == 1:  # the base is wrong, not a combination
+        errors[:0] = [f"{m} (in every cell)" for m in failed[0][1]]
+    else:
+        errors[:0] = [
+            f"cell {{{w}}}: {m}; drop impossible cells with `exclude`"
+            for w, ms in failed
+            for m in ms
+        ]
     if errors:
         more = [f"... and {len(errors) - 20} more"] if len(errors) > 20 else []
         raise SpecError(errors[:20] + more, source)

@@ -334,3 +334,20 @@ def test_baseline_extend_trains_the_baseline_on_past_the_budget_under_its_own_ke
             assert c.key == keys[c.label] and c.role == "baseline"
     assert "trains 8 steps, 1.60x the budget of 5" in (longer.extension_note or "")
     assert plain.extension_note is None
+
+
+def test_an_error_in_every_cell_is_said_once_and_a_combinations_error_names_its_cell(tmp_path):
+    base = {"device": "cpu", "model": {"preset": "tiny"}, "data": {"val_tokens": 4096}}
+    every = {"name": "s", "base": base | {"train": {"seq_len": 512}}, "grid": {"seed": [0, 1]}}
+    with pytest.raises(SpecError) as e:
+        parse_study(every, output=tmp_path)
+    assert e.value.errors == [
+        "train.seq_len: 512 is longer than the model supports (model.max_seq_len = 256); shorten "
+        "it or raise model.max_seq_len (in every cell)"
+    ]
+    some = {"name": "s", "base": base, "grid": {"train.seq_len": [128, 512]}}
+    with pytest.raises(SpecError) as e:
+        parse_study(some, output=tmp_path)
+    assert len(e.value.errors) == 1
+    assert e.value.errors[0].startswith("cell {train.seq_len: 512}: train.seq_len: 512 is longer")
+    assert e.value.errors[0].endswith("drop impossible cells with `exclude`")
