@@ -240,8 +240,11 @@ class _QuantLinearFn(torch.autograd.Function):
         y = layer._mm("fprop", x2, w, call, keys)  # (T, out) float32
         if bias is not None:
             y = y + bias.float()
-        # cast last: under autocast a new tensor, not a view (FSDP2 warns of a unit returning one)
-        return y.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
+        y = y.reshape(*x.shape[:-1], weight.shape[0])
+        # cast last: under autocast a new tensor, not a view (FSDP2 warns of a unit returning one);
+        # no .to() when the dtype is already right: torch 2.11's compiled autograd.Function trains
+        # wrongly when the output is that no-op's alias (a quantized fp32 step, tested)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
