@@ -66,9 +66,7 @@ def export(
     study = load(study_file, output, tracking_uri=tracking_uri)
     try:
         out = export_cell(study, label, out_dir, force=force, dtype=dtype)
-    except AblateError as e:
-        raise click.ClickException(str(e)) from None
-    except ImportError as e:
+    except (AblateError, ImportError) as e:
         raise click.ClickException(str(e)) from None
     meta = json.loads((out / METADATA).read_text())
     click.echo(

@@ -67,9 +67,8 @@ def hf_checkpoint(
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(config.json's dict, the ``transformers`` state dict) for a run of ``config`` whose model
     state dict is ``state``: the one place that picks the mapping of the run's kind of model."""
-    hf_spec = getattr(config.model, "hf", None)
-    if hf_spec is not None:
-        return hf_source_checkpoint(str(hf_spec), state)
+    if config.model.hf is not None:
+        return hf_source_checkpoint(config.model.hf, state)
     vocab = int(state["tok_embeddings.weight"].shape[0])
     return llama_checkpoint(config.model.resolved(vocab), state, eos_id=eos_id)
 

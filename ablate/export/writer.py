@@ -129,7 +129,7 @@ def export_model(
         state = weights.state_dict()
     else:
         state = weights.state if isinstance(weights, RunWeights) else weights
-    hf_spec = getattr(config.model, "hf", None)  # a Hugging Face architecture's run
+    hf_spec = config.model.hf  # a Hugging Face architecture's run
     out = _claim(Path(out_dir), force)
     tok = _tokenizer(config.data.tokenizer)
     hf_config, hf_state = hf_checkpoint(config, state, eos_id=tok["eos_id"])

@@ -100,7 +100,11 @@ def load_config(spec: str) -> Any:
 def shape_fields(spec: str) -> dict[str, Any]:
     """The architecture's shapes as ``ModelConfig`` fields (the memory estimate's and FLOP
     count's view of it: a Llama-style decoder of those shapes; q/k norms are not counted)."""
-    c = load_config(spec)
+    return _shapes(load_config(spec))
+
+
+def _shapes(c: Any) -> dict[str, Any]:
+    """``shape_fields`` of a loaded ``transformers`` config."""
     theta = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(
         c, "rope_theta", 10_000.0
     )
@@ -125,9 +129,8 @@ def qk_norm_bytes(spec: str, precision: str) -> int:
     each head of q and k (fp32 input and rsqrt, and the normalized q/k in fp32, or under autocast
     in bf16), OLMo 2 all of q and all of k (fp32 input, normalized and rsqrt); 0 for the others."""
     c = load_config(spec)
-    heads, kv_heads = c.num_attention_heads, getattr(c, "num_key_value_heads", None)
-    kv_heads = kv_heads or heads
-    hd = getattr(c, "head_dim", None) or c.hidden_size // heads
+    f = _shapes(c)
+    heads, kv_heads, hd = f["n_heads"], f["n_kv_heads"], f["head_dim"]
     if c.model_type == "qwen3":
         normed = 4 if precision == "fp32" else 2
         return sum((4 + normed) * n * hd + 4 * n for n in (heads, kv_heads))

@@ -100,7 +100,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .hf import qk_norm_bytes
-from .model import ModelConfig, _need, num_params
+from .model import num_params
+from .model_config import ModelConfig, _need, block_linear_params, head_widths
 
 if TYPE_CHECKING:
     from backends import Recipe
@@ -117,21 +118,9 @@ def param_count(cfg: ModelConfig, vocab_size: int | None = None) -> int:
     """Parameters of ``cfg`` for a tokenizer of ``vocab_size`` tokens, from the shapes alone."""
     c = cfg.resolved(vocab_size)
     dim, vocab = _need(c.dim), _need(c.vocab_size)
-    per_block = _block_linear_params(c) + 2 * dim  # + attention_norm, ffn_norm
+    per_block = block_linear_params(c) + 2 * dim  # + attention_norm, ffn_norm
     head = 0 if c.tie_embeddings else vocab * dim
     return vocab * dim + _need(c.n_layers) * per_block + dim + head
-
-
-def _block_linear_params(c: ModelConfig) -> int:
-    dim, ffn, q, kv = _need(c.dim), _need(c.ffn_dim), *_head_widths(c)
-    return 2 * dim * q + 2 * dim * kv + 3 * dim * ffn  # wq, wo, wk, wv, w1, w2, w3
-
-
-def _head_widths(c: ModelConfig) -> tuple[int, int]:
-    """(Q, KV): the widths of the queries (n_heads x head_dim; C unless ``model.head_dim`` says
-    otherwise) and of the keys and values (n_kv_heads x head_dim each)."""
-    hd = _need(c.head_dim)
-    return _need(c.n_heads) * hd, _need(c.n_kv_heads) * hd
 
 
 def activation_parts(
@@ -158,7 +147,7 @@ def activation_parts(
     lin_inputs = (5 if precision == "bf16" else 2) * dim * a
     # rotated q, k and v (grouped: KV wide), output (wo's input is a view of it); fp32
     # log-sum-exp. RoPE saves nothing large: its multiplications only need the cos/sin tables.
-    q, kv = _head_widths(cfg)
+    q, kv = head_widths(cfg)
     sdpa = (2 * q + 2 * kv) * a + n_heads * _F32
     mlp = 4 * ffn * a  # w1 out, silu out, w3 out, product
     per_token_block = 2 * norm + lin_inputs + sdpa + mlp + extra
@@ -207,16 +196,14 @@ def _weight_extras(
     if all_gather == "bf16":
         kept_blocks = 0
     copies = (
-        (kept_blocks * _block_linear_params(cfg) + vocab * dim) * _BF16
-        if precision == "bf16"
-        else 0
+        (kept_blocks * block_linear_params(cfg) + vocab * dim) * _BF16 if precision == "bf16" else 0
     )
     quant = 0
     if recipe is not None and not recipe.high_precision:
         from backends.linear import shares_weight_quantization
 
         ffn = _need(cfg.ffn_dim)
-        q, kv = _head_widths(cfg)
+        q, kv = head_widths(cfg)
         shapes = {
             "attention": (dim * q, dim * kv, dim * kv, q * dim),
             "mlp": (dim * ffn,) * 3,
@@ -413,7 +400,7 @@ def fsdp_unsharded(cfg: ModelConfig, grad_accum: int, all_gather: str = "fp32") 
     del grad_accum  # every micro-batch is reduce-scattered: gradients accumulate sharded
     dim, vocab = _need(cfg.dim), _need(cfg.vocab_size)
     root = vocab * dim + dim + (0 if cfg.tie_embeddings else vocab * dim)  # embedding, norm, head
-    linears, norms = _block_linear_params(cfg), 2 * dim
+    linears, norms = block_linear_params(cfg), 2 * dim
     if all_gather == "bf16":
         params = root * _F32 + 2 * (linears * _BF16 + norms * _F32)
         grads = root * _F32 + 2 * (linears * (_BF16 + _F32) + norms * _F32)

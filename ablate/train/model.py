@@ -29,7 +29,7 @@ from torch import nn
 from backends import Recipe, convert_model
 
 from .hf import HFCausalLM, build_hf_model
-from .model_config import PRESETS, ModelConfig, _need, _need_f
+from .model_config import PRESETS, ModelConfig, _need, _need_f, block_linear_params, head_widths
 from .recompute import checkpointed
 
 # ---------------------------------------------------------------------------------------------------
@@ -296,16 +296,13 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> float:
 
     N counts the matmul weights: the block linears and the LM head (the embedding is a lookup, not
     a matmul; a tied head still costs its matmul). 12 L C T is the attention score and value
-    matmuls (C: the queries' width) for a context of T = ``seq_len`` (default ``max_seq_len``), counted over the full T x T
-    square as is conventional (a causal kernel does about half). ``cfg`` with ``vocab_size`` unset
+    matmuls (C: the queries' width) for a context of T = ``seq_len`` (default ``max_seq_len``),
+    counted over the full T x T square as is conventional (a causal kernel does about half). ``cfg`` with ``vocab_size`` unset
     uses the preset default; pass ``cfg.resolved(tokenizer_vocab)`` for the exact figure.
     """
     c = cfg.resolved()
-    dim, n_layers, ffn = _need(c.dim), _need(c.n_layers), _need(c.ffn_dim)
-    q_dim = _need(c.n_heads) * _need(c.head_dim)  # C unless model.head_dim says otherwise
-    kv_dim = _need(c.n_kv_heads) * _need(c.head_dim)
-    per_layer = 2 * dim * q_dim + 2 * dim * kv_dim + 3 * dim * ffn  # wq, wo, wk, wv, w1, w2, w3
-    n = n_layers * per_layer + _need(c.vocab_size) * dim
+    dim, n_layers, (q_dim, _) = _need(c.dim), _need(c.n_layers), head_widths(c)
+    n = n_layers * block_linear_params(c) + _need(c.vocab_size) * dim
     t = seq_len if seq_len is not None else _need(c.max_seq_len)
     return float(6 * n + 12 * n_layers * q_dim * t)
 

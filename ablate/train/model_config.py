@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from .hf import shape_fields
+from .hf import INITS, shape_fields
 
 _SHAPE_FIELDS = ("dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len")
 # used when ``preset`` is None and the field is not given
@@ -72,8 +72,8 @@ class ModelConfig:
                 if self.hf is None
                 else f"model.hf: must be a config.json, a model folder or a hub name, got {self.hf!r}"
             )
-        if self.init not in ("random", "pretrained"):
-            raise ValueError(f"model.init: unknown {self.init!r}; allowed: random, pretrained")
+        if self.init not in INITS:
+            raise ValueError(f"model.init: unknown {self.init!r}; allowed: {', '.join(INITS)}")
         for f in fields(self):
             if f.name not in ("preset", "hf", "init") and getattr(self, f.name) is not None:
                 raise ValueError(
@@ -228,6 +228,19 @@ def _need(v: int | float | bool | None) -> int:
     if v is None:
         raise ValueError("ModelConfig is not resolved; call cfg.resolved(vocab_size) first")
     return int(v)
+
+
+def head_widths(c: ModelConfig) -> tuple[int, int]:
+    """(Q, KV) of a resolved config: the widths of the queries (n_heads x head_dim; C unless
+    ``model.head_dim`` says otherwise) and of the keys and values (n_kv_heads x head_dim each)."""
+    hd = _need(c.head_dim)
+    return _need(c.n_heads) * hd, _need(c.n_kv_heads) * hd
+
+
+def block_linear_params(c: ModelConfig) -> int:
+    """Weights of one block's linears (wq, wo, wk, wv, w1, w2, w3) of a resolved config."""
+    dim, ffn, (q, kv) = _need(c.dim), _need(c.ffn_dim), head_widths(c)
+    return 2 * dim * q + 2 * dim * kv + 3 * dim * ffn
 
 
 def _need_f(v: float | None) -> float:
