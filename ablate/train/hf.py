@@ -38,7 +38,7 @@ from torch import nn
 
 from backends import Recipe, convert
 
-from .recompute import checkpointed
+from .recompute import CheckpointedBlock
 
 TRAINABLE = ("llama", "mistral", "olmo2", "qwen2", "qwen3")
 """Families whose model forward is embedding -> decoder layers -> norm -> LM head, nothing else (no
@@ -167,20 +167,15 @@ def check_config(spec: str, *, vocab_size: int | None, seq_len: int | None) -> A
     return c
 
 
-class _BlockLayer(nn.Module):
+class _BlockLayer(CheckpointedBlock):
     """The interface of ``model.Block`` on a ``transformers`` decoder layer (a mixin: a layer's class
     becomes ``type(name, (_BlockLayer, its class), {})``)."""
 
-    checkpointing = False
-    """Recompute this layer's activations in the backward (``recompute.set_checkpointing``)."""
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.checkpointing and torch.is_grad_enabled():
-            return checkpointed(self._layer, x, cos, sin)
-        return self._layer(x, cos, sin)
-
-    def _layer(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        out = super().forward(x, attention_mask=None, position_embeddings=(cos, sin))
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # the decoder layer's own forward: the class after CheckpointedBlock in the layer's MRO
+        out = super(CheckpointedBlock, self).forward(
+            x, attention_mask=None, position_embeddings=(cos, sin)
+        )
         return out[0] if isinstance(out, tuple) else out  # transformers 4.x returns a tuple
 
 

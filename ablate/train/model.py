@@ -30,7 +30,7 @@ from backends import Recipe, convert_model
 
 from .hf import HFCausalLM, build_hf_model
 from .model_config import PRESETS, ModelConfig, _need, _need_f, block_linear_params, head_widths
-from .recompute import checkpointed
+from .recompute import CheckpointedBlock
 
 # ---------------------------------------------------------------------------------------------------
 # modules
@@ -122,7 +122,7 @@ class FeedForward(nn.Module):
         return out
 
 
-class Block(nn.Module):
+class Block(CheckpointedBlock):
     """Pre-norm transformer block: x + attention(norm(x)), then h + feed_forward(norm(h))."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -132,14 +132,6 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(dim, _need(cfg.ffn_dim))
         self.attention_norm = RMSNorm(dim, eps)
         self.ffn_norm = RMSNorm(dim, eps)
-
-    checkpointing = False
-    """Recompute this block's activations in the backward (``recompute.set_checkpointing``)."""
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.checkpointing and torch.is_grad_enabled():
-            return checkpointed(self._forward, x, cos, sin)
-        return self._forward(x, cos, sin)
 
     def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)  # (B, T, C)

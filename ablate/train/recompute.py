@@ -69,6 +69,23 @@ def checkpointed(fn: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
     return out
 
 
+class CheckpointedBlock(torch.nn.Module):
+    """A transformer block that ``set_checkpointing`` switches: ``forward(x, cos, sin)`` runs the
+    subclass's ``_forward``, through ``checkpointed`` while ``checkpointing`` is on and gradients
+    are recorded. The base of ``model.Block`` and of a Hugging Face decoder layer's (``hf``)."""
+
+    checkpointing = False
+    """Recompute this block's activations in the backward (``set_checkpointing``)."""
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.checkpointing and torch.is_grad_enabled():
+            return checkpointed(self._forward, x, cos, sin)
+        return self._forward(x, cos, sin)
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
 def set_checkpointing(model: torch.nn.Module, mode: str) -> None:
     """Switch ``model``'s transformer blocks (``model.layers``) to checkpointing (``blocks``) or
     not (``none``); before ``torch.compile`` and before DDP or FSDP2 wrap the model."""
