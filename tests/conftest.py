@@ -1,6 +1,6 @@
 """The whole suite's environment: prepared data (``ablate.train.prepared``) goes to a folder of
 this test process's own, never to the user's ``~/.cache/ablate/data``; subprocesses, Ray workers
-and clusters started by a test inherit it. Every test starts in the working directory the suite
+and clusters started by a test inherit it. ``train_bpe`` trains the suite's BPE tokenizers. Every test starts in the working directory the suite
 started in: a test that runs a worker's code in this process (``run_one`` enters the task's
 working directory, as a worker process does) must not move the next test's relative paths."""
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +33,27 @@ def _working_directory_kept() -> Iterator[None]:
     cwd = os.getcwd()
     yield
     os.chdir(cwd)
+
+
+@pytest.fixture
+def train_bpe() -> Callable[[Path, Iterable[str]], Path]:
+    """``train_bpe(path, docs)``: a byte-level BPE tokenizer (vocabulary 300, ``<|endoftext|>`` its
+    one special token) trained on ``docs`` with ``tokenizers``' own trainer, saved at ``path`` as a
+    ``tokenizer.json``; returns ``path``."""
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    def train(path: Path, docs: Iterable[str]) -> Path:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+        tok.train_from_iterator(docs, trainer)
+        tok.save(str(path))
+        return path
+
+    return train

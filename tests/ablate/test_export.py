@@ -221,19 +221,13 @@ def test_a_sharded_checkpoint_exports_the_weights_of_one_process(tmp_path):
         export_checkpoint(one, tmp_path / "fsdp", tmp_path / "c")
 
 
-def test_an_untied_model_with_a_hugging_face_tokenizer_exports_both(tmp_path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def test_an_untied_model_with_a_hugging_face_tokenizer_exports_both(tmp_path, train_bpe):
+    from tokenizers import Tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    path = train_bpe(
+        tmp_path / "tokenizer.json", ["the quick brown fox jumps over the lazy dog"] * 50
     )
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 50, trainer)
-    tok.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(path))
     d = _cfg(data={"tokenizer": str(tmp_path / "tokenizer.json")})
     d["model"] = {**d["model"], "tie_embeddings": False, "rope_theta": 500_000.0}
     config = RunConfig.from_dict(d)

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,23 +36,6 @@ DOCS = [
 VAL_DOCS = [f"Held out {i}: a lazy fox, a quick dog and {i} more words. " * 4 for i in range(30)]
 
 
-def bpe_tokenizer(path: Path) -> Path:
-    """A byte-level BPE tokenizer trained here on the test's documents, saved as tokenizer.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(DOCS + VAL_DOCS, trainer)
-    tok.save(str(path))
-    return path
-
-
 def write_jsonl(path: Path, docs: list[str]) -> Path:
     path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     return path
@@ -74,8 +58,10 @@ def expected_stream(docs: list[str], tokenizer: str) -> list[int]:
     return out
 
 
-def test_a_bpe_corpus_from_parquet_and_jsonl_prepares_to_the_same_tokens(tmp_path: Path) -> None:
-    tok = str(bpe_tokenizer(tmp_path / "tokenizer.json"))
+def test_a_bpe_corpus_from_parquet_and_jsonl_prepares_to_the_same_tokens(
+    tmp_path: Path, train_bpe: Any
+) -> None:
+    tok = str(train_bpe(tmp_path / "tokenizer.json", DOCS + VAL_DOCS))
     jsonl = DataConfig(corpus="jsonl", path=str(write_jsonl(tmp_path / "c.jsonl", DOCS)),
                        tokenizer=tok, val_tokens=256)  # fmt: skip
     parquet = DataConfig(corpus="parquet", path=str(write_parquet(tmp_path / "c.parquet", DOCS)),
@@ -101,19 +87,21 @@ def test_a_bpe_corpus_from_parquet_and_jsonl_prepares_to_the_same_tokens(tmp_pat
     assert data.tokenizer.decode(data.val.tolist()[-20:])  # the tokenizer loads on demand
 
 
-def test_the_key_follows_the_files_and_the_tokenizer_not_the_split(tmp_path: Path) -> None:
+def test_the_key_follows_the_files_and_the_tokenizer_not_the_split(
+    tmp_path: Path, train_bpe: Any
+) -> None:
     path = write_jsonl(tmp_path / "c.jsonl", DOCS)
     cfg = DataConfig(corpus="jsonl", path=str(path), val_tokens=256)
     key = data_key(cfg)
     assert data_key(DataConfig(corpus="jsonl", path=str(path), val_tokens=512, data_seed=3)) == key
-    tok = bpe_tokenizer(tmp_path / "tokenizer.json")
+    tok = train_bpe(tmp_path / "tokenizer.json", DOCS + VAL_DOCS)
     assert data_key(DataConfig(corpus="jsonl", path=str(path), tokenizer=str(tok))) != key
     write_jsonl(path, DOCS[:-1])  # the corpus changed: another set, never the old one
     assert data_key(cfg) != key
 
 
-def test_workers_write_the_same_stream_as_one_process(tmp_path: Path) -> None:
-    tok = str(bpe_tokenizer(tmp_path / "tokenizer.json"))
+def test_workers_write_the_same_stream_as_one_process(tmp_path: Path, train_bpe: Any) -> None:
+    tok = str(train_bpe(tmp_path / "tokenizer.json", DOCS + VAL_DOCS))
     cfg = DataConfig(corpus="jsonl", path=str(write_jsonl(tmp_path / "c.jsonl", DOCS * 20)),
                      tokenizer=tok, val_tokens=256)  # fmt: skip
     one = prepare(cfg, cache=tmp_path / "one", workers=1)
@@ -301,8 +289,8 @@ def test_a_runs_memory_does_not_grow_with_the_corpus(tmp_path: Path) -> None:
 # --- tokenizers by file, folder and hub name -----------------------------------------------------
 
 
-def test_a_tokenizer_is_a_file_a_folder_or_a_hub_name(tmp_path: Path) -> None:
-    tok = bpe_tokenizer(tmp_path / "tokenizer.json")
+def test_a_tokenizer_is_a_file_a_folder_or_a_hub_name(tmp_path: Path, train_bpe: Any) -> None:
+    tok = train_bpe(tmp_path / "tokenizer.json", DOCS + VAL_DOCS)
     assert tokenizer_kind(str(tok)) == "file" and tokenizer_kind(str(tmp_path)) == "file"
     assert load_tokenizer(str(tmp_path)).name == load_tokenizer(str(tok)).name
     assert tokenizer_kind("meta-llama/Llama-3.1-8B") == "hub"
