@@ -70,4 +70,4 @@ gpu-check:
 		site=$$(mktemp -d) && \
 		$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --target $$site $(WHEELS)/*.whl || exit 1; \
 	fi; \
-	PYTHONPATH="$(CURDIR)$${site:+:$$site}" PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m ablate.gpu_check $(GPU_CHECK_ARGS)
+	PYTHONPATH="$(CURDIR)$${site:+:$$site}" PYTHONUNBUFFERED=1 $(GPU_PYTHON) -m ablate.bench.gpu_check $(GPU_CHECK_ARGS)

@@ -1,26 +1,64 @@
 """backends: the numerics of ablate, usable on their own (they import only torch).
 
-Formats and quantizers (``formats``, ``quant``: a C kernel on the CPU, ``fused`` compiled on GPUs),
-Hadamard transforms (``hadamard``), per-GEMM recipes (``recipe``) and the published ones by name
-(``named``), the quantized linear layer and model conversion (``linear``; ``convert`` for Hugging
-Face architectures and any other model), the GEMM backends (their
-interface in ``gemm``, named in ``registry``; ``emulated`` on any device, ``native`` on the
-hardware's scaled GEMMs) and the benchmark of the quantizers and GEMMs (``bench``). Typical use::
+Four rooms, each with its own face:
+
+- ``backends.quant``: formats and the quantizer (a C kernel on the CPU, compiled torch arithmetic
+  on GPUs, a readable reference every path equals bit for bit), Hadamard transforms, random streams;
+- ``backends.recipes``: per-GEMM, per-operand recipes, and the published ones by name;
+- ``backends.gemm``: the GEMM backends (``emulated`` on any device, ``native`` on the hardware's
+  scaled GEMMs) and which device runs which format;
+- ``backends.layer``: the quantized linear layer, model conversion and gradient-fidelity probes.
+
+Typical use::
 
     from backends import Recipe, convert
     convert(model, Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "dht", base="fp8"))
+
+The benchmark of the quantizers and GEMMs is ``python -m ablate.bench.numerics``.
 """
 
-from .convert import ARCHITECTURES, UnknownArchitectureError, convert
-from .formats import E2M1, E4M3, E5M2, ElementFormat, ScaleMode, pack_fp4, unpack_fp4
-from .gemm import GemmBackend, UnsupportedFormatError
-from .hadamard import hadamard_matrix, hadamard_transform, sign_vector
-from .linear import QuantLinear, convert_model
-from .named import NAMED_RECIPES, named_recipe
-from .quant import FORMATS, QTensor, QuantSpec, fake_quantize, quantize
-from .recipe import GEMMS, GemmRecipe, HadamardSpec, Recipe, parse_intervention
-from .reference import fake_quantize_reference, quantize_reference
-from .registry import available_backends, get_backend, register_backend
+from backends.gemm import (
+    GemmBackend,
+    UnsupportedFormatError,
+    available_backends,
+    get_backend,
+    register_backend,
+)
+from backends.layer import (
+    ARCHITECTURES,
+    QuantLinear,
+    UnknownArchitectureError,
+    convert,
+    convert_model,
+)
+from backends.quant import (
+    E2M1,
+    E4M3,
+    E5M2,
+    FORMATS,
+    ElementFormat,
+    QTensor,
+    QuantSpec,
+    ScaleMode,
+    fake_quantize,
+    fake_quantize_reference,
+    hadamard_matrix,
+    hadamard_transform,
+    pack_fp4,
+    quantize,
+    quantize_reference,
+    sign_vector,
+    unpack_fp4,
+)
+from backends.recipes import (
+    GEMMS,
+    NAMED_RECIPES,
+    GemmRecipe,
+    HadamardSpec,
+    Recipe,
+    named_recipe,
+    parse_intervention,
+)
 
 __all__ = [
     "ARCHITECTURES",

@@ -1,4 +1,7 @@
-"""The whole suite's environment: prepared data (``ablate.train.prepared``) goes to a folder of
+"""The whole suite's environment. The tests mirror the packages (``tests/ablate/data/`` tests
+``ablate/data/``); a test module may import a helper of another by its module name (``from
+test_runner import tiny_study``) wherever the two live, so every folder of tests is on the import
+path (module names are unique across the suite). Prepared data (``ablate.data.prepared``) goes to a folder of
 this test process's own, never to the user's ``~/.cache/ablate/data``; subprocesses, Ray workers
 and clusters started by a test inherit it. ``train_bpe`` trains the suite's BPE tokenizers. Every test starts in the working directory the suite
 started in: a test that runs a worker's code in this process (``run_one`` enters the task's
@@ -8,11 +11,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
+
+for _folder in sorted({p.parent for p in Path(__file__).resolve().parent.rglob("test_*.py")}):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 _made: list[str] = []
 

@@ -368,7 +368,7 @@ recipe: nvidia_nvfp4
 
 ```bash
 ablate run studies/quickstart.yaml --max-concurrent 2   # a comment
-python -m ablate.train.bench --presets tiny
+python -m ablate.bench.train --presets tiny
 make test-fast
 ```
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import click
 
-from .. import __version__
-from . import data, export, plan, probe, recipe, results, study
+from ablate import __version__
+from ablate.cli import data, export, plan, probe, recipe, results, study
 
 
 @click.group()

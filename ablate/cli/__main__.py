@@ -1,5 +1,5 @@
 """``python -m ablate.cli``: the same as the ``ablate`` command."""
 
-from . import main
+from ablate.cli import main
 
 main()

@@ -8,9 +8,9 @@ from typing import Any, TypeVar
 
 import click
 
-from ..errors import AblateError, CannotRunError, SpecError
-from ..spec import Study, load_study
-from ..spec.expand import MAX_CELLS
+from ablate.errors import AblateError, CannotRunError, SpecError
+from ablate.spec import Study, load_study
+from ablate.spec.expand import MAX_CELLS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -90,8 +90,8 @@ def executor_opt(each: str) -> Callable[[F], F]:
 def preflight_or_exit(study: Study, address: str | None) -> None:
     """``preflight.preflight`` (what ``run`` checks before it starts), its refusal as exit 2; then the
     target-headroom warning (``planning.target_headroom``) on stderr."""
-    from ..planning import target_headroom
-    from ..preflight import auto_cpu_cells, preflight
+    from ablate.driver.planning import target_headroom
+    from ablate.driver.preflight import auto_cpu_cells, preflight
 
     try:
         preflight(study, address=address)

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from ..errors import AblateError
-from .common import load, max_cells_opt, output_opt, refuse, study_arg
+from ablate.cli.common import load, max_cells_opt, output_opt, refuse, study_arg
+from ablate.errors import AblateError
 
 
 @click.group()
@@ -37,7 +37,7 @@ def prepare(study_file: str, output: str | None, max_cells: int, workers: int | 
     Example:
         ablate data prepare studies/recipes_gpu.yaml --workers 8
     """
-    from ..preparing import prepare_study
+    from ablate.driver.preparing import prepare_study
 
     study = load(study_file, output, max_cells)
     try:
@@ -62,7 +62,7 @@ def show(study_file: str, output: str | None, max_cells: int, as_json: bool) -> 
     Example:
         ablate data show studies/heldout.yaml
     """
-    from ..preparing import study_data
+    from ablate.driver.preparing import study_data
 
     study = load(study_file, output, max_cells)
     rows: list[dict[str, Any]] = []

@@ -7,8 +7,8 @@ import json
 
 import click
 
-from ..errors import AblateError
-from .common import load, study_arg, tracking_uri_opt
+from ablate.cli.common import load, study_arg, tracking_uri_opt
+from ablate.errors import AblateError
 
 
 @click.command()
@@ -61,7 +61,7 @@ def export(
     Example:
         ablate export studies/quickstart.yaml --cell 'bf16/seed0' -o exported/quickstart-bf16
     """
-    from ..export import METADATA, export_cell
+    from ablate.export import METADATA, export_cell
 
     study = load(study_file, output, tracking_uri=tracking_uri)
     try:

@@ -10,9 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..errors import AblateError
-from ..spec import Study
-from .common import (
+from ablate.cli.common import (
     address_opt,
     load,
     max_cells_opt,
@@ -22,13 +20,15 @@ from .common import (
     study_arg,
     tracking_uri_opt,
 )
+from ablate.errors import AblateError
+from ablate.spec import Study
 
 if TYPE_CHECKING:
-    from ..train.memory import MemoryEstimate
+    from ablate.train.memory import MemoryEstimate
 
 
 def _device_memory(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from ..train.memory import parse_size
+    from ablate.train.memory import parse_size
 
     if value is None:
         return None
@@ -80,8 +80,8 @@ def plan(
         ablate plan studies/mxfp4_wgrad.yaml
         ablate plan study.yaml --device-memory 80GiB
     """
-    from ..planning import plan as plan_study
-    from ..planning import summarize
+    from ablate.driver.planning import plan as plan_study
+    from ablate.driver.planning import summarize
 
     study = load(study_file, output, max_cells, tracking_uri)
     _checks(study, address)
@@ -119,7 +119,7 @@ def plan(
         mark = f" ({p.cell.role})" if p.cell.baseline else ""
         click.echo(f"  {p.cell.key}  {p.cell.label:{width}s}  {p.action:7s} {p.why}{mark}")
     click.echo("would: " + ", ".join(f"{a} {n}" for a, n in summarize(planned).items()))
-    from ..train.memory import format_bytes
+    from ablate.train.memory import format_bytes
 
     click.echo("memory per device (estimate):")
     for (est, limit), cells in _by_estimate(mem, planned).items():
@@ -141,11 +141,11 @@ def _checks(study: Study, address: str | None) -> None:
     checked, and `run` still refuses it."""
     import torch
 
-    from ..errors import CannotRunError, TrackingError
-    from ..planning import target_headroom
-    from ..preflight import check_devices, check_ray_devices
-    from ..tracking import check_store
-    from ..train.config import device_kind
+    from ablate.driver.planning import target_headroom
+    from ablate.driver.preflight import check_devices, check_ray_devices
+    from ablate.errors import CannotRunError, TrackingError
+    from ablate.tracking import check_store
+    from ablate.train.config import device_kind
 
     res = study.spec.resources
     need, have = res.gpus * res.workers, torch.cuda.device_count()
@@ -177,8 +177,8 @@ def _memory_estimates(
     study: Study, device_memory: int | None
 ) -> dict[str, tuple[MemoryEstimate, int | None]]:
     """Each cell's estimate and the memory of the device it trains on (None: unknown)."""
-    from ..train.config import device_kind
-    from ..train.memory import estimate_run, visible_device_memory
+    from ablate.train.config import device_kind
+    from ablate.train.memory import estimate_run, visible_device_memory
 
     out: dict[str, tuple[MemoryEstimate, int | None]] = {}
     for cell in study.cells:
@@ -201,7 +201,7 @@ def _by_estimate(
 
 def _memory_warnings(mem: dict[str, tuple[MemoryEstimate, int | None]], planned: list[Any]) -> None:
     """A warning on stderr per configuration whose estimate exceeds its device's memory."""
-    from ..train.memory import format_bytes
+    from ablate.train.memory import format_bytes
 
     for (est, limit), cells in _by_estimate(mem, planned).items():
         if limit is not None and est.total > limit:
@@ -268,6 +268,6 @@ def schema() -> None:
     Example:
         ablate schema > study.schema.json
     """
-    from ..spec import json_schema
+    from ablate.spec import json_schema
 
     click.echo(json.dumps(json_schema(), indent=2))

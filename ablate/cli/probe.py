@@ -11,9 +11,9 @@ from pathlib import Path
 
 import click
 
-from ..errors import AblateError
-from ..spec import Cell, Study
-from .common import load, max_cells_opt, output_opt, study_arg, tracking_uri_opt
+from ablate.cli.common import load, max_cells_opt, output_opt, study_arg, tracking_uri_opt
+from ablate.errors import AblateError
+from ablate.spec import Cell, Study
 
 _SUMMARY = ("cos", "align", "rel_err", "sqnr_db", "bias_ratio", "step_cos", "sum_ratio")
 
@@ -73,8 +73,8 @@ def probe(
         ablate probe studies/probes.yaml --cell 'mxfp4[fprop,dgrad,wgrad]+dht16/fp8/seed0'
         ablate probe studies/probes.yaml --checkpoint saved/step100 --checkpoint saved/step200
     """
-    from ..train.config import ProbeConfig
-    from ..train.probe import probe_checkpoints
+    from ablate.train.config import ProbeConfig
+    from ablate.train.probe import probe_checkpoints
 
     study = load(study_file, output, max_cells, tracking_uri)
     chosen = _select(study, cells)
@@ -122,7 +122,7 @@ def _select(study: Study, wanted: tuple[str, ...]) -> list[Cell]:
 
 def _config_hash_of(path: Path) -> str | None:
     """The config hash a checkpoint records (its sidecar when there is one)."""
-    from ..train.checkpoint import CHECKPOINT
+    from ablate.train.checkpoint import CHECKPOINT
 
     file = path / CHECKPOINT if path.is_dir() else path
     side = file.with_suffix(".json")
@@ -142,7 +142,7 @@ def _plan(
     study: Study, cells: list[Cell], checkpoints: tuple[str, ...]
 ) -> list[tuple[Cell, list[Path]]]:
     """(cell, its checkpoints) to probe, in study order."""
-    from ..train.checkpoint import CHECKPOINT
+    from ablate.train.checkpoint import CHECKPOINT
 
     if not checkpoints:
         found = [(c, study.checkpoint_dir(c) / CHECKPOINT) for c in cells]
@@ -168,7 +168,7 @@ def _plan(
 
 
 def _run_ids(study: Study) -> dict[str, str]:
-    from ..tracking import study_status
+    from ablate.tracking import study_status
 
     try:
         return {cs.cell.key: cs.run.run_id for cs in study_status(study) if cs.run is not None}
@@ -179,7 +179,7 @@ def _run_ids(study: Study) -> dict[str, str]:
 def _log(
     study: Study, run_id: str | None, cell: Cell, step: int, metrics: dict[str, float]
 ) -> None:
-    from ..tracking import MlflowLogger
+    from ablate.tracking import MlflowLogger
 
     if run_id is None:
         click.echo(

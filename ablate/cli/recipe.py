@@ -10,11 +10,9 @@ from typing import Any
 import click
 import yaml
 
-from backends.named import named_recipe
-from backends.recipe import GEMMS, Recipe
-
-from ..spec.override import RecipeOverride
-from ..spec.recipe import select
+from ablate.spec.override import RecipeOverride
+from ablate.spec.recipe import select
+from backends.recipes import GEMMS, Recipe, named_recipe
 
 
 @click.command()

@@ -6,8 +6,7 @@ import sys
 
 import click
 
-from ..errors import AblateError
-from .common import (
+from ablate.cli.common import (
     SpecProblem,
     address_opt,
     executor_opt,
@@ -18,6 +17,7 @@ from .common import (
     study_arg,
     tracking_uri_opt,
 )
+from ablate.errors import AblateError
 
 
 @click.command()
@@ -54,11 +54,11 @@ def report(
         ablate report studies/quickstart.yaml            # -> reports/quickstart/
         ablate report --tracking-uri http://mlflow:5000 --study mxfp4_wgrad -o out/
     """
-    from ..report.study import report_study
-    from ..report.verdict import cost_and_speedup, verdict
-    from ..spec import parse_study
-    from ..spec.loader import parse_yaml
-    from ..tracking import read_study_text
+    from ablate.report.study import report_study
+    from ablate.report.verdict import cost_and_speedup, verdict
+    from ablate.spec import parse_study
+    from ablate.spec.loader import parse_yaml
+    from ablate.tracking import read_study_text
 
     if study_file is not None:
         study = load(study_file, runs, max_cells, tracking_uri)
@@ -129,8 +129,8 @@ def tune(
         ablate tune studies/tune_lr.yaml --executor local
         ablate tune studies/tune_lr.yaml --trials 12      # continue to 12 trials per search
     """
-    from ..errors import TuneError
-    from ..tune import format_summary, run_tune, tune_spec
+    from ablate.errors import TuneError
+    from ablate.tune import format_summary, run_tune, tune_spec
 
     study = load(study_file, output, max_cells, tracking_uri)
     try:

@@ -11,9 +11,7 @@ from typing import Any
 
 import click
 
-from ..errors import AblateError
-from ..spec import Study
-from .common import (
+from ablate.cli.common import (
     address_opt,
     executor_opt,
     load,
@@ -23,6 +21,8 @@ from .common import (
     study_arg,
     tracking_uri_opt,
 )
+from ablate.errors import AblateError
+from ablate.spec import Study
 
 
 @click.command()
@@ -77,8 +77,8 @@ def run(
         ablate run studies/quickstart.yaml
         ablate run study.yaml --address ray://head:10001 --tracking-uri http://mlflow:5000
     """
-    from ..progress import WAIT_WARN_S
-    from ..runner import run_study
+    from ablate.driver.progress import WAIT_WARN_S
+    from ablate.driver.runner import run_study
 
     study = load(study_file, output, max_cells, tracking_uri)
     try:
@@ -99,7 +99,7 @@ def run(
     if result.interrupted:
         sys.exit(130)
     if not no_report:
-        from ..report.study import report_study
+        from ablate.report.study import report_study
 
         try:
             rep = report_study(study)
@@ -138,12 +138,12 @@ def adopt(
     Example:
         ablate adopt studies/quickstart.yaml
     """
-    from ..errors import TrackingError
-    from ..runner import study_lock
-    from ..tracking import StudyTracker
-    from ..tracking.adopt import adopt as adopt_runs
-    from ..tracking.adopt import adoptable
-    from ..train.config import device_kind, resolved_precision
+    from ablate.driver.runner import study_lock
+    from ablate.errors import TrackingError
+    from ablate.tracking import StudyTracker
+    from ablate.tracking.adopt import adopt as adopt_runs
+    from ablate.tracking.adopt import adoptable
+    from ablate.train.config import device_kind, resolved_precision
 
     study = load(study_file, output, max_cells, tracking_uri)
     try:
@@ -192,8 +192,8 @@ def status(
 
 
 def _print_cells(study: Study, *, as_json: bool) -> None:
-    from ..tracking import StudyTracker, study_status
-    from ..tracking.status import count
+    from ablate.tracking import StudyTracker, study_status
+    from ablate.tracking.status import count
 
     try:
         statuses = study_status(study)
@@ -203,8 +203,8 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         else:
             click.echo(f"{study.name}: nothing recorded yet ({e})")
         return
-    from ..planning import stale
-    from ..runner import driver_running
+    from ablate.driver.planning import stale
+    from ablate.driver.runner import driver_running
 
     tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
     latest = tracker.latest_metrics([cs.run.run_id for cs in statuses if cs.run])
@@ -298,7 +298,7 @@ def ui(
         ablate ui studies/quickstart.yaml      # then open the printed URL
         ablate ui --tracking-uri http://mlflow-host:5000 --study mxfp4_wgrad
     """
-    from ..tracking.ui import serve, study_url
+    from ablate.tracking.ui import serve, study_url
 
     study = None
     if tracking_uri is None:

@@ -1,5 +1,5 @@
 """Where cells run: the executors that take ``Task``s and hand back ``Outcome``s as they end
-(``ablate.task``), and ``run_one``, the plain function a worker runs. ``ablate run`` and
+(``ablate.executor.task``), and ``run_one``, the plain function a worker runs. ``ablate run`` and
 ``ablate tune`` drive the same two executors:
 
 - ``LocalExecutor``: in this process, one task at a time (tests, tiny studies, debugging);
@@ -23,10 +23,10 @@ Modules, one concept each:
     cluster       which Ray cluster, whether it is remote, connecting (token authentication)
 """
 
-from .cluster import check_ray_auth, cluster_address, remote_cluster
-from .local import Executor, ExecutorName, LocalExecutor
-from .ray_executor import RayExecutor
-from .worker import run_distributed, run_one
+from ablate.executor.cluster import check_ray_auth, cluster_address, remote_cluster
+from ablate.executor.local import Executor, ExecutorName, LocalExecutor
+from ablate.executor.ray_executor import RayExecutor
+from ablate.executor.worker import run_distributed, run_one
 
 __all__ = [
     "Executor",

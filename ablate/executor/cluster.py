@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from ..errors import RunnerError
+from ablate.errors import RunnerError
 
 
 def cluster_address(address: str | None) -> str | None:

@@ -9,8 +9,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Literal, Protocol
 
-from ..task import Outcome, Task
-from .worker import run_one
+from ablate.executor.task import Outcome, Task
+from ablate.executor.worker import run_one
 
 ExecutorName = Literal["ray", "local"]
 

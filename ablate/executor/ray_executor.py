@@ -15,10 +15,10 @@ import time
 from collections import deque
 from typing import Any
 
-from ..errors import CannotRunError
-from ..task import Outcome, Task
-from .cluster import cluster_address, connect
-from .worker import error_line, run_distributed, run_one_on_ray
+from ablate.errors import CannotRunError
+from ablate.executor.cluster import cluster_address, connect
+from ablate.executor.task import Outcome, Task
+from ablate.executor.worker import error_line, run_distributed, run_one_on_ray
 
 
 def _slots(resources: dict[str, float], cpus: float, gpus: float) -> int:

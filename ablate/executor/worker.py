@@ -2,7 +2,7 @@
 its MLflow run; ``run_distributed`` does the same for a multi-worker cell through a Ray Train
 ``TorchTrainer`` (NCCL on GPUs, gloo on CPUs), rank 0 logging. Both are plain functions that the
 executors (``local``, ``ray_executor``) only decide where to run; both check the worker first
-(``ablate.worker_checks``) and never raise for a failing run: the failure is the outcome, recorded
+(``ablate.executor.worker_checks``) and never raise for a failing run: the failure is the outcome, recorded
 on the run, so one bad cell does not stop a study.
 """
 
@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import Any
 
-from ..task import Outcome, Task
+from ablate.executor.task import Outcome, Task
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -32,9 +32,9 @@ def run_one(task: Task) -> Outcome:
     """Train one cell, logging into its MLflow run; never raises for a failing run (the failure is
     the outcome, recorded on the run) so one bad cell does not stop a study. A ddp or fsdp cell
     of one worker trains in a process group of one (``train.parallel.process_group``)."""
-    from ..tracking import MlflowLogger
-    from ..train import RunConfig
-    from ..worker_checks import check_worker
+    from ablate.executor.worker_checks import check_worker
+    from ablate.tracking import MlflowLogger
+    from ablate.train import RunConfig
 
     _enter(task)
     logger = MlflowLogger(task.tracking_uri, task.run_id)
@@ -79,13 +79,13 @@ def _train_cell(task: Task, cfg: Any, logger: Any, extra: dict[str, Any] | None 
     """Check the device, record where the cell runs and that it is running, train it (in a
     process group of one where its parallel mode needs a group and none exists) and return its
     outcome. ``logger`` is rank 0's (the others pass a ``NullLogger``)."""
-    from ..devices import check_worker_device, placement
-    from ..tracking import MlflowLogger
-    from ..train import train
-    from ..train.checkpoint import checkpoint_info
-    from ..train.device import resolve_device
-    from ..train.parallel import process_group
-    from ..train.provenance import environment
+    from ablate.executor.devices import check_worker_device, placement
+    from ablate.tracking import MlflowLogger
+    from ablate.train import train
+    from ablate.train.checkpoint import checkpoint_info
+    from ablate.train.device import resolve_device
+    from ablate.train.parallel import process_group
+    from ablate.train.provenance import environment
 
     check_worker_device(cfg.device, task.label)  # before anything is logged as running
     if isinstance(logger, MlflowLogger):  # rank 0's, or a one-process cell's
@@ -132,10 +132,10 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
-    from ..tracking import MlflowLogger
-    from ..train import RunConfig
-    from ..train.logger import NullLogger
-    from ..worker_checks import check_worker
+    from ablate.executor.worker_checks import check_worker
+    from ablate.tracking import MlflowLogger
+    from ablate.train import RunConfig
+    from ablate.train.logger import NullLogger
 
     task: Task = loop_config["task"]
     ctx = ray.train.get_context()
@@ -190,8 +190,8 @@ def run_distributed(
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from ..tracking import MlflowLogger
-    from ..worker_checks import check_worker
+    from ablate.executor.worker_checks import check_worker
+    from ablate.tracking import MlflowLogger
 
     t0 = time.perf_counter()
     _enter(task)

@@ -7,10 +7,10 @@ as ``LlamaForCausalLM``), ``read_checkpoint`` reads a run's weights from either 
 ``transformers`` and ``safetensors`` are optional: ``pip install 'ablate[hf]'``.
 """
 
-from ..errors import ExportError
-from .mapping import DEPARTURES, hf_checkpoint, llama_checkpoint, permute_rotary
-from .weights import RunWeights, read_checkpoint
-from .writer import METADATA, export_cell, export_checkpoint, export_model, find_cell
+from ablate.errors import ExportError
+from ablate.export.mapping import DEPARTURES, hf_checkpoint, llama_checkpoint, permute_rotary
+from ablate.export.weights import RunWeights, read_checkpoint
+from ablate.export.writer import METADATA, export_cell, export_checkpoint, export_model, find_cell
 
 __all__ = [
     "DEPARTURES",

@@ -4,7 +4,7 @@ config as a dict, the state dict under ``transformers``' names).
 
 Two sources of weights plug in here:
 
-- the built-in decoder (``ablate.train.model.Transformer``) becomes ``LlamaForCausalLM``
+- the built-in decoder (``ablate.model.decoder.Transformer``) becomes ``LlamaForCausalLM``
   (``llama_checkpoint``): the keys are renamed, and the rows of ``wq`` and ``wk`` are permuted per
   head, because the built-in model rotates the interleaved channel pairs (2i, 2i+1) of each head
   (Meta's RoPE) where ``transformers``' Llama rotates the halves (i, i + head_dim/2). The functions
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from ..train.config import RunConfig
-    from ..train.model import ModelConfig
+    from ablate.model import ModelConfig
+    from ablate.train.config import RunConfig
 
 QUANT_BUFFERS = ("sr_seed", "calls", "hadamard_signs")
 """The persistent buffers a ``backends.QuantLinear`` adds beside its ``weight`` (random-stream
@@ -147,7 +147,7 @@ def hf_source_checkpoint(
     """A Hugging Face architecture's run (``model: {hf: spec}``): its config as ``transformers``
     reads it from ``spec``, its weights under their own names (the identity mapping, without the
     quantization buffers; a tied head written once, as ``save_pretrained`` does)."""
-    from .weights import transformers_module
+    from ablate.export.weights import transformers_module
 
     tf = transformers_module()
     conf = tf.AutoConfig.from_pretrained(spec)

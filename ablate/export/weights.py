@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ..errors import ExportError
-from ..train.checkpoint import CHECKPOINT, SHARDED, checkpoint_info
+from ablate.errors import ExportError
+from ablate.train.checkpoint import CHECKPOINT, SHARDED, checkpoint_info
 
 _EXTRA = "pip install 'ablate[hf]'"
 __all__ = [

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .mapping import DEPARTURES, QUANT_BUFFERS, hf_checkpoint
-from .weights import ExportError, RunWeights, read_checkpoint, safetensors_torch
+from ablate.export.mapping import DEPARTURES, QUANT_BUFFERS, hf_checkpoint
+from ablate.export.weights import ExportError, RunWeights, read_checkpoint, safetensors_torch
 
 if TYPE_CHECKING:
-    from ..spec import Cell, Study
-    from ..train.config import RunConfig
+    from ablate.spec import Cell, Study
+    from ablate.train.config import RunConfig
 
 METADATA = "ablate_export.json"
 FILES = (
@@ -58,7 +58,7 @@ def export_cell(
     ``out_dir``; ``study`` is a loaded ``Study`` or a study file (``output``: its output folder
     when not the default). A finished cell keeps its final weights; an interrupted one its last
     checkpoint (every ``train.checkpoint_every`` steps). Returns ``out_dir``."""
-    from ..spec import load_study
+    from ablate.spec import load_study
 
     if not isinstance(study, str | Path):
         s = study
@@ -97,7 +97,7 @@ def export_checkpoint(
 ) -> Path:
     """Export the checkpoint of a run of ``config`` in ``checkpoint_dir`` (default: its
     ``checkpoint_dir``), refused when another configuration wrote it."""
-    from ..train.config import config_hash
+    from ablate.train.config import config_hash
 
     where = checkpoint_dir or config.checkpoint_dir
     if where is None:
@@ -154,7 +154,7 @@ def export_model(
         "val_loss": run.val_loss if run else None,
         "checkpoint_format": run.format if run else None,
         "architecture": hf_config.get("architectures", [None])[0],
-        "source": f"model.hf: {hf_spec}" if hf_spec else "ablate.train.model.Transformer",
+        "source": f"model.hf: {hf_spec}" if hf_spec else "ablate.model.decoder.Transformer",
         "recipe": config.recipe.short(),
         "recipe_table": config.recipe.to_dict(),
         "weights": WEIGHTS_NOTE,
@@ -195,7 +195,8 @@ def _claim(out: Path, force: bool) -> Path:
 
 def _tokenizer(spec: str) -> dict[str, Any]:
     """What the export says of the run's tokenizer (``spec``: ``data.tokenizer``)."""
-    from ..train.tokenizer import HFTokenizer, load_tokenizer, tokenizer_kind
+    from ablate.data import load_tokenizer
+    from ablate.data.tokenizer import HFTokenizer, tokenizer_kind
 
     try:
         kind = tokenizer_kind(spec)
@@ -237,7 +238,7 @@ def _write_tokenizer(tok: dict[str, Any], out: Path, max_len: int | None) -> lis
 def _run_id(study: Study, cell: Cell) -> str | None:
     """The cell's MLflow run id, when its store can be read (the export does not need it)."""
     try:
-        from ..tracking import study_status
+        from ablate.tracking import study_status
 
         for cs in study_status(study):
             if cs.cell.key == cell.key and cs.run is not None:
@@ -248,13 +249,13 @@ def _run_id(study: Study, cell: Cell) -> str | None:
 
 
 def _version() -> str:
-    from .. import __version__
+    from ablate import __version__
 
     return __version__
 
 
 def _code_hash() -> str:
-    from ..train.provenance import code_hash
+    from ablate.train.provenance import code_hash
 
     return code_hash()
 

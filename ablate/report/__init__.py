@@ -22,7 +22,7 @@ Modules, by concept:
     provenance which code, commit, device and precision produced the runs (pandas)
     render     build_report: report.md, report.html, summary.csv, PNG + SVG figures
     synthetic  studies with known token costs (benchmark, tests, demos)
-    bench      ``python -m ablate.report.bench``: 200 runs x 2,000 evaluations, timed
+    bench      ``python -m ablate.bench.report``: 200 runs x 2,000 evaluations, timed
 
 This ``__init__`` imports neither pandas nor matplotlib: heavy names load on first attribute access.
 """

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from .plots import BASELINE_COLOUR, styles
+from ablate.report.plots import BASELINE_COLOUR, styles
 
 
 def plot_token_cost(config_table: Any, title: str = "", *, titles: bool = True) -> Figure:

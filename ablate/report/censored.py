@@ -40,7 +40,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .stats import t975
+from ablate.report.stats import t975
 
 _SQRT2 = math.sqrt(2.0)
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)

@@ -51,9 +51,9 @@ from typing import Any
 
 import numpy as np
 
-from ..targets import Curve, tokens_to_target
-from .censored import NONE, Estimate
-from .stats import t975
+from ablate.report.censored import NONE, Estimate
+from ablate.report.stats import t975
+from ablate.targets import Curve, tokens_to_target
 
 FIRTH_SHIFT = 0.8115
 """Where the Jeffreys-penalized likelihood of one normal observation known only to lie below a

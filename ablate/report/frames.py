@@ -1,7 +1,7 @@
 """The report's input rows for a study's cells (``ablate.report.inputs`` has the contract), from
 what a cell's run recorded: the one place that turns a cell and its outcome into a ``cells`` row.
 ``report.study`` fills it from MLflow; ``results_frames`` from runs trained in this process
-without a tracking store (``ablate.gpu_check``). pandas only."""
+without a tracking store (``ablate.bench.gpu_check``). pandas only."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from .provenance import PROVENANCE
+from ablate.report.provenance import PROVENANCE
 
 if TYPE_CHECKING:
-    from ..spec import Cell
-    from ..train import RunResult
+    from ablate.spec import Cell
+    from ablate.train import RunResult
 
 STATUSES = {"finished", "diverged", "failed", "running", "interrupted", "pending"}
 

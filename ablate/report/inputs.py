@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import ReportError
+from ablate.errors import ReportError
 
 CELL_COLUMNS = (
     "key", "label", "config", "seed", "status", "diverged_at", "baseline", "fp4_gemms",

@@ -24,9 +24,25 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from ..errors import ReportError
-from ..spec.speedup import ROLES, SpeedupSpec
-from ..targets import (
+from ablate.errors import ReportError
+from ablate.report.censored import NONE, Estimate, Seeds, relative_cost, tokens_estimate
+from ablate.report.equal_loss import ratio_at, ratio_curve, seed_offsets
+from ablate.report.inputs import _CLEAN, budget_steps, check_inputs, clean_evals, curves
+from ablate.report.notes import (
+    baseline_notes,
+    config_notes,
+    not_reached_after,
+    off_curve_note,
+    report_notes,
+)
+from ablate.report.speedup import (
+    projected_speedup,
+    role_formats,
+    role_interventions,
+    throughput_gain,
+)
+from ablate.spec.speedup import ROLES, SpeedupSpec
+from ablate.targets import (
     DEFAULT_AT,
     TARGET_FIELDS,
     Curve,
@@ -34,11 +50,6 @@ from ..targets import (
     target_ppl_of,
     tokens_to_target,
 )
-from .censored import NONE, Estimate, Seeds, relative_cost, tokens_estimate
-from .equal_loss import ratio_at, ratio_curve, seed_offsets
-from .inputs import _CLEAN, budget_steps, check_inputs, clean_evals, curves
-from .notes import baseline_notes, config_notes, not_reached_after, off_curve_note, report_notes
-from .speedup import projected_speedup, role_formats, role_interventions, throughput_gain
 
 OUTCOMES = ("reached", "not reached", "diverged", "incomplete", "no evals")
 

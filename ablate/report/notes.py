@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from .censored import Estimate, Seeds
-from .equal_loss import Pairing
+from ablate.report.censored import Estimate, Seeds
+from ablate.report.equal_loss import Pairing
 
 
 def _seeds(sub: Any, outcome: str) -> str:

@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from . import markup, plots
-from .markup import Block
+from ablate.report import markup, plots
+from ablate.report.markup import Block
 
 PROBE_COLUMNS = ("key", "step", "metric", "value")
 GEMMS = ("fprop", "dgrad", "wgrad")
@@ -293,7 +293,7 @@ def probe_blocks(
         f"At {len(steps)} probe steps ({', '.join(map(str, steps[:12]))}"
         + (" ..." if len(steps) > 12 else "")
         + "), on a fixed probe batch, each quantized GEMM of each probed layer is compared with "
-        "the exact GEMM on the same operands (`ablate.train.probe`, numerics in `backends.probe`)."
+        "the exact GEMM on the same operands (`ablate.train.probe`, numerics in `backends.layer.probe`)."
     )
     if settings:
         what += " Settings: " + ", ".join(f"{k} {v}" for k, v in settings.items()) + "."

@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..spec.speedup import SpeedupSpec
-from . import bars, markup, plots, provenance
-from .markup import Block
-from .metrics import (
+from ablate.report import bars, markup, plots, provenance
+from ablate.report.markup import Block
+from ablate.report.metrics import (
     check_inputs,
     clean_evals,
     describe_target,
@@ -38,9 +37,10 @@ from .metrics import (
     report_notes,
     resolve_target,
 )
-from .probes import probe_blocks
-from .run_metrics import run_summaries
-from .verdict import cost_and_speedup, ratio_text, verdict, verdict_lines
+from ablate.report.probes import probe_blocks
+from ablate.report.run_metrics import run_summaries
+from ablate.report.verdict import cost_and_speedup, ratio_text, verdict, verdict_lines
+from ablate.spec.speedup import SpeedupSpec
 
 LATE_FRACTION = 0.5
 FIGURES = {

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ..targets import Curve
-from .equal_loss import final_ratio
-from .inputs import curves
+from ablate.report.equal_loss import final_ratio
+from ablate.report.inputs import curves
+from ablate.targets import Curve
 
 _CONFIG_METRICS = (
     "seeds_reached",

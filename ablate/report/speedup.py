@@ -52,8 +52,8 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ..errors import ReportError
-from ..spec.speedup import BASE_FORMATS, FP4_FORMATS, ROLES, SpeedupSpec, format_name
+from ablate.errors import ReportError
+from ablate.spec.speedup import BASE_FORMATS, FP4_FORMATS, ROLES, SpeedupSpec, format_name
 
 
 def role_formats(fp4_gemms: str, fp4_format: str, base_format: str) -> dict[str, str]:

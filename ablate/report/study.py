@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from ..errors import ReportError, TrackingError
-from ..tracking import StudyTracker, read_histories, study_status
-from ..tracking.vocab import env_of, short_name
-from .frames import cell_row, cells_frame
-from .render import ReportResult, build_report
-from .run_metrics import config_summaries
+from ablate.errors import ReportError, TrackingError
+from ablate.report.frames import cell_row, cells_frame
+from ablate.report.render import ReportResult, build_report
+from ablate.report.run_metrics import config_summaries
+from ablate.tracking import StudyTracker, read_histories, study_status
+from ablate.tracking.vocab import env_of, short_name
 
 if TYPE_CHECKING:
-    from ..spec import Study
+    from ablate.spec import Study
 
 
 def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -59,8 +59,8 @@ def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
 def probe_frame(study: Study, cells: pd.DataFrame) -> pd.DataFrame:
     """The probe metrics the report shows (``report.probes``), from the cells' MLflow runs; empty
     when none logged any."""
-    from ..tracking import read_metric_keys
-    from .probes import PROBE_COLUMNS, probe_keys
+    from ablate.report.probes import PROBE_COLUMNS, probe_keys
+    from ablate.tracking import read_metric_keys
 
     runs = study_status(study)
     key_of = {cs.run.run_id: cs.cell.key for cs in runs if cs.run is not None}
@@ -101,7 +101,7 @@ def report_study(
     out = Path(out_dir) if out_dir is not None else Path("reports") / study.name
     tuning: list[dict[str, Any]] = []
     if study.spec.tune is not None:
-        from ..tune.storage import tune_summary
+        from ablate.tune.storage import tune_summary
 
         tuning = tune_summary(study)
     probes = probe_frame(study, cells)

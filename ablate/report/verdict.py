@@ -19,8 +19,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from . import markup
-from .censored import half_width
+from ablate.report import markup
+from ablate.report.censored import half_width
 
 VERDICTS = ("better", "indistinguishable", "worse", "undetermined")
 HEADINGS = {

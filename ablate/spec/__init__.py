@@ -37,11 +37,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..errors import SpecError
-    from .axes import check_axis_name, fmt_value, with_values
-    from .expand import load_study, parse_study
-    from .messages import did_you_mean, pydantic_errors
-    from .schema import (
+    from ablate.errors import SpecError
+    from ablate.spec.axes import check_axis_name, fmt_value, with_values
+    from ablate.spec.expand import load_study, parse_study
+    from ablate.spec.messages import did_you_mean, pydantic_errors
+    from ablate.spec.schema import (
         LIST_AXES,
         RECIPE_AXES,
         SECTIONS,
@@ -54,9 +54,9 @@ if TYPE_CHECKING:
         TuneSpec,
         json_schema,
     )
-    from .speedup import SpeedupSpec
-    from .study import Cell, Study
-    from .tune import Search, plan_searches, trial_config
+    from ablate.spec.speedup import SpeedupSpec
+    from ablate.spec.study import Cell, Study
+    from ablate.spec.tune import Search, plan_searches, trial_config
 
 _LAZY = {
     "SpecError": "..errors",

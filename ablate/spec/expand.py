@@ -15,19 +15,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from backends.recipe import GEMMS, intervention_label, parse_intervention
-
-from ..errors import SpecError
-from ..train.config import RunConfig, TrainConfig, config_hash
-from ..train.data import check_sources
-from ..train.prepared import already_prepared, check_counts
-from .axes import check_axis_name, fmt_value, get_path, with_values
-from .loader import parse_yaml, read_study_text
-from .messages import pydantic_errors
-from .recipe import recipe_axes as derived_recipe_axes
-from .schema import LIST_AXES, RECIPE_AXES, CellConfig, StudySpec
-from .study import Cell, Study
-from .tune import check_tune
+from ablate.data import already_prepared, check_counts, check_sources
+from ablate.errors import SpecError
+from ablate.spec.axes import check_axis_name, fmt_value, get_path, with_values
+from ablate.spec.loader import parse_yaml, read_study_text
+from ablate.spec.messages import pydantic_errors
+from ablate.spec.recipe import recipe_axes as derived_recipe_axes
+from ablate.spec.schema import LIST_AXES, RECIPE_AXES, CellConfig, StudySpec
+from ablate.spec.study import Cell, Study
+from ablate.spec.tune import check_tune
+from ablate.train.config import RunConfig, TrainConfig, config_hash
+from backends.recipes import GEMMS, parse_intervention
+from backends.recipes.recipe import intervention_label
 
 # --- loading ---------------------------------------------------------------------------------------
 

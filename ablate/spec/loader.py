@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import SpecError
+from ablate.errors import SpecError
 
 MAX_BYTES = 1 << 20  # 1 MiB: a study is a few KB
 MAX_DEPTH = 64

@@ -41,11 +41,9 @@ from pydantic import (
     model_serializer,
 )
 
-from backends.named import named_recipe
-from backends.recipe import GEMMS, OPERANDS, Recipe
-
-from .messages import pydantic_errors
-from .recipe import GemmsSpec, OperandSpec, check_recipe_name, to_gemms
+from ablate.spec.messages import pydantic_errors
+from ablate.spec.recipe import GemmsSpec, OperandSpec, check_recipe_name, to_gemms
+from backends.recipes import GEMMS, OPERANDS, Recipe, named_recipe
 
 OPERAND_KEYS = tuple(OperandSpec.model_fields)
 FORMAT_KEYS = ("block", "scale_mode", "scale_rule", "outer_block")

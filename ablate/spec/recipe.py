@@ -10,7 +10,7 @@ GEMMs it leaves unquantized, and each selected onto layers by ``keep_first``/``k
     intervention: sr+rht64
 
     recipe: nvidia_nvfp4                   # a named recipe: nvidia_nvfp4, tseng_mxfp4,
-                                           # amd_mxfp4_h16, quartet (backends.named)
+                                           # amd_mxfp4_h16, quartet (backends.recipes.named)
     gemms:                                 # the explicit form
       fprop: {format: nvfp4, w: {block: [16, 16]}}
       dgrad: {format: nvfp4, dy: {rounding: sr}, w: {block: [16, 16]}}
@@ -23,7 +23,7 @@ GEMMs it leaves unquantized, and each selected onto layers by ``keep_first``/``k
 
 In ``gemms`` a GEMM's own keys (format, rounding, prescale, scale_mode, block, scale_rule,
 outer_block) apply to both of its operands, and an operand's keys, under its tensor name (fprop: x,
-w; dgrad: dy, w; wgrad: dy, x), override them. The NVFP4 variants of ``backends.variants``:
+w; dgrad: dy, w; wgrad: dy, x), override them. The NVFP4 variants of ``backends.quant.variants``:
 ``scale_rule: mse|mae|abs_max`` (Four Over Six), ``rounding: eden`` (MS-EDEN; its GEMM needs a
 ``hadamard``), ``outer_block: 128`` (TetraJet-v2's FP32 scale per 128 elements). A named recipe
 with some of these keys changed is a partial override (``recipe: {name: ..., wgrad: {...}}``,
@@ -42,11 +42,19 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from backends.named import NAMED_RECIPES, USES_BASE, named_recipe
+from ablate.spec.messages import did_you_mean
 from backends.quant import BLOCK_SIZES, FORMATS, QuantSpec
-from backends.recipe import GEMMS, OPERANDS, GemmRecipe, HadamardSpec, Recipe, _base_gemm
-
-from .messages import did_you_mean
+from backends.recipes import (
+    GEMMS,
+    NAMED_RECIPES,
+    OPERANDS,
+    GemmRecipe,
+    HadamardSpec,
+    Recipe,
+    named_recipe,
+)
+from backends.recipes.named import USES_BASE
+from backends.recipes.recipe import _base_gemm
 
 FormatName = Literal[
     "bf16", "mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2", "fp8_e4m3", "fp8_e5m2"

@@ -10,15 +10,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from backends.recipe import GEMMS, Recipe, parse_intervention
-from backends.registry import available_backends
-
-from ..train.config import ProbeConfig, RunConfig, TrainConfig
-from ..train.data import DataConfig
-from ..train.model import ModelConfig
-from .override import RecipeOverride
-from .recipe import GemmsSpec, LayersSpec, check_recipe_name, explicit_recipe, select
-from .speedup import SpeedupSpec
+from ablate.data import DataConfig
+from ablate.model import ModelConfig
+from ablate.spec.override import RecipeOverride
+from ablate.spec.recipe import GemmsSpec, LayersSpec, check_recipe_name, explicit_recipe, select
+from ablate.spec.speedup import SpeedupSpec
+from ablate.train.config import ProbeConfig, RunConfig, TrainConfig
+from backends.gemm import available_backends
+from backends.recipes import GEMMS, Recipe, parse_intervention
 
 Gemm = Literal["fprop", "dgrad", "wgrad"]
 RECIPE_AXES = (
@@ -75,7 +74,7 @@ class CellConfig(BaseModel):
     """Last N transformer blocks stay in high precision."""
     recipe: str | RecipeOverride | None = None
     """A named recipe instead of the shorthands: nvidia_nvfp4, tseng_mxfp4, amd_mxfp4_h16,
-    quartet, four_over_six, nvidia_nvfp4_4over6, quartet_ii, tetrajet_v2 (backends.named;
+    quartet, four_over_six, nvidia_nvfp4_4over6, quartet_ii, tetrajet_v2 (backends.recipes.named;
     ``ablate recipe NAME`` shows one); or a variant of one, {name: NAME, fprop|dgrad|wgrad:
     {changed keys}} (ablate.spec.override)."""
     gemms: GemmsSpec | None = None

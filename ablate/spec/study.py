@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..train.config import RunConfig
-from .schema import StudySpec, Target
+from ablate.spec.schema import StudySpec, Target
+from ablate.train.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -104,9 +104,9 @@ class Study:
         return None
 
     def data_cache(self) -> Path:
-        """The folder of prepared data (``data_cache``, else ``ablate.train.prepared``'s default),
+        """The folder of prepared data (``data_cache``, else ``ablate.data.prepared``'s default),
         absolute: cells on other nodes get this path."""
-        from ..train.prepared import default_cache
+        from ablate.data import default_cache
 
         given = self.spec.data_cache
         return (Path(given) if given else default_cache()).expanduser().resolve()

@@ -44,11 +44,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..train.config import RunConfig
-from .axes import check_axis_name, fmt_value, with_values
-from .messages import pydantic_errors
-from .schema import RECIPE_AXES, SECTIONS, CellConfig, ParamKind, ParamSpec, PrunerSpec, TuneSpec
-from .study import Cell, Study
+from ablate.spec.axes import check_axis_name, fmt_value, with_values
+from ablate.spec.messages import pydantic_errors
+from ablate.spec.schema import (
+    RECIPE_AXES,
+    SECTIONS,
+    CellConfig,
+    ParamKind,
+    ParamSpec,
+    PrunerSpec,
+    TuneSpec,
+)
+from ablate.spec.study import Cell, Study
+from ablate.train.config import RunConfig
 
 # --- searches --------------------------------------------------------------------------------------
 

@@ -11,16 +11,16 @@ Modules, by concept:
     history  read_histories: metric curves for the report and tune
     status   study_status: the study's cells joined with their recorded runs; baseline_curves
     ui       ``ablate ui``: the MLflow server on a study's store, opened at ablate's runs view
-    uibench  ``python -m ablate.tracking.uibench``: the UI's start-up time and memory, measured
+    uibench  ``python -m ablate.bench.ui``: the UI's start-up time and memory, measured
 """
 
 from __future__ import annotations
 
-from .history import read_histories, read_metric_keys
-from .logger import MlflowLogger
-from .runs import CellRun, StudyTracker, read_cells, read_study_text
-from .status import CellStatus, baseline_curves, join_runs, study_status
-from .store import (
+from ablate.tracking.history import read_histories, read_metric_keys
+from ablate.tracking.logger import MlflowLogger
+from ablate.tracking.runs import CellRun, StudyTracker, read_cells, read_study_text
+from ablate.tracking.status import CellStatus, baseline_curves, join_runs, study_status
+from ablate.tracking.store import (
     check_cluster_uri,
     check_store,
     check_uri,

@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..spec.study import Cell, Study
-from ..train.checkpoint import rekey_checkpoint
-from ..train.config import device_kind, legacy_config_hash, resolved_precision
-from . import vocab
-from .runs import StudyTracker
+from ablate.spec.study import Cell, Study
+from ablate.tracking import vocab
+from ablate.tracking.runs import StudyTracker
+from ablate.train.checkpoint import rekey_checkpoint
+from ablate.train.config import device_kind, legacy_config_hash, resolved_precision
 
 
 @dataclass(frozen=True)

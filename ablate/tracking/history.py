@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .store import Client, read_only, sqlite_path, sqlite_points
+from ablate.tracking.store import Client, read_only, sqlite_path, sqlite_points
 
 History = dict[str, list[tuple[int, float]]]
 """metric -> [(step, value)] by step."""

@@ -44,9 +44,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..errors import AblateError, TrackingError
-from . import vocab
-from .store import Client
+from ablate.errors import AblateError, TrackingError
+from ablate.tracking import vocab
+from ablate.tracking.store import Client
 
 HEARTBEAT_S = 30.0
 STALE_S = 180.0

@@ -7,10 +7,10 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import TrackingError
-from . import vocab
-from .runs import log_status
-from .store import (
+from ablate.errors import TrackingError
+from ablate.tracking import vocab
+from ablate.tracking.runs import log_status
+from ablate.tracking.store import (
     MAX_METRICS,
     MAX_PARAM_LEN,
     MAX_PARAMS,

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AblateError, TrackingError
-from . import vocab
-from .lock import Holder, StoreLock, holders
-from .store import (
+from ablate.errors import AblateError, TrackingError
+from ablate.tracking import vocab
+from ablate.tracking.lock import Holder, StoreLock, holders
+from ablate.tracking.store import (
     MAX_METRICS,
     MAX_PARAM_LEN,
     MAX_PARAMS,

@@ -8,10 +8,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..spec.study import Cell, Study
-from ..targets import Curve
-from .history import read_histories
-from .runs import CellRun, read_cells
+from ablate.spec.study import Cell, Study
+from ablate.targets import Curve
+from ablate.tracking.history import read_histories
+from ablate.tracking.runs import CellRun, read_cells
 
 NOT_STARTED = "not started"
 

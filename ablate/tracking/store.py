@@ -12,7 +12,7 @@ The read: ``sqlite_points`` reads a run's
 metric points straight from the SQLite store's ``metrics`` table. MLflow's ``get_metric_history``
 lets SQLite pick the primary-key index and scan every run's points of the key (200 runs x 2,000
 points: ~100 s against ~3 s for the same read ordered by step, which makes SQLite use the index
-(run_uuid, key, step)). ``tests/ablate/test_tracking.py`` pins the table's columns and checks that
+(run_uuid, key, step)). ``tests/ablate/tracking/test_tracking.py`` pins the table's columns and checks that
 both reads return the same points, so an MLflow upgrade that changes the schema fails a test, not a
 study. Other stores (an ``mlflow server``) are read through the client.
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from ..errors import TrackingError
+from ablate.errors import TrackingError
 
 _RETRY_S = 120.0  # how long a write keeps retrying a busy or unreachable store
 MAX_METRICS = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
@@ -219,7 +219,7 @@ def sqlite_start_clock(path: Path, run_id: str, start_ms: int) -> None:
     """Set a run's start time in a SQLite store: the driver creates every cell's run when the study
     starts, and MLflow has no call that moves a run's start, so without this a cell's Duration in
     the UI would include the time it waited in the queue. The one write that goes around MLflow's
-    client (``tests/ablate/test_tracking.py`` pins the column it writes)."""
+    client (``tests/ablate/tracking/test_tracking.py`` pins the column it writes)."""
     with contextlib.closing(sqlite3.connect(path, timeout=60)) as db, db:
         db.execute("UPDATE runs SET start_time=? WHERE run_uuid=?", (start_ms, run_id))
 

@@ -23,10 +23,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import TrackingError
-from . import vocab
-from .runs import repair_artifacts
-from .store import Client
+from ablate.errors import TrackingError
+from ablate.tracking import vocab
+from ablate.tracking.runs import repair_artifacts
+from ablate.tracking.store import Client
 
 
 def view_state(axes: Sequence[str] = ()) -> dict[str, Any]:

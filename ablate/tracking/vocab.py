@@ -31,10 +31,10 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
-from backends.recipe import GEMMS, selection_label
-
-from ..spec.axes import fmt_value
-from ..spec.study import Cell
+from ablate.spec.axes import fmt_value
+from ablate.spec.study import Cell
+from backends.recipes import GEMMS
+from backends.recipes.recipe import selection_label
 
 PREFIX = "ablate."
 ROLE = PREFIX + "role"

@@ -1,22 +1,20 @@
-"""The shared trainer: a Llama-style model, data (an offline built-in corpus by default), and a loop
-that evaluates, detects divergence and resumes exactly. Imports torch and ``backends`` only; it
-reports through the ``Logger`` protocol.
+"""The training loop: one run of one configuration, from a ``RunConfig`` to a ``RunResult``.
+Imports torch, ``backends``, ``ablate.model`` and ``ablate.data`` only; it reports through the
+``Logger`` protocol, never to a tracking library.
 
     from ablate.train import RunConfig, TrainConfig, train
     result = train(RunConfig(train=TrainConfig(steps=100)))
 
 Modules, one concept each:
 
-- ``config``: ``RunConfig``/``TrainConfig``/``RunResult``, ``config_hash`` (a cell's identity) and
-  ``flatten`` (the params a tracker records)
-- ``loop``: ``train`` and ``evaluate``
-- ``state``: ``TrainState``, the run's progress that a checkpoint stores
-- ``checkpoint``: atomic checkpoints, their ``checkpoint.json`` sidecar (``checkpoint_info``), resume
-- ``schedule``: the learning rate per step (``lr_at``)
-- ``device``: ``resolve_device`` and the autocast policy
-- ``data`` (its config and sources: ``corpus``, ``tokenizer``), ``prepared`` (tokenized once into
-  memory-mapped files, ``load_data``; with ``tokenizing``), ``batches``, ``model``, ``logger``; ``bench`` measures
-  throughput
+- ``config``: ``RunConfig``/``TrainConfig``/``ProbeConfig``/``RunResult``, ``config_hash`` (a
+  cell's identity) and ``flatten`` (the params a tracker records)
+- ``loop``: ``train`` and ``evaluate``; ``state``: ``TrainState``, the progress a checkpoint stores
+- ``checkpoint``: atomic checkpoints, their ``checkpoint.json`` sidecar, resume
+- ``schedule``: the learning rate per step; ``device``: ``resolve_device`` and the autocast policy
+- ``parallel``: DDP and FSDP2 over ``torch.distributed``; ``compiling``: ``torch.compile``
+- ``memory``: the memory estimate of a cell; ``probe``: gradient-fidelity probes during training
+- ``provenance``: the code, device and precision a run records; ``logger``: the ``Logger`` protocol
 
 This ``__init__`` loads its modules on first attribute access, so that the study spec, which needs
 the configs, does not import the training loop.
@@ -28,37 +26,28 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .config import EvalPoint, RunConfig, RunResult, TrainConfig
-    from .data import DataConfig
-    from .logger import Logger, MemoryLogger, NullLogger
-    from .loop import train
-    from .model import ModelConfig
-    from .prepared import TokenData, load_data
+    from ablate.train.config import EvalPoint, ProbeConfig, RunConfig, RunResult, TrainConfig
+    from ablate.train.logger import Logger, MemoryLogger, NullLogger
+    from ablate.train.loop import train
 
 _LAZY = {
-    "DataConfig": ".data",
-    "TokenData": ".prepared",
-    "load_data": ".prepared",
-    "EvalPoint": ".config",
-    "Logger": ".logger",
-    "MemoryLogger": ".logger",
-    "ModelConfig": ".model",
-    "NullLogger": ".logger",
-    "RunConfig": ".config",
-    "RunResult": ".config",
-    "TrainConfig": ".config",
-    "train": ".loop",
+    "EvalPoint": "ablate.train.config",
+    "ProbeConfig": "ablate.train.config",
+    "RunConfig": "ablate.train.config",
+    "RunResult": "ablate.train.config",
+    "TrainConfig": "ablate.train.config",
+    "Logger": "ablate.train.logger",
+    "MemoryLogger": "ablate.train.logger",
+    "NullLogger": "ablate.train.logger",
+    "train": "ablate.train.loop",
 }
 
 __all__ = [
-    "DataConfig",
-    "TokenData",
-    "load_data",
     "EvalPoint",
     "Logger",
     "MemoryLogger",
-    "ModelConfig",
     "NullLogger",
+    "ProbeConfig",
     "RunConfig",
     "RunResult",
     "TrainConfig",
@@ -70,4 +59,4 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+    return getattr(importlib.import_module(module), name)

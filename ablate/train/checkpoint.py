@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .batches import BatchSampler
-from .state import TrainState
+from ablate.data import BatchSampler
+from ablate.train.state import TrainState
 
 if TYPE_CHECKING:
-    from .parallel import Ranks
+    from ablate.train.parallel import Ranks
 
 CHECKPOINT = "checkpoint.pt"
 _SIDECAR = "checkpoint.json"

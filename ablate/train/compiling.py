@@ -19,7 +19,7 @@ Why these units and this order (as torchtitan does it):
   for all of it, and every all-reduce waits for its end.
 - **Fullgraph.** Each unit compiles with ``fullgraph=True``: a graph break inside a block is an
   error, not a silent slow path. The quantizers inside a block are opaque ops of one node each
-  (``backends.qops``).
+  (``backends.quant.ops``).
 
 In place: a block's ``forward`` and the model's ``output`` become their compiled versions on the
 instances, so parameter and buffer names, hence checkpoints, are those of the eager model. The
@@ -83,12 +83,12 @@ def _fresh(fn: Callable[..., Any]) -> types.FunctionType:
 
 def warn_slow_gemms(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
     """Warn, once per reason, about every emulated GEMM of ``model`` that will not run in its
-    device's BF16 GEMM (``backends.emulated.slow_path``), for operands of ``dtype`` (bfloat16
+    device's BF16 GEMM (``backends.gemm.emulated.slow_path``), for operands of ``dtype`` (bfloat16
     under autocast). An eager model says it at its first GEMM; a compiled one cannot (a warning
     inside a graph would break it), so the trainer asks before it compiles."""
-    from backends.emulated import EmulatedBackend, default_mode, slow_path, warn_slow_path
-    from backends.linear import QuantLinear
-    from backends.recipe import GEMMS
+    from backends.gemm.emulated import EmulatedBackend, default_mode, slow_path, warn_slow_path
+    from backends.layer import QuantLinear
+    from backends.recipes import GEMMS
 
     for m in model.modules():
         if isinstance(m, QuantLinear) and isinstance(m.backend, EmulatedBackend):

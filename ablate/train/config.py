@@ -16,11 +16,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from backends.recipe import Recipe
-
-from .data import SEED_LIMIT, DataConfig
-from .hf import check_config, config_identity
-from .model import PRESETS, ModelConfig
+from ablate.data import SEED_LIMIT, DataConfig
+from ablate.model import PRESETS, ModelConfig
+from ablate.model.hf import check_config, config_identity
+from backends.recipes import Recipe
 
 Precision = Literal["auto", "bf16", "fp32"]
 Compile = Literal["auto"] | bool
@@ -89,7 +88,7 @@ class TrainConfig:
     workers: int = 1
     """Processes that train this run together (data parallel), each on its own device with
     batch_size / workers sequences of every step; a study sets it from ``resources.workers``. In
-    the key when above 1 (each rank draws its own rounding noise: ``backends.linear``)."""
+    the key when above 1 (each rank draws its own rounding noise: ``backends.layer.linear``)."""
     parallel: Parallel = "auto"
     """How the workers share the model: ddp (each holds all of it; gradients all-reduced), fsdp
     (FSDP2 ``fully_shard`` per transformer block: parameters, gradients and optimizer state
@@ -98,7 +97,7 @@ class TrainConfig:
 
     activation_checkpointing: Checkpointing = "none"
     """``blocks``: each transformer block's activations are recomputed in the backward instead of
-    kept (``ablate.train.recompute``): the block's input is kept, and one block's activations are
+    kept (``ablate.model.recompute``): the block's input is kept, and one block's activations are
     alive at a time. The recomputed forward draws the random streams of the original one, so a run
     is bit-identical with and without it (tested); in the key when on, so a grid can hold both."""
 
@@ -207,7 +206,7 @@ class TrainConfig:
 @dataclass(kw_only=True, slots=True)
 class ProbeConfig:
     """Gradient-fidelity probes during training (``ablate.train.probe``, numerics in
-    ``backends.probe``): at every ``every``-th step, on fixed probe batches, each quantized GEMM of
+    ``backends.layer.probe``): at every ``every``-th step, on fixed probe batches, each quantized GEMM of
     the chosen layers is compared with the exact GEMM on the same operands. Probes change nothing
     the run computes: a run is bit-identical with them on or off, and they are not in its key."""
 
@@ -300,9 +299,9 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     recipe: Recipe = field(default_factory=Recipe.bf16)
-    """Numerics of every block linear (see backends.recipe)."""
+    """Numerics of every block linear (see backends.recipes.recipe)."""
     backend: str = "emulated"
-    """GEMM backend: emulated (any device) or native (the hardware's FP8/FP4 GEMMs; see backends.native)."""
+    """GEMM backend: emulated (any device) or native (the hardware's FP8/FP4 GEMMs; see backends.gemm.native)."""
     seed: int = 0
     """Model initialization and stochastic-rounding seed (data order has its own data.data_seed)."""
     device: str = "auto"
@@ -310,7 +309,7 @@ class RunConfig:
     checkpoint_dir: str | None = None
     """Where checkpoints go; a run finding one there resumes from it."""
     data_cache: str | None = None
-    """The folder of prepared data (``ablate.train.prepared``; None: ``$ABLATE_DATA_CACHE``, else
+    """The folder of prepared data (``ablate.data.prepared``; None: ``$ABLATE_DATA_CACHE``, else
     ``~/.cache/ablate/data``). Like ``checkpoint_dir``, not part of the run's key nor its params."""
     probe: ProbeConfig | None = None
     """Gradient-fidelity probes (None: off). Not part of the run's key, nor of its params."""
@@ -326,7 +325,7 @@ class RunConfig:
             )
         if self.train.fsdp_all_gather == "bf16":
             self._check_bf16_all_gather()
-        if self.model.hf is not None:  # its positions and attention window (ablate.train.hf)
+        if self.model.hf is not None:  # its positions and attention window (ablate.model.hf)
             check_config(self.model.hf, vocab_size=None, seq_len=self.train.seq_len)
         preset = PRESETS.get(self.model.preset or "")
         max_len = self.model.max_seq_len or (preset.max_seq_len if preset else None)

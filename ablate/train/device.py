@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .config import Precision, resolved_precision
+from ablate.train.config import Precision, resolved_precision
 
 
 def resolve_device(name: str) -> torch.device:

@@ -46,10 +46,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .batches import BatchSampler
-from .checkpoint import load_checkpoint, load_sharded, save_checkpoint, save_sharded
-from .compiling import compile_model, warn_slow_gemms
-from .config import (
+from ablate.data import BatchSampler, TokenData, load_data, val_batches
+from ablate.model import build_model, count_parameters, set_checkpointing
+from ablate.train.checkpoint import load_checkpoint, load_sharded, save_checkpoint, save_sharded
+from ablate.train.compiling import compile_model, warn_slow_gemms
+from ablate.train.config import (
     EvalPoint,
     RunConfig,
     RunResult,
@@ -60,16 +61,12 @@ from .config import (
     resolved_precision,
     run_params,
 )
-from .data import val_batches
-from .device import autocast, numerics_policy, resolve_device
-from .logger import Logger, NullLogger
-from .model import build_model, count_parameters
-from .parallel import Ranks, ranks_of
-from .prepared import TokenData, load_data
-from .probe import make_prober
-from .recompute import set_checkpointing
-from .schedule import lr_at
-from .state import TrainState
+from ablate.train.device import autocast, numerics_policy, resolve_device
+from ablate.train.logger import Logger, NullLogger
+from ablate.train.parallel import Ranks, ranks_of
+from ablate.train.probe import make_prober
+from ablate.train.schedule import lr_at
+from ablate.train.state import TrainState
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -49,7 +49,7 @@ Assumptions, each matching how ``loop.py`` and ``model.py`` train today:
   element, plus one uint8 scale per block): counted as 1 + 1/16 bytes per weight element.
   The emulated backend's transient quantization buffers are not modelled; they are in the allowance.
 - **Activation checkpointing** (``train.activation_checkpointing: blocks``,
-  ``ablate.train.recompute``): a block keeps only its input, the fp32 residual stream (4 C bytes
+  ``ablate.model.recompute``): a block keeps only its input, the fp32 residual stream (4 C bytes
   per token), and saves neither its bf16 weight copies nor a 2-D-block recipe's quantized weights
   (both are made again in the recompute); in the backward one block's activations and weight
   copies are rebuilt at a time, and are counted once. The head (final norm, log-probabilities) is
@@ -99,14 +99,13 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .hf import qk_norm_bytes
-from .model import num_params
-from .model_config import ModelConfig, _need, block_linear_params, head_widths
+from ablate.model import ModelConfig, num_params
+from ablate.model.config import _need, block_linear_params, head_widths
+from ablate.model.hf import qk_norm_bytes
 
 if TYPE_CHECKING:
+    from ablate.train.config import RunConfig
     from backends import Recipe
-
-    from .config import RunConfig
 
 ALLOWANCE = 0.10
 """Fraction added to the estimate for the allocator, workspaces and the CUDA context."""
@@ -200,7 +199,7 @@ def _weight_extras(
     )
     quant = 0
     if recipe is not None and not recipe.high_precision:
-        from backends.linear import shares_weight_quantization
+        from backends.layer.linear import shares_weight_quantization
 
         ffn = _need(cfg.ffn_dim)
         q, kv = head_widths(cfg)
@@ -416,7 +415,7 @@ def tokenizer_vocab(run: RunConfig) -> int | None:
     if run.data.tokenizer == "byte":
         return 257
     try:
-        from .tokenizer import load_tokenizer
+        from ablate.data import load_tokenizer
 
         return load_tokenizer(run.data.tokenizer, offline=True).vocab_size
     except Exception:  # noqa: BLE001  (a missing file or package: fall back to the config's)
@@ -426,7 +425,7 @@ def tokenizer_vocab(run: RunConfig) -> int | None:
 def estimate_run(run: RunConfig, kind: str | None = None) -> MemoryEstimate:
     """The estimate per device for a cell's ``RunConfig`` on a device ``kind`` (default: what its
     ``device`` resolves to here), in its parallel mode over its ``train.workers``."""
-    from .config import device_kind, resolved_precision
+    from ablate.train.config import device_kind, resolved_precision
 
     kind = kind or device_kind(run.device)
     tc = run.train

@@ -39,7 +39,7 @@ How the numbers are shared, so that W workers train the run one worker would:
 - **Validation.** Each evaluation batch is split by rows like a training batch; the ranks' token-
   weighted sums are added up. A rank whose slice of a short last batch is empty runs a forward on
   one row with weight 0 (FSDP's forward is a collective: every rank runs each one).
-- **Quantized layers** are told their rank (``backends.linear.set_rank``): see that module for
+- **Quantized layers** are told their rank (``backends.layer.linear.set_rank``): see that module for
   which random streams include it.
 """
 
@@ -57,9 +57,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from backends.linear import set_rank
-
-from .config import RunConfig
+from ablate.train.config import RunConfig
+from backends.layer.linear import set_rank
 
 Mode = Literal["none", "ddp", "fsdp"]
 

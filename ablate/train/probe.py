@@ -1,18 +1,18 @@
-"""Gradient-fidelity probes in the trainer: ``Prober`` runs ``backends.probe`` on a model at probe
+"""Gradient-fidelity probes in the trainer: ``Prober`` runs ``backends.layer.probe`` on a model at probe
 steps and names the metrics; ``probe_checkpoints`` runs the same probes on saved checkpoints.
 
 At a probe step (step 0 and every ``ProbeConfig.every`` steps) the prober runs a forward and
 backward pass over the fixed probe batches (the first ``batches`` full validation batches, split
 into ``train.grad_accum`` micro-batches as a training step is, under the training autocast),
 capturing every GEMM call of the probed ``QuantLinear`` layers; then, for each layer and each
-quantized GEMM in ``ProbeConfig.gemms``, ``backends.probe.probe_gemm`` compares the quantized GEMM
+quantized GEMM in ``ProbeConfig.gemms``, ``backends.layer.probe.probe_gemm`` compares the quantized GEMM
 with the exact one on the captured operands, and ``ErrorHistory`` follows its error from probe to
 probe. The pass changes nothing the run computes: gradients come from ``torch.autograd.grad`` (the
 parameters' ``.grad`` is untouched), the layers' call counters are restored, the global RNG is forked,
 the batch sampler is not used, and redraws use streams training never uses. A run is bit-identical
 with probes on or off (tested).
 
-Metrics (``backends.probe`` defines each), logged with the step's other metrics:
+Metrics (``backends.layer.probe`` defines each), logged with the step's other metrics:
 
     probe.<gemm>.<metric>              mean over the probed layers
     probe.<gemm>.<metric>.L<i>         mean over the probed linears of transformer block i
@@ -38,11 +38,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from backends.linear import QuantLinear
-from backends.probe import ErrorHistory, GemmCall, capture, draws_for, probe_gemm
-
-from .batches import val_batches
-from .config import ProbeConfig, RunConfig, config_hash
+from ablate.data import val_batches
+from ablate.train.config import ProbeConfig, RunConfig, config_hash
+from backends.layer import QuantLinear
+from backends.layer.probe import ErrorHistory, GemmCall, capture, draws_for, probe_gemm
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 _BLOCK = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")  # the block index rule of backends.convert_model
@@ -211,10 +210,10 @@ def probe_checkpoints(
     ``[(step, metrics)]``. A checkpoint (a ``checkpoint.pt`` or the folder holding one) that another
     configuration wrote is refused with a ValueError. ``device`` overrides where it runs (default:
     ``config.device``); the run's numbers are those of its device kind."""
-    from .checkpoint import CHECKPOINT
-    from .device import autocast, resolve_device
-    from .model import build_model
-    from .prepared import load_data
+    from ablate.data import load_data
+    from ablate.model import build_model
+    from ablate.train.checkpoint import CHECKPOINT
+    from ablate.train.device import autocast, resolve_device
 
     cfg = cfg or config.probe or ProbeConfig()
     problems = cfg.problems(config)

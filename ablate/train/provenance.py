@@ -6,7 +6,8 @@ a number in a report can be traced to the code, device and precision that produc
     ablate_version  the installed distribution's version
     git_commit      the commit of the source tree ablate runs from ("unknown" outside a checkout)
     git_dirty       whether that tree had uncommitted changes to ablate/ or backends/
-    code_hash       a hash of the code that computes the numbers (backends/ and ablate/train/,
+    code_hash       a hash of the code that computes the numbers (backends/, ablate/model/,
+                    ablate/data/ and ablate/train/,
                     Python and C sources, less the benchmarks and the probes, which change no
                     number of a run: ``NOT_NUMERICS``): equal hashes, equal numerics. ``ablate plan`` marks a
                     finished cell whose hash differs from the current one as stale
@@ -29,23 +30,14 @@ from pathlib import Path
 
 import torch
 
-from backends.bench import describe
-
-from .config import RunConfig, device_kind, resolved_compile, resolved_precision
+from ablate.train.config import RunConfig, device_kind, resolved_compile, resolved_precision
+from backends.gemm.capabilities import device_description
 
 _ROOT = Path(__file__).resolve().parents[2]  # the folder holding ablate/ and backends/
-_NUMERICS = ("backends", "ablate/train")
-NOT_NUMERICS = frozenset(
-    {
-        "backends/bench.py",
-        "backends/probe.py",
-        "ablate/train/bench.py",
-        "ablate/train/probe.py",
-        "ablate/train/probe_bench.py",
-    }
-)
+_NUMERICS = ("backends", "ablate/model", "ablate/data", "ablate/train")
+NOT_NUMERICS = frozenset({"backends/layer/probe.py", "ablate/train/probe.py"})
 """Sources under ``_NUMERICS`` that compute no number of a run (a run is bit-identical with probes
-on or off; the benchmarks are not run by cells): a change to them marks no result stale."""
+on or off): a change to them marks no result stale. The benchmarks live in ``ablate/bench/``."""
 
 
 @functools.cache
@@ -95,7 +87,7 @@ def _version() -> str:
 def device_name(kind: str) -> str:
     """The GPU's name (with its architecture) on CUDA; the CPU's model name otherwise."""
     cuda = kind == "cuda" and torch.cuda.is_available()
-    return describe(torch.device("cuda" if cuda else "cpu"))
+    return device_description(torch.device("cuda" if cuda else "cpu"))
 
 
 def environment(config: RunConfig) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .config import TrainConfig
+from ablate.train.config import TrainConfig
 
 
 def lr_at(step: int, train_config: TrainConfig) -> float:

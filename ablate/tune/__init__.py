@@ -12,8 +12,15 @@ The ``tune:`` section itself (schema, searches, checks) is part of the study spe
 
 from __future__ import annotations
 
-from .driver import NOT_REACHED_FACTOR, TuneResult, resolve_target_ppl, run_tune
-from .storage import format_summary, optuna_name, storage_url, tune_spec, tune_summary, write_best
+from ablate.tune.driver import NOT_REACHED_FACTOR, TuneResult, resolve_target_ppl, run_tune
+from ablate.tune.storage import (
+    format_summary,
+    optuna_name,
+    storage_url,
+    tune_spec,
+    tune_summary,
+    write_best,
+)
 
 __all__ = [
     "NOT_REACHED_FACTOR",

@@ -70,28 +70,28 @@ import optuna
 from optuna.trial import Trial, TrialState
 from pydantic import ValidationError
 
-from ..errors import TrackingError, TuneError
-from ..executor import Executor, ExecutorName
-from ..preflight import preflight
-from ..preparing import prepare_study
-from ..runner import (
+from ablate.driver.preflight import preflight
+from ablate.driver.preparing import prepare_study
+from ablate.driver.runner import (
     clean_failed_start,
     open_study,
     study_executor,
     study_lock,
     task_threads,
 )
-from ..spec.axes import fmt_value
-from ..spec.schema import TuneSpec
-from ..spec.study import Study
-from ..spec.tune import Search, plan_searches, trial_config
-from ..targets import Curve, target_ppl_of, tokens_to_target
-from ..task import Outcome, Task
-from ..tracking import StudyTracker, baseline_curves, read_histories
-from ..tracking.vocab import recipe_tags, trial_tags
-from ..train.checkpoint import remove_checkpoint
-from ..train.config import config_hash
-from .storage import (
+from ablate.errors import TrackingError, TuneError
+from ablate.executor import Executor, ExecutorName
+from ablate.executor.task import Outcome, Task
+from ablate.spec.axes import fmt_value
+from ablate.spec.schema import TuneSpec
+from ablate.spec.study import Study
+from ablate.spec.tune import Search, plan_searches, trial_config
+from ablate.targets import Curve, target_ppl_of, tokens_to_target
+from ablate.tracking import StudyTracker, baseline_curves, read_histories
+from ablate.tracking.vocab import recipe_tags, trial_tags
+from ablate.train.checkpoint import remove_checkpoint
+from ablate.train.config import config_hash
+from ablate.tune.storage import (
     STORAGE,
     continuation_problems,
     count_trials,

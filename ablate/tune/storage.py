@@ -23,11 +23,11 @@ import optuna
 import yaml
 from optuna.trial import Trial, TrialState
 
-from ..errors import TuneError
-from ..spec.axes import fmt_value, with_values
-from ..spec.schema import ParamSpec, TuneSpec
-from ..spec.study import Study
-from ..spec.tune import Search, param_kind, plan_searches
+from ablate.errors import TuneError
+from ablate.spec.axes import fmt_value, with_values
+from ablate.spec.schema import ParamSpec, TuneSpec
+from ablate.spec.study import Study
+from ablate.spec.tune import Search, param_kind, plan_searches
 
 STORAGE = "optuna.db"
 IMPORTANCE_MIN_TRIALS = 4

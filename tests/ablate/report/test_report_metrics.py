@@ -9,13 +9,7 @@ import pandas as pd
 import pytest
 
 from ablate.errors import ReportError
-from ablate.report.metrics import (
-    clean_evals,
-    per_cell,
-    per_config,
-    report_notes,
-    resolve_target,
-)
+from ablate.report.metrics import clean_evals, per_cell, per_config, report_notes, resolve_target
 from ablate.targets import tokens_to_target
 
 # --- tokens_to_target -------------------------------------------------------------------------

@@ -11,12 +11,7 @@ import pytest
 
 from ablate.errors import ReportError
 from ablate.report.metrics import per_cell, per_config
-from ablate.report.speedup import (
-    projected_speedup,
-    role_formats,
-    step_time,
-    throughput_gain,
-)
+from ablate.report.speedup import projected_speedup, role_formats, step_time, throughput_gain
 from ablate.report.stats import t975
 from ablate.spec.speedup import DEVICES, SpeedupSpec
 

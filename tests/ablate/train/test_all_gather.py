@@ -14,11 +14,11 @@ import torch
 from test_recompute import _run, _same, _two_ranks, study_over
 from test_recompute import cfg as _cfg
 
+from ablate.model import ModelConfig, build_model
 from ablate.train import RunConfig
 from ablate.train.device import resolve_device
-from ablate.train.model import ModelConfig, build_model
 from ablate.train.parallel import Ranks, process_group
-from backends.recipe import GEMMS, Recipe
+from backends.recipes import GEMMS, Recipe
 
 RECIPES = {
     "bf16": Recipe.bf16(),

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from ablate.train import DataConfig, MemoryLogger, RunConfig, TrainConfig, train
-from ablate.train.batches import BatchSampler
+from ablate.data import BatchSampler, DataConfig
+from ablate.train import MemoryLogger, RunConfig, TrainConfig, train
 from ablate.train.checkpoint import CHECKPOINT, checkpoint_info, load_checkpoint, save_checkpoint
 from ablate.train.config import EvalPoint, config_hash
 from ablate.train.state import TrainState

@@ -8,7 +8,7 @@ Pinned per step: the graphs compiled (the first step compiles one graph for all 
 a recipe, and one for the head; later steps compile nothing: no recompile), no graph break (each
 unit is ``fullgraph``: a break would raise), and the losses equal the eager step's within a stated
 tolerance (rel 5e-3 after 2 steps; observed: at most ~1e-3): the quantizers are opaque ops that
-compute the eager bits (``backends.qops``), so a compiled step differs from the eager one only
+compute the eager bits (``backends.quant.ops``), so a compiled step differs from the eager one only
 where the compiler fuses the high-precision arithmetic around them (RMSNorm, RoPE, SwiGLU, the
 loss) and rounds its bf16 casts elsewhere, which can move an element across a quantization
 boundary.
@@ -21,7 +21,7 @@ takes a minute or more there):
   the main recipes put into a block's graph (``COMPOSITE``: NVFP4 with 16x16 weight tiles quantized
   once for fprop and dgrad, its FP8 block scales and tensor amaxes; stochastic rounding's keys;
   MXFP4 after a Hadamard transform with signs redrawn per call), in one process; native FP8's
-  ``_scaled_mm`` under Inductor is ``tests/backends/test_native.py``'s.
+  ``_scaled_mm`` under Inductor is ``tests/backends/gemm/test_native.py``'s.
 - **aot_eager** (Dynamo and AOTAutograd, whose graphs, guards and recompiles Inductor gets as
   they are) on every main recipe (BF16, native FP8, MXFP4 + SR, + RHT16, + DHT16, NVFP4,
   ``nvidia_nvfp4``) in one process, and on the composite recipe under DDP and FSDP2 (what the
@@ -41,16 +41,18 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from ablate.train import DataConfig, ModelConfig, RunConfig, TrainConfig
+from ablate.data import DataConfig
+from ablate.model import ModelConfig
+from ablate.train import RunConfig, TrainConfig
 from ablate.train.device import resolve_device
 from ablate.train.logger import NullLogger
 from ablate.train.loop import _build
 from ablate.train.parallel import process_group
 from ablate.train.state import TrainState
 from backends import QuantLinear, Recipe, named_recipe
-from backends.native import NativeBackend
+from backends.gemm.native import NativeBackend
 from backends.quant import QuantSpec
-from backends.recipe import GEMMS, GemmRecipe, HadamardSpec
+from backends.recipes import GEMMS, GemmRecipe, HadamardSpec
 
 pytestmark = pytest.mark.slow
 

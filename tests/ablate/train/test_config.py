@@ -38,7 +38,7 @@ def test_config_hash_values_are_stable():
 def test_config_hash_of_shorthand_recipes_is_stable():
     # the keys of studies that use only the recipe shorthands; recipe fields added later (2-D
     # blocks, sign vectors, layer selection) enter the hash only when a recipe sets them
-    from backends.recipe import Recipe
+    from backends.recipes import Recipe
 
     full = Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "dht", base="fp8")
     assert config_hash(RunConfig(device="cpu", recipe=full)) == "83a32e5e5266f68e"

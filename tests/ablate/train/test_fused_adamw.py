@@ -17,7 +17,7 @@ from ablate.train.logger import NullLogger
 from ablate.train.loop import _build
 from ablate.train.parallel import process_group
 from ablate.train.state import TrainState
-from backends.recipe import GEMMS, Recipe
+from backends.recipes import GEMMS, Recipe
 
 SR = Recipe.from_shorthand(GEMMS, "sr").to_dict()
 

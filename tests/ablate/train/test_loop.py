@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
-from ablate.train import DataConfig, MemoryLogger, ModelConfig, RunConfig, TrainConfig, train
+from ablate.data import DataConfig, load_data
+from ablate.model import ModelConfig, build_model
+from ablate.train import MemoryLogger, RunConfig, TrainConfig, train
 from ablate.train.checkpoint import CHECKPOINT
-from ablate.train.model import build_model
-from ablate.train.prepared import load_data
 from ablate.train.schedule import lr_at
 from backends import QuantLinear, Recipe, convert_model
 
@@ -301,7 +301,7 @@ def test_evaluation_runs_in_training_micro_batches_and_weighs_them_by_tokens():
     rows: list[int] = []
     model.register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[0]))
     data = load_data(DataConfig(val_tokens=4096))
-    from ablate.train.batches import val_batches
+    from ablate.data import val_batches
 
     batches = val_batches(data.val, 64, 8)
     assert batches[-1][0].shape[0] < 8  # a short last batch

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from ablate.model import ModelConfig, build_model, count_parameters, num_params
 from ablate.train.memory import (
     activation_parts,
     estimate,
@@ -17,7 +18,6 @@ from ablate.train.memory import (
     param_count,
     parse_size,
 )
-from ablate.train.model import ModelConfig, build_model, count_parameters, num_params
 from backends import Recipe
 
 
@@ -93,11 +93,11 @@ def test_activation_estimate_matches_the_saved_tensors(preset, fp4, precision):
 )
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_checkpointed_estimate_matches_the_saved_tensors(preset, fp4, precision):
-    """With every block checkpointed (``ablate.train.recompute``) the forward keeps each block's
+    """With every block checkpointed (``ablate.model.recompute``) the forward keeps each block's
     input, the head's tensors and the LM head's bf16 copy, within 5% of the estimate; the rebuilt
     block the estimate adds (``recompute``, one block's weight copies) is the per-block figure the
     test above checks without checkpointing, and the saving against it is most of the total."""
-    from ablate.train.recompute import set_checkpointing
+    from ablate.model import set_checkpointing
 
     cfg = ModelConfig(preset=preset)
     b, t = 4, 128

@@ -10,12 +10,14 @@ import re
 import pytest
 import torch
 
-from ablate.train import DataConfig, MemoryLogger, ModelConfig, RunConfig, TrainConfig, train
+from ablate.data import DataConfig
+from ablate.model import ModelConfig
+from ablate.train import MemoryLogger, RunConfig, TrainConfig, train
 from ablate.train.checkpoint import CHECKPOINT
 from ablate.train.config import ProbeConfig
 from ablate.train.probe import aggregate, block_of, probe_checkpoints
 from backends import Recipe
-from backends.recipe import GEMMS
+from backends.recipes import GEMMS
 
 FAST = TrainConfig(
     steps=4, batch_size=8, seq_len=64, lr=3e-3, warmup_steps=2, eval_every=2, eval_batches=1

@@ -1,0 +1,15 @@
+"""Benchmarks and machine checks, each a module with one entry point (``python -m ablate.bench.X``).
+
+They measure; they never gate. Figures they print go into ``docs/measured.md`` (or
+``docs/gpus.md``) with the command and the machine. ``docs/architecture.md`` lists each with the
+command that runs it:
+
+- ``numerics``: the quantizer against a plain copy, and the GEMM backends (any device);
+- ``train``: training throughput of the presets per recipe;
+- ``data``: what prepared data costs to build and saves at a run's start;
+- ``probe``: a probe step's cost relative to a training step;
+- ``report``: ``ablate report`` on a large synthetic study;
+- ``ui``: the MLflow UI's start-up time and memory, MLflow's own against ``ablate ui``;
+- ``gpu``: the GPU benchmark (step times, quantizer bandwidth, a profile) into ``reports/gpu/``;
+- ``gpu_check``: ``make gpu-check``, a GPU machine checked end to end.
+"""

@@ -1,0 +1,487 @@
+"""One command that checks a GPU machine end to end and keeps what it measured: ``make gpu-check``
+(``python -m ablate.bench.gpu_check``).
+
+For a machine that has torch with CUDA and little else (no Ray, MLflow or Optuna, no network): in
+one go, within a time budget (``--budget``, 540 s by default: under 9 minutes on one H100), each
+stage in a subprocess of its own with a time limit, so that a stage that fails or hangs leaves the
+next ones their time and its own log:
+
+1. ``environment``: device, driver (``nvidia-smi``), torch, CUDA, Python, the git commit, the
+   command (``environment.json``);
+2. ``tests``: the test suite's GPU tests (``pytest -m gpu`` over ``tests/backends`` and
+   ``tests/ablate/train``: native GEMMs against emulated, the compiled quantizer, the compiled
+   training step of the main recipes against the eager one);
+3. ``parallel``: two steps of the ``ddp`` and ``fsdp`` paths in a process group of one on NCCL,
+   compiled as a cell on CUDA is (``parallel.json``);
+4. ``bench``: ``python -m ablate.bench.gpu`` on the ``125m`` preset (its goals: emulated MXFP4
+   step <= 1.25x BF16, quantizer >= 0.70 of the copy bandwidth, native FP8 faster than BF16, and
+   native against emulated FP8 GEMMs);
+5. ``study``: ``studies/gpu_check.yaml`` (BF16, native FP8, emulated full MXFP4 and MXFP4 + DHT16
+   on ``small``, two seeds), each cell trained in this machine's one process as the local executor
+   would, without MLflow, and its report (``study/report.md``, figures, ``summary.csv``).
+
+Everything goes into ``reports/gpu/<date>-<device>/`` (``--out``): one log per stage, written as it
+runs (a stage cut off at its limit keeps what it printed), and ``summary.md``/``summary.json`` with
+each stage's status, time and figures. The study and its report need ``pydantic`` (and pandas and
+matplotlib); where it is missing the stage is skipped with the reason: ``make gpu-check
+WHEELS=dir`` installs wheel files from ``dir`` first, for a machine without a package index.
+
+``--device cpu`` runs the same stages at toy sizes on the CPU (the ``tiny`` preset, gloo, the
+emulated backend for the FP8 cell, ``gpu_bench --dry-run``): the test suite runs it, so the
+command is not broken on first contact with a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: ablate/bench/ is two below it
+STUDY = ROOT / "studies" / "gpu_check.yaml"
+STAGES = ("environment", "tests", "parallel", "bench", "study")
+LIMITS = {"environment": 30, "tests": 170, "parallel": 90, "bench": 200, "study": 200}
+"""Each stage's own time limit in seconds (within what the budget leaves it)."""
+MINIMUM = {"environment": 5, "tests": 30, "parallel": 20, "bench": 40, "study": 40}
+"""Below this much time a stage is skipped ("out of time") rather than started."""
+CPU_VAL_TOKENS = 1024  # the study's 65,536 would take 512 evaluation forwards of CPU_SIZES
+CPU_SIZES: dict[str, Any] = {
+    "steps": 4,
+    "batch_size": 4,
+    "seq_len": 32,
+    "eval_every": 2,
+    "warmup_steps": 1,
+}
+"""The study's training sizes on the CPU (``--device cpu``), the ``tiny`` preset."""
+
+
+@dataclass(slots=True)
+class Stage:
+    name: str
+    status: str = "not run"
+    """passed, failed, timed out, skipped, or not run."""
+    seconds: float = 0.0
+    detail: str = ""
+    log: str = ""
+
+
+# ----------------------------------------------------------------------------------------------
+# the driver: stages in subprocesses, within the budget
+
+
+def device_slug(device: str) -> str:
+    """The folder name's device part: ``h100-sm_90`` for an NVIDIA H100, ``cpu`` on the CPU."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return "cpu"
+    from backends.gemm.native import device_arch
+
+    name = torch.cuda.get_device_name(dev).lower()
+    m = re.search(r"\b([a-z]{1,3}\d{2,4}[a-z]?)\b", name.replace("nvidia", ""))
+    return f"{m.group(1) if m else 'gpu'}-{device_arch(dev)}"
+
+
+def run_stages(args: argparse.Namespace, out: Path) -> list[Stage]:
+    """Each stage as a subprocess (``--stage NAME``) with its time limit; logs into ``out``."""
+    deadline = time.monotonic() + args.budget
+    stages = [Stage(s) for s in STAGES if s not in args.skip]
+    for i, st in enumerate(stages):
+        later = sum(MINIMUM[s.name] for s in stages[i + 1 :])
+        left = deadline - time.monotonic()
+        limit = min(LIMITS[st.name] * args.scale, left - later)
+        if limit < MINIMUM[st.name]:
+            st.status, st.detail = "skipped", f"out of time ({left:.0f} s of the budget left)"
+            _say(f"== {st.name}: skipped, {st.detail}")
+            continue
+        st.log = f"{st.name}.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "ablate.bench.gpu_check",
+            "--stage",
+            st.name,
+            "--out",
+            str(out),
+        ]
+        cmd += ["--device", args.device]
+        _say(f"== {st.name} (limit {limit:.0f} s): {shlex.join(cmd)}")
+        t0 = time.monotonic()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(out / st.log, "w") as log:
+            try:
+                rc = subprocess.run(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, timeout=limit, env=env, cwd=ROOT
+                ).returncode
+                st.status = {0: "passed", 3: "skipped"}.get(rc, "failed")
+            except subprocess.TimeoutExpired:
+                st.status = "timed out"
+        st.seconds = time.monotonic() - t0
+        st.detail = st.detail or _last_line(out / st.log)
+        _say(f"   {st.name}: {st.status} in {st.seconds:.0f} s: {st.detail}")
+    return stages
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _last_line(path: Path) -> str:
+    """The log's last line that says something (``RESULT:`` lines first)."""
+    lines = [x.strip() for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    results = [x for x in lines if x.startswith("RESULT:")]
+    return (results[-1][len("RESULT:") :].strip() if results else lines[-1] if lines else "")[:300]
+
+
+def summarize(stages: list[Stage], out: Path, args: argparse.Namespace, wall: float) -> Path:
+    """``summary.json`` (the stages and every stage's JSON) and ``summary.md``."""
+    figures = {}
+    for name in ("environment", "parallel", "study"):
+        f = out / f"{name}.json"
+        if f.exists():
+            figures[name] = json.loads(f.read_text())
+    if (out / "bench.json").exists():
+        goals = json.loads((out / "bench.json").read_text())["goals"]
+        figures["bench"] = {"file": "bench.json", "goals": goals}
+    summary = {
+        "command": _command(args),
+        "device": args.device,
+        "budget_s": args.budget,
+        "wall_s": round(wall, 1),
+        "stages": [
+            {
+                "name": s.name,
+                "status": s.status,
+                "seconds": round(s.seconds, 1),
+                "detail": s.detail,
+                "log": s.log,
+            }
+            for s in stages
+        ],
+        **figures,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    env = figures.get("environment", {})
+    md = [
+        f"# GPU check, {env.get('device_name', args.device)}, {env.get('date', '')}",
+        "",
+        f"- command: `{summary['command']}` ({wall:.0f} s of a {args.budget:.0f} s budget)",
+        f"- torch {env.get('torch', '?')}, CUDA {env.get('cuda') or '-'}, driver "
+        f"{env.get('driver') or '-'}, Python {env.get('python', '?')}, commit "
+        f"{env.get('git_commit', '?')}",
+        "",
+        "| stage | status | seconds | detail | log |",
+        "|---|---|---:|---|---|",
+    ]
+    for s in stages:
+        md.append(f"| {s.name} | {s.status} | {s.seconds:.0f} | {s.detail} | {s.log or '-'} |")
+    if "bench" in figures:
+        md += ["", f"## Goals (`{figures['bench']['file']}`)", ""]
+        for name, g in figures["bench"]["goals"].items():
+            md.append(f"- {name}: {g['measured']} (target {g['target']}): {g['met']}")
+    if "study" in figures:
+        md += ["", "## Study", "", *figures["study"].get("verdict", [])]
+    (out / "summary.md").write_text("\n".join(md) + "\n")
+    return out / "summary.md"
+
+
+def _command(args: argparse.Namespace) -> str:
+    return shlex.join(["python", "-m", "ablate.bench.gpu_check", *args.argv])
+
+
+# ----------------------------------------------------------------------------------------------
+# the stages, each run in its own process (``--stage NAME``); exit status 3: skipped
+
+
+def stage_environment(args: argparse.Namespace, out: Path) -> None:
+    import platform
+
+    import torch
+
+    from ablate.train.provenance import git_state
+
+    commit, dirty = git_state()
+    cuda = args.device != "cpu" and torch.cuda.is_available()
+    env: dict[str, Any] = {
+        "date": dt.date.today().isoformat(),
+        "datetime": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": _command(args),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "driver": None,
+        "packages": _packages(),
+    }
+    if cuda:
+        from backends.gemm import supported_formats
+        from backends.gemm.native import device_arch
+
+        env["arch"] = device_arch("cuda")
+        env["native_formats"] = sorted(supported_formats("cuda"))
+        env["memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        q = "--query-gpu=name,driver_version,memory.total,clocks.max.sm"
+        r = subprocess.run([smi, q, "--format=csv,noheader"], capture_output=True, text=True)
+        env["nvidia_smi"] = r.stdout.strip()
+        env["driver"] = r.stdout.split(",")[1].strip() if r.returncode == 0 and r.stdout else None
+    (out / "environment.json").write_text(json.dumps(env, indent=1) + "\n")
+    print(json.dumps(env, indent=1))
+    print(f"RESULT: {env['device_name']}, torch {env['torch']}, driver {env['driver'] or '-'}")
+
+
+def _packages() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in ("pydantic", "pandas", "matplotlib", "pytest", "mlflow", "ray", "transformers"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def stage_tests(args: argparse.Namespace, out: Path) -> None:
+    """The tests marked ``gpu``; on the CPU only collected (they would skip, or compile for the
+    CPU for minutes: the suite runs them there)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rs"]
+    cmd += ["--junitxml", str(out / "tests.xml"), "tests/backends", "tests/ablate/train"]
+    if args.device == "cpu":
+        cmd.append("--collect-only")
+    print(shlex.join(cmd), flush=True)
+    rc = subprocess.run(cmd, cwd=ROOT).returncode
+    if rc == 5:  # nothing selected
+        print("RESULT: no GPU tests selected")
+        sys.exit(3)
+    what = (
+        "collected only, on the CPU" if args.device == "cpu" else _junit_counts(out / "tests.xml")
+    )
+    print(f"RESULT: pytest exit status {rc} ({what})")
+    sys.exit(0 if rc == 0 else 1)
+
+
+def _junit_counts(path: Path) -> str:
+    if not path.exists():
+        return "no report"
+    text = path.read_text()
+    m = re.search(r'tests="(\d+)".*?failures="(\d+)".*?skipped="(\d+)"', text, re.S)
+    m2 = re.search(r'errors="(\d+)"', text)
+    if not m:
+        return "no counts"
+    tests, failures, skipped = map(int, m.groups())
+    errors = int(m2.group(1)) if m2 else 0
+    return f"{tests - failures - skipped - errors} passed, {failures} failed, {errors} errors, {skipped} skipped"
+
+
+def stage_parallel(args: argparse.Namespace, out: Path) -> None:
+    """Two steps of ddp and of fsdp in a process group of one (NCCL on CUDA, gloo on the CPU),
+    full MXFP4 with SR, compiled where the cell would be."""
+    import torch
+
+    from ablate.data import DataConfig
+    from ablate.model import ModelConfig
+    from ablate.train import RunConfig, TrainConfig, train
+    from ablate.train.device import resolve_device
+    from ablate.train.parallel import backend_for, process_group
+    from backends import Recipe
+    from backends.recipes import GEMMS
+
+    cpu = args.device == "cpu"
+    results = {}
+    for mode in ("ddp", "fsdp"):
+        cfg = RunConfig(
+            model=ModelConfig(preset="tiny" if cpu else "small"),
+            data=DataConfig(val_tokens=8192),
+            train=TrainConfig(
+                steps=2,
+                batch_size=4,
+                seq_len=32 if cpu else 256,
+                eval_every=2,
+                warmup_steps=1,
+                parallel=mode,
+            ),  # fmt: skip
+            recipe=Recipe.from_shorthand(GEMMS, "sr"),
+            device=args.device,
+        )
+        device = resolve_device(cfg.device)
+        t0 = time.perf_counter()
+        with process_group(cfg, device):
+            res = train(cfg)
+        results[mode] = {
+            "collectives": backend_for(device),
+            "status": res.status,
+            "val_loss": [e.val_loss for e in res.evals],
+            "seconds": time.perf_counter() - t0,
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30
+            if device.type == "cuda"
+            else None,
+        }
+        print(f"{mode}: {results[mode]}", flush=True)
+        if res.status != "finished":
+            raise RuntimeError(f"{mode}: the run ended {res.status}: {res.reason}")
+    (out / "parallel.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(
+        "RESULT: "
+        + ", ".join(
+            f"{m} {r['status']} on {r['collectives']} in {r['seconds']:.0f} s"
+            for m, r in results.items()
+        )
+    )
+
+
+def stage_bench(args: argparse.Namespace, out: Path) -> None:
+    from ablate.bench import gpu as gpu_bench
+
+    argv = ["--device", args.device, "--out", str(out)]
+    if args.device == "cpu":
+        argv.append("--dry-run")
+    else:
+        argv += ["--presets", "125m", "--steps", "10", "--warmup", "2", "--repeats", "5"]
+    gpu_bench.main(argv)
+    (md,) = sorted(out.glob("20*.md"))[-1:]
+    md.rename(out / "bench.md")
+    md.with_suffix(".json").rename(out / "bench.json")
+    result = json.loads((out / "bench.json").read_text())
+    met = {k: g["met"] for k, g in result["goals"].items()}
+    print(f"RESULT: goals {met}")
+
+
+def stage_study(args: argparse.Namespace, out: Path) -> None:
+    missing = [m for m in ("pydantic", "pandas", "matplotlib") if not importlib.util.find_spec(m)]
+    if missing:
+        print(
+            f"RESULT: skipped: {', '.join(missing)} not installed (the study's spec and report "
+            "need pydantic, pandas and matplotlib); `make gpu-check WHEELS=dir` installs wheel "
+            "files from dir first"
+        )
+        sys.exit(3)
+    summary = run_study(STUDY, out / "study", cpu=args.device == "cpu", log=print)
+    (out / "study.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print("RESULT: " + "; ".join(summary["verdict"][:1] or ["no verdict"]))
+
+
+def run_study(
+    path: Path, out: Path, *, cpu: bool = False, log: Callable[[str], Any] = print
+) -> dict[str, Any]:
+    """Train every cell of the study at ``path`` in this process (as the local executor would, but
+    with an in-memory logger instead of MLflow) and write its report into ``out``. ``cpu``: the
+    toy sizes of ``CPU_SIZES`` and ``CPU_VAL_TOKENS`` on the ``tiny`` preset, the emulated backend everywhere."""
+    import dataclasses
+
+    from ablate.model import ModelConfig
+    from ablate.report.frames import results_frames
+    from ablate.report.render import build_report
+    from ablate.report.verdict import verdict_lines
+    from ablate.spec import load_study
+    from ablate.train import MemoryLogger, train
+    from ablate.train.provenance import environment
+
+    study = load_study(path)
+    results = []
+    for cell in study.cells:
+        # no checkpoints: nothing here resumes a cell (a study's cells checkpoint into the folder
+        # the runner gives them)
+        cfg = dataclasses.replace(
+            cell.config,
+            checkpoint_dir=None,
+            train=dataclasses.replace(cell.config.train, checkpoint_every=0),
+        )
+        if cpu:
+            cfg = dataclasses.replace(
+                cfg,
+                device="cpu",
+                backend="emulated",
+                model=ModelConfig(preset="tiny"),
+                data=dataclasses.replace(cfg.data, val_tokens=CPU_VAL_TOKENS),
+                train=dataclasses.replace(cfg.train, **CPU_SIZES),
+            )
+        t0 = time.perf_counter()
+        res = train(cfg, MemoryLogger())
+        log(
+            f"{cell.label}: {res.status}, final val loss {res.final_val_loss:.4f}, "
+            f"{res.tokens_per_s:,.0f} tokens/s, {time.perf_counter() - t0:.1f} s"
+        )
+        results.append((dataclasses.replace(cell, config=cfg), res, environment(cfg)))
+    cells, evals = results_frames(results)
+    result = build_report(cells, evals, study.target, study.spec.speedup, out, study=study.name)
+    lead, items = verdict_lines(result.config_table)
+    return {
+        "study": study.name,
+        "cells": cells[["label", "status", "tokens_per_s", "backend"]].to_dict("records"),
+        "report": str(result.report_md),
+        "target_ppl": result.target_ppl,
+        "verdict": [f"- {item}" for item in items],
+    }
+
+
+_STAGE_FUNCS: dict[str, Callable[[argparse.Namespace, Path], None]] = {
+    "environment": stage_environment,
+    "tests": stage_tests,
+    "parallel": stage_parallel,
+    "bench": stage_bench,
+    "study": stage_study,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (toy sizes)")
+    ap.add_argument("--out", help="folder (default: reports/gpu/<date>-<device>)")
+    ap.add_argument("--budget", type=float, default=540.0, help="seconds for all stages (540)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=STAGES, help="stages to leave out")
+    ap.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)  # one stage, in this process
+    ap.add_argument("--scale", type=float, default=1.0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.device not in ("cuda", "cpu"):
+        ap.error(f"--device must be cuda or cpu, not {args.device!r}")
+    if args.budget <= 0:
+        ap.error("--budget must be positive")
+    if args.stage:
+        out = Path(args.out)
+        _STAGE_FUNCS[args.stage](args, out)
+        return 0
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            "ablate.bench.gpu_check: no CUDA device here (--device cpu checks the command at toy sizes)"
+        )
+        return 2
+    out = (
+        Path(args.out)
+        if args.out
+        else (
+            ROOT / "reports" / "gpu" / f"{dt.date.today().isoformat()}-{device_slug(args.device)}"
+        )
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    stages = run_stages(args, out)
+    md = summarize(stages, out, args, time.monotonic() - t0)
+    print(md.read_text())
+    failed = [s.name for s in stages if s.status in ("failed", "timed out")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

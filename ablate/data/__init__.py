@@ -1,0 +1,53 @@
+"""The training data: what a corpus is, how it becomes tokens once, and how a run reads them.
+
+    from ablate.data import DataConfig, load_data
+    data = load_data(DataConfig(corpus="builtin"))  # prepared once, then memory-mapped
+    data.train, data.val, data.vocab_size
+
+The way through, in the order a study takes it:
+
+- ``config``: ``DataConfig`` and ``ValData``, each field checked when made;
+- ``sources``: the files a corpus reads and its documents (``check_sources`` fails fast on
+  missing inputs), and what of it decides its tokens;
+- ``tokenizer``: bytes or a Hugging Face tokenizer; ``tokenizing`` encodes documents in worker
+  processes; ``corpus`` is the built-in corpus (Python's own documentation);
+- ``prepared``: a data configuration tokenized once into memory-mappable files keyed by its
+  fingerprint (``prepare``, ``already_prepared``, ``check_counts``), and ``load_data``, which maps
+  them for a run (``TokenData``);
+- ``batches``: the seeded, resumable order of training windows and the fixed validation batches.
+
+It imports torch and numpy only; the trainer, the spec and the driver import it.
+"""
+
+from ablate.data.batches import BatchSampler, val_batches
+from ablate.data.config import SEED_LIMIT, DataConfig, ValData
+from ablate.data.prepared import (
+    Prepared,
+    TokenData,
+    already_prepared,
+    check_counts,
+    data_key,
+    default_cache,
+    load_data,
+    prepare,
+)
+from ablate.data.sources import check_sources
+from ablate.data.tokenizer import load_tokenizer
+
+__all__ = [
+    "SEED_LIMIT",
+    "BatchSampler",
+    "DataConfig",
+    "Prepared",
+    "TokenData",
+    "ValData",
+    "already_prepared",
+    "check_counts",
+    "check_sources",
+    "data_key",
+    "default_cache",
+    "load_data",
+    "load_tokenizer",
+    "prepare",
+    "val_batches",
+]

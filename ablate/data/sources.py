@@ -1,0 +1,179 @@
+"""Where a corpus's documents come from: the files it reads (``resolve_files``, checked before
+anything runs by ``check_sources``), its documents in order (``documents``: the built-in corpus,
+text, JSONL, Parquet, Hugging Face datasets), its readable name and what of it decides its tokens
+(``source_identity``, which the prepared set's key holds). Optional packages (``pyarrow``,
+``datasets``) are imported only by the code that reads those formats."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from glob import glob
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from ablate.data.config import FILE_EXT, DataConfig, ValData
+from ablate.data.corpus import builtin_documents
+from ablate.data.tokenizer import import_optional, tokenizer_kind
+
+
+def resolve_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]:
+    """The files a file corpus reads, in name order; raises naming ``{field}path``."""
+    spec, ext = str(src.path), FILE_EXT[src.corpus]
+    if any(c in spec for c in "*?["):
+        files = [Path(p) for p in glob(spec, recursive=True) if os.path.isfile(p)]
+    elif os.path.isdir(spec):
+        files = [p for p in Path(spec).iterdir() if p.is_file() and p.name.endswith(ext)]
+    elif os.path.isfile(spec):
+        files = [Path(spec)]
+    else:
+        raise FileNotFoundError(f"{field}path: {spec!r} does not exist")
+    if not files:
+        raise FileNotFoundError(
+            f"{field}path: no files match {spec!r} (a directory is searched for *{ext})"
+        )
+    return sorted(files, key=str)
+
+
+def check_sources(cfg: DataConfig) -> None:
+    """Fail fast on inputs that do not exist (data files, the validation corpus's files, a
+    tokenizer file), before any training starts, without the network (a hub tokenizer is fetched
+    when the data is prepared); relative paths are taken from the current directory."""
+    if cfg.corpus in FILE_EXT:
+        resolve_files(cfg)
+    if cfg.val is not None and cfg.val.corpus in FILE_EXT:
+        resolve_files(cfg.val, "data.val.")
+    tokenizer_kind(cfg.tokenizer)
+
+
+def source_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]:
+    """The local files a corpus reads (a local ``save_to_disk`` dataset's files too): their names,
+    sizes and modification times are part of the prepared data's fingerprint."""
+    if src.corpus in FILE_EXT:
+        return resolve_files(src, field)
+    if src.corpus == "hf" and os.path.isdir(str(src.hf_dataset)):
+        return sorted(p for p in Path(str(src.hf_dataset)).rglob("*") if p.is_file())
+    return []
+
+
+def _text_documents(files: list[Path]) -> Iterator[str]:
+    for f in files:
+        try:
+            yield f.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"data.path: {f} is not UTF-8 text ({e})") from e
+
+
+def _jsonl_documents(files: list[Path], text_field: str) -> Iterator[str]:
+    for f in files:
+        with open(f, encoding="utf-8") as lines:
+            for lineno, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"data.path: {f}:{lineno} is not a JSON object ({e})") from e
+                text = row.get(text_field) if isinstance(row, dict) else None
+                if not isinstance(text, str):
+                    keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+                    raise ValueError(
+                        f"data.text_field: {f}:{lineno} has no string field {text_field!r} (has {keys})"
+                    )
+                yield text
+
+
+def _parquet_documents(files: list[Path], text_field: str) -> Iterator[str]:
+    pq = import_optional("pyarrow.parquet", "pyarrow", "data.corpus='parquet'")
+    for f in files:
+        pf = pq.ParquetFile(f)
+        if text_field not in pf.schema_arrow.names:
+            raise ValueError(
+                f"data.text_field: {f} has no column {text_field!r} (has {pf.schema_arrow.names})"
+            )
+        for batch in pf.iter_batches(columns=[text_field], batch_size=4096):
+            yield from (t for t in batch.column(0).to_pylist() if t is not None)
+
+
+def _hf_documents(cfg: DataConfig | ValData) -> Iterator[str]:
+    datasets = import_optional("datasets", "datasets", "data.corpus='hf'")
+    name = str(cfg.hf_dataset)
+    local = Path(name)
+    if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
+        ds = datasets.load_from_disk(name)  # written by save_to_disk
+        if isinstance(ds, datasets.DatasetDict):
+            if cfg.hf_split not in ds:
+                raise ValueError(
+                    f"data.hf_split: {name} has no split {cfg.hf_split!r} (has {sorted(ds)})"
+                )
+            ds = ds[cfg.hf_split]
+    elif cfg.max_documents is not None:
+        # stream: a limited read of a hub dataset (C4 is hundreds of GB) fetches only what it uses
+        stream = datasets.load_dataset(name, cfg.hf_config, split=cfg.hf_split, streaming=True)
+        for row in islice(stream, cfg.max_documents):
+            if cfg.text_field not in row:
+                raise ValueError(
+                    f"data.text_field: {name} has no column {cfg.text_field!r} (has {sorted(row)})"
+                )
+            if row[cfg.text_field] is not None:
+                yield row[cfg.text_field]
+        return
+    else:
+        ds = datasets.load_dataset(name, cfg.hf_config, split=cfg.hf_split, streaming=False)
+    if cfg.text_field not in ds.column_names:
+        raise ValueError(
+            f"data.text_field: {name} has no column {cfg.text_field!r} (has {ds.column_names})"
+        )
+    if cfg.max_documents is not None:
+        ds = ds.select(range(min(cfg.max_documents, len(ds))))
+    yield from (t for t in ds[cfg.text_field] if t is not None)
+
+
+def documents(cfg: DataConfig | ValData, files: list[Path]) -> Iterator[str]:
+    """The corpus's non-empty documents in order, at most ``max_documents`` (not ``tokens``)."""
+    if cfg.corpus == "builtin":
+        docs: Iterable[str] = builtin_documents()
+    elif cfg.corpus == "text":
+        docs = _text_documents(files)
+    elif cfg.corpus == "jsonl":
+        docs = _jsonl_documents(files, cfg.text_field)
+    elif cfg.corpus == "parquet":
+        docs = _parquet_documents(files, cfg.text_field)
+    else:
+        docs = _hf_documents(cfg)
+    return islice((d for d in docs if d), cfg.max_documents)
+
+
+def corpus_name(src: DataConfig | ValData) -> str:
+    """A readable name of a corpus, for logs and manifests (``hf:allenai/c4/en:validation``)."""
+    if src.corpus == "builtin":
+        name = f"builtin-py{sys.version_info[0]}.{sys.version_info[1]}"
+    elif src.corpus == "hf":
+        config = f"/{src.hf_config}" if src.hf_config else ""
+        name = f"hf:{src.hf_dataset}{config}:{src.hf_split}"
+    else:
+        name = f"{src.corpus}:{src.path}"
+    return name if src.max_documents is None else f"{name}[:{src.max_documents}]"
+
+
+def source_identity(src: DataConfig | ValData, field: str) -> dict[str, Any]:
+    """What of a corpus decides its tokens: its fields, and its local files' names, sizes and
+    modification times (a prepared set's key holds it; no network)."""
+    files = [
+        [str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in source_files(src, field)
+    ]
+    return {
+        "name": corpus_name(src),
+        "corpus": src.corpus,
+        "path": src.path,
+        "text_field": src.text_field,
+        "hf_dataset": src.hf_dataset,
+        "hf_config": src.hf_config,
+        "hf_split": src.hf_split,
+        "max_documents": src.max_documents,
+        "token_dtype": src.token_dtype if src.corpus == "tokens" else None,
+        "files": files,
+    }

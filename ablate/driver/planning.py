@@ -1,0 +1,144 @@
+"""What ``ablate run`` does to each cell of a study, planned against what MLflow already holds
+(``plan``; read only: planning creates nothing), and the warning when the study's target leaves no
+room to measure a cost (``target_headroom``). ``ablate plan`` prints the plan; the runner follows it.
+
+- ``run``: no MLflow run has its key yet -> create one and train;
+- ``skip``: finished or diverged (both are results);
+- ``resume``: started but not ended (interrupted, worker lost, driver killed) -> continue from its
+  checkpoint (or from step 0 when there is none) in the same run;
+- ``failed``: ended with an error -> left alone unless ``--rerun-failed``;
+- ``rerun``: a failed cell with ``--rerun-failed`` (continued like ``resume``), or a finished or
+  diverged cell that other numerics code produced (stale) with ``--rerun-stale`` (from step 0 in a
+  new run; the old run and its checkpoint are kept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from ablate.errors import TrackingError
+from ablate.spec import Cell, Study
+from ablate.targets import headroom_warning, reached_fraction, schedule_fraction, target_ppl_of
+from ablate.tracking import CellRun, CellStatus, join_runs, study_status
+from ablate.tracking.status import baseline_curves, count
+from ablate.tracking.vocab import env_tag
+from ablate.train.checkpoint import checkpoint_info
+from ablate.train.provenance import code_hash
+
+Action = Literal["run", "skip", "resume", "failed", "rerun"]
+ACTIONS: tuple[Action, ...] = ("run", "resume", "rerun", "skip", "failed")
+TO_RUN = ("run", "resume", "rerun")
+
+
+@dataclass(frozen=True)
+class PlannedCell:
+    cell: Cell
+    action: Action
+    run: CellRun | None = None
+    why: str = ""
+    fresh: bool = False
+    """Rerun from step 0 in a new MLflow run (a stale result: the old run and its checkpoint are
+    kept, the checkpoint moved aside)."""
+
+
+def stale(run: CellRun) -> str:
+    """Why a recorded result came from other numerics code than this process runs ("" when it did
+    not, or when the run predates provenance records)."""
+    recorded = run.tags.get(env_tag("code_hash"))
+    if not recorded or recorded == code_hash():
+        return ""
+    return f"code_hash {recorded}, now {code_hash()}"
+
+
+def plan_cell(
+    cell: Cell,
+    run: CellRun | None,
+    *,
+    rerun_failed: bool,
+    ckpt_step: int | None,
+    rerun_stale: bool = False,
+) -> PlannedCell:
+    """What ``run`` does to one cell, given its recorded run and its checkpoint's step."""
+    if run is None:
+        return PlannedCell(cell, "run", None, "new")
+    if run.status in ("finished", "diverged"):
+        old = stale(run)
+        if old and rerun_stale:
+            why = f"{run.status} by other code ({old}); again from step 0 in a new run"
+            return PlannedCell(cell, "rerun", run, why, fresh=True)
+        if old:
+            why = f"{run.status}; stale: other training code ({old}); --rerun-stale reruns it"
+            return PlannedCell(cell, "skip", run, why)
+        return PlannedCell(cell, "skip", run, run.status)
+    where = f"from the step-{ckpt_step} checkpoint" if ckpt_step else "from step 0"
+    if run.status == "failed":
+        if rerun_failed:
+            return PlannedCell(cell, "rerun", run, f"failed before; again {where}")
+        why = f"failed ({run.reason[:80]}); --rerun-failed reruns it"
+        return PlannedCell(cell, "failed", run, why)
+    return PlannedCell(cell, "resume", run, f"{run.status}; {where}")
+
+
+def plan_cells(
+    study: Study,
+    statuses: Iterable[CellStatus],
+    *,
+    rerun_failed: bool = False,
+    rerun_stale: bool = False,
+) -> list[PlannedCell]:
+    return [
+        plan_cell(
+            cs.cell,
+            cs.run,
+            rerun_failed=rerun_failed,
+            ckpt_step=_ckpt_step(study, cs.cell),
+            rerun_stale=rerun_stale,
+        )
+        for cs in statuses
+    ]
+
+
+def plan(
+    study: Study, *, rerun_failed: bool = False, rerun_stale: bool = False
+) -> list[PlannedCell]:
+    """What ``run`` would do to each cell, from the study's MLflow store if it exists (read only:
+    planning creates nothing)."""
+    try:
+        statuses = study_status(study)
+    except TrackingError:  # nothing recorded yet: every cell is new
+        statuses = join_runs(study, {})
+    return plan_cells(study, statuses, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
+
+
+def target_headroom(study: Study) -> str | None:
+    """The warning when the baseline reaches the study's target late in its budget (so costly
+    configurations show as "not reached" instead of their cost): from the baseline's recorded
+    curves when it has finished runs, else from the schedule (``ablate.targets``)."""
+    t = study.target
+    if t is None:
+        return None
+    try:
+        curves = baseline_curves(study)
+    except TrackingError:  # nothing recorded yet
+        curves = []
+    if not curves:
+        fraction = schedule_fraction(t.from_baseline, t.at)
+        return headroom_warning(fraction, measured=False, tolerance=t.tolerance)
+    try:
+        target = target_ppl_of(t, curves)
+    except ValueError:
+        return None
+    return headroom_warning(reached_fraction(curves, target), measured=True)
+
+
+def summarize(planned: Iterable[PlannedCell]) -> dict[str, int]:
+    """How many cells get each action, in ``ACTIONS`` order."""
+    counts = count([p.action for p in planned])
+    return {a: counts[a] for a in ACTIONS if a in counts}
+
+
+def _ckpt_step(study: Study, cell: Cell) -> int | None:
+    info = checkpoint_info(study.checkpoint_dir(cell))
+    return int(info["step"]) if info else None

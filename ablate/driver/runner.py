@@ -1,0 +1,424 @@
+"""Running a study: plan each cell against what MLflow already holds (``ablate.driver.planning``), launch
+the cells that need it on an executor (``ablate.executor``: Ray tasks by default, or in this
+process), collect results as they finish, show progress. ``run_study`` is those steps, after the
+checks of ``ablate.driver.preflight``: ``plan_cells``, ``_launch``, ``_collect``.
+
+Ctrl-C cancels the cells in flight, marks them ``interrupted`` and leaves a study that the next
+``ablate run`` resumes. One driver per study at a time: a lock file in the output folder
+(``study_lock``) and, for drivers with other output folders on the same tracking store, the
+study's lock in the store (``open_study``, ``ablate.tracking.lock``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ablate.driver.planning import TO_RUN, PlannedCell, plan_cells, summarize
+from ablate.driver.preflight import check_gpus, preflight
+from ablate.driver.preparing import prepare_study
+from ablate.driver.progress import (
+    WAIT_REPEAT_S,
+    WAIT_WARN_S,
+    CellProgress,
+    Progress,
+    WaitWatch,
+    fmt_s,
+)
+from ablate.errors import AblateError, CannotRunError, RunnerError, TrackingError
+from ablate.executor import Executor, ExecutorName, LocalExecutor, RayExecutor
+from ablate.executor.task import Outcome, Task
+from ablate.spec import Cell, Study
+from ablate.tracking import StudyTracker, check_uri, is_local_store, join_runs, prepare_store
+from ablate.tracking.vocab import cell_params, cell_tags, outcome_details, short_name
+from ablate.train.config import flatten
+
+
+@contextlib.contextmanager
+def study_lock(
+    output_dir: Path, command: str = "ablate run", error: type[AblateError] = RunnerError
+) -> Iterator[None]:
+    """One driver per study: an exclusive lock on <output>/.lock (released when the process dies);
+    a held lock raises ``error`` naming ``command``."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / ".lock"
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise error(
+                f"{output_dir}: another `{command}` is running this study ({holder}); wait for "
+                "it or stop it first"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def clean_failed_start(output_dir: Path) -> Iterator[list[bool]]:
+    """Remove ``output_dir`` again when the block fails before anything was launched (the caller
+    appends to the yielded list when it launches) and the folder did not exist before: a refused
+    start leaves nothing behind, and a study that had written there keeps all of it."""
+    import shutil
+
+    existed = output_dir.exists()
+    launched: list[bool] = []
+    try:
+        yield launched
+    except BaseException:
+        if not existed and not launched:
+            shutil.rmtree(output_dir, ignore_errors=True)
+        raise
+
+
+def driver_running(output_dir: Path) -> bool | None:
+    """Whether an ``ablate run`` holds the study's lock now: True, False (its driver stopped or
+    was killed: the kernel released the lock), or None (never run from this output folder)."""
+    path = output_dir / ".lock"
+    if not path.is_file():
+        return None
+    with open(path) as f:  # read only: never creates the file
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
+def study_executor(
+    study: Study,
+    executor: ExecutorName,
+    *,
+    address: str | None = None,
+    max_concurrent: int | None = None,
+    num_cpus: int | None = None,
+) -> Executor:
+    """The executor for a study's cells or trials: ``local`` (in this process) or ``ray`` (a local
+    Ray, or the cluster at ``address`` / ``RAY_ADDRESS``), with the study's per-cell resources."""
+    if executor == "local":
+        return LocalExecutor()
+    res = study.spec.resources
+    ex = RayExecutor(
+        address=address,
+        cpus=res.cpus,
+        gpus=res.gpus,  # > 0 for cells that need a GPU (check_gpus): Ray sets CUDA_VISIBLE_DEVICES
+        max_retries=res.max_retries,
+        max_concurrent=max_concurrent or res.max_concurrent,
+        num_cpus=num_cpus,
+        workers=res.workers,
+    )
+    try:  # device: auto with resources.gpus: 0 on a cluster that has GPUs
+        check_gpus(study, gpus_seen=ex.cluster_gpus, where="the Ray cluster")
+    except CannotRunError:
+        ex.close()
+        raise
+    return ex
+
+
+def artifact_root(study: Study) -> Path | None:
+    """Where a new experiment of the study keeps its artifacts: beside a SQLite store, in the
+    output folder; None for a tracking server, which chooses (its ``--artifacts-destination``,
+    served as ``mlflow-artifacts:/``), so that artifacts go through the server and not into a
+    folder on the driver that only the driver sees."""
+    return study.output_dir / "artifacts" if is_local_store(study.tracking_uri) else None
+
+
+@contextlib.contextmanager
+def open_study(
+    study: Study,
+    ex: Executor,
+    *,
+    lock: str = "run",
+    command: str = "ablate run",
+    error: type[AblateError] = RunnerError,
+    out: IO[str] | None = None,
+) -> Iterator[tuple[StudyTracker, str]]:
+    """Create the study's store and experiment, take the study's lock ``lock`` in the store (one
+    driver at a time whatever its output folder: ``ablate.tracking.lock``; a refusal raises
+    ``error`` naming the holder), then find or create the parent run (driver only, before any
+    worker starts); yields the tracker and the parent run's id, holding the lock until the block
+    ends."""
+    uri = study.tracking_uri
+    try:
+        check_uri(uri, multi_node=ex.multi_node)
+    except TrackingError as e:
+        raise CannotRunError(str(e)) from None
+    prepare_store(uri, study.output_dir)
+    tracker = StudyTracker(
+        uri, study.name, experiment=study.experiment, artifact_root=artifact_root(study)
+    )
+    with tracker.driver_lock(
+        lock,
+        command=command,
+        output=study.output_dir.resolve(),
+        error=error,
+        note=lambda msg: print(msg, file=out or sys.stderr),
+    ):
+        base = flatten(study.spec.base.model_dump(mode="json", exclude_none=True), "base.")
+        parent = tracker.parent_run(study.text, description=study.spec.description, params=base)
+        yield tracker, parent
+
+
+def task_threads(study: Study) -> int:
+    """torch threads of one cell: its CPU cores, rounded down, at least 1."""
+    return max(1, int(study.spec.resources.cpus))
+
+
+@dataclass
+class StudyResult:
+    outcomes: dict[str, Outcome]
+    """Outcomes of the cells run now (by key)."""
+    planned: list[PlannedCell]
+    interrupted: bool = False
+    parent_run_id: str = ""
+    run_ids: dict[str, str] = field(default_factory=dict)
+    """MLflow run id of each cell launched now (by key)."""
+
+    @property
+    def failed(self) -> list[str]:
+        return [k for k, o in self.outcomes.items() if o.status == "failed"]
+
+
+def run_study(
+    study: Study,
+    *,
+    executor: ExecutorName = "ray",
+    address: str | None = None,
+    rerun_failed: bool = False,
+    rerun_stale: bool = False,
+    max_concurrent: int | None = None,
+    num_cpus: int | None = None,
+    progress: bool = True,
+    stream: IO[str] | None = None,
+    stop_after: int | None = None,
+    on_outcome: Callable[[Cell, Outcome], None] | None = None,
+    wait_warning_s: float = WAIT_WARN_S,
+) -> StudyResult:
+    """Run every cell that needs it (see the module docstring); returns when all have ended or on
+    Ctrl-C (``interrupted``). Nothing finished is ever rerun or overwritten. On Ray, a cell that
+    the cluster has not started ``wait_warning_s`` after it was submitted, and that the study's
+    own running cells do not hold up, is reported, again every five times that long (at most every
+    ``WAIT_REPEAT_S``) while it waits (0: never; ``progress.WaitWatch``)."""
+    out = stream or sys.stderr
+    preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
+    prepare_study(study, out=out)  # tokenizes each data configuration once, records nothing
+    with (
+        clean_failed_start(study.output_dir) as launched,
+        study_lock(study.output_dir),
+        contextlib.ExitStack() as held,
+    ):
+        ex = study_executor(
+            study, executor, address=address, max_concurrent=max_concurrent, num_cpus=num_cpus
+        )
+        try:
+            tracker, parent = held.enter_context(open_study(study, ex, out=out))
+            planned = plan_cells(
+                study,
+                join_runs(study, tracker.cell_runs()),
+                rerun_failed=rerun_failed,
+                rerun_stale=rerun_stale,
+            )
+            counts = ", ".join(f"{n} {a}" for a, n in summarize(planned).items())
+            print(
+                f"study {study.name}: {len(planned)} cells: {counts} ({ex.name} executor, "
+                f"tracking {study.tracking_uri})",
+                file=out,
+            )
+            result = StudyResult({}, planned, parent_run_id=parent)
+            launched.append(True)
+            _launch(study, tracker, parent, ex, result, stop_after)
+            _collect(
+                study, tracker, ex, result, out, progress=progress, on_outcome=on_outcome,
+                wait_warning_s=wait_warning_s,
+            )  # fmt: skip
+            ended = (
+                "interrupted" if result.interrupted else "failed" if result.failed else "finished"
+            )
+            tracker.set_status(parent, ended, {"cells": len(planned), "failed": len(result.failed)})
+            return result
+        finally:
+            ex.close()
+
+
+def _launch(
+    study: Study,
+    tracker: StudyTracker,
+    parent: str,
+    ex: Executor,
+    result: StudyResult,
+    stop_after: int | None,
+) -> None:
+    """Create (or reuse) each planned cell's run, mark it pending and submit its task."""
+    for p in result.planned:
+        if p.action not in TO_RUN:
+            continue
+        c = p.cell
+        if p.fresh and p.run is not None:  # keep the stale run and its checkpoint, start anew
+            ckpt = study.checkpoint_dir(c)
+            if ckpt.exists():
+                ckpt.rename(ckpt.with_name(f"{ckpt.name}.stale-{p.run.run_id[:12]}"))
+        if p.run is not None and not p.fresh:
+            rid = p.run.run_id
+        else:
+            rid = tracker.create_run(
+                parent,
+                c.key,
+                c.label,
+                cell_tags(c),
+                c.config.to_dict(),
+                name=short_name(c),
+                params=cell_params(c),
+            )
+        result.run_ids[c.key] = rid
+        ckpt = study.checkpoint_dir(c).resolve()
+        ckpt.parent.mkdir(parents=True, exist_ok=True)  # a worker checks that it sees the folder
+        cfg = dataclasses.replace(
+            c.config, checkpoint_dir=str(ckpt), data_cache=str(study.data_cache())
+        )
+        tracker.set_status(rid, "pending")
+        uri, cwd = study.tracking_uri, os.getcwd()
+        ex.submit(
+            Task(c.key, c.label, cfg.to_dict(), uri, rid, cwd, task_threads(study), stop_after)
+        )
+
+
+def _collect(
+    study: Study,
+    tracker: StudyTracker,
+    ex: Executor,
+    result: StudyResult,
+    out: IO[str],
+    *,
+    progress: bool,
+    on_outcome: Callable[[Cell, Outcome], None] | None,
+    wait_warning_s: float = 0,
+) -> None:
+    """Record each outcome as it arrives, with a live progress line and a line about cells that
+    wait longer than ``wait_warning_s`` for resources that the study's own cells do not hold
+    (``wait_watch``); Ctrl-C cancels the rest."""
+    by_key = {c.key: c for c in study.cells}
+    cells = {k: CellProgress(by_key[k].label, by_key[k].config.train.steps) for k in result.run_ids}
+    prog = Progress(tracker, cells, result.run_ids, stream=out)
+    live = progress and bool(result.run_ids)
+    if live:
+        prog.start()
+    watch = wait_watch(study, ex, wait_warning_s)
+    with _ctrl_c_noted() as ctrl_c:
+        _collect_outcomes(
+            ex, tracker, result, prog, out, by_key, progress, on_outcome, ctrl_c, watch
+        )
+
+
+def wait_watch(study: Study, ex: Executor, after_s: float) -> WaitWatch | None:
+    """The watch on cells that Ray holds without starting them (None in process: a cell there
+    starts when the previous one ends)."""
+    if not isinstance(ex, RayExecutor) or after_s <= 0:
+        return None
+    res = study.spec.resources
+    each = f" for each of its {res.workers} workers" if res.workers > 1 else ""
+    asks = f"a cell asks for {res.cpus:g} CPU(s) and {res.gpus:g} GPU(s){each} (resources)"
+    ask = {"CPU": res.cpus * res.workers, "GPU": res.gpus * res.workers}
+    labels = {c.key: c.label for c in study.cells}
+    every = min(WAIT_REPEAT_S, 5 * after_s)
+    return WaitWatch(ex.dispatched, labels, ex.started, ex.resources, ask, asks, after_s, every)
+
+
+@contextlib.contextmanager
+def _ctrl_c_noted() -> Iterator[list[bool]]:
+    """Note every SIGINT (then raise KeyboardInterrupt as Python does), so that a KeyboardInterrupt
+    that some library swallows inside a cell (a bare ``except:``, a finalizer) cannot make the
+    driver miss a Ctrl-C: the collect loop checks the note after each wait. Defensive: no such
+    library is known to be in the path today."""
+    noted: list[bool] = []
+    # not from a worker thread, and not where SIGINT is ignored (a background job): leave it be
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
+        yield noted
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        noted.append(True)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _collect_outcomes(
+    ex: Executor,
+    tracker: StudyTracker,
+    result: StudyResult,
+    prog: Progress,
+    out: IO[str],
+    by_key: dict[str, Cell],
+    progress: bool,
+    on_outcome: Callable[[Cell, Outcome], None] | None,
+    ctrl_c: list[bool],
+    watch: WaitWatch | None,
+) -> None:
+    live = progress and bool(result.run_ids)
+    try:
+        while len(ex):
+            if ctrl_c:
+                raise KeyboardInterrupt
+            if watch is not None and (line := watch.check(result.outcomes)):
+                print(line, file=out)
+            for o in ex.wait(1.0):
+                result.outcomes[o.key] = o
+                tracker.set_status(result.run_ids[o.key], o.status, outcome_details(o))
+                prog.finished(o.key, o.status)
+                if progress:
+                    print(_outcome_line(by_key[o.key], o, prog), file=out)
+                if on_outcome is not None:
+                    on_outcome(by_key[o.key], o)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        ex.cancel_all()
+        for key, rid in result.run_ids.items():
+            if key not in result.outcomes:
+                with contextlib.suppress(Exception):
+                    tracker.set_status(rid, "interrupted", {"by": "Ctrl-C"})
+        print(
+            f"\ninterrupted: {len(result.outcomes)} cells ended this time; the rest resume "
+            f"from their checkpoints when you run the study again",
+            file=out,
+        )
+    finally:
+        if live:
+            prog.stop()
+
+
+def _outcome_line(cell: Cell, o: Outcome, prog: Progress) -> str:
+    n = f"[{prog.done + prog.failed}/{len(prog.cells)}]"
+    if o.status == "failed":
+        return f"{n} {cell.label}: FAILED: {o.reason}"
+    if o.status == "diverged":
+        return f"{n} {cell.label}: diverged at step {o.diverged_at} ({o.reason})"
+    return (
+        f"{n} {cell.label}: {o.status}, {o.steps} steps, val ppl {o.final_val_ppl:.3f}, "
+        f"{o.tokens_per_s:,.0f} tokens/s, {fmt_s(o.wall_time_s)}"
+    )

@@ -1,0 +1,24 @@
+"""The GEMM backends: one GEMM of a linear layer from two high-precision operands and its recipe.
+
+- ``base``: the interface (``GemmBackend``), the random-stream keys of one call (``GemmKeys``) and
+  the refusal of a format a device cannot run (``UnsupportedFormatError``);
+- ``emulated``: quantize, dequantize and multiply with FP32 accumulation, on any device;
+- ``native``: the hardware's scaled GEMM (``torch._scaled_mm``) on the same codes and scales;
+- ``capabilities``: which device runs which format natively, and the check before a run;
+- ``registry``: a run's ``backend`` name to its backend.
+"""
+
+from backends.gemm.base import GemmBackend, GemmKeys, UnsupportedFormatError
+from backends.gemm.capabilities import check_recipe, supported_formats
+from backends.gemm.registry import available_backends, get_backend, register_backend
+
+__all__ = [
+    "GemmBackend",
+    "GemmKeys",
+    "UnsupportedFormatError",
+    "available_backends",
+    "check_recipe",
+    "get_backend",
+    "register_backend",
+    "supported_formats",
+]

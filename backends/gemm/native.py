@@ -1,0 +1,426 @@
+"""The ``native`` GEMM backend: the hardware's scaled GEMM through ``torch._scaled_mm``.
+
+Each operand is quantized by the same quantizer as ``emulated`` (``quant.quantize``, after the same
+Hadamard transform), so the codes and scales are identical; only the product differs: the hardware
+multiplies the codes and applies the scales instead of an FP32 GEMM on dequantized values. Hadamard
+transforms and stochastic rounding happen in the quantizer and need nothing from the GEMM; the
+clip-free SR prescale is undone on the output exactly as ``emulated`` does (16/9 when both operands
+use it). What ``torch._scaled_mm`` receives, for ``a`` (M, K) and ``b`` (N, K), out = a @ b^T:
+
+    format          mat_a / mat_b (b passed as b.t(): column-major)      scale_a / scale_b
+    fp8_e4m3/e5m2   float8_e4m3fn / float8_e5m2, (M, K) / (K, N)         float32 scalar decode scale
+                    (MI300: float8_*_fnuz codes of half the value, decode scale doubled)
+    mxfp8_*         float8, (M, K) / (K, N)                              float8_e8m0fnu per 1x32 block,
+                                                                         swizzled, flat
+    mxfp4           float4_e2m1fn_x2, (M, K/2) / (K/2, N)                float8_e8m0fnu per 1x32, swizzled
+    nvfp4           float4_e2m1fn_x2, (M, K/2) / (K/2, N)                float8_e4m3fn per 1x16, swizzled;
+                                                                         output x alpha (below)
+
+NVFP4's tensor scales enter as TransformerEngine applies them: the GEMM multiplies the codes with the
+E4M3 block scales and the output is multiplied by ``alpha = (amax_a * amax_b) * fp32(1/7225344)``
+(7225344 = (6 * 448)^2; TE's ``compute_nvfp4_per_tensor_scale_kernel``), from the operands' tensor
+amaxes (``QTensor.global_amax``); with Four Over Six's bound ``fp32(1/1536^2)`` (``quant.nv_alpha``),
+and for MS-EDEN the product of the two tensor decode scales. Four Over Six and MS-EDEN produce
+ordinary NVFP4 codes and E4M3 scales, so the hardware GEMM runs them; double-block NVFP4
+(``outer_block``, TetraJet-v2) has an FP32 scale per 128 elements, which no GEMM here takes:
+``check`` refuses it.
+
+"Swizzled" is cuBLAS's block-scale layout: the (rows, K/block) scale matrix, zero-padded to
+(128·⌈rows/128⌉, 4·⌈cols/4⌉), cut into 128x4 tiles stored one after another (row tiles outer), each
+tile as 32x16 with row r = 32i + j at [j, 4i : 4i + 4] (``swizzle_scales``; torchao's ``to_blocked``).
+ROCm's MX GEMM takes the scales row-major instead. Rows are zero-padded to a multiple of 16 and K
+to a multiple of 32, as the GEMMs require (cuBLASLt: K and N multiples of 16; FP4 packs K/2); on
+gfx950 both to 128: the MX GEMM needs K % 128, and torch's check of the scale count
+(128·⌈rows/128⌉ · 4·⌈K/128⌉) holds for row-major scales only when rows are a multiple of 128. Padding
+is zero codes, which add nothing, and is cut from the output.
+
+Calls (torch 2.13): ``torch._scaled_mm(a, b.t(), scale_a, scale_b, out_dtype=float32,
+use_fast_accum=False)`` for FP8, MXFP8 and NVFP4 (cuBLASLt / hipBLASLt); MXFP4 on CUDA goes through
+``F.scaled_mm(a, b.t(), scale_a, ScalingType.BlockWise1x32, scale_b, ScalingType.BlockWise1x32,
+swizzle_a=SwizzleType.SWIZZLE_32_4_4, swizzle_b=..., output_dtype=bfloat16)``, the route torchao
+uses and torch 2.13 sends to MSLK's CUTLASS kernel (B200/B300 only, bf16 output; later torch
+releases also accept MXFP4 in ``_scaled_mm`` through cuBLASLt).
+
+``check`` runs before any training step: it refuses a recipe whose formats the device cannot run
+(``CAPABILITIES``), naming the device, the formats and GEMMs, what the device supports, and
+``backend: emulated`` as the way to run the recipe anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from backends.gemm.base import GemmKeys, UnsupportedFormatError
+from backends.gemm.capabilities import (
+    CAPABILITIES,
+    build_limits,
+    check_recipe,
+    device_arch,
+    device_name,
+    formats_for,
+    supported_formats,
+)
+from backends.quant import (
+    E2M1,
+    ElementFormat,
+    QTensor,
+    QuantSpec,
+    decode_e8m0,
+    nv_alpha,
+    pack_fp4,
+    quantize,
+    unpack_fp4,
+)
+from backends.quant.arith import NV_ALPHA, rcp
+from backends.recipes import GemmRecipe, Recipe
+
+_FNUZ = {"e4m3": torch.float8_e4m3fnuz, "e5m2": torch.float8_e5m2fnuz}
+
+
+# ----------------------------------------------------------------------------------------------
+# packing: what the GEMM takes (pure functions, testable on the CPU)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What a device's scaled GEMM expects of its operands."""
+
+    swizzle: bool = True
+    """Block scales in cuBLAS's 128x4 tiles (``swizzle_scales``); False: row-major (ROCm)."""
+    row_align: int = 16
+    """Rows of each operand (M and N) are zero-padded to a multiple of this."""
+    k_align: int = 32
+    """The reduction dimension is zero-padded to a multiple of this (elements)."""
+    fnuz: bool = False
+    """FP8 as ``float8_*_fnuz`` (MI300)."""
+    block_out: torch.dtype = torch.float32
+    """Output dtype of the block-scaled GEMMs (hipBLASLt's MX GEMM writes bf16 only)."""
+
+
+CUDA_LAYOUT = Layout()
+
+
+def layout_for(arch: str | None) -> Layout:
+    """The operand layout of ``arch`` (CUDA's for None, so CPU tests exercise it)."""
+    if arch == "gfx942":
+        return Layout(swizzle=False, fnuz=True)
+    if arch is not None and arch.startswith("gfx"):
+        return Layout(swizzle=False, row_align=128, k_align=128, block_out=torch.bfloat16)
+    return CUDA_LAYOUT
+
+
+def swizzle_scales(scales: torch.Tensor) -> torch.Tensor:
+    """(rows, cols) block scales -> flat, in cuBLAS's tiled layout (see the module docstring).
+
+    Bit for bit torchao's ``to_blocked``: zero-padded to (128·⌈rows/128⌉, 4·⌈cols/4⌉); tile (t, u)
+    of 128 rows x 4 columns is stored at ``(t·⌈cols/4⌉ + u)·512``, its row 32i + j, column c at
+    offset 16j + 4i + c.
+    """
+    rows, cols = scales.shape
+    R, C = _round_up(rows, 128), _round_up(cols, 4)
+    byte = scales.element_size() == 1 and scales.dtype != torch.uint8  # e8m0 has no zero: pad bytes
+    padded = _pad(scales.view(torch.uint8) if byte else scales, R, C)
+    t = padded.view(R // 128, 4, 32, C // 4, 4)  # (row tile, i, j, col tile, c)
+    out = t.permute(0, 3, 2, 1, 4).reshape(-1)  # (row tile, col tile, j, i, c)
+    return out.view(scales.dtype) if byte else out
+
+
+def unswizzle_scales(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Inverse of ``swizzle_scales``: the (rows, cols) scales."""
+    R, C = _round_up(rows, 128), _round_up(cols, 4)
+    t = blocked.reshape(R // 128, C // 4, 32, 4, 4)  # (row tile, col tile, j, i, c)
+    return t.permute(0, 3, 2, 1, 4).reshape(R, C)[:rows, :cols]
+
+
+def to_fnuz(codes: torch.Tensor, elem: ElementFormat) -> torch.Tensor:
+    """OCP FP8 codes (uint8) -> FNUZ codes (uint8) of exactly half the value.
+
+    FNUZ's exponent bias is one larger, so every finite OCP bit pattern means half as much; the
+    caller doubles the decode scale. -0 becomes +0 (0x80 is FNUZ's NaN); NaN and E5M2's infinities
+    (which the saturating quantizer never emits) become 0x80.
+    """
+    assert elem.torch_dtype is not None
+    nonfinite = ~torch.isfinite(codes.view(elem.torch_dtype).float())
+    out = torch.where(codes == 0x80, 0, codes)
+    return torch.where(nonfinite, 0x80, out).to(torch.uint8)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedOperand:
+    """One GEMM operand as ``torch._scaled_mm`` takes it (see the module docstring)."""
+
+    data: torch.Tensor
+    """(R, Kp) float8, or (R, Kp/2) float4_e2m1fn_x2; row-major, rows and K zero-padded."""
+    scale: torch.Tensor
+    """float32 () decode scale (per-tensor FP8); else block scales as float8_e8m0fnu (MX) or
+    float8_e4m3fn (NVFP4), flat and swizzled, or (R, Kp/block) row-major."""
+    global_scale: torch.Tensor | None
+    """NVFP4: float32 () tensor amax (the output is multiplied by ``alpha``, see the module
+    docstring), or MS-EDEN's tensor decode scale; else None."""
+    rows: int
+    """Rows before padding."""
+    spec: QuantSpec
+    swizzled: bool
+    out_dtype: torch.dtype
+    """What the GEMM writes for this format on this device."""
+    top: float | None = None
+    """NVFP4: ``QuantSpec.nv_top`` (``global_scale`` is an amax that maps to it); None where
+    ``global_scale`` is itself the tensor decode scale (MS-EDEN)."""
+
+
+def pack_operand(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    *,
+    key: int | torch.Tensor = 0,
+    hadamard: tuple[int, torch.Tensor | None] | None = None,
+    layout: Layout = CUDA_LAYOUT,
+) -> PackedOperand:
+    """Quantize ``x`` (rows, K) along K, with the ``emulated`` backend's codes, and pack it.
+
+    ``hadamard=(size, signs)`` first applies ``hadamard_transform`` along K, as ``emulated`` does;
+    ``key`` seeds stochastic rounding.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"pack_operand needs a 2-D (rows, K) tensor, got shape {tuple(x.shape)}")
+    q = quantize(x, spec, axis=1, key=key, hadamard=hadamard)  # (rows, Kq) codes, K padded
+    return pack_quantized(q, layout=layout, device=x.device)
+
+
+def pack_quantized(
+    q: QTensor, *, layout: Layout = CUDA_LAYOUT, device: torch.device | None = None
+) -> PackedOperand:
+    """``pack_operand`` of a tensor already quantized along its last dimension (2-D)."""
+    if len(q.shape) != 2 or q.axis != 1:
+        raise ValueError(
+            f"pack_quantized needs a 2-D (rows, K) tensor quantized along K, got shape {q.shape} "
+            f"quantized along axis {q.axis}"
+        )
+    spec = q.spec
+    device = device if device is not None else q.codes.device
+    f, B = spec.fmt, spec.block or 1
+    rows, K = q.codes.shape
+    R, Kp = _round_up(rows, layout.row_align), _round_up(K, math.lcm(layout.k_align, B))
+    # row-major (R, Kp) whatever the strides of the view that was quantized (``x.t()`` of dgrad
+    # and wgrad): cuBLASLt multiplies only a row-major mat_a by a column-major mat_b (``b.t()`` of
+    # a row-major b), and Inductor's lowering of ``_scaled_mm`` checks the same on the CPU
+    codes = _pad(q.codes, R, Kp).to(device).contiguous()
+    if f.is_fp4:
+        data = pack_fp4(codes).view(torch.float4_e2m1fn_x2)
+    elif layout.fnuz and f.scale == "tensor":  # MI300 has FNUZ FP8 and no MX GEMM
+        data = to_fnuz(codes, f.elem).view(_FNUZ[f.elem.name])
+    else:
+        assert f.elem.torch_dtype is not None
+        data = codes.view(f.elem.torch_dtype)
+    if f.scale == "tensor":
+        assert q.global_dec is not None
+        dec = q.global_dec.to(device=device, dtype=torch.float32).reshape(())
+        if layout.fnuz:
+            dec = dec * 2  # the FNUZ codes mean half as much
+        return PackedOperand(data, dec, None, rows, spec, False, torch.float32)
+    assert q.scales is not None
+    s = _pad(q.scales, R, Kp // B).to(device)
+    s = swizzle_scales(s) if layout.swizzle else s.contiguous()
+    s = s.view(torch.float8_e8m0fnu if f.scale == "e8m0" else torch.float8_e4m3fn)
+    g = None
+    if f.scale == "nv":
+        if q.outer_scales is not None:
+            raise ValueError(
+                f"pack_quantized: {spec.short()} has a scale per {spec.outer_block} elements; no "
+                "scaled GEMM here takes it"
+            )
+        t = q.global_amax if spec.nv_top is not None else q.global_dec  # MS-EDEN: its decode
+        assert t is not None
+        g = t.to(device=device, dtype=torch.float32).reshape(())
+    out_dtype = layout.block_out
+    if spec.format == "mxfp4" and layout.swizzle:
+        out_dtype = torch.bfloat16  # MSLK's MXFP4 kernel writes bf16
+    return PackedOperand(data, s, g, rows, spec, layout.swizzle, out_dtype, spec.nv_top)
+
+
+def dequantize_packed(p: PackedOperand) -> torch.Tensor:
+    """(R, Kp) float32: the values the GEMM multiplies, decoded from what it is handed.
+
+    Equal bit for bit to ``fake_quantize`` on the unpadded region (same operations in the same
+    order as ``QTensor.dequantize``); zero in the padding.
+    """
+    f = p.spec.fmt
+    vals = E2M1.decode(unpack_fp4(p.data)) if f.is_fp4 else p.data.float()
+    if f.scale == "tensor":
+        return vals * p.scale
+    R, K = vals.shape
+    B = p.spec.block
+    codes = p.scale.view(torch.uint8)
+    s = unswizzle_scales(codes, R, K // B) if p.swizzled else codes.view(R, K // B)
+    if f.scale == "e8m0":
+        sv = decode_e8m0(s)
+    else:
+        assert p.global_scale is not None
+        s8 = s.view(torch.float8_e4m3fn).float()
+        g = p.global_scale.float()
+        # as QTensor.dequantize: (s * amax) * fp32(1/top), or MS-EDEN's s * s_dec
+        sv = (s8 * g) * rcp(p.top) if p.top is not None else s8 * g
+    return (vals.view(R, K // B, B) * sv.unsqueeze(-1)).flatten(1)
+
+
+# ----------------------------------------------------------------------------------------------
+# the GEMM
+
+
+def scaled_mm(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
+    """``a @ b^T`` (pa.rows, pb.rows) float32 on the device's scaled GEMM, FP32 accumulation."""
+    if pa.data.shape[1] != pb.data.shape[1]:
+        raise ValueError(
+            f"scaled_mm: operands differ in K: {tuple(pa.data.shape)} and {tuple(pb.data.shape)}"
+        )
+    if pa.spec.format == "mxfp4" and pa.swizzled:
+        F = torch.nn.functional
+        out = F.scaled_mm(
+            pa.data,
+            pb.data.t(),
+            pa.scale,
+            F.ScalingType.BlockWise1x32,
+            pb.scale,
+            F.ScalingType.BlockWise1x32,
+            swizzle_a=F.SwizzleType.SWIZZLE_32_4_4,
+            swizzle_b=F.SwizzleType.SWIZZLE_32_4_4,
+            output_dtype=pa.out_dtype,
+        )
+    else:
+        out = torch._scaled_mm(
+            pa.data,
+            pb.data.t(),  # column-major, as cuBLASLt's FP8 GEMM on Hopper requires
+            pa.scale,
+            pb.scale,
+            out_dtype=pa.out_dtype,
+            use_fast_accum=False,  # periodic promotion to FP32 of the tensor-core partial sums
+        )
+    out = out.float()
+    if pa.global_scale is not None and pb.global_scale is not None:
+        out = out * alpha(pa, pb)
+    return _unpad(out, pa.rows, pb.rows)
+
+
+def alpha(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
+    """NVFP4's output factor: ``(amax_a * amax_b) * fp32(1/(top_a * top_b))`` (TransformerEngine's
+    alpha; Four Over Six's bound in ``top``), or with MS-EDEN the product of the tensor decode
+    scales (an amax operand's ``amax * fp32(1/top)``)."""
+    assert pa.global_scale is not None and pb.global_scale is not None
+    if pa.top is not None and pb.top is not None:
+        return (pa.global_scale * pb.global_scale) * nv_alpha(pa.top, pb.top)
+
+    def dec(p: PackedOperand) -> torch.Tensor:
+        assert p.global_scale is not None
+        return p.global_scale if p.top is None else p.global_scale * rcp(p.top)
+
+    return dec(pa) * dec(pb)
+
+
+def scaled_mm_reference(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
+    """``scaled_mm`` in FP32 torch operations on the decoded operands (any device)."""
+    out = dequantize_packed(pa) @ dequantize_packed(pb).t()
+    return _unpad(out, pa.rows, pb.rows)
+
+
+Gemm = Callable[[PackedOperand, PackedOperand], torch.Tensor]
+
+
+class NativeBackend:
+    """Quantize with the ``backends`` quantizer, multiply on the hardware's scaled GEMM.
+
+    ``gemm`` computes the product of two packed operands: ``scaled_mm`` (the hardware), or
+    ``scaled_mm_reference`` to run the whole path on a device without one (tests).
+    """
+
+    name = "native"
+
+    def __init__(self, gemm: Gemm = scaled_mm) -> None:
+        self.gemm = gemm
+        self._layouts: dict[torch.device, Layout] = {}
+
+    def check(self, recipe: Recipe, device: torch.device) -> None:
+        arch = device_arch(device)
+        check_recipe(recipe, arch, device_name(device), build_limits(arch))
+        self._layouts[torch.device(device)] = layout_for(arch)  # before any traced call
+
+    def mm(
+        self,
+        a: torch.Tensor | QTensor,
+        b: torch.Tensor | QTensor,
+        gemm: GemmRecipe,
+        keys: GemmKeys,
+        signs: torch.Tensor | None,
+    ) -> torch.Tensor:
+        if gemm.a is None or gemm.b is None:
+            raise UnsupportedFormatError(
+                f"backend native: GEMM {gemm.short()} has a high-precision operand; a native GEMM "
+                "needs both operands quantized (use `backend: emulated`)"
+            )
+        device = a.codes.device if isinstance(a, QTensor) else a.device
+        # read, not filled, here: a traced model would guard on the dict changing after its first
+        # call and compile again (``check`` fills it, eagerly)
+        layout = self._layouts.get(device) or layout_for(device_arch(device))
+        h = gemm.hadamard
+        had = None if h is None else (h.size, signs)
+
+        def pack(
+            t: torch.Tensor | QTensor, spec: QuantSpec, key: int | torch.Tensor
+        ) -> PackedOperand:
+            if isinstance(t, QTensor):  # quantized by the caller: its codes as they are
+                return pack_quantized(t, layout=layout, device=device)
+            return pack_operand(t, spec, key=key, hadamard=had, layout=layout)
+
+        pa = pack(a, gemm.a, keys.a)  # (M, K)
+        pb = pack(b, gemm.b, keys.b)  # (N, K)
+        out = self.gemm(pa, pb)  # (M, N) float32
+        comp = gemm.output_scale  # undoes the clip-free SR prescale
+        return out * comp if comp != 1.0 else out
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _unpad(out: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The (rows, cols) top-left of a padded GEMM output, contiguous like ``emulated``'s."""
+    if out.shape == (rows, cols):
+        return out
+    return out[:rows, :cols].contiguous()
+
+
+def _pad(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Zero-pad a 2-D tensor at the bottom and right to (rows, cols)."""
+    r, c = t.shape
+    if (r, c) == (rows, cols):
+        return t
+    return torch.nn.functional.pad(t, (0, cols - c, 0, rows - r))
+
+
+__all__ = [
+    "CAPABILITIES",
+    "CUDA_LAYOUT",
+    "NV_ALPHA",
+    "Layout",
+    "NativeBackend",
+    "alpha",
+    "PackedOperand",
+    "build_limits",
+    "check_recipe",
+    "dequantize_packed",
+    "device_arch",
+    "device_name",
+    "formats_for",
+    "layout_for",
+    "pack_operand",
+    "pack_quantized",
+    "scaled_mm",
+    "scaled_mm_reference",
+    "supported_formats",
+    "swizzle_scales",
+    "to_fnuz",
+    "unswizzle_scales",
+]

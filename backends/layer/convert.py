@@ -1,0 +1,174 @@
+"""Quantized numerics in any PyTorch model: ``convert(model, recipe, select=...)``.
+
+``convert`` replaces the linears of a model's decoder layers by ``QuantLinear`` under ``recipe``, the
+same three GEMMs and random-stream keys per layer as ``ablate``'s own trainer uses. What a linear is
+(attention or MLP, which block) comes from a small table per architecture family (``ARCHITECTURES``,
+Hugging Face ``transformers`` naming), so a family's layer selection means the same on every model
+of it: ``select={"layers": ["mlp"], "keep_first": 1}`` quantizes the MLP linears of every block but
+the first. Embeddings, norms and the LM head stay in high precision, as every published FP4 recipe
+keeps them.
+
+A model with a Hugging Face config (``model.config.model_type``) must be of a known family, and every
+linear of its decoder layers must be one the table names: an unknown architecture, or a linear the
+table does not know (a new projection that would silently stay in high precision), is refused with
+its name and the names that are known. A model without such a config (a plain ``nn.Module``) is
+converted by its module paths (``linear.convert_model``: the first integer in a path is the block,
+``attention``/``attn``/``self_attn`` and ``mlp``/``feed_forward`` mark the type).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from backends.layer.linear import convert_model
+from backends.recipes import Recipe
+
+
+@dataclass(frozen=True, slots=True)
+class Architecture:
+    """Where a family keeps its decoder layers and what each layer's linears are."""
+
+    layers: str
+    """Dotted path of the decoder layers' ``nn.ModuleList`` (``model.layers``)."""
+    attention: tuple[str, ...]
+    """Module paths, inside a decoder layer, of the attention linears."""
+    mlp: tuple[str, ...]
+    """Module paths, inside a decoder layer, of the MLP linears."""
+
+    def linears(self) -> dict[str, str]:
+        """{path inside a layer: "attention" or "mlp"}."""
+        return {p: "attention" for p in self.attention} | {p: "mlp" for p in self.mlp}
+
+
+_LLAMA_LIKE = Architecture(
+    layers="model.layers",
+    attention=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"),
+    mlp=("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
+)
+
+# fmt: off
+ARCHITECTURES: dict[str, Architecture] = {
+    # every family here names its decoder's linears as Llama does (transformers 4.5x and 5.x)
+    "llama": _LLAMA_LIKE, "mistral": _LLAMA_LIKE, "qwen2": _LLAMA_LIKE, "qwen3": _LLAMA_LIKE,
+    "olmo2": _LLAMA_LIKE, "gemma": _LLAMA_LIKE, "gemma2": _LLAMA_LIKE,
+    # fused projections: one GEMM for Q, K and V, one for gate and up
+    "phi3": Architecture(
+        layers="model.layers",
+        attention=("self_attn.qkv_proj", "self_attn.o_proj"),
+        mlp=("mlp.gate_up_proj", "mlp.down_proj"),
+    ),
+}
+# fmt: on
+"""Architecture families by Hugging Face ``model_type``."""
+
+SELECT_KEYS = ("layers", "blocks", "keep_first", "keep_last")
+
+
+class UnknownArchitectureError(ValueError):
+    """A model whose decoder linears ``convert`` cannot place (unknown family or linear)."""
+
+
+def architecture_of(model: nn.Module) -> tuple[str, Architecture] | None:
+    """``(model_type, its Architecture)`` for a model with a Hugging Face config; None for a model
+    without one. Raises ``UnknownArchitectureError`` for a family the table does not know."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if not isinstance(model_type, str):
+        return None
+    arch = ARCHITECTURES.get(model_type)
+    if arch is None:
+        raise UnknownArchitectureError(
+            f"architecture {model_type!r} ({type(model).__name__}) is not one whose linears ablate "
+            f"knows; known: {', '.join(sorted(ARCHITECTURES))}"
+        )
+    return model_type, arch
+
+
+def decoder_linears(model: nn.Module) -> dict[str, tuple[int, str]]:
+    """{module path: (block index, "attention" or "mlp")} of every linear in the decoder layers of a
+    model of a known family; refuses a linear there that the family's table does not name."""
+    found = architecture_of(model)
+    if found is None:
+        raise UnknownArchitectureError(
+            f"{type(model).__name__} has no Hugging Face config (model.config.model_type); "
+            "backends.convert_model converts a plain model by its module paths"
+        )
+    model_type, arch = found
+    try:
+        layers = model.get_submodule(arch.layers)
+    except AttributeError as e:
+        raise UnknownArchitectureError(
+            f"architecture {model_type!r}: no decoder layers at {arch.layers!r} in "
+            f"{type(model).__name__}"
+        ) from e
+    known = arch.linears()
+    out: dict[str, tuple[int, str]] = {}
+    for i, layer in enumerate(layers.children()):
+        for path, mod in layer.named_modules():
+            if not isinstance(mod, nn.Linear):
+                continue
+            if path not in known:
+                raise UnknownArchitectureError(
+                    f"architecture {model_type!r}: decoder layer {i} has a linear {path!r} that "
+                    f"ablate's table does not know; known: {', '.join(known)}"
+                )
+            out[f"{arch.layers}.{i}.{path}"] = (i, known[path])
+    return out
+
+
+def select_recipe(recipe: Recipe, select: Mapping[str, Any] | None) -> Recipe:
+    """``recipe`` on the layers ``select`` names: ``layers`` (a list of ``attention``, ``mlp``),
+    ``blocks`` (block indices, negative from the end), ``keep_first``/``keep_last`` (blocks left in
+    high precision)."""
+    if not select:
+        return recipe
+    unknown = sorted(set(select) - set(SELECT_KEYS))
+    if unknown:
+        raise ValueError(f"select: unknown key(s) {unknown}; allowed: {', '.join(SELECT_KEYS)}")
+    types = select.get("layers")
+    if isinstance(types, str):
+        types = [types]
+    blocks: Iterable[int] | None = select.get("blocks")
+    return recipe.select(
+        keep_first=int(select.get("keep_first", 0)),
+        keep_last=int(select.get("keep_last", 0)),
+        layer_types=types,
+        blocks=blocks,
+    )
+
+
+def convert(
+    model: nn.Module,
+    recipe: Recipe,
+    *,
+    select: Mapping[str, Any] | None = None,
+    backend: str = "emulated",
+    seed: int = 0,
+) -> list[str]:
+    """Replace ``model``'s decoder linears in place by ``QuantLinear`` under ``recipe`` (restricted
+    to ``select``); returns the converted paths, in the order their layer ids (random-stream keys)
+    number them. ``backend``: ``emulated`` (any device) or ``native``; ``seed``: the random streams'
+    seed (stochastic rounding, random Hadamard signs)."""
+    recipe = select_recipe(recipe, select)
+    if architecture_of(model) is None:
+        return convert_model(model, recipe, backend=backend, seed=seed)
+    paths = decoder_linears(model)
+    return convert_model(
+        model, recipe, backend=backend, seed=seed, exclude=(), include=lambda n, _: n in paths
+    )
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "SELECT_KEYS",
+    "Architecture",
+    "UnknownArchitectureError",
+    "architecture_of",
+    "convert",
+    "decoder_linears",
+    "select_recipe",
+]

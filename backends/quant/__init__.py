@@ -1,0 +1,84 @@
+"""The quantizer: a GEMM operand to the codes and scales of a low-precision format, along its
+reduction dimension, bit for bit what the hardware's conversion gives.
+
+    from backends.quant import QuantSpec, quantize, fake_quantize
+    q = quantize(x, QuantSpec(format="mxfp4"), axis=-1)  # codes + E8M0 scales (a QTensor)
+    x_hat = fake_quantize(x, QuantSpec(format="nvfp4", rounding="sr"), key=7)  # the values only
+
+The rules are written once, at the top of ``quantizer.py``; the paths that implement them are held
+bit-identical by the tests:
+
+- ``quantizer``: the entry points, which run the C kernel (``ckernel``, ``csrc/quant.c``) on the
+  CPU and the branch-free torch arithmetic (``torch_path``, compiled on CUDA) elsewhere;
+- ``reference``: the specification, slow and readable, every path is tested against;
+- ``ops``: the same quantizer as opaque custom ops, for models ``torch.compile`` traces;
+- ``variants``: the NVFP4 options of the 2026 recipes, each in its module (``four_over_six``,
+  ``ms_eden``, ``double_block``);
+- ``operand``: what a quantized operand is (``QuantSpec``, ``QTensor``, ``FORMATS``); ``formats``:
+  element and scale formats bit by bit; ``arith``: the float32 constants and helpers the torch
+  paths share; ``hadamard``: block Hadamard transforms; ``rng``: the counter-based random streams.
+"""
+
+from backends.quant.formats import (
+    E2M1,
+    E4M3,
+    E5M2,
+    ElementFormat,
+    ScaleMode,
+    decode_e8m0,
+    pack_fp4,
+    unpack_fp4,
+)
+from backends.quant.hadamard import (
+    SIGN_POLICIES,
+    SIZES,
+    SignPolicy,
+    hadamard_matrix,
+    hadamard_transform,
+    hadamard_transform_reference,
+    sign_vector,
+)
+from backends.quant.operand import (
+    BLOCK_SIZES,
+    FORMATS,
+    PRESCALE,
+    BlockFormat,
+    QTensor,
+    QuantSpec,
+    nv_alpha,
+    nv_decode,
+)
+from backends.quant.quantizer import fake_quantize, fake_quantize_fused, quantize, quantize_fused
+from backends.quant.reference import fake_quantize_reference, quantize_reference
+
+__all__ = [
+    "BLOCK_SIZES",
+    "E2M1",
+    "E4M3",
+    "E5M2",
+    "FORMATS",
+    "PRESCALE",
+    "SIGN_POLICIES",
+    "SIZES",
+    "BlockFormat",
+    "ElementFormat",
+    "QTensor",
+    "QuantSpec",
+    "ScaleMode",
+    "SignPolicy",
+    "decode_e8m0",
+    "fake_quantize",
+    "fake_quantize_fused",
+    "fake_quantize_reference",
+    "hadamard_matrix",
+    "hadamard_transform",
+    "hadamard_transform_reference",
+    "nv_alpha",
+    "nv_decode",
+    "pack_fp4",
+    "quantize",
+    "quantize_fused",
+    "quantize_reference",
+    "sign_vector",
+    "unpack_fp4",
+]

@@ -1,0 +1,170 @@
+"""The quantizer as two opaque torch ops, for models that ``torch.compile`` traces.
+
+``quantize`` and ``fake_quantize`` here take the arguments of ``quantizer.quantize`` and
+``quantizer.fake_quantize`` and return the same bits. Called eagerly they *are* those functions. Called
+while Dynamo traces a model (``torch.compiler.is_compiling()``), each becomes one call of a custom op
+(``ablate::quantize``, ``ablate::fake_quantize``) that the graph holds as a single node; at run time
+the op calls the eager quantizer (the C kernel on the CPU; on CUDA the fused kernels that
+``fused.compiled`` builds once per quantizer plan and shares between every layer and GEMM).
+
+Why not trace the quantizer into the model's graph: its branch-free arithmetic is 100-200 graph
+nodes per operand (``fused.py``), and a transformer block quantizes 42 operands (7 linears x 3
+GEMMs x 2), so a block's graph grows from about 100 nodes to about 6,000, and Inductor's lowering
+time with it: one MXFP4 block took 6-15 minutes to compile on a 2-core CPU, where the opaque op
+compiles the block in well under a minute and each quantizer plan once. The price is one Python call
+per quantized operand per step (the op's dispatch and the compiled kernel's guard check) and no
+fusion of the quantizer with the op that produced its input; the bits are the same either way.
+
+``ABLATE_QUANT_OPS=0`` traces the quantizer into the graph as before (for a long run whose compile
+time does not matter and which wants the last fusion; ``fused.py``'s arithmetic compiles under
+Inductor bit for bit, see ``tests/backends/quant/test_quant.py``).
+
+The ops quantize along the last dimension of their input (the caller moves the axis there and back,
+views that Dynamo traces); a spec travels as a JSON string of its fields, which is stable across
+processes, so a graph cached on disk by Inductor means the same quantizer in the next process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import torch
+
+from backends.quant import quantizer
+from backends.quant.operand import QTensor, QuantSpec
+
+__all__ = ["fake_quantize", "quantize", "traced_inline"]
+
+
+def traced_inline() -> bool:
+    """Whether a compiled model traces the quantizer into its graph (``ABLATE_QUANT_OPS=0``)
+    instead of calling the opaque ops."""
+    return os.environ.get("ABLATE_QUANT_OPS", "1") == "0"
+
+
+def _spec_arg(spec: QuantSpec) -> str:
+    """``spec`` as the JSON string the ops take (``QuantSpec.wire``: a constant in the graph)."""
+    return spec.wire
+
+
+@functools.cache
+def _spec_of(arg: str) -> QuantSpec:
+    return QuantSpec(**json.loads(arg))
+
+
+def _had(size: int, signs: torch.Tensor | None) -> tuple[int, torch.Tensor | None] | None:
+    return (size, signs) if size else None
+
+
+_FIELDS = ("codes", "scales", "global_dec", "global_amax", "outer_scales")
+"""The tensors of a ``QTensor``, in the order the quantize op returns them."""
+
+
+def _absent(x: torch.Tensor) -> torch.Tensor:
+    """The placeholder of a field that is None (custom ops return tensors, never None): an empty
+    bool tensor, a dtype no field has."""
+    return x.new_empty((0,), dtype=torch.bool)
+
+
+@torch.library.custom_op("ablate::quantize", mutates_args=())
+def _quantize_op(
+    xm: torch.Tensor, key: torch.Tensor, signs: torch.Tensor | None, spec: str, hadamard: int
+) -> list[torch.Tensor]:
+    """``quantizer.quantize(xm, spec, -1, key, hadamard)``'s tensors (``_FIELDS``), each contiguous on
+    ``xm``'s device, ``_absent`` where None."""
+    return _outputs(quantizer.quantize(xm, _spec_of(spec), -1, key, _had(hadamard, signs)), xm)
+
+
+def _outputs(q: QTensor, xm: torch.Tensor) -> list[torch.Tensor]:
+    fields = (getattr(q, f) for f in _FIELDS)
+    return [_absent(xm) if t is None else t.to(xm.device).contiguous() for t in fields]
+
+
+@_quantize_op.register_fake
+def _(
+    xm: torch.Tensor, key: torch.Tensor, signs: torch.Tensor | None, spec: str, hadamard: int
+) -> list[torch.Tensor]:
+    # the fused path's arithmetic runs on fake tensors: the exact output shapes and dtypes
+    q = quantizer.quantize_fused(xm, _spec_of(spec), -1, key, _had(hadamard, signs), compile=False)
+    return _outputs(q, xm)
+
+
+@torch.library.custom_op("ablate::fake_quantize", mutates_args=())
+def _fake_quantize_op(
+    xm: torch.Tensor,
+    key: torch.Tensor,
+    signs: torch.Tensor | None,
+    spec: str,
+    hadamard: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``quantizer.fake_quantize(xm, spec, -1, key, out_dtype, hadamard)``, contiguous."""
+    out = quantizer.fake_quantize(xm, _spec_of(spec), -1, key, out_dtype, _had(hadamard, signs))
+    return out.contiguous()
+
+
+@_fake_quantize_op.register_fake
+def _(
+    xm: torch.Tensor,
+    key: torch.Tensor,
+    signs: torch.Tensor | None,
+    spec: str,
+    hadamard: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    shape = list(xm.shape)
+    if hadamard:
+        shape[-1] = -(-shape[-1] // hadamard) * hadamard
+    return xm.new_empty(shape, dtype=out_dtype)
+
+
+def _key(key: int | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(key, torch.Tensor):
+        return key
+    return torch.full((), key & 0xFFFFFFFF, dtype=torch.int64, device=x.device)
+
+
+def _opaque() -> bool:
+    return torch.compiler.is_compiling() and not traced_inline()
+
+
+def quantize(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int = -1,
+    key: int | torch.Tensor = 0,
+    hadamard: tuple[int, torch.Tensor | None] | None = None,
+) -> QTensor:
+    """``quantizer.quantize``; one opaque op inside a traced model (module docstring)."""
+    if not _opaque():
+        return quantizer.quantize(x, spec, axis, key, hadamard)
+    axis = axis % x.dim()
+    size, signs = hadamard if hadamard is not None else (0, None)
+    xm = x.detach().movedim(axis, -1)
+    ts = _quantize_op(xm, _key(key, x), signs, _spec_arg(spec), size)
+    fields = {f: None if t.dtype == torch.bool else t for f, t in zip(_FIELDS, ts, strict=True)}
+    shape = list(x.shape)
+    if size:
+        shape[axis] = -(-shape[axis] // size) * size
+    return QTensor(spec=spec, axis=axis, shape=tuple(shape), **fields)  # type: ignore[arg-type]
+
+
+def fake_quantize(
+    x: torch.Tensor,
+    spec: QuantSpec,
+    axis: int = -1,
+    key: int | torch.Tensor = 0,
+    out_dtype: torch.dtype | None = None,
+    hadamard: tuple[int, torch.Tensor | None] | None = None,
+) -> torch.Tensor:
+    """``quantizer.fake_quantize``; one opaque op inside a traced model (module docstring)."""
+    if not _opaque():
+        return quantizer.fake_quantize(x, spec, axis, key, out_dtype, hadamard)
+    axis = axis % x.dim()
+    od = out_dtype or (torch.float32 if hadamard is not None else x.dtype)
+    size, signs = hadamard if hadamard is not None else (0, None)
+    xm = x.detach().movedim(axis, -1)
+    out = _fake_quantize_op(xm, _key(key, x), signs, _spec_arg(spec), size, od)
+    return out.movedim(-1, axis)

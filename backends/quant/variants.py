@@ -1,0 +1,170 @@
+"""The NVFP4 quantizer variants of the 2026 recipes: their options, their checks, shared block set-up.
+
+Three options of ``QuantSpec`` change how an NVFP4 operand is scaled or rounded; each has its own
+module, its arithmetic transcribed from its source and tested against it bit for bit:
+
+    option                 module            source
+    scale_rule: mse|mae|abs_max
+                           ``scale_rule``    Four Over Six (mit-han-lab/fouroversix; TransformerEngine's
+                                             ``nvfp4_4over6``): per block, map the maximum to 6 or to 4
+    rounding: eden         ``eden``          MS-EDEN of Quartet II (IST-DASLab/Quartet-II): round to
+                                             nearest, then correct each Hadamard group's scale and
+                                             round the corrected scale stochastically into E4M3
+    outer_block: N         ``outer_block``   TetraJet-v2's double-block NVFP4: an FP32 scale per N
+                                             elements (128) instead of one per tensor
+
+Fast path: none of them is in the C kernel of ``_kernel.py``. ``quant.quantize`` and
+``quant.fake_quantize`` send them to the torch path of ``fused.py`` (``fused.call`` with the
+module's ``run``) on every device: eager on the CPU (slower than the kernel: a 4/6 operand is
+quantized twice and its errors compared), compiled by ``torch.compile`` on CUDA, and traced into a
+compiled model like the rest of the quantizer.
+
+This module holds what the three share: the option vocabulary, ``check`` (called by
+``QuantSpec``), and ``prepare``, the padding, blocks and maxima every quantizer starts from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from backends.quant.arith import Plan, tiles
+from backends.quant.hadamard import hadamard_transform_reference
+
+SCALE_RULES = ("mse", "mae", "abs_max")
+"""Four Over Six's error measures: sum of squared errors, sum of absolute errors, largest error."""
+ROUNDINGS = ("rne", "sr", "eden")
+OUTER_BLOCKS = (32, 64, 128, 256, 512, 1024)
+
+
+def check(spec: Any) -> None:
+    """Raise ValueError (starting with the field's name) unless the variant options of ``spec``
+    (a ``quant.QuantSpec``) fit its format and each other."""
+    fmt = spec.format
+    if spec.scale_rule is not None:
+        if spec.scale_rule not in SCALE_RULES:
+            raise ValueError(
+                f"scale_rule: unknown {spec.scale_rule!r}; allowed: {', '.join(SCALE_RULES)} "
+                "(Four Over Six), or leave it out for the format's own scale"
+            )
+        if fmt != "nvfp4":
+            raise ValueError(
+                f"scale_rule: Four Over Six needs E4M3 block scales (nvfp4), not {fmt}: a "
+                "power-of-two scale cannot take map-to-4's factor 1.5; allowed format: nvfp4"
+            )
+    if spec.rounding == "eden":
+        if fmt != "nvfp4":
+            raise ValueError(
+                f"rounding: eden (MS-EDEN) rounds E4M3 block scales (nvfp4), not {fmt}; allowed "
+                "for it: rne, sr"
+            )
+        clash = [
+            k
+            for k, v in (
+                ("scale_rule", spec.scale_rule),
+                ("outer_block", spec.outer_block),
+                ("prescale", spec.prescale),
+                ("block_size", spec.block_size not in (None, 16)),
+                ("block_rows", spec.block_rows != 1),
+            )
+            if v
+        ]
+        if clash:
+            raise ValueError(
+                f"rounding: eden (MS-EDEN, Quartet II's 1x16 blocks with its own headroom) takes no "
+                f"{', '.join(clash)}; leave {'it' if len(clash) == 1 else 'them'} out"
+            )
+    if spec.outer_block is not None:
+        if fmt != "nvfp4":
+            raise ValueError(
+                f"outer_block: an FP32 scale per block of blocks is an nvfp4 option, not {fmt}'s"
+            )
+        if spec.outer_block not in OUTER_BLOCKS or spec.outer_block % spec.block:
+            raise ValueError(
+                f"outer_block: {spec.outer_block} is not allowed with blocks of {spec.block}; "
+                f"allowed: {', '.join(str(n) for n in OUTER_BLOCKS if n % spec.block == 0)} "
+                "(a multiple of the block)"
+            )
+        if spec.block_rows != 1 or spec.scale_rule is not None:
+            raise ValueError(
+                "outer_block: double-block scales take 1-D blocks and the format's own scale "
+                "(no block_rows, no scale_rule)"
+            )
+
+
+def prescale_factor(prescale: bool | float) -> float:
+    """What ``QuantSpec.prescale`` multiplies the scaled values by: 3/4 for True (Tseng et al.),
+    1 for False, else the factor itself (16/17: fouroversix's unbiased stochastic rounding)."""
+    if prescale is True:
+        return 0.75
+    if prescale is False:
+        return 1.0
+    return float(prescale)
+
+
+def check_prescale(prescale: Any) -> bool | float:
+    """``prescale`` as ``QuantSpec`` keeps it: a bool, or a float in (0, 1) (0.75 is True, 1 is
+    False, so one factor has one spelling); ValueError otherwise."""
+    if isinstance(prescale, bool):
+        return prescale
+    try:
+        f = float(prescale)
+    except (TypeError, ValueError):
+        f = float("nan")
+    if not 0 < f <= 1:
+        raise ValueError(
+            f"prescale: {prescale!r} is not allowed; allowed: true (3/4), false, or a factor in "
+            "(0, 1] such as 0.9411764705882353 (16/17)"
+        )
+    return True if f == 0.75 else False if f == 1.0 else f
+
+
+@dataclass(frozen=True, slots=True)
+class Blocks:
+    """An operand cut into blocks along its last dimension, as every quantizer starts.
+
+    ``x`` the float32 operand (after the Hadamard transform, if any), ``K`` its length, ``xb``
+    ``(..., nb, B)`` zero-padded to ``Kp = nb * B``, ``index`` the flat element indices in the
+    same shape (the random stream's counter), ``nonfinite`` and ``amax`` ``(..., nb)`` per block
+    (per tile with 2-D blocks)."""
+
+    x: torch.Tensor
+    K: int
+    xb: torch.Tensor
+    index: torch.Tensor
+    nonfinite: torch.Tensor
+    amax: torch.Tensor
+
+
+def prepare(xm: torch.Tensor, signs: torch.Tensor | None, p: Plan, unit: int = 0) -> Blocks:
+    """``Blocks`` of ``xm`` (axis last) for plan ``p``, K padded to a multiple of ``unit`` (default
+    the block), the padding zeros (they change no maximum)."""
+    if p.hadamard:
+        xm = hadamard_transform_reference(xm, -1, p.hadamard, signs)
+    x = xm.float()
+    K = x.shape[-1]
+    B = p.block
+    U = unit or B
+    Kp = -(-K // U) * U
+    index = torch.arange(x.numel(), device=x.device).view(x.shape)
+    xb = torch.nn.functional.pad(x, (0, Kp - K)).unflatten(-1, (-1, B))
+    index = torch.nn.functional.pad(index, (0, Kp - K)).unflatten(-1, (-1, B))
+    nonfinite = (~torch.isfinite(xb)).any(-1)
+    amax = xb.abs().amax(-1)
+    if p.rows > 1:
+        nonfinite, amax = tiles(nonfinite, p.rows), tiles(amax, p.rows)
+    return Blocks(x, K, xb, index, nonfinite, amax)
+
+
+__all__ = [
+    "OUTER_BLOCKS",
+    "ROUNDINGS",
+    "SCALE_RULES",
+    "Blocks",
+    "check",
+    "check_prescale",
+    "prepare",
+    "prescale_factor",
+]

@@ -1,0 +1,492 @@
+"""Recipes: which format, rounding and Hadamard transform each operand of each GEMM uses.
+
+A linear layer runs three GEMMs, each computing ``a @ b^T`` reduced over its own dimension:
+
+    fprop  Y  = X  @ W^T   a = X  (tokens, in),  b = W    (out, in)     reduce over in_features
+    dgrad  dX = dY @ W     a = dY (tokens, out), b = W^T  (in, out)     reduce over out_features
+    wgrad  dW = dY^T @ X   a = dY^T (out, tokens), b = X^T (in, tokens) reduce over tokens
+
+``GemmRecipe`` says how ``a`` and ``b`` of one GEMM are quantized (``None``: high precision) and which
+Hadamard transform precedes the quantization; ``Recipe`` holds the three and the exemption of the
+first/last transformer blocks. ``Recipe.from_shorthand`` builds the study vocabulary:
+
+    fp4_gemms     which GEMMs run in FP4 (the rest run in ``base``: bf16, fp8, mxfp8)
+    intervention  none | sr | rht[N] | dht[N] | fht[N] | sr+rht[N] | sr+dht[N] ... (N defaults to 16)
+                  sr:  stochastic rounding with the 3/4 clip-free prescale on both operands
+                  rht: random-sign Hadamard redrawn at every call (Tseng et al.)
+                  dht: deterministic Hadamard, no signs (the H16 of the MXFP4 paper)
+                  fht: Hadamard with one fixed seeded sign vector per layer and GEMM
+
+Its short string form, e.g. ``mxfp4[fprop,dgrad,wgrad]+dht16/fp8``, names runs and labels.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from backends.quant import FORMATS, SIGN_POLICIES, QuantSpec, ScaleMode, SignPolicy
+from backends.quant.hadamard import check_size
+
+GEMMS = ("fprop", "dgrad", "wgrad")
+OPERANDS = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("dy", "x")}
+BASE_FORMATS = ("bf16", "fp8", "mxfp8")
+LAYER_TYPES = ("attention", "mlp")
+FP4_FORMATS = ("mxfp4", "nvfp4")
+_INTERVENTION_RE = re.compile(r"^(sr|rht|dht|fht)(\d+)?$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HadamardSpec:
+    """A block-diagonal Hadamard transform along the GEMM's reduction dimension."""
+
+    size: int = 16
+    """Block size g: 16, 32, 64, 128 or 256."""
+    signs: SignPolicy = "none"
+    """none: deterministic H; fixed: one seeded sign vector per layer/GEMM; random: redrawn per call."""
+    vector: tuple[int, ...] | None = None
+    """With ``signs="fixed"``: this one sign vector (``size`` entries of +-1) for every layer,
+    instead of a seeded one per layer and GEMM (TransformerEngine's NVFP4 recipe hard-codes one)."""
+
+    def __post_init__(self) -> None:
+        check_size(self.size)
+        if self.signs not in SIGN_POLICIES:
+            raise ValueError(
+                f"signs: unknown policy {self.signs!r}; allowed: {', '.join(SIGN_POLICIES)}"
+            )
+        if self.vector is not None:
+            v = tuple(int(x) for x in self.vector)
+            if self.signs != "fixed":
+                raise ValueError(
+                    f"vector: a sign vector goes with signs 'fixed', not {self.signs!r}"
+                )
+            if len(v) != self.size or any(x not in (1, -1) for x in v):
+                raise ValueError(
+                    f"vector: must be {self.size} entries of 1 or -1 (the Hadamard size), got "
+                    f"{len(v)} entries"
+                    + ("" if all(x in (1, -1) for x in v) else " with values other than +-1")
+                )
+            object.__setattr__(self, "vector", v)
+
+    def short(self) -> str:
+        return {"none": "dht", "fixed": "fht", "random": "rht"}[self.signs] + str(self.size)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GemmRecipe:
+    """Quantization of one GEMM's two operands (``None``: high precision, no quantization)."""
+
+    a: QuantSpec | None = None
+    b: QuantSpec | None = None
+    hadamard: HadamardSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.hadamard is not None and (self.a is None or self.b is None):
+            raise ValueError("hadamard: a Hadamard transform needs both operands quantized")
+        eden = [s for s in (self.a, self.b) if s is not None and s.rounding == "eden"]
+        if eden and self.hadamard is None:
+            raise ValueError(
+                "hadamard: rounding eden (MS-EDEN) corrects its scales over the Hadamard group, "
+                "so its GEMM needs a Hadamard transform (Quartet II: size 128, signs random)"
+            )
+
+    @property
+    def high_precision(self) -> bool:
+        return self.a is None and self.b is None and self.hadamard is None
+
+    @property
+    def is_fp4(self) -> bool:
+        return any(s is not None and s.fmt.is_fp4 for s in (self.a, self.b))
+
+    @property
+    def output_scale(self) -> float:
+        """What the GEMM output is multiplied by to undo the operands' clip-free SR prescale:
+        4/3 per prescaled operand (16/9 for both), as a native GEMM's alpha would."""
+        comp = 1.0
+        for s in (self.a, self.b):
+            if s is not None:
+                comp /= s.prescale_factor
+        return comp
+
+    def short(self) -> str:
+        if self.high_precision:
+            return "bf16"
+        a = self.a.short() if self.a else "bf16"
+        b = self.b.short() if self.b else "bf16"
+        s = a if a == b else f"{a}|{b}"
+        return s + (f"+{self.hadamard.short()}" if self.hadamard else "")
+
+
+_BF16 = GemmRecipe()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recipe:
+    """The numerics of every quantized linear layer of a model."""
+
+    fprop: GemmRecipe = _BF16
+    dgrad: GemmRecipe = _BF16
+    wgrad: GemmRecipe = _BF16
+    keep_first: int = 0
+    """The first N transformer blocks stay in high precision."""
+    keep_last: int = 0
+    """The last N transformer blocks stay in high precision."""
+    layer_types: tuple[str, ...] | None = None
+    """Only linears of these types follow the recipe (``attention``: the attention projections,
+    ``mlp``: the feed-forward ones; see ``linear.layer_type``); None: every linear."""
+    blocks: tuple[int, ...] | None = None
+    """Only linears of these transformer blocks follow the recipe (negative: from the end);
+    None: every block."""
+    label: str | None = field(default=None, compare=False)
+    """Short name (set by ``from_shorthand`` and the named recipes); derived from the GEMMs when
+    None."""
+
+    def __post_init__(self) -> None:
+        for name in ("keep_first", "keep_last"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.layer_types is not None:
+            bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+            if bad or not self.layer_types or len(set(self.layer_types)) < len(self.layer_types):
+                raise ValueError(
+                    f"layers.types: {list(self.layer_types)} is not a list of distinct layer "
+                    f"types; allowed: {', '.join(LAYER_TYPES)}"
+                )
+            order = tuple(t for t in LAYER_TYPES if t in self.layer_types)
+            object.__setattr__(self, "layer_types", order)
+        if self.blocks is not None:
+            if not self.blocks or len(set(self.blocks)) < len(self.blocks):
+                raise ValueError(
+                    f"layers.blocks: {list(self.blocks)} must list distinct block indices "
+                    "(negative ones count from the end); omit it for every block"
+                )
+            object.__setattr__(self, "blocks", tuple(int(b) for b in self.blocks))
+
+    def gemm(self, name: str) -> GemmRecipe:
+        if name not in GEMMS:
+            raise ValueError(f"unknown GEMM {name!r}; allowed: {', '.join(GEMMS)}")
+        g: GemmRecipe = getattr(self, name)
+        return g
+
+    @property
+    def high_precision(self) -> bool:
+        return all(self.gemm(g).high_precision for g in GEMMS)
+
+    def for_block(self, index: int | None, n_blocks: int | None) -> Recipe:
+        """This recipe, or all-high-precision where block ``index`` of ``n_blocks`` is exempt
+        (kept first/last, or not among ``blocks``)."""
+        if index is None or n_blocks is None:
+            return Recipe(label="bf16") if self.blocks is not None else self
+        if index < self.keep_first or index >= n_blocks - self.keep_last:
+            return Recipe(label="bf16")
+        if self.blocks is not None and index not in {b % n_blocks for b in self.blocks}:
+            return Recipe(label="bf16")
+        return self
+
+    def for_layer(self, layer_type: str | None, index: int | None, n_blocks: int | None) -> Recipe:
+        """The recipe of one linear: of type ``layer_type`` (None: neither attention nor MLP) in
+        block ``index`` of ``n_blocks``; all-high-precision where the selection leaves it out."""
+        if self.layer_types is not None and layer_type not in self.layer_types:
+            return Recipe(label="bf16")
+        return self.for_block(index, n_blocks)
+
+    def check_blocks(self, n_blocks: int) -> None:
+        """Raise ValueError when ``blocks`` names a block a model of ``n_blocks`` does not have."""
+        for i, b in enumerate(self.blocks or ()):
+            if not -n_blocks <= b < n_blocks:
+                raise ValueError(
+                    f"layers.blocks[{i}]: block {b} does not exist in a model of {n_blocks} "
+                    f"blocks; allowed: {-n_blocks} to {n_blocks - 1}"
+                )
+
+    def select(
+        self,
+        *,
+        keep_first: int = 0,
+        keep_last: int = 0,
+        layer_types: Iterable[str] | None = None,
+        blocks: Iterable[int] | None = None,
+    ) -> Recipe:
+        """This recipe (one without a selection of its own) on a subset of the layers, its label
+        suffixed with the selection (``/keep0,2``, ``/mlp``, ``/blocks0,-1``)."""
+        types = None if layer_types is None else tuple(layer_types)
+        blk = None if blocks is None else tuple(blocks)
+        r = replace(self, keep_first=keep_first, keep_last=keep_last, layer_types=types, blocks=blk)
+        return replace(r, label=self.short() + selection_label(r))
+
+    def short(self) -> str:
+        if self.label is not None:
+            return self.label
+        if self.high_precision:
+            return "bf16"
+        return " ".join(f"{g}={self.gemm(g).short()}" for g in GEMMS)
+
+    @classmethod
+    def bf16(cls) -> Recipe:
+        return cls(label="bf16")
+
+    @classmethod
+    def from_shorthand(
+        cls,
+        fp4_gemms: Iterable[str] = (),
+        intervention: str = "none",
+        *,
+        fp4_format: str = "mxfp4",
+        base: str = "bf16",
+        scale_mode: ScaleMode | str = ScaleMode.FLOOR,
+        apply_to: Iterable[str] | None = None,
+        keep_first: int = 0,
+        keep_last: int = 0,
+    ) -> Recipe:
+        """The study vocabulary: FP4 on ``fp4_gemms``, ``intervention`` on those (or ``apply_to``),
+        every other GEMM in ``base``."""
+        fp4 = tuple(fp4_gemms)
+        for g in fp4:
+            if g not in GEMMS:
+                raise ValueError(f"fp4_gemms: unknown GEMM {g!r}; allowed: {', '.join(GEMMS)}")
+        if fp4_format not in FP4_FORMATS:
+            raise ValueError(
+                f"fp4_format: {fp4_format!r} is not an FP4 format; allowed: {', '.join(FP4_FORMATS)}"
+            )
+        if base not in BASE_FORMATS:
+            raise ValueError(f"base: unknown {base!r}; allowed: {', '.join(BASE_FORMATS)}")
+        sr, had = parse_intervention(intervention)
+        targets = tuple(apply_to) if apply_to is not None else fp4
+        for g in targets:
+            if g not in GEMMS:
+                raise ValueError(f"apply_to: unknown GEMM {g!r}; allowed: {', '.join(GEMMS)}")
+        if (sr or had) and not targets:
+            raise ValueError(
+                f"intervention: {intervention!r} has no GEMM to act on (fp4_gemms is empty and "
+                "apply_to is not set); use intervention 'none' for a recipe without FP4 GEMMs"
+            )
+        gemms: dict[str, GemmRecipe] = {}
+        for g in GEMMS:
+            if g in fp4:
+                spec = QuantSpec(format=fp4_format, scale_mode=ScaleMode(scale_mode))
+                r = GemmRecipe(a=spec, b=spec)
+            else:
+                r = _base_gemm(g, base)
+            if g in targets and (sr or had):
+                if r.high_precision:
+                    raise ValueError(
+                        f"intervention: {intervention!r} applies to {g}, which runs in {base} "
+                        "(high precision); apply interventions to quantized GEMMs only"
+                    )
+                a, b = r.a, r.b
+                if sr:
+                    a = replace(a, rounding="sr", prescale=True) if a else a
+                    b = replace(b, rounding="sr", prescale=True) if b else b
+                r = GemmRecipe(a=a, b=b, hadamard=had)
+            gemms[g] = r
+        label = f"{fp4_format}[{','.join(g for g in GEMMS if g in fp4)}]" if fp4 else base
+        if sr or had:
+            label += "+" + intervention_label(sr, had)
+            if apply_to is not None:
+                label += f"@{','.join(targets)}"
+        if fp4:
+            label += f"/{base}"
+        if keep_first or keep_last:
+            label += f"/keep{keep_first},{keep_last}"
+        return cls(
+            fprop=gemms["fprop"],
+            dgrad=gemms["dgrad"],
+            wgrad=gemms["wgrad"],
+            keep_first=keep_first,
+            keep_last=keep_last,
+            label=label,
+        )
+
+    def table(self) -> dict[str, Any]:
+        """The resolved table, operand by operand (what ``ablate recipe --json`` prints)::
+
+            {"gemms": {"fprop"|"dgrad"|"wgrad": {"a": OPERAND, "b": OPERAND,
+                                                 "hadamard": {"size", "signs"} | None}},
+             "keep_first", "keep_last", "layers": {"types", "blocks"}}
+
+        OPERAND is ``{"operand": x|w|dy, "format", "rounding", "prescale", "block": [rows, cols]}``
+        plus ``scale_rule`` (Four Over Six) and ``outer_block`` where they are set; a
+        high-precision operand has format ``bf16``, rounding None, block None; a per-tensor
+        format has block None; prescale is false, true (3/4) or the factor. ``layers`` None entries mean every layer type / every block.
+        """
+
+        def operand(name: str, s: QuantSpec | None) -> dict[str, Any]:
+            if s is None:
+                return {
+                    "operand": name,
+                    "format": "bf16",
+                    "rounding": None,
+                    "prescale": False,
+                    "block": None,
+                }
+            d = {
+                "operand": name,
+                "format": s.format,
+                "rounding": s.rounding,
+                "prescale": s.prescale,
+                "block": [s.block_rows, s.block] if s.block else None,
+            }
+            if s.scale_rule is not None:
+                d["scale_rule"] = s.scale_rule
+            if s.outer_block:
+                d["outer_block"] = s.outer_block
+            return d
+
+        gemms: dict[str, Any] = {}
+        for g in GEMMS:
+            r, (a_op, b_op) = self.gemm(g), OPERANDS[g]
+            h = r.hadamard
+            gemms[g] = {
+                "a": operand(a_op, r.a),
+                "b": operand(b_op, r.b),
+                "hadamard": None if h is None else {"size": h.size, "signs": h.signs},
+            }
+        return {
+            "gemms": gemms,
+            "keep_first": self.keep_first,
+            "keep_last": self.keep_last,
+            "layers": {
+                "types": None if self.layer_types is None else list(self.layer_types),
+                "blocks": None if self.blocks is None else list(self.blocks),
+            },
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (for configs, params and hashing)."""
+
+        def spec(s: QuantSpec | None) -> dict[str, Any] | None:
+            if s is None:
+                return None
+            d = {
+                "format": s.format,
+                "scale_mode": s.scale_mode.value,
+                "rounding": s.rounding,
+                "prescale": s.prescale,
+                "block_size": s.block_size,
+            }
+            if s.block_rows != 1:  # only when set: the keys of recipes without it stay as they were
+                d["block_rows"] = s.block_rows
+            if s.scale_rule is not None:  # likewise
+                d["scale_rule"] = s.scale_rule
+            if s.outer_block:
+                d["outer_block"] = s.outer_block
+            return d
+
+        def had(h: HadamardSpec | None) -> dict[str, Any] | None:
+            if h is None:
+                return None
+            d: dict[str, Any] = {"size": h.size, "signs": h.signs}
+            if h.vector is not None:
+                d["vector"] = list(h.vector)
+            return d
+
+        out: dict[str, Any] = {}
+        for g in GEMMS:
+            r = self.gemm(g)
+            out[g] = {"a": spec(r.a), "b": spec(r.b), "hadamard": had(r.hadamard)}
+        out["keep_first"], out["keep_last"], out["label"] = (
+            self.keep_first,
+            self.keep_last,
+            self.label,
+        )
+        if self.layer_types is not None or self.blocks is not None:  # likewise only when set
+            out["layers"] = {
+                "types": None if self.layer_types is None else list(self.layer_types),
+                "blocks": None if self.blocks is None else list(self.blocks),
+            }
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Recipe:
+        def spec(s: Mapping[str, Any] | None) -> QuantSpec | None:
+            return None if s is None else QuantSpec(**s)
+
+        gemms = {}
+        for g in GEMMS:
+            r = d.get(g) or {}
+            h = r.get("hadamard")
+            if h is not None and h.get("vector") is not None:
+                h = {**h, "vector": tuple(h["vector"])}
+            gemms[g] = GemmRecipe(
+                a=spec(r.get("a")),
+                b=spec(r.get("b")),
+                hadamard=None if h is None else HadamardSpec(**h),
+            )
+        layers = d.get("layers") or {}
+        types, blocks = layers.get("types"), layers.get("blocks")
+        return cls(
+            **gemms,
+            keep_first=int(d.get("keep_first", 0)),
+            keep_last=int(d.get("keep_last", 0)),
+            layer_types=None if types is None else tuple(types),
+            blocks=None if blocks is None else tuple(blocks),
+            label=d.get("label"),
+        )
+
+
+def _base_gemm(gemm: str, base: str) -> GemmRecipe:
+    if base == "bf16":
+        return _BF16
+    if base == "fp8":  # the usual FP8 recipe: E4M3 for X and W, E5M2 for gradients
+        e4, e5 = QuantSpec(format="fp8_e4m3"), QuantSpec(format="fp8_e5m2")
+    else:
+        e4 = e5 = QuantSpec(format="mxfp8_e4m3")
+    a_op, b_op = OPERANDS[gemm]
+    return GemmRecipe(a=e5 if a_op == "dy" else e4, b=e5 if b_op == "dy" else e4)
+
+
+def parse_intervention(text: str) -> tuple[bool, HadamardSpec | None]:
+    """``"sr+rht64"`` -> (True, HadamardSpec(size=64, signs="random"))."""
+    if text in ("none", ""):
+        return False, None
+    sr = False
+    had: HadamardSpec | None = None
+    for tok in text.split("+"):
+        m = _INTERVENTION_RE.match(tok.strip())
+        if m is None or (m.group(1) == "sr" and m.group(2)):
+            raise ValueError(
+                f"intervention: unknown {text!r}; allowed: none, sr, rht, dht, fht and their "
+                "combinations with '+' (e.g. sr+rht), Hadamard size as a suffix (rht64, dht16)"
+            )
+        kind, size = m.group(1), m.group(2)
+        if kind == "sr":
+            if sr:
+                raise ValueError(f"intervention: 'sr' given twice in {text!r}")
+            sr = True
+            continue
+        if had is not None:
+            raise ValueError(f"intervention: only one Hadamard transform allowed in {text!r}")
+        policy: SignPolicy = {"rht": "random", "dht": "none", "fht": "fixed"}[kind]  # type: ignore[assignment]
+        had = HadamardSpec(size=int(size) if size else 16, signs=policy)
+    return sr, had
+
+
+def intervention_label(sr: bool, had: HadamardSpec | None) -> str:
+    parts = (["sr"] if sr else []) + ([had.short()] if had else [])
+    return "+".join(parts) or "none"
+
+
+def selection_label(r: Recipe) -> str:
+    """The label suffix of a layer selection: ``/keep0,2``, ``/mlp``, ``/blocks0,-1``."""
+    out = f"/keep{r.keep_first},{r.keep_last}" if r.keep_first or r.keep_last else ""
+    if r.layer_types is not None and set(r.layer_types) != set(LAYER_TYPES):
+        out += "/" + "+".join(r.layer_types)
+    if r.blocks is not None:
+        out += "/blocks" + ",".join(map(str, r.blocks))
+    return out
+
+
+__all__ = [
+    "BASE_FORMATS",
+    "FORMATS",
+    "FP4_FORMATS",
+    "GEMMS",
+    "LAYER_TYPES",
+    "OPERANDS",
+    "GemmRecipe",
+    "HadamardSpec",
+    "Recipe",
+    "parse_intervention",
+]

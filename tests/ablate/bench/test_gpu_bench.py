@@ -1,0 +1,93 @@
+"""The GPU benchmark (``ablate.bench.gpu``): every code path on the CPU at toy sizes
+(``--device cpu --dry-run``: real torch, the trainer's real steps), since CI has no GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ablate.bench import gpu as gpu_bench
+
+
+def test_dry_run_on_the_cpu_measures_every_row_and_writes_the_report(tmp_path, capsys):
+    assert gpu_bench.main(["--device", "cpu", "--dry-run", "--out", str(tmp_path)]) == 0
+    (md,) = tmp_path.glob("*-cpu-dry-run.md")
+    result = json.loads(md.with_suffix(".json").read_text())
+    assert result["dry_run"] and result["arch"] == "cpu" and result["date"] and result["torch"]
+    assert (
+        result["command"] == f"python -m ablate.bench.gpu --device cpu --dry-run --out {tmp_path}"
+    )
+
+    # the step rows: every recipe per preset, fp8 skipped with the reason (no FP8 GEMM on a CPU)
+    steps = {r["recipe"]: r for r in result["steps"]}
+    assert list(steps) == list(gpu_bench.RECIPES)
+    assert steps["fp8"]["backend"] == "native" and "no native FP8" in steps["fp8"]["skipped"]
+    assert steps["fp8"]["step_ms"] is None
+    for name in ("bf16", "mxfp4", "nvfp4", "mxfp4_h16"):
+        r = steps[name]
+        assert r["step_ms"] > 0 and r["tokens_per_s"] > 0 and r["compiled"] is False
+        assert (r["batch"], r["seq_len"]) == gpu_bench.DRY_RUN["batch"]["tiny"]
+    assert steps["mxfp4_h16"]["recipe_label"] == "mxfp4[fprop,dgrad,wgrad]+dht16/bf16"
+    assert steps["nvfp4"]["recipe_label"].startswith("nvfp4[fprop,dgrad,wgrad]")
+    ratios = result["ratios"]["tiny"]
+    assert ratios["emulated_mxfp4_step_over_bf16"] == pytest.approx(
+        steps["mxfp4"]["step_ms"] / steps["bf16"]["step_ms"]
+    )
+    assert ratios["native_fp8_step_over_bf16"] is None
+    assert result["train"]["compile"] == "auto" and result["train"]["compiled"] is False
+
+    # the quantizer: each path checked bit for bit on the device and against the CPU
+    quant = {q["quantizer"]: q for q in result["quantizer"]}
+    for name in ("mxfp4_rne", "mxfp4_sr", "mxfp4_h16"):
+        q = quant[name]
+        assert q["bit_exact"] and q["bit_exact_cpu"] and q["bit_exact_cpu_reference"]
+        assert q["gbps"] > 0 and q["copy_fraction"] > 0
+    assert all(q["bit_exact_cpu"] for k, q in quant.items() if k != "copy")
+
+    # the goals, evaluated on the run's own figures
+    goals = result["goals"]
+    step_goal = goals["emulated_mxfp4_step_over_bf16"]
+    assert step_goal["measured"] == ratios["emulated_mxfp4_step_over_bf16"]
+    assert step_goal["met"] == (step_goal["measured"] <= gpu_bench.STEP_TARGET)
+    assert (
+        goals["quantizer_mxfp4_rne_copy_fraction"]["measured"]
+        == quant["mxfp4_rne"]["copy_fraction"]
+    )
+    fp8_goal = goals["native_fp8_step_over_bf16"]
+    assert fp8_goal["met"] is None and "no native FP8" in fp8_goal["why"]
+
+    # the profile of the emulated MXFP4 step: the top entries with their share of the step
+    prof = result["profile"]
+    assert prof["preset"] == "tiny" and prof["recipe"].startswith("mxfp4[")
+    assert prof["top"] and all(k["total_ms"] > 0 and k["calls"] > 0 for k in prof["top"])
+    assert prof["top"] == sorted(prof["top"], key=lambda k: -k["total_ms"])
+    assert "gemm" in prof["by_kind"]
+
+    # the GEMM rows, and the Markdown with every section
+    assert [g["gemm"] for g in result["gemms"]] == ["bf16", "emulated_mxfp4"]
+    text = md.read_text()
+    for heading in ("## Goals", "## Step time, `tiny`", "## Quantizer", "## Profile", "## GEMMs"):
+        assert heading in text
+    assert "| mxfp4_h16 |" in text and "emulated_mxfp4_step_over_bf16" in text
+    assert "dry run" in text and result["command"] in text
+    out = capsys.readouterr().out
+    assert "goal emulated_mxfp4_step_over_bf16" in out and f"wrote {md}" in out
+
+
+def test_kernel_kinds():
+    kind = gpu_bench.kernel_kind
+    assert kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "gemm"
+    assert kind("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "gemm"
+    assert kind("triton_per_fused__to_copy_abs_amax_0") == "triton"
+    assert kind("void pytorch_flash::flash_fwd_kernel<...>") == "attention"
+    assert kind("void at::native::(anonymous namespace)::fused_adamw_kernel") == "optimizer"
+    assert kind("Memcpy HtoD (Pageable -> Device)") == "memory"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPU")
+def test_without_a_gpu_it_says_so_and_exits_0(capsys, tmp_path):
+    assert gpu_bench.main(["--out", str(tmp_path / "gpu")]) == 0
+    assert "no CUDA or ROCm device here" in capsys.readouterr().out
+    assert not (tmp_path / "gpu").exists()

@@ -1,0 +1,92 @@
+"""The GPU check (``make gpu-check``, ``ablate.bench.gpu_check``) end to end on the CPU at toy sizes
+(``--device cpu``): every stage in its own process, the study trained and reported without MLflow,
+the summary; and the budget's rules (a stage with too little time left is skipped, one that runs
+past its limit is stopped and the next ones still run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import pytest
+
+from ablate.bench import gpu_check
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_every_stage_on_the_cpu_and_writes_its_summary(tmp_path, capsys):
+    out = tmp_path / "check"
+    assert gpu_check.main(["--device", "cpu", "--out", str(out), "--budget", "900"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    stages = {s["name"]: s for s in summary["stages"]}
+    assert list(stages) == list(gpu_check.STAGES)
+    assert all(s["status"] == "passed" for s in stages.values()), stages
+    for s in stages.values():  # each stage's own log, written as it ran
+        assert (out / s["log"]).read_text().strip()
+    env = summary["environment"]
+    assert env["device_name"] == "cpu" and env["torch"] and env["git_commit"]
+    assert "collected only" in stages["tests"]["detail"]
+    assert {m: r["status"] for m, r in summary["parallel"].items()} == {
+        "ddp": "finished",
+        "fsdp": "finished",
+    }
+    assert all(r["collectives"] == "gloo" for r in summary["parallel"].values())
+    assert set(summary["bench"]["goals"]) >= {"emulated_mxfp4_step_over_bf16"}
+    study = summary["study"]
+    assert len(study["cells"]) == 8 and all(c["status"] == "finished" for c in study["cells"])
+    report = out / "study" / "report.md"
+    assert report.exists() and (out / "study" / "summary.csv").exists()
+    assert "mxfp4[fprop,dgrad,wgrad]+dht16" in report.read_text()
+    md = (out / "summary.md").read_text()
+    assert "| study | passed |" in md and "## Goals" in md
+    assert "study: passed" in capsys.readouterr().out
+
+
+def _ns(budget: float) -> argparse.Namespace:
+    return argparse.Namespace(device="cpu", budget=budget, skip=[], scale=1.0, argv=[])
+
+
+@pytest.fixture
+def two_stages(monkeypatch):
+    """``environment`` hangs (its process sleeps), ``tests`` prints and ends."""
+    monkeypatch.setattr(gpu_check, "STAGES", ("environment", "tests"))
+    monkeypatch.setattr(gpu_check, "LIMITS", {"environment": 2, "tests": 60})
+    monkeypatch.setattr(gpu_check, "MINIMUM", {"environment": 1, "tests": 10})
+    real = gpu_check.subprocess.run
+    scripts = {
+        "environment": "import time; print('started', flush=True); time.sleep(30)",
+        "tests": "print('RESULT: fine')",
+    }
+
+    def run(cmd, **kw):
+        stage = cmd[cmd.index("--stage") + 1]
+        return real([sys.executable, "-c", scripts[stage]], **kw)
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", run)
+
+
+def test_a_stage_past_its_limit_is_stopped_and_the_next_one_still_runs(tmp_path, two_stages):
+    stages = gpu_check.run_stages(_ns(100), tmp_path)
+    assert [(s.name, s.status) for s in stages] == [
+        ("environment", "timed out"),
+        ("tests", "passed"),
+    ]
+    assert 2 <= stages[0].seconds < 10
+    assert "started" in (tmp_path / "environment.log").read_text()  # its log survives
+    assert stages[1].detail == "fine"
+
+
+def test_a_stage_without_its_minimum_time_left_is_skipped(tmp_path, two_stages):
+    stages = gpu_check.run_stages(_ns(5), tmp_path)  # 5 s: the tests stage needs 10
+    assert [(s.name, s.status) for s in stages] == [
+        ("environment", "skipped"),
+        ("tests", "skipped"),
+    ]
+    assert "out of time" in stages[1].detail and not (tmp_path / "tests.log").exists()
+
+
+def test_bad_arguments_are_refused_naming_them(capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--device", "tpu"])
+    assert "--device must be cuda or cpu" in capsys.readouterr().err

@@ -1,0 +1,377 @@
+"""The CLI resolves recipe shorthands and turns library errors into usage errors."""
+
+import json
+
+from click.testing import CliRunner
+
+from ablate.cli import main
+
+
+def test_recipe_shows_each_gemm_operand():
+    res = CliRunner().invoke(
+        main, ["recipe", "--fp4", "fprop,dgrad,wgrad", "--intervention", "dht", "--base", "fp8"]
+    )
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0] == "mxfp4[fprop,dgrad,wgrad]+dht16/fp8"
+    assert lines[1].split() == [
+        "gemm",
+        "operand",
+        "format",
+        "rounding",
+        "prescale",
+        "block",
+        "hadamard",
+    ]
+    assert lines[6].split() == ["wgrad", "dy", "mxfp4", "rne", "-", "1x32", "16", "none"]
+    # aligned: every column starts at the same offset on every row
+    starts = [lines[1].index(h) for h in ("operand", "format", "block", "hadamard")]
+    for line in lines[2:8]:
+        for pos in starts:
+            assert line[pos - 2 : pos] == "  " and line[pos] != " ", (line, pos)
+
+
+def test_recipe_json_is_the_resolved_table():
+    res = CliRunner().invoke(main, ["recipe", "--fp4", "wgrad", "--intervention", "sr", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert set(d) == {"gemms", "keep_first", "keep_last", "layers"}
+    assert d["gemms"]["wgrad"]["a"] == {
+        "operand": "dy",
+        "format": "mxfp4",
+        "rounding": "sr",
+        "prescale": True,
+        "block": [1, 32],
+    }
+    assert d["gemms"]["fprop"]["a"]["format"] == "bf16" and d["gemms"]["fprop"]["hadamard"] is None
+
+
+def test_recipe_by_name_as_json_and_as_a_table():
+    res = CliRunner().invoke(main, ["recipe", "nvidia_nvfp4", "--keep-last", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["gemms"]["fprop"]["b"]["block"] == [16, 16]
+    assert d["gemms"]["dgrad"]["a"]["rounding"] == "sr"
+    assert d["gemms"]["wgrad"]["hadamard"] == {"size": 16, "signs": "fixed"}
+    assert d["gemms"]["fprop"]["hadamard"] is None and d["keep_last"] == 2
+    assert d["layers"] == {"types": None, "blocks": None}
+    res = CliRunner().invoke(main, ["recipe", "tseng_mxfp4"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0] == "tseng_mxfp4/bf16"
+    assert lines[4].split() == ["dgrad", "dy", "mxfp4", "sr", "3/4", "1x32", "64", "random"]
+
+
+def test_the_2026_recipes_resolve_by_name():
+    for name, check in [
+        ("four_over_six", lambda d: d["gemms"]["fprop"]["a"]["scale_rule"] == "mse"),
+        ("quartet_ii", lambda d: d["gemms"]["wgrad"]["a"]["rounding"] == "eden"),
+        ("tetrajet_v2", lambda d: d["gemms"]["dgrad"]["b"]["outer_block"] == 128),
+        ("nvidia_nvfp4_4over6", lambda d: d["gemms"]["fprop"]["b"]["scale_rule"] == "mae"),
+    ]:
+        res = CliRunner().invoke(main, ["recipe", name, "--json"])
+        assert res.exit_code == 0, res.output
+        assert check(json.loads(res.stdout)), name
+    res = CliRunner().invoke(main, ["recipe", "four_over_six"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[1].split() == [
+        "gemm",
+        "operand",
+        "format",
+        "rounding",
+        "prescale",
+        "block",
+        "scale",
+        "hadamard",
+    ]
+    assert lines[4].split() == ["dgrad", "dy", "nvfp4", "sr", "16/17", "1x16", "4/6-mse", "-"]
+
+
+def test_recipe_shows_a_partial_override_with_the_changed_field():
+    res = CliRunner().invoke(main, ["recipe", "nvidia_nvfp4", "--set", "wgrad.hadamard=null"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0] == "nvidia_nvfp4~wgrad.hadamard=none"
+    assert lines[6].split() == ["wgrad", "dy", "nvfp4", "sr", "-", "1x16", "-"]
+    res = CliRunner().invoke(
+        main, ["recipe", "{name: nvidia_nvfp4, dgrad: {dy: {rounding: rne}}}", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["gemms"]["dgrad"]["a"]["rounding"] == "rne"
+    assert d["gemms"]["wgrad"]["a"]["rounding"] == "sr"  # only the named field changed
+    res = CliRunner().invoke(main, ["recipe", "nvidia_nvfp4", "--set", "wgrad.hadmard=null"])
+    assert res.exit_code == 2 and "recipe.wgrad.hadmard: unknown key" in res.output
+    assert "did you mean 'hadamard'" in res.output
+    res = CliRunner().invoke(main, ["recipe", "--set", "wgrad.hadamard=null"])
+    assert res.exit_code == 2 and "give its NAME first" in res.output
+
+
+def test_recipe_unknown_name_or_name_with_shorthand_is_a_usage_error():
+    res = CliRunner().invoke(main, ["recipe", "nvidia"])
+    assert res.exit_code == 2 and "allowed: nvidia_nvfp4, tseng_mxfp4" in res.output
+    res = CliRunner().invoke(main, ["recipe", "quartet", "--fp4", "wgrad"])
+    assert res.exit_code == 2 and "give one or the other" in res.output
+
+
+def test_recipe_bad_gemm_is_a_usage_error_naming_allowed_values():
+    res = CliRunner().invoke(main, ["recipe", "--fp4", "wgard"])
+    assert res.exit_code == 2
+    assert "allowed: fprop, dgrad, wgrad" in res.output
+
+
+# --- study commands ---------------------------------------------------------------------------------
+
+STUDY = """
+name: clitest
+base:
+  model: {preset: tiny}
+  data: {val_tokens: 4096}
+  train: {steps: 4, batch_size: 4, seq_len: 32, eval_every: 2, warmup_steps: 1}
+grid:
+  fp4_gemms: [[], [fprop]]
+baseline: {fp4_gemms: []}
+"""
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_bad_study_exits_2_naming_the_path_before_writing_anything(tmp_path):
+    p = _write(tmp_path, STUDY.replace("[[], [fprop]]", "[[], [frpop]]"))
+    out = tmp_path / "out"
+    for cmd in ("validate", "plan", "run", "status"):
+        res = CliRunner().invoke(main, [cmd, str(p), "-o", str(out)])
+        assert res.exit_code == 2, (cmd, res.output)
+        assert "grid.fp4_gemms[1][0]" in res.output and "'wgrad'" in res.output
+    assert not out.exists()
+
+
+def test_validate_plan_and_schema(tmp_path):
+    p = _write(tmp_path, STUDY)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["validate", str(p), "-o", str(out)])
+    assert res.exit_code == 0 and "2 cells" in res.output and "baseline bf16" in res.output
+    res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert [c["action"] for c in d["cells"]] == ["run", "run"]
+    assert [c["baseline"] for c in d["cells"]] == [True, False]
+    res = CliRunner().invoke(main, ["schema"])
+    assert json.loads(res.stdout)["title"] == "StudySpec"
+    # a baseline trained past the budget: plan says so, for the study and on its cells
+    longer = _write(tmp_path, STUDY + "baseline_extend: 0.5\n")
+    res = CliRunner().invoke(main, ["plan", str(longer), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "baseline_extend: 0.5: each baseline seed trains 6 steps" in res.output
+    assert "(baseline, trains" in res.output and "past the budget of" in res.output
+    res = CliRunner().invoke(main, ["plan", str(longer), "-o", str(out), "--json"])
+    base = json.loads(res.stdout)["cells"][0]
+    assert base["steps"] > base["schedule_steps"]
+    assert not out.exists()
+
+
+def test_run_local_then_status_and_plan_say_skip(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the report goes to reports/<study>/ under the current directory
+    p = _write(tmp_path, STUDY)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(
+        main, ["run", str(p), "-o", str(out), "--executor", "local", "--quiet"]
+    )
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["status", str(p), "-o", str(out), "--json"])
+    rows = json.loads(res.stdout)["cells"]
+    assert [r["status"] for r in rows] == ["finished", "finished"]
+    assert all(r["step"] == 4 for r in rows)
+    res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out)])
+    assert "would: skip 2" in res.output
+    assert (tmp_path / "reports" / "clitest" / "report.md").exists()
+    from mlflow.tracking import MlflowClient
+
+    from ablate.tracking import default_uri
+
+    client = MlflowClient(tracking_uri=default_uri(out))
+    exp = client.get_experiment_by_name("clitest")
+    parent = client.search_runs([exp.experiment_id], "tags.`ablate.role` = 'study'")[0]
+    attached = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.md", "report/report.html", "report/convergence.png"} <= attached
+    res = CliRunner().invoke(
+        main, ["report", str(p), "--runs", str(out), "-o", str(tmp_path / "r")]
+    )
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "r" / "report.html").exists() and "target: val ppl" in res.output
+    # the report says what produced its numbers: this code, on this machine's CPU, in fp32
+    import pandas as pd
+
+    from ablate.train.provenance import code_hash, device_name
+
+    summary = pd.read_csv(tmp_path / "r" / "summary.csv")
+    assert set(summary["code_hash"]) == {code_hash()}
+    assert set(summary["precision"]) == {"fp32"}
+    assert set(summary["device_name"]) == {device_name("cpu")}
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "## Provenance" in md and code_hash() in md and "recorded no provenance" not in md
+
+
+def test_a_baseline_trained_longer_is_recorded_so_and_read_up_to_the_budget(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    p = _write(tmp_path, STUDY + "baseline_extend: 0.5\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(
+        main, ["run", str(p), "-o", str(out), "--executor", "local", "--quiet"]
+    )
+    assert res.exit_code == 0, res.output
+    from ablate.report.study import study_frames
+    from ablate.spec import load_study
+    from ablate.tracking import baseline_curves, read_histories, study_status
+
+    study = load_study(p, output=out)
+    statuses = {cs.cell.baseline: cs for cs in study_status(study)}
+    base = statuses[True]
+    assert base.run is not None and base.run.status == "finished"
+    # its MLflow run: the schedule as a param, evaluations up to step 6 (4 + ceil(0.5 x 4))
+    from mlflow.tracking import MlflowClient
+
+    from ablate.tracking import default_uri
+
+    params = MlflowClient(tracking_uri=default_uri(out)).get_run(base.run.run_id).data.params
+    assert params["train.schedule_steps"] == "4" and params["train.steps"] == "6"
+    assert (
+        "train.schedule_steps"
+        not in MlflowClient(tracking_uri=default_uri(out))
+        .get_run(statuses[False].run.run_id)
+        .data.params
+    )
+    hist = read_histories(study.tracking_uri, [base.run.run_id])[base.run.run_id]
+    assert [s for s, _ in hist["val_loss"]] == [0, 2, 4, 6]
+    # a target derived from the baseline reads its curve up to the budget (step 4)
+    (curve,) = baseline_curves(study)
+    assert curve.budget == 4 * 4 * 32
+    cells, _ = study_frames(study)
+    assert cells.set_index("baseline").loc[True, "schedule_steps"] == 4
+    md = (tmp_path / "reports" / "clitest" / "report.md").read_text()
+    assert "trained 1.50x the budget (baseline_extend)" in md
+    assert "**Baseline trained longer**" in md
+
+
+def test_every_command_has_help_with_an_example():
+    for cmd in ("run", "plan", "status", "validate", "schema", "ui", "recipe"):
+        res = CliRunner().invoke(main, [cmd, "--help"])
+        assert res.exit_code == 0 and "Example:" in res.output, cmd
+
+
+def test_ui_refuses_a_study_that_has_no_store(tmp_path):
+    p = _write(tmp_path, STUDY)
+    res = CliRunner().invoke(main, ["ui", str(p), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 1 and "no MLflow store yet" in res.output
+
+
+def test_report_without_a_store_or_runs_says_so_and_fails(tmp_path):
+    p = _write(tmp_path, STUDY)
+    res = CliRunner().invoke(main, ["report", str(p), "--runs", str(tmp_path / "out")])
+    assert res.exit_code == 1 and "no MLflow store" in res.output, res.output
+    res = CliRunner().invoke(
+        main, ["report", "--tracking-uri", f"sqlite:///{tmp_path}/none.db", "--study", "x"]
+    )
+    assert res.exit_code == 1 and "no MLflow store" in res.output, res.output
+    assert not (tmp_path / "none.db").exists()
+    # a store with the study's runs created but none finished
+    from ablate.driver.runner import run_study
+    from ablate.spec import load_study
+
+    s = load_study(p, output=tmp_path / "out")
+    run_study(s, executor="local", progress=False, stop_after=1)
+    res = CliRunner().invoke(main, ["report", str(p), "--runs", str(tmp_path / "out")])
+    assert res.exit_code == 1 and "no finished runs yet" in res.output, res.output
+
+
+def test_native_backend_on_a_machine_without_the_hardware_fails_before_any_cell_starts(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("checks the refusal on a machine without a GPU")
+    # device: cpu: a native cell on auto needs a GPU (resources.gpus, test_devices.py)
+    study = STUDY.replace("  train:", "  backend: native\n  device: cpu\n  train:").replace(
+        "[[], [fprop]]", "[[], [fprop, dgrad, wgrad]]"
+    )
+    p = _write(tmp_path, study)
+    out = tmp_path / "out"
+    for cmd in ("validate", "plan", "run"):  # run's default executor: refused before Ray starts
+        res = CliRunner().invoke(main, [cmd, str(p), "-o", str(out)])
+        assert res.exit_code == 2, (cmd, res.output)  # refused before anything starts: status 2
+        msg = res.output
+        assert "backend native cannot run recipe" in msg and "on cpu" in msg, msg
+        assert "mxfp4 (fprop, dgrad, wgrad) has no native GEMM on this device" in msg
+        assert "cpu runs no format natively" in msg and "Use `backend: emulated`" in msg
+        assert "cells mxfp4[fprop,dgrad,wgrad]/bf16:\n" in msg  # not the bf16 cell: it needs none
+    assert not out.exists()
+
+
+def test_every_command_that_reads_the_store_takes_tracking_uri(tmp_path, monkeypatch):
+    """A study tracked in a store other than its default one: plan, status, validate and report
+    read it with --tracking-uri (plan then skips the finished cells instead of rerunning them)."""
+    monkeypatch.chdir(tmp_path)
+    p = _write(tmp_path, STUDY)
+    out = tmp_path / "out"
+    uri = f"sqlite:///{tmp_path}/elsewhere/store.db"
+    (tmp_path / "elsewhere").mkdir()
+    run = ["run", str(p), "-o", str(out), "--executor", "local", "--quiet", "--no-report"]
+    res = CliRunner().invoke(main, [*run, "--tracking-uri", uri])
+    assert res.exit_code == 0, res.output
+    assert not (out / "mlflow.db").exists()
+    at = ["-o", str(out), "--tracking-uri", uri]
+    res = CliRunner().invoke(main, ["plan", str(p), *at, "--json"])
+    assert res.exit_code == 0, res.output
+    assert [c["action"] for c in json.loads(res.stdout)["cells"]] == ["skip", "skip"]
+    res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out)])  # the default store: none
+    assert "would: run 2" in res.output, res.output
+    res = CliRunner().invoke(main, ["status", str(p), *at, "--json"])
+    assert [r["status"] for r in json.loads(res.stdout)["cells"]] == ["finished", "finished"]
+    res = CliRunner().invoke(main, ["validate", str(p), *at])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["report", str(p), "--runs", str(out), "--tracking-uri", uri])
+    assert res.exit_code == 0, res.output
+    for cmd in ("run", "plan", "status", "validate", "report", "ui", "adopt", "probe", "tune"):
+        res = CliRunner().invoke(main, [cmd, "--help"])
+        assert "--tracking-uri" in res.output, cmd
+    # the hint of a reader that finds no store names an option the command has
+    res = CliRunner().invoke(main, ["report", str(p), "--runs", str(tmp_path / "none")])
+    assert "--tracking-uri" in res.output, res.output
+
+
+def test_a_file_store_on_a_cluster_ablate_did_not_start_is_refused_before_connecting(
+    tmp_path, monkeypatch
+):
+    """Whatever the cluster's node count (one now; an autoscaler adds more), a SQLite store on
+    this machine is refused for --address / RAY_ADDRESS, at once, naming the fix."""
+    import time
+
+    from ablate.executor import remote_cluster
+
+    p = _write(tmp_path, STUDY)
+    out = tmp_path / "out"
+    elsewhere = f"sqlite:///{tmp_path}/elsewhere/mlflow.db"
+    for cmd, extra in [
+        ("run", ["--address", "ray://nowhere:10001"]),
+        ("run", ["--address", "10.255.255.1:6379", "--tracking-uri", elsewhere]),
+        ("validate", ["--address", "ray://nowhere:10001"]),
+        ("plan", ["--address", "ray://nowhere:10001"]),
+        ("run", []),  # RAY_ADDRESS below
+    ]:
+        env = {"RAY_ADDRESS": "ray://nowhere:10001"} if not extra else {}
+        t0 = time.perf_counter()
+        res = CliRunner().invoke(main, [cmd, str(p), "-o", str(out), *extra], env=env)
+        assert time.perf_counter() - t0 < 10, cmd  # no attempt to reach the cluster
+        assert res.exit_code == 2, (cmd, extra, res.output)
+        assert "is a file on this machine" in res.output and "names a Ray cluster" in res.output
+        assert "mlflow server" in res.output and "--tracking-uri http://<host>:5000" in res.output
+    assert not out.exists() and not (tmp_path / "elsewhere").exists()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert not remote_cluster(None) and not remote_cluster("local")
+    assert remote_cluster("ray://head:10001") and remote_cluster("127.0.0.1:6379")

@@ -1,0 +1,157 @@
+"""Multi-worker cells through ``ablate run``: real Ray, Ray Train's ``TorchTrainer`` with 2 gloo
+workers on this machine's CPUs, a real MLflow store: a DDP and an FSDP cell finish with every metric
+step logged once, a worker killed mid-run is restarted by Ray Train and the cell ends bit-identical
+to an uninterrupted 2-worker run, and what cannot run is refused before anything starts."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow.tracking import MlflowClient
+from test_distributed import two_ranks
+
+from ablate.driver.preflight import preflight
+from ablate.driver.runner import run_study
+from ablate.errors import CannotRunError
+from ablate.spec import Study, parse_study
+
+METRICS = ("train_loss", "lr", "grad_norm", "tokens_per_s")
+
+
+def study(tmp_path: Path, *, steps: int, workers: int = 2, cpus: float = 1, **grid: Any) -> Study:
+    raw = {
+        "name": "dp",
+        "base": {
+            "device": "cpu",
+            "model": {"preset": "tiny"},
+            "data": {"val_tokens": 4096},
+            "train": {
+                "steps": steps,
+                "batch_size": 4,
+                "seq_len": 32,
+                "eval_every": 3,
+                "warmup_steps": 2,
+                "checkpoint_every": 3,
+            },
+        },
+        "grid": grid or {"seed": [0]},
+        "resources": {"cpus": cpus, "workers": workers, "max_retries": 2},
+    }
+    return parse_study(raw, output=tmp_path / "out", text="# test study\n")
+
+
+def cell_runs(s: Study) -> list[Any]:
+    client = MlflowClient(tracking_uri=s.tracking_uri)
+    exp = client.get_experiment_by_name(s.name)
+    assert exp is not None
+    return client.search_runs([exp.experiment_id], "tags.`ablate.role` = 'cell'")
+
+
+def steps_of(s: Study, run_id: str, key: str) -> list[int]:
+    client = MlflowClient(tracking_uri=s.tracking_uri)
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def test_what_cannot_run_is_refused_before_anything_starts(tmp_path):
+    s = study(tmp_path, steps=2, workers=4, cpus=1)  # 4 x 1 CPU on a 2-CPU machine
+    with pytest.raises(CannotRunError, match=r"resources.cpus: 1 per worker x resources.workers 4"):
+        preflight(s, executor="ray", num_cpus=2)
+    with pytest.raises(CannotRunError, match="resources.workers: 4 workers .* ray executor"):
+        preflight(s, executor="local")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_ddp_and_an_fsdp_cell_finish_with_every_step_logged_once(tmp_path):
+    s = study(tmp_path, steps=6, **{"train.parallel": ["ddp", "fsdp"]})
+    t0 = time.perf_counter()
+    res = run_study(s, executor="ray", progress=False)
+    print(f"2-worker study (2 cells x 6 steps): {time.perf_counter() - t0:.1f} s")
+    assert {o.status for o in res.outcomes.values()} == {"finished"}, res.outcomes
+    runs = cell_runs(s)
+    assert len(runs) == 2
+    for r in runs:
+        assert r.data.tags["ablate.status"] == "finished"
+        assert r.data.tags["ablate.workers"] == "2"
+        assert len(r.data.tags["ablate.worker_pids"].split(",")) == 2
+        assert r.data.params["train.workers"] == "2"
+        for key in METRICS:
+            assert steps_of(s, r.info.run_id, key) == list(range(1, 7)), key
+        assert steps_of(s, r.info.run_id, "val_loss") == [0, 3, 6]
+    losses = {r.data.params["train.parallel"]: r.data.metrics["val_loss"] for r in runs}
+    assert abs(losses["ddp"] - losses["fsdp"]) < 1e-5  # the same training, sharded or not
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_and_the_cell_ends_bit_identical(tmp_path):
+    steps = 24
+    s = study(tmp_path, steps=steps, seed=[0], intervention=["sr"], fp4_gemms=[["wgrad"]])
+    cell = s.cells[0]
+    sidecar = s.checkpoint_dir(cell) / "checkpoint.json"
+    killed: list[int] = []
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401  (not first from the thread)
+
+    def killer() -> None:
+        client = MlflowClient(tracking_uri=s.tracking_uri)
+        deadline = time.time() + 240
+        while time.time() < deadline and not killed:
+            time.sleep(0.2)
+            try:
+                runs = cell_runs(s)
+            except Exception:
+                continue
+            if not runs or "ablate.worker_pids" not in runs[0].data.tags or not sidecar.exists():
+                continue
+            logged = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train_loss")]
+            if logged and max(logged) >= 8:
+                pid = int(runs[0].data.tags["ablate.worker_pids"].split(",")[1])  # rank 1
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    t = threading.Thread(target=killer)
+    t.start()
+    res = run_study(s, executor="ray", progress=False)
+    t.join()
+    assert killed, "no worker was killed"
+    assert res.outcomes[cell.key].status == "finished", res.outcomes[cell.key]
+    run = cell_runs(s)[0]
+    assert str(killed[0]) not in run.data.tags["ablate.worker_pids"].split(",")  # a new group
+    assert run.data.tags["ablate.resumed_from"] not in ("", "0")  # from a checkpoint
+    for key in METRICS:
+        assert steps_of(s, run.info.run_id, key) == list(range(1, steps + 1)), key
+    # the same run in two uninterrupted gloo processes (Ray Train's workers use one thread each)
+    d = {**cell.config.to_dict(), "checkpoint_dir": None}
+    d["train"]["checkpoint_every"] = 0
+    ref = two_ranks(d)[0]["evals"]
+    assert res.outcomes[cell.key].final_val_loss == ref[-1]
+
+
+@pytest.mark.slow
+def test_workers_no_set_of_nodes_can_place_are_refused_when_ray_starts():
+    """A cluster's resources, not this machine's, decide on a cluster: the executor counts how many
+    workers of the cell's size the live nodes fit (here a Ray of 2 CPUs and no GPU)."""
+    import ray
+
+    from ablate.executor import RayExecutor
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
+    try:
+        for kw, says in [
+            ({"cpus": 1, "workers": 3}, "3 workers of 1 CPUs and 0 GPUs, but the Ray cluster's "
+             "nodes fit 2 such worker(s) (2 CPUs / 0 GPUs)"),
+            ({"cpus": 1, "gpus": 1, "workers": 2}, "fit 0 such worker(s)"),
+            ({"cpus": 3}, "asks for 3 CPUs and 0 GPUs, but the Ray cluster's nodes fit 0"),
+        ]:  # fmt: skip
+            with pytest.raises(CannotRunError, match=re.escape(says)):
+                RayExecutor(**kw)
+        RayExecutor(cpus=1, workers=2).close()  # fits: taken (and Ray left running: not its own)
+        assert ray.is_initialized()
+    finally:
+        ray.shutdown()

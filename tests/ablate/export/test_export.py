@@ -1,0 +1,286 @@
+"""Hugging Face checkpoints out (``ablate.export``, ``ablate export``): a trained ``tiny`` cell
+exported and loaded by ``transformers``' ``AutoModelForCausalLM`` gives ablate's logits on the
+validation tokens (float32, max abs difference <= 1e-5) and the validation loss the run recorded in
+MLflow; a recipe's quantized cell exports its master weights (the same logits and loss: an MXFP4
+wgrad recipe leaves the forward unquantized); a sharded checkpoint of a distributed run exports the
+same weights as one process; a Hugging Face tokenizer travels with the export; an untied head maps
+too; and the export refuses an unknown cell, a cell without a checkpoint, and a folder in use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from ablate.cli import main
+from ablate.data import load_data, val_batches
+from ablate.driver.runner import run_study
+from ablate.export import ExportError, export_cell, export_checkpoint, export_model
+from ablate.model import build_model
+from ablate.spec import load_study
+from ablate.tracking import read_histories, study_status
+from ablate.train import RunConfig, train
+from ablate.train.parallel import process_group
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+TOL = 1e-5
+"""Max abs difference of float32 logits, and of validation losses (measured: below 1e-6)."""
+
+STUDY = """
+name: exporttest
+base:
+  model: {preset: tiny}
+  data: {val_tokens: 4096}
+  train: {steps: 4, batch_size: 4, seq_len: 32, eval_every: 2, warmup_steps: 1}
+grid:
+  - fp4_gemms: [[], [wgrad]]
+"""
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """The study run once for the module, interrupted after 2 steps (its first cell exported
+    then), then to its end: (its file, its output folder, the interrupted cell's export)."""
+    tmp = tmp_path_factory.mktemp("export")
+    p = tmp / "s.yaml"
+    p.write_text(STUDY)
+    out = tmp / "out"
+    s = load_study(p, output=out)
+    run_study(s, executor="local", progress=False, stop_after=2)
+    early = export_cell(p, s.cells[0].label, tmp / "early", output=out)
+    res = CliRunner().invoke(
+        main, ["run", str(p), "-o", str(out), "--executor", "local", "--quiet"]
+    )
+    assert res.exit_code == 0, res.output
+    return p, out, early
+
+
+def _ablate_model(config: RunConfig, checkpoint: Path) -> torch.nn.Module:
+    ck = torch.load(checkpoint / "checkpoint.pt", map_location="cpu", weights_only=False)
+    model = build_model(
+        config.model,
+        ck["model"]["tok_embeddings.weight"].shape[0],
+        recipe=config.recipe,
+        backend=config.backend,
+        seed=config.seed,
+    )
+    model.load_state_dict(ck["model"])
+    return model.eval()
+
+
+def _val(config: RunConfig, cache: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    data = load_data(config.data, cache=cache)
+    return val_batches(data.val, config.train.seq_len, config.train.batch_size)
+
+
+def _hf_loss(hf, batches) -> float:
+    """The token-weighted mean cross-entropy over the batches, as the trainer's ``evaluate``."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in batches:
+            logits = hf(x).logits
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+            total, count = total + float(loss) * y.numel(), count + y.numel()
+    return total / count
+
+
+def _load(folder: Path):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return hf.eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", ["bf16", "mxfp4[wgrad]"])
+def test_an_exported_cell_loads_as_llama_with_ablates_logits_and_recorded_val_loss(
+    study, tmp_path, label
+):
+    p, out, _ = study
+    s = load_study(p, output=out)
+    cell = next(c for c in s.cells if c.label.split("/")[0] == label)
+    dest = tmp_path / "hf"
+    res = CliRunner().invoke(
+        main, ["export", str(p), "--output", str(out), "--cell", cell.label, "-o", str(dest)]
+    )
+    assert res.exit_code == 0, res.output
+    hf = _load(dest)
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    meta = json.loads((dest / "ablate_export.json").read_text())
+    assert meta["cell"] == cell.label and meta["key"] == cell.key and meta["step"] == 4
+    assert meta["status"] == "finished" and meta["architecture"] == "LlamaForCausalLM"
+    assert meta["tokenizer"]["kind"] == "byte" and "256: EOS" in meta["tokenizer"]["ids"]
+    assert not (dest / "tokenizer.json").exists()  # no Hugging Face tokenizer for bytes
+    assert any("RoPE scaling" in d for d in meta["departures_from_llama"])
+    # the logits of every validation token
+    ours = _ablate_model(cell.config, s.checkpoint_dir(cell))
+    batches = _val(cell.config, s.data_cache())
+    with torch.no_grad():
+        diff = max(float((ours(x) - hf(x).logits).abs().max()) for x, _ in batches)
+    assert diff <= TOL, diff
+    # the validation loss the run recorded at its last step, in MLflow and in its checkpoint
+    run = next(cs.run for cs in study_status(s) if cs.cell.key == cell.key)
+    assert run is not None and meta["run_id"] == run.run_id
+    logged = read_histories(s.tracking_uri, [run.run_id], ["val_loss"])[run.run_id]["val_loss"]
+    assert logged[-1][0] == 4
+    hf_loss = _hf_loss(hf, batches)
+    assert abs(hf_loss - logged[-1][1]) <= TOL, (hf_loss, logged[-1][1])
+    assert meta["val_loss"] == pytest.approx(logged[-1][1], abs=1e-12)
+    # a quantized cell: the master weights, without the quantized layers' random-stream buffers
+    from safetensors import safe_open
+
+    with safe_open(str(dest / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert not [k for k in keys if k.endswith(("sr_seed", "calls", "hadamard_signs"))]
+    assert "lm_head.weight" not in keys  # tied: written once, as the embedding
+    quantized = label != "bf16"
+    assert meta["quantized_layers"] == (4 * 7 if quantized else 0)
+    assert meta["forward_quantized"] is False and "master weights" in meta["weights"]
+
+
+@pytest.mark.slow
+def test_export_refuses_an_unknown_cell_a_cell_without_checkpoint_and_a_folder_in_use(
+    study, tmp_path
+):
+    p, out, _ = study
+    s = load_study(p, output=out)
+    res = CliRunner().invoke(
+        main, ["export", str(p), "--output", str(out), "--cell", "nope", "-o", str(tmp_path / "x")]
+    )
+    assert res.exit_code == 1
+    assert "no cell 'nope'" in res.output and all(c.label in res.output for c in s.cells)
+    assert not (tmp_path / "x").exists()
+    # a study that has not run: no checkpoint, and the field that makes one named
+    fresh = load_study(p, output=tmp_path / "fresh")
+    with pytest.raises(ExportError, match="no checkpoint .* run the study first"):
+        export_cell(fresh, s.cells[0].label, tmp_path / "y")
+    # a folder that holds something is left as it is, unless --force
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "notes.txt").write_text("mine")
+    args = ["export", str(p), "--output", str(out), "--cell", s.cells[0].key, "-o", str(used)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1 and "not empty" in res.output and "--force" in res.output
+    assert [f.name for f in used.iterdir()] == ["notes.txt"]
+    res = CliRunner().invoke(main, [*args, "--force"])
+    assert res.exit_code == 0, res.output
+    assert (used / "notes.txt").read_text() == "mine" and (used / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_an_interrupted_cell_exports_its_last_checkpoint(study):
+    p, out, early = study
+    s = load_study(p, output=out)
+    meta = json.loads((early / "ablate_export.json").read_text())
+    assert meta["step"] == 2 and meta["status"] == "unfinished"
+    run = next(cs.run for cs in study_status(s) if cs.cell.key == s.cells[0].key)
+    assert run is not None
+    logged = dict(
+        read_histories(s.tracking_uri, [run.run_id], ["val_loss"])[run.run_id]["val_loss"]
+    )
+    assert meta["val_loss"] == pytest.approx(logged[2], abs=1e-12)
+    batches = _val(s.cells[0].config, s.data_cache())
+    assert abs(_hf_loss(_load(early), batches) - logged[2]) <= TOL
+
+
+def _cfg(**over) -> dict:
+    d = {
+        "model": {"preset": "tiny", "n_layers": 2},
+        "data": {"val_tokens": 4096},
+        "device": "cpu",
+        "train": {"steps": 3, "batch_size": 4, "seq_len": 32, "eval_every": 3, "warmup_steps": 1},
+    }
+    for k, v in over.items():
+        d[k] = {**d[k], **v} if isinstance(v, dict) and k in d else v
+    return d
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_exports_the_weights_of_one_process(tmp_path):
+    one = RunConfig.from_dict(_cfg(checkpoint_dir=str(tmp_path / "one")))
+    train(one)
+    d = _cfg(checkpoint_dir=str(tmp_path / "fsdp"))
+    d["train"] = {**d["train"], "parallel": "fsdp"}
+    sharded = RunConfig.from_dict(d)
+    with process_group(sharded, torch.device("cpu")):
+        train(sharded)
+    a = export_checkpoint(one, out_dir=tmp_path / "a")
+    b = export_checkpoint(sharded, out_dir=tmp_path / "b")
+    assert json.loads((b / "ablate_export.json").read_text())["checkpoint_format"] == "sharded"
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    with pytest.raises(ExportError, match="another configuration"):
+        export_checkpoint(one, tmp_path / "fsdp", tmp_path / "c")
+
+
+def test_an_untied_model_with_a_hugging_face_tokenizer_exports_both(tmp_path, train_bpe):
+    from tokenizers import Tokenizer
+
+    path = train_bpe(
+        tmp_path / "tokenizer.json", ["the quick brown fox jumps over the lazy dog"] * 50
+    )
+    tok = Tokenizer.from_file(str(path))
+    d = _cfg(data={"tokenizer": str(tmp_path / "tokenizer.json")})
+    d["model"] = {**d["model"], "tie_embeddings": False, "rope_theta": 500_000.0}
+    config = RunConfig.from_dict(d)
+    vocab = tok.get_vocab_size()
+    model = build_model(config.model, vocab, seed=3).eval()
+    with torch.no_grad():  # an untrained head would equal init; make it its own
+        model.lm_head.weight.normal_(0, 0.02, generator=torch.Generator().manual_seed(1))
+    out = export_model(config, model, tmp_path / "hf")
+    hf = _load(out)
+    assert not hf.config.tie_word_embeddings
+    x = torch.randint(0, vocab, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert float((model(x) - hf(x).logits).abs().max()) <= TOL
+    at = transformers.AutoTokenizer.from_pretrained(out)
+    text = "the lazy fox"
+    assert at.encode(text, add_special_tokens=False) == tok.encode(text).ids
+    assert at.eos_token == "<|endoftext|>" and hf.config.eos_token_id == at.eos_token_id
+    meta = json.loads((out / "ablate_export.json").read_text())
+    assert meta["tokenizer"]["files"] == ["tokenizer.json", "tokenizer_config.json"]
+    assert meta["step"] is None and meta["recipe"] == "bf16"
+
+
+@pytest.mark.slow
+def test_a_hugging_face_architectures_cell_exports_as_itself(tmp_path):
+    """A ``model: {hf: ...}`` cell (Qwen3's architecture, MXFP4 wgrad) exports under its own names:
+    ``AutoModelForCausalLM`` loads a ``Qwen3ForCausalLM`` with the trainer's logits and the
+    validation loss the run recorded."""
+    qwen3 = Path(__file__).resolve().parents[3] / "studies" / "qwen3_tiny" / "config.json"
+    p = tmp_path / "s.yaml"
+    p.write_text(
+        STUDY.replace("{preset: tiny}", "{hf: " + str(qwen3) + "}").replace(
+            "[[], [wgrad]]", "[[wgrad]]"
+        )
+    )
+    out = tmp_path / "out"
+    s = load_study(p, output=out)
+    run_study(s, executor="local", progress=False)
+    cell = s.cells[0]
+    dest = export_cell(p, cell.label, tmp_path / "hf", output=out)
+    hf = _load(dest)
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    meta = json.loads((dest / "ablate_export.json").read_text())
+    assert meta["quantized_layers"] == 4 * 7 and meta["step"] == 4
+    ck = torch.load(
+        s.checkpoint_dir(cell) / "checkpoint.pt", map_location="cpu", weights_only=False
+    )
+    ours = build_model(cell.config.model, 257, recipe=cell.config.recipe, seed=cell.config.seed)
+    ours.load_state_dict(ck["model"])
+    ours.eval()
+    batches = _val(cell.config, s.data_cache())
+    with torch.no_grad():
+        diff = max(float((ours(x) - hf(x).logits).abs().max()) for x, _ in batches)
+    assert diff <= TOL, diff
+    run = next(cs.run for cs in study_status(s) if cs.cell.key == cell.key)
+    assert run is not None
+    logged = read_histories(s.tracking_uri, [run.run_id], ["val_loss"])[run.run_id]["val_loss"]
+    assert abs(_hf_loss(hf, batches) - logged[-1][1]) <= TOL

@@ -1,0 +1,353 @@
+"""The study spec: expansion, keys, labels, and errors that name the YAML path and the allowed values."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ablate.errors import SpecError
+from ablate.spec import json_schema, load_study, parse_study
+
+ROOT = Path(__file__).resolve().parents[3]
+
+BASE = {"name": "t", "base": {"train": {"steps": 5, "batch_size": 4, "eval_every": 5}}}
+
+
+def study(**kw):
+    return parse_study({**BASE, **kw})
+
+
+def errors_of(**kw) -> list[str]:
+    with pytest.raises(SpecError) as e:
+        parse_study({**BASE, **kw})
+    return e.value.errors
+
+
+def test_grid_is_the_product_minus_exclusions():
+    s = study(
+        grid={
+            "fp4_gemms": [[], ["fprop"], ["fprop", "dgrad", "wgrad"]],
+            "intervention": ["none", "sr", "dht"],
+            "seed": [0, 1],
+        },
+        exclude=[{"fp4_gemms": [], "intervention": ["sr", "dht"]}],
+        baseline={"fp4_gemms": []},
+    )
+    assert len(s.cells) == (3 * 3 - 2) * 2
+    assert s.axes == ["fp4_gemms", "intervention", "seed"]
+    assert [c.label for c in s.baseline_cells] == ["bf16/seed0", "bf16/seed1"]
+    labels = {c.label for c in s.cells}
+    assert "mxfp4[fprop,dgrad,wgrad]+dht16/bf16/seed1" in labels
+    assert "mxfp4[fprop]+sr/bf16/seed0" in labels
+
+
+def test_cells_differing_only_by_seed_share_a_config_label():
+    s = study(grid={"fp4_gemms": [["wgrad"]], "seed": [0, 1, 2]})
+    assert {c.config_label for c in s.cells} == {"mxfp4[wgrad]/bf16"}
+    assert [c.seed for c in s.cells] == [0, 1, 2]
+    assert len({c.key for c in s.cells}) == 3
+
+
+def test_union_of_grids_and_zip():
+    s = study(
+        grid=[
+            {"base_format": ["bf16", "fp8"]},
+            {"zip": {"model.preset": ["tiny", "small"], "train.lr": [2e-3, 1e-3]}},
+        ]
+    )
+    assert len(s.cells) == 4
+    got = {(c.config.model.preset, c.config.train.lr) for c in s.cells}
+    assert ("small", 1e-3) in got and ("tiny", 2e-3) in got and ("small", 2e-3) not in got
+
+
+def test_dotted_axes_label_as_leaf_values():
+    s = study(grid={"train.lr": [1e-3, 3e-3]})
+    assert [c.label for c in s.cells] == ["lr=0.001", "lr=0.003"]
+
+
+def test_key_is_independent_of_yaml_key_order_and_spelling():
+    a = yaml.safe_load(
+        "name: t\nbase: {train: {steps: 5, lr: 0.003}, model: {preset: tiny}}\n"
+        "grid: {fp4_gemms: [[dgrad, fprop]], seed: [1]}"
+    )
+    b = yaml.safe_load(
+        "grid: {seed: [1], fp4_gemms: [[fprop, dgrad]]}\n"
+        "base: {model: {preset: tiny}, train: {lr: 3.0e-3, steps: 5}}\nname: other"
+    )
+    assert parse_study(a).cells[0].key == parse_study(b).cells[0].key
+
+
+def test_a_changed_config_gets_a_new_key():
+    k1 = study(grid={"seed": [0]}).cells[0].key
+    s2 = parse_study(
+        {**BASE, "base": {"train": {"steps": 6, "batch_size": 4}}, "grid": {"seed": [0]}}
+    )
+    assert s2.cells[0].key != k1
+
+
+def test_checkpoints_default_to_every_evaluation():
+    assert study(grid={"seed": [0]}).cells[0].config.train.checkpoint_every == 5
+    s = parse_study(
+        {"name": "t", "base": {"train": {"checkpoint_every": 0, "steps": 5}}, "grid": {"seed": [0]}}
+    )
+    assert s.cells[0].config.train.checkpoint_every == 0
+
+
+def test_duplicate_cells_run_once():
+    s = study(grid=[{"seed": [0, 1]}, {"seed": [1, 2]}])
+    assert [c.seed for c in s.cells] == [0, 1, 2]
+    assert s.notes
+
+
+@pytest.mark.parametrize(
+    "kw, path, words",
+    [
+        ({"grid": {"trian.lr": [1]}}, "grid.trian.lr", ["did you mean 'train.lr'", "allowed"]),
+        ({"grid": {"train.lrr": [1]}}, "grid.train.lrr", ["did you mean 'lr'", "warmup_steps"]),
+        ({"grid": {"bogus": [1]}}, "grid.bogus", ["unknown axis", "intervention"]),
+        (
+            {"grid": {"fp4_gemms": [["fprop"]], "intervention": ["none", "rth"]}},
+            "grid.intervention[1]",
+            ["unknown 'rth'", "sr", "rht", "dht"],
+        ),
+        ({"grid": {}}, "grid", ["empty grid"]),
+        ({"grid": {"seed": []}}, "grid.seed", ["empty"]),
+        ({"grid": {"seed": 3}}, "grid.seed", ["list of values"]),
+        ({"grid": {"train.lr": ["fast"]}}, "grid.train.lr[0]", ["valid number"]),
+        ({"grid": {"seed": [-1]}}, "grid.seed[0]", ["greater than or equal to 0"]),
+        ({"grid": {"fp4_gemms": [["fprop", "dgrd"]]}}, "grid.fp4_gemms[0][1]", ["'wgrad'"]),
+        ({"grid": {"model.preset": ["huge"]}}, "grid.model.preset[0]", ["tiny", "llama3_8b"]),
+        ({"grid": {"backend": ["nativ"]}}, "grid.backend[0]", ["allowed: emulated"]),
+        ({"grid": {"fp4_format": ["mxfp3"]}}, "grid.fp4_format[0]", ["'mxfp4'", "'nvfp4'"]),
+        ({"grid": {"train.grad_accum": [3]}}, "grid.train.grad_accum[0]", ["does not divide"]),
+        ({"grid": {"seed": [0]}, "baseline": {"seed": 5}}, "baseline", ["matches no cell"]),
+        (
+            {"grid": {"seed": [0]}, "baseline": {"fp4_gemms": []}},
+            "baseline.fp4_gemms",
+            ["axes: seed"],
+        ),
+        ({"grid": {"seed": [0]}, "exclude": [{"seed": 4}]}, "exclude[0]", ["matches no cell"]),
+        ({"grid": {"seed": [0]}, "exclude": [{"seed": 0}]}, "exclude", ["every cell"]),
+        ({"grid": {"seed": [0]}, "grd": 1}, "grd", ["did you mean 'grid'", "allowed: name"]),
+        (
+            {"grid": {"seed": [0]}, "target": {"val_ppl": 3, "val_loss": 1}},
+            "target",
+            ["exactly one"],
+        ),
+        (
+            {"grid": {"seed": [0]}, "resources": {"gpu": 1}},
+            "resources.gpu",
+            ["allowed: cpus, gpus"],
+        ),
+        ({"grid": {"zip": {"seed": [0, 1], "train.lr": [1]}}}, "grid.zip", ["equal lengths"]),
+        ({"grid": {"seed": [0]}, "name": "a b"}, "name", ["letters, digits"]),
+        ({"grid": {"seed": [0]}, "probe": {"evry": 5}}, "probe.evry", ["did you mean 'every'"]),
+        ({"grid": {"seed": [0]}, "probe": {"every": 0}}, "probe.every", ["must be >= 1"]),
+        (
+            {"grid": {"seed": [0]}, "probe": {"gemms": ["wgard"]}},
+            "probe.gemms[0]",
+            ["'fprop'", "'wgrad'"],
+        ),
+        (
+            {"grid": {"seed": [0]}, "probe": {"layers": "first"}},
+            "probe.layers",
+            ["neither all nor a list of block indices"],
+        ),
+        ({"grid": {"seed": [0]}, "probe": {"layers": [0, -2]}}, "probe.layers[1]", ["block index"]),
+        (
+            {"grid": {"seed": [0]}, "probe": {"layers": [1, 7]}},
+            "probe.layers[1]",
+            ["block 7 does not exist", "4 blocks (0-3)"],
+        ),
+        (
+            {"grid": {"seed": [0]}, "probe": {"batches": 1000}},
+            "probe.batches",
+            ["data.val_tokens >=", "lower probe.batches"],
+        ),
+        ({"grid": {"seed": [0]}, "probe": {"window": 1}}, "probe.window", [">= 2"]),
+        (
+            {"grid": {"seed": [0]}, "baseline": {"seed": 0}, "baseline_extend": 0},
+            "baseline_extend",
+            ["0 is not in (0, 4]", "fraction of train.steps"],
+        ),
+        (
+            {"grid": {"seed": [0]}, "baseline": {"seed": 0}, "baseline_extend": "long"},
+            "baseline_extend",
+            ["long is not in (0, 4]"],
+        ),
+        ({"grid": {"seed": [0]}, "baseline_extend": 0.5}, "baseline_extend", ["no baseline"]),
+        (
+            {
+                "grid": {"seed": [0]},
+                "base": {"train": {"steps": 5, "schedule_steps": 4}},
+                "baseline": {"seed": 0},
+                "baseline_extend": 0.5,
+            },
+            "baseline_extend",
+            ["set train.schedule_steps themselves"],
+        ),
+    ],
+)
+def test_bad_specs_name_the_yaml_path_and_what_is_allowed(kw, path, words):
+    errs = errors_of(**kw)
+    hit = [e for e in errs if e.startswith(path + ":")]
+    assert hit, errs
+    for w in words:
+        assert any(w in e for e in hit), (w, hit)
+
+
+def test_base_errors_name_the_base_path():
+    with pytest.raises(SpecError) as e:
+        parse_study(
+            {"name": "t", "base": {"train": {"stepz": 3, "grad_accum": 3}}, "grid": {"seed": [0]}}
+        )
+    assert any(
+        x.startswith("base.train.stepz: unknown key (did you mean 'steps'?)")
+        for x in e.value.errors
+    )
+    with pytest.raises(SpecError) as e:
+        parse_study({"name": "t", "base": {"train": {"grad_accum": 3}}, "grid": {"seed": [0]}})
+    assert e.value.errors[0].startswith("base.train.grad_accum: 3 does not divide")
+
+
+def test_impossible_combinations_point_at_exclude():
+    errs = errors_of(grid={"fp4_gemms": [[], ["fprop"]], "intervention": ["none", "sr"]})
+    assert len(errs) == 1
+    assert errs[0].startswith("cell {fp4_gemms: [], intervention: sr}:")
+    assert "exclude" in errs[0]
+
+
+def test_missing_data_file_is_an_error_before_anything_runs(tmp_path):
+    errs = errors_of(
+        base={"data": {"corpus": "text", "path": str(tmp_path / "none" / "*.txt")}},
+        grid={"seed": [0]},
+    )
+    assert errs[0].startswith("base.data.path: no files match")
+
+
+def test_yaml_syntax_errors_and_missing_files(tmp_path):
+    with pytest.raises(SpecError, match="no such study file"):
+        load_study(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ngrid: {seed: [0\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_study(bad)
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(SpecError, match="must be a mapping"):
+        load_study(bad)
+
+
+@pytest.mark.parametrize(
+    "name", ["quickstart", "mxfp4_wgrad", "tseng_sr_rht", "recipes", "recipes_gpu", "probes"]
+)
+def test_shipped_studies_are_valid(name):
+    s = load_study(ROOT / "studies" / f"{name}.yaml")
+    assert s.name == name
+    assert len(s.baseline_cells) >= 2
+    assert len({c.key for c in s.cells}) == len(s.cells)
+
+
+def test_published_grids_have_the_papers_cells():
+    s = load_study(ROOT / "studies" / "mxfp4_wgrad.yaml")
+    configs = {c.config_label for c in s.cells}
+    assert configs == {
+        "fp8",
+        "mxfp4[fprop]/fp8",
+        "mxfp4[fprop,dgrad]/fp8",
+        "mxfp4[fprop,dgrad,wgrad]/fp8",
+        "mxfp4[fprop,dgrad,wgrad]+sr/fp8",
+        "mxfp4[fprop,dgrad,wgrad]+rht16/fp8",
+        "mxfp4[fprop,dgrad,wgrad]+dht16/fp8",
+    }
+    assert {c.seed for c in s.cells} == {0, 1, 2}
+    t = load_study(ROOT / "studies" / "tseng_sr_rht.yaml")
+    cell = next(c for c in t.cells if c.config_label == "mxfp4[dgrad,wgrad]+sr+rht64/bf16")
+    r = cell.config.recipe
+    assert r.fprop.high_precision
+    for g in (r.dgrad, r.wgrad):
+        assert g.hadamard is not None and g.hadamard.size == 64 and g.hadamard.signs == "random"
+        assert g.a is not None and g.a.rounding == "sr" and g.a.format == "mxfp4"
+
+
+def test_quickstart_is_the_issue_grid():
+    s = load_study(ROOT / "studies" / "quickstart.yaml")
+    assert {c.config_label for c in s.cells} == {
+        "bf16",
+        "fp8",
+        "mxfp4[fprop]/fp8",
+        "mxfp4[fprop,dgrad]/fp8",
+        "mxfp4[fprop,dgrad,wgrad]/fp8",
+        "mxfp4[fprop,dgrad,wgrad]+sr/fp8",
+        "mxfp4[fprop,dgrad,wgrad]+rht16/fp8",
+        "mxfp4[fprop,dgrad,wgrad]+dht16/fp8",
+    }
+    assert {c.seed for c in s.cells} == {0, 1}
+
+
+def test_json_schema_describes_the_study():
+    sch = json_schema()
+    assert {"name", "base", "grid", "exclude", "baseline", "target"} <= set(sch["properties"])
+    assert sch["additionalProperties"] is False
+
+
+def test_probes_are_off_by_default_reach_every_cell_and_leave_keys_alone():
+    grid = {"fp4_gemms": [[], ["wgrad"]], "seed": [0, 1]}
+    plain = study(grid=grid)
+    assert all(c.config.probe is None for c in plain.cells)
+    probed = study(grid=grid, probe={"every": 5, "gemms": ["wgrad", "dgrad"], "layers": [0, 3]})
+    assert [c.key for c in probed.cells] == [c.key for c in plain.cells]
+    for c in probed.cells:
+        assert c.config.probe is not None and c.config.probe.every == 5
+        assert c.config.probe.layers == [0, 3] and c.config.probe.gemms == ["wgrad", "dgrad"]
+        assert c.config.to_dict()["probe"]["every"] == 5  # what a Ray task carries
+    d = study(grid=grid, probe={}).cells[0].config.probe
+    assert d is not None and (d.every, d.batches, d.gemms, d.layers, d.repeats, d.window) == (
+        10, 1, ["wgrad"], "all", 2, 4
+    )  # fmt: skip
+
+
+def test_scale_mode_as_an_axis_gives_each_cell_its_own_label():
+    # it used to collide (the label ignored the scale mode) and validation refused the study
+    study = parse_study(
+        {
+            "name": "sm",
+            "base": {"model": {"preset": "tiny"}, "fp4_gemms": ["fprop"]},
+            "grid": {"scale_mode": ["floor", "ceil"], "seed": [0]},
+        }
+    )
+    labels = [c.label for c in study.cells]
+    assert labels == ["mxfp4[fprop]/bf16/scale_mode=floor", "mxfp4[fprop]/bf16/scale_mode=ceil"]
+
+
+def test_baseline_extend_trains_the_baseline_on_past_the_budget_under_its_own_keys():
+    grid = {"fp4_gemms": [[], ["fprop"]], "seed": [0, 1]}
+    plain = study(grid=grid, baseline={"fp4_gemms": []})
+    longer = study(grid=grid, baseline={"fp4_gemms": []}, baseline_extend=0.5)
+    keys = {c.label: c.key for c in plain.cells}
+    for c in longer.cells:
+        t = c.config.train
+        if c.baseline:  # 5 steps on the schedule, then ceil(2.5) = 3 more at its final rate
+            assert (t.steps, t.schedule_steps, c.extra_steps) == (8, 5, 3)
+            assert c.key != keys[c.label] and "3 past the budget of 5" in c.role
+        else:  # every other cell is the cell it was: same config, same key, same results
+            assert (t.steps, t.schedule_steps, c.extra_steps) == (5, None, 0)
+            assert c.key == keys[c.label] and c.role == "baseline"
+    assert "trains 8 steps, 1.60x the budget of 5" in (longer.extension_note or "")
+    assert plain.extension_note is None
+
+
+def test_an_error_in_every_cell_is_said_once_and_a_combinations_error_names_its_cell(tmp_path):
+    base = {"device": "cpu", "model": {"preset": "tiny"}, "data": {"val_tokens": 4096}}
+    every = {"name": "s", "base": base | {"train": {"seq_len": 512}}, "grid": {"seed": [0, 1]}}
+    with pytest.raises(SpecError) as e:
+        parse_study(every, output=tmp_path)
+    assert e.value.errors == [
+        "train.seq_len: 512 is longer than the model supports (model.max_seq_len = 256); shorten "
+        "it or raise model.max_seq_len (in every cell)"
+    ]
+    some = {"name": "s", "base": base, "grid": {"train.seq_len": [128, 512]}}
+    with pytest.raises(SpecError) as e:
+        parse_study(some, output=tmp_path)
+    assert len(e.value.errors) == 1
+    assert e.value.errors[0].startswith("cell {train.seq_len: 512}: train.seq_len: 512 is longer")
+    assert e.value.errors[0].endswith("drop impossible cells with `exclude`")

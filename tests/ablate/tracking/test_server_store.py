@@ -1,0 +1,118 @@
+"""A study tracked by a real ``mlflow server`` (its own SQLite store, ``--artifacts-destination``)
+on a free loopback port: the artifacts go through the server into its destination, not into a
+folder on the driver."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from test_runner import tiny_study
+
+from ablate.driver.runner import run_study
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def mlflow_server(root: Path) -> Iterator[tuple[str, Path]]:
+    """A real ``mlflow server`` (one worker, job execution off) on a free loopback port, its store
+    ``root/server.db`` and its artifacts destination ``root/served``; yields (its URI, the
+    destination). Stopped by ending its own process group."""
+    port = _free_port()
+    exe = Path(sys.executable).with_name("mlflow")
+    served = root / "served"
+    cmd = [str(exe), "server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
+           "--artifacts-destination", str(served), "--host", "127.0.0.1", "--port", str(port),
+           "--workers", "1", "--uvicorn-opts", "--no-access-log"]  # fmt: skip
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    log = open(root / "server.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the MLflow server did not answer in 120 s"
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(uri + "/health", timeout=2).close()
+                break
+            time.sleep(0.25)
+        yield uri, served
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    with mlflow_server(tmp_path_factory.mktemp("server")) as found:
+        yield found
+
+
+@pytest.mark.slow
+def test_artifacts_of_a_server_tracked_study_land_in_the_servers_destination(
+    server, tmp_path, monkeypatch
+):
+    uri, served = server
+    monkeypatch.chdir(tmp_path)  # nothing may land in the working directory either
+    study = tiny_study(tmp_path, steps=2, seed=[0])
+    study.spec.tracking.uri = uri
+    res = run_study(study, executor="local", progress=False)
+    assert [o.status for o in res.outcomes.values()] == ["finished"]
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(study.name)
+    assert exp is not None and exp.artifact_location.startswith("mlflow-artifacts:/")
+    cell = res.run_ids[study.cells[0].key]
+    # on the server's disk, under its destination: <experiment>/<run>/artifacts/...
+    config = served / exp.experiment_id / cell / "artifacts" / "config.json"
+    assert config.is_file() and '"steps": 2' in config.read_text()
+    spec = served / exp.experiment_id / res.parent_run_id / "artifacts" / "study.yaml"
+    assert spec.read_text() == "# test study\n"
+    assert not (study.output_dir / "artifacts").exists()
+    assert not (tmp_path / "mlruns").exists() and not (tmp_path / "mlartifacts").exists()
+    # and read back through the server, as `report` reads the study's text
+    from ablate.tracking import read_study_text
+
+    assert read_study_text(uri, study.name) == "# test study\n"
+
+
+@pytest.mark.slow
+def test_the_driver_lock_works_through_the_server(server):
+    from ablate.errors import RunnerError
+    from ablate.tracking import StudyTracker
+
+    uri, _ = server
+    tracker = StudyTracker(uri, "locked")
+    with tracker.driver_lock("run", command="ablate run", output="/runs/a", error=RunnerError):
+        with pytest.raises(RunnerError, match="output folder /runs/a, since"):
+            tracker.driver_lock(
+                "run", command="ablate run", output="/runs/b", error=RunnerError
+            ).acquire()
+        assert [h.output for h in tracker.drivers("run")] == ["/runs/a"]
+    assert tracker.drivers("run") == []
+    tags = MlflowClient(tracking_uri=uri).get_experiment(tracker.experiment_id).tags
+    assert not [k for k in tags if k.startswith("ablate.driver.")]  # deleted through the server

@@ -1,0 +1,413 @@
+"""``ablate tune`` on real Optuna and real MLflow (SQLite under tmp_path): searches finish, the two
+stores agree, a second invocation continues, diverged and failed trials are recorded and the
+search goes on, bad search spaces are refused before anything is written, best.yaml plugs into a
+study."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+
+from ablate.cli import main
+from ablate.driver.planning import plan
+from ablate.errors import SpecError, TuneError
+from ablate.spec import Study, parse_study
+from ablate.spec.tune import plan_searches
+from ablate.tune import optuna_name, run_tune, storage_url, tune_summary
+
+TRAIN = {
+    "steps": 4,
+    "batch_size": 4,
+    "seq_len": 32,
+    "eval_every": 2,
+    "warmup_steps": 1,
+    "eval_batches": 2,
+}
+
+
+def raw_study(name: str = "tn", train: dict[str, Any] | None = None, **tune: Any) -> dict:
+    return {
+        "name": name,
+        "base": {
+            "model": {"preset": "tiny"},
+            "data": {"val_tokens": 4096},
+            "train": {**TRAIN, **(train or {})},
+        },
+        "grid": {"fp4_gemms": [[], ["fprop", "dgrad", "wgrad"]], "seed": [0, 1]},
+        "tune": {
+            "per": ["fp4_gemms"],
+            "trials": 3,
+            "sampler": {"seed": 0, "startup_trials": 2},
+            "space": {
+                "train.lr": {"low": 1.0e-3, "high": 1.0e-2, "log": True},
+                "train.warmup_steps": {"low": 0, "high": 2},
+            },
+            **tune,
+        },
+    }
+
+
+def optuna_studies(study: Study) -> dict[str, optuna.Study]:
+    storage = storage_url(study)
+    return {
+        s.label: optuna.load_study(study_name=optuna_name(study, s), storage=storage)
+        for s in plan_searches(study.spec.tune, study)  # type: ignore[arg-type]
+    }
+
+
+def trial_runs(study: Study) -> dict[tuple[str, int], Any]:
+    """(search, trial number) -> the MLflow run."""
+    client = MlflowClient(tracking_uri=study.tracking_uri)
+    exp = client.get_experiment_by_name(study.name)
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id], "tags.`ablate.role` = 'trial'")
+    return {(r.data.tags["ablate.search"], int(r.data.tags["ablate.trial"])): r for r in runs}
+
+
+def final_val_loss(study: Study, run_id: str) -> float:
+    history = MlflowClient(tracking_uri=study.tracking_uri).get_metric_history(run_id, "val_loss")
+    return max(history, key=lambda m: m.step).value
+
+
+# --- bad search spaces -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("space", "where"),
+    [
+        (
+            {"train.lr": {"low": 1.0e-2, "high": 1.0e-3}},
+            "tune.space.train.lr.low: 0.01 is not below",
+        ),
+        ({"train.lr": {"low": 0.0, "high": 1.0e-2, "log": True}}, "tune.space.train.lr.low: a log"),
+        (
+            {"train.lrate": {"low": 1e-4, "high": 1e-2}},
+            "tune.space.train.lrate: train has no field",
+        ),
+        ({"intervention": {"choices": []}}, "tune.space.intervention.choices: empty"),
+        ({"intervention": {"choices": ["none", "dth"]}}, "tune.space.intervention.choices[1]:"),
+        (
+            {"train.lr": {"low": -1.0, "high": 1.0e-2}},
+            "tune.space.train.lr.low: must be a positive",
+        ),
+        (
+            {"train.warmup_steps": {"low": 0.5, "high": 4}},
+            "warmup_steps.low: 0.5 is not an integer",
+        ),
+        ({"train.lr": {"high": 1.0e-2}}, "tune.space.train.lr.low: required"),
+        ({"fp4_gemms": {"choices": [["wgrad"]]}}, "tune.space.fp4_gemms: also in tune.per"),
+        ({"seed": {"low": 0, "high": 3}}, "tune.space.seed: seed is not a hyperparameter"),
+    ],
+)
+def test_a_bad_search_space_is_refused_naming_its_yaml_path(tmp_path, space, where):
+    raw = raw_study()
+    raw["tune"]["space"] = space
+    with pytest.raises(SpecError) as e:
+        parse_study(raw, output=tmp_path / "out")
+    assert where in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_rest_of_a_bad_tune_section_is_refused_naming_its_yaml_path(tmp_path):
+    raw = raw_study(
+        per=["fp4_gemm"],
+        objective="tokens_to_target",
+        pruner={"kind": "threshold"},
+        enqueue=[{"train.lr": 1.0}],
+    )
+    with pytest.raises(SpecError) as e:
+        parse_study(raw, output=tmp_path / "out")
+    msg = str(e.value)
+    assert "tune.per[0]: 'fp4_gemm' is not an axis of this study" in msg
+    assert "tune.objective: tokens_to_target needs the study's target" in msg
+    assert "tune.pruner.max_val_loss: the threshold pruner needs a positive ceiling" in msg
+    raw = raw_study(enqueue=[{"train.lr": 1.0, "train.wd": 0.1}], trials=0)
+    with pytest.raises(SpecError) as e:
+        parse_study(raw, output=tmp_path / "out")
+    msg = str(e.value)
+    assert "tune.trials: Input should be greater than or equal to 1" in msg
+    raw = raw_study(enqueue=[{"train.lr": 1.0, "train.wd": 0.1}])
+    with pytest.raises(SpecError) as e:
+        parse_study(raw, output=tmp_path / "out")
+    assert "tune.enqueue[0].train.lr: 1.0 is outside [0.001, 0.01]" in str(e.value)
+    assert "tune.enqueue[0].train.wd: not in tune.space" in str(e.value)
+
+
+def test_cli_refuses_a_bad_tune_section_with_status_2_before_writing(tmp_path):
+    raw = raw_study()
+    raw["tune"]["space"]["train.lr"]["low"] = 0.0
+    raw["output"] = str(tmp_path / "out")
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(main, ["tune", str(path), "--executor", "local"])
+    assert res.exit_code == 2, res.output
+    assert "tune.space.train.lr.low: a log range must be positive" in res.output
+    del raw["tune"]
+    path.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(main, ["tune", str(path), "--executor", "local"])
+    assert res.exit_code == 2 and "has no tune: section" in res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_searches_split_the_cells_per_axis_and_start_from_the_lowest_seed(tmp_path):
+    s = parse_study(raw_study(), output=tmp_path)
+    searches = plan_searches(s.spec.tune, s)  # type: ignore[arg-type]
+    assert [x.label for x in searches] == ["bf16", "mxfp4[fprop,dgrad,wgrad]/bf16"]
+    assert [x.cell.seed for x in searches] == [0, 0]
+    assert searches[1].slug == "mxfp4-fprop-dgrad-wgrad-bf16"
+    one = parse_study(raw_study(per=[]), output=tmp_path)
+    assert [x.label for x in plan_searches(one.spec.tune, one)] == ["all"]  # type: ignore[arg-type]
+
+
+# --- a tiny search, end to end -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    """One MLflow store for the module's end-to-end studies (each has its own experiment and
+    output folder): creating a store takes seconds."""
+    return "sqlite:///" + str(tmp_path_factory.mktemp("mlflow") / "mlflow.db")
+
+
+def e2e_study(raw: dict[str, Any], store: str, output: Path) -> Study:
+    raw["tracking"] = {"uri": store}
+    return parse_study(raw, output=output, text="# tiny search\n")
+
+
+@pytest.fixture(scope="module")
+def searched(store, tmp_path_factory) -> dict[str, Any]:
+    """Two searches x 3 trials; a driver killed mid-trial; a second invocation up to 4 trials."""
+    study = e2e_study(raw_study(), store, tmp_path_factory.mktemp("searched") / "out")
+    first = run_tune(study, executor="local")
+    before = {k: (r.info.run_id, r.info.end_time) for k, r in trial_runs(study).items()}
+    # a driver killed while trial 3 of the bf16 search ran: Optuna has it RUNNING
+    killed = optuna_studies(study)["bf16"].ask()
+    second = run_tune(study, executor="local", trials=4)
+    return {
+        "study": study,
+        "first": first,
+        "second": second,
+        "before": before,
+        "killed": killed.number,
+    }
+
+
+@pytest.mark.slow
+def test_a_tiny_search_finishes_and_optuna_agrees_with_mlflow(searched):
+    study, first = searched["study"], searched["first"]
+    assert first.ran == 6 and not first.interrupted
+    assert {(r["search"], r["n_trials"]) for r in first.summary} == {
+        ("bf16", 3),
+        ("mxfp4[fprop,dgrad,wgrad]/bf16", 3),
+    }
+    runs = trial_runs(study)
+    for label, ostudy in optuna_studies(study).items():
+        for t in ostudy.get_trials():
+            if t.user_attrs.get("interrupted"):
+                continue
+            assert t.state == TrialState.COMPLETE
+            run = runs[(label, t.number)]
+            tags = run.data.tags
+            assert tags["ablate.label"] == f"{label}/trial{t.number}"
+            assert tags["ablate.status"] == "finished" and tags["ablate.tune_state"] == "COMPLETE"
+            assert t.value == final_val_loss(study, run.info.run_id) == float(tags["ablate.value"])
+            assert float(run.data.params["train.lr"]) == t.params["train.lr"]
+            assert tags["ablate.param.train.warmup_steps"] == str(t.params["train.warmup_steps"])
+            assert t.user_attrs["mlflow_run_id"] == run.info.run_id
+    # trials are invisible to `ablate run`: every cell still has to run
+    assert [p.action for p in plan(study)] == ["run"] * len(study.cells)
+
+
+@pytest.mark.slow
+def test_a_second_invocation_continues_the_searches(searched):
+    study, second = searched["study"], searched["second"]
+    studies = optuna_studies(study)
+    bf16 = {t.number: t for t in studies["bf16"].get_trials()}
+    killed = bf16[searched["killed"]]
+    assert killed.state == TrialState.FAIL and killed.user_attrs["reason"].startswith("interrupted")
+    assert sorted(bf16) == [0, 1, 2, 3, 4]  # numbers go on; the killed trial does not count
+    assert [t.number for t in studies["mxfp4[fprop,dgrad,wgrad]/bf16"].get_trials()] == [0, 1, 2, 3]
+    assert second.ran == 2
+    runs = trial_runs(study)
+    assert len(runs) == 8  # the killed trial never got a run
+    for key, (run_id, end_time) in searched["before"].items():
+        assert (runs[key].info.run_id, runs[key].info.end_time) == (run_id, end_time)
+    rows = {r["search"]: r for r in second.summary}
+    assert rows["bf16"]["complete"] == 4 and rows["bf16"]["n_trials"] == 5
+    for row in rows.values():
+        assert row["best_value"] == min(
+            t.value for t in studies[row["search"]].get_trials() if t.value is not None
+        )
+        assert set(row["importance"]) == {"train.lr", "train.warmup_steps"}  # 4 complete, 2 params
+    assert tune_summary(study) == second.summary
+
+
+@pytest.mark.slow
+def test_a_search_whose_space_or_start_changed_is_refused_not_mixed(searched):
+    study = searched["study"]
+    raw = raw_study(trials=6)
+    raw["tune"]["space"]["train.warmup_steps"] = {"choices": [0, 1]}
+    changed = e2e_study(raw, study.tracking_uri, study.output_dir)
+    with pytest.raises(TuneError, match=r"tune.space.train.warmup_steps: Cannot set different"):
+        run_tune(changed, executor="local")
+    raw = raw_study(trials=6, train={"steps": 5})
+    with pytest.raises(TuneError, match="its start configuration changed"):
+        run_tune(e2e_study(raw, study.tracking_uri, study.output_dir), executor="local")
+    assert sum(r["n_trials"] for r in tune_summary(study)) == 9  # nothing ran
+
+
+@pytest.mark.slow
+def test_best_yaml_plugs_into_a_study(searched, tmp_path):
+    study, second = searched["study"], searched["second"]
+    assert second.best_path == study.output_dir / "tune" / "best.yaml"
+    fragment = yaml.safe_load(second.best_path.read_text())
+    raw = raw_study(name="tuned")
+    del raw["tune"]
+    raw["grid"] = [{**entry, "seed": [0, 1]} for entry in fragment["grid"]]
+    tuned = parse_study(raw, output=tmp_path)
+    assert len(tuned.cells) == 4
+    for row in second.summary:
+        for c in tuned.cells:
+            if c.config.recipe.short() == row["search"]:
+                assert c.config.train.lr == row["best_params"]["train.lr"]
+                assert c.config.train.warmup_steps == row["best_params"]["train.warmup_steps"]
+
+
+@pytest.mark.slow
+def test_cli_tune_prints_the_best_parameters_per_search(searched, tmp_path):
+    study = searched["study"]
+    raw = raw_study(trials=4)
+    raw["output"] = str(study.output_dir)
+    raw["tracking"] = {"uri": study.tracking_uri}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(main, ["tune", str(path), "--executor", "local"])
+    assert res.exit_code == 0, res.output
+    assert "0 to run" in res.output
+    assert "bf16: 5 trials (4 complete, 0 pruned, 0 failed); best final_val_loss" in res.output
+
+
+# --- failing trials ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_diverged_and_invalid_trials_are_recorded_and_the_search_goes_on(store, tmp_path):
+    lr = {"choices": [3.0e-3, 50.0]}
+    raw = raw_study(
+        "failing",
+        per=[],
+        trials=3,
+        space={
+            "train.lr": lr,
+            "train.batch_size": {"choices": [4, 6]},
+            "train.grad_accum": {"choices": [1, 4]},  # each fine alone, 4 does not divide 6
+        },
+        enqueue=[
+            {"train.lr": 50.0, "train.batch_size": 4, "train.grad_accum": 1},  # diverges
+            {"train.lr": 3.0e-3, "train.batch_size": 6, "train.grad_accum": 4},  # invalid
+            {"train.lr": 3.0e-3, "train.batch_size": 4, "train.grad_accum": 1},
+        ],
+    )
+    raw["grid"] = {"fp4_gemms": [[]]}
+    study = e2e_study(raw, store, tmp_path / "out")
+    res = run_tune(study, executor="local")
+    assert res.ran == 3
+    trials = optuna_studies(study)["all"].get_trials()
+    runs = trial_runs(study)
+    diverged, invalid, good = trials
+    assert diverged.state == TrialState.PRUNED
+    assert diverged.user_attrs["reason"].startswith("diverged at step")
+    tags = runs[("all", 0)].data.tags
+    assert tags["ablate.status"] == "diverged" and tags["ablate.tune_state"] == "PRUNED"
+    assert tags["ablate.reason"] == diverged.user_attrs["reason"]
+    assert invalid.state == TrialState.FAIL and "grad_accum" in invalid.user_attrs["reason"]
+    assert runs[("all", 1)].data.tags["ablate.tune_state"] == "FAIL"
+    assert good.state == TrialState.COMPLETE and math.isfinite(good.value)
+    assert res.summary[0]["best_trial"] == 2
+
+
+@pytest.mark.slow
+def test_the_threshold_pruner_judges_a_local_trial_after_it_ends(store, tmp_path):
+    raw = raw_study("pruned", per=[], trials=1, pruner={"kind": "threshold", "max_val_loss": 1.0})
+    raw["grid"] = {"fp4_gemms": [[]]}
+    study = e2e_study(raw, store, tmp_path / "out")
+    run_tune(study, executor="local")
+    (t,) = optuna_studies(study)["all"].get_trials()
+    assert t.state == TrialState.PRUNED
+    assert t.user_attrs["reason"].startswith("pruned by the threshold pruner at step 0")
+    tags = trial_runs(study)[("all", 0)].data.tags
+    assert tags["ablate.status"] == "finished" and tags["ablate.tune_state"] == "PRUNED"
+    assert not (study.output_dir / "tune" / "all" / "trial0" / "checkpoint.pt").exists()
+
+
+@pytest.mark.slow
+def test_tokens_to_target_scores_reached_and_missed_targets(store, tmp_path):
+    tokens = TRAIN["steps"] * TRAIN["batch_size"] * TRAIN["seq_len"]
+    values = {}
+    # a perplexity target and a loss target (nats: log 1.01), as a study may write either
+    for name, target in (("reached", {"val_ppl": 200.0}), ("missed", {"val_loss": 0.00995})):
+        raw = raw_study(name, per=[], trials=1, objective="tokens_to_target")
+        raw.update(grid={"fp4_gemms": [[]]}, target=target)
+        study = e2e_study(raw, store, tmp_path / name)
+        res = run_tune(study, executor="local")
+        (t,) = optuna_studies(study)["all"].get_trials()
+        assert t.state == TrialState.COMPLETE and res.summary[0]["best_value"] == t.value
+        values[name] = (t.value, t.user_attrs["reached_target"])
+    assert 0 < values["reached"][0] <= tokens and values["reached"][1] is True
+    assert values["missed"] == (2 * tokens, False)  # NOT_REACHED_FACTOR x the trial's tokens
+
+
+def test_tokens_to_target_from_a_baseline_without_results_is_refused_before_writing(tmp_path):
+    raw = raw_study(objective="tokens_to_target")
+    raw["baseline"] = {"fp4_gemms": []}
+    study = parse_study(raw, output=tmp_path / "out")
+    with pytest.raises(
+        TuneError, match=r"derived from the baseline \(slowest\), but the study has no"
+    ):
+        run_tune(study, executor="local")
+    assert not (tmp_path / "out").exists()
+
+
+# --- Ray ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ray_cancels_a_trial_the_pruner_stops(store, tmp_path):
+    import ray
+
+    raw = raw_study("ray", per=[], trials=1, pruner={"kind": "threshold", "max_val_loss": 1.0})
+    raw["grid"] = {"fp4_gemms": [[]]}
+    raw["base"]["train"].update(steps=2000, eval_every=50)
+    study = e2e_study(raw, store, tmp_path / "out")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
+    try:
+        res = run_tune(study, executor="ray", poll_s=0.5)
+    finally:
+        ray.shutdown()
+    (t,) = optuna_studies(study)["all"].get_trials()
+    assert t.state == TrialState.PRUNED and "at step 0" in t.user_attrs["reason"]
+    run = trial_runs(study)[("all", 0)]
+    assert run.data.tags["ablate.status"] == "interrupted"
+    assert run.data.tags["ablate.tune_state"] == "PRUNED"
+    steps = MlflowClient(tracking_uri=study.tracking_uri).get_metric_history(
+        run.info.run_id, "train_loss"
+    )
+    assert max((m.step for m in steps), default=0) < 2000  # stopped, not run to its end
+    assert res.ran == 1
+
+
+def test_the_study_file_tune_lr_is_valid():
+    path = Path(__file__).resolve().parents[3] / "studies" / "tune_lr.yaml"
+    raw = yaml.safe_load(path.read_text())
+    study = parse_study(copy.deepcopy(raw), check_files=False)
+    searches = plan_searches(study.spec.tune, study)  # type: ignore[arg-type]
+    assert len(searches) == 2

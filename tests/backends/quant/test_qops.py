@@ -1,0 +1,82 @@
+"""The quantizer as opaque ops in a compiled model (``backends.quant.ops``): inside a traced function each
+quantization is one node (``ablate::quantize``, ``ablate::fake_quantize``), whose declared shapes,
+dtypes and strides are those of the tensors it returns, and whose bits are the eager quantizer's, for
+every format and option (the 2026 variants included); ``ABLATE_QUANT_OPS=0`` traces the arithmetic
+instead."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.quant import FORMATS, QTensor, QuantSpec, fake_quantize, quantize, sign_vector
+from backends.quant import ops as qops
+
+SPECS = [QuantSpec(format=f) for f in FORMATS]
+SPECS += [
+    QuantSpec(format="mxfp4", rounding="sr", prescale=True),
+    QuantSpec(format="nvfp4", rounding="sr"),
+    QuantSpec(format="nvfp4", block_rows=16),
+    QuantSpec(format="nvfp4", scale_rule="mse"),
+    QuantSpec(format="nvfp4", outer_block=128),
+    QuantSpec(format="nvfp4", rounding="eden"),
+]
+KEY = torch.tensor(1234, dtype=torch.int64)
+
+
+def _hadamard(spec: QuantSpec) -> tuple[int, torch.Tensor] | None:
+    if spec.rounding == "eden":  # MS-EDEN corrects its scales over the Hadamard group
+        return (128, sign_vector(128, 7))
+    return (16, sign_vector(16, 7)) if spec.format == "mxfp4" else None
+
+
+def _graph_ops(fn, *args) -> list[str]:
+    """The call_function targets of ``fn``'s Dynamo graph (aot_eager runs it)."""
+    seen: list[str] = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return seen
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.short())
+def test_a_traced_quantization_is_one_op_with_the_eager_bits(spec):
+    torch._dynamo.reset()
+    x = torch.randn(48, 256, generator=torch.Generator().manual_seed(0)) * 3
+    h = _hadamard(spec)
+    axis = 0 if spec.block_rows == 1 else 1  # a transposed view for the 1-D specs
+
+    def both(t, key):
+        q = qops.quantize(t, spec, axis, key, h)
+        v = qops.fake_quantize(t, spec, axis, key, torch.bfloat16, h)
+        return q, v
+
+    ops = _graph_ops(lambda t, k: both(t, k)[1] + 0, x, KEY)
+    assert (
+        ops.count("ablate.quantize.default") == 1 and ops.count("ablate.fake_quantize.default") == 1
+    )
+    assert not any("bitwise" in o or "rshift" in o for o in ops)  # no quantizer arithmetic traced
+    got_q, got_v = torch.compile(both, backend="aot_eager", fullgraph=True)(x, KEY)
+    ref_q, ref_v = (
+        quantize(x, spec, axis, KEY, h),
+        fake_quantize(x, spec, axis, KEY, torch.bfloat16, h),
+    )
+    torch.testing.assert_close(got_v, ref_v, rtol=0, atol=0, equal_nan=True)
+    assert isinstance(got_q, QTensor) and (got_q.axis, got_q.shape) == (ref_q.axis, ref_q.shape)
+    for f in qops._FIELDS:
+        a, b = getattr(got_q, f), getattr(ref_q, f)
+        assert (a is None) == (b is None), f
+        if a is not None:
+            torch.testing.assert_close(a, b.to(a.device), rtol=0, atol=0, equal_nan=True)
+
+
+def test_with_quant_ops_off_the_arithmetic_is_traced_into_the_graph(monkeypatch):
+    monkeypatch.setenv("ABLATE_QUANT_OPS", "0")
+    torch._dynamo.reset()
+    spec = QuantSpec(format="mxfp4", rounding="sr")
+    x = torch.randn(8, 64)
+    ops = _graph_ops(lambda t, k: qops.fake_quantize(t, spec, -1, k) + 0, x, KEY)
+    assert "ablate.fake_quantize.default" not in ops and len(ops) > 50
