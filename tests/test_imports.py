@@ -11,7 +11,10 @@
   ``__init__``s of ``spec`` and ``train`` name what they load on attribute access);
 - the MLflow tag vocabulary (``"ablate.<name>"``) is spelled only in ``ablate/tracking/vocab.py``;
 - no source file of ``ablate`` or ``backends`` is longer than one sitting (``MAX_LINES``): a new
-  concept goes into a new module.
+  concept goes into a new module;
+- no module imports another module's underscore names, nor reads them through the module
+  (``from m import _x``, ``m._x``): what two modules share is public in one of them;
+- ``ablate/``'s root holds at most ``MAX_ROOT_MODULES`` modules: the rest live in the rooms.
 
 Every check reads the source with ``ast``: a deferred import inside a function counts the same.
 """
@@ -26,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ablate", "backends")
 MAX_LINES = 550
+MAX_ROOT_MODULES = 6
 LONG_FOR_NOW: set[str] = set()  # a temporary exception (a file being split on its own branch)
 
 
@@ -285,3 +289,62 @@ def test_the_length_check_finds_a_long_file(tmp_path):
         f"backends/quant/csrc/k.c ({MAX_LINES + 9} lines)",
     ]
     assert _long_files(tmp_path, {"ablate/long.py", "backends/quant/csrc/k.c"}) == []
+
+
+def _private_uses(path: Path, modules: set[str]) -> list[str]:
+    """``from m import _x`` and ``m._x`` in ``path``, for project modules ``m`` (dunders aside)."""
+    tree = ast.parse(path.read_text())
+    bound: dict[str, str] = {}  # local name -> the project module it is
+    out = []
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] not in PACKAGES:
+                continue
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if private(a.name):
+                    out.append(f"{path.name}:{node.lineno} imports {full}")
+                elif full in modules:
+                    bound[a.asname or a.name] = full
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in PACKAGES and a.asname:
+                    bound[a.asname] = a.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in bound
+            and private(node.attr)
+        ):
+            out.append(f"{path.name}:{node.lineno} reads {bound[node.value.id]}.{node.attr}")
+    return out
+
+
+def test_no_module_uses_another_modules_private_names():
+    modules = set(_modules())
+    found = [u for path in _modules().values() for u in _private_uses(path, modules)]
+    assert not found, "make them public where they are shared: " + "; ".join(found)
+
+
+def test_the_private_name_check_finds_both_forms(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(
+        "from ablate.train.loop import _build, train\n"
+        "from ablate.report import plots\n"
+        "plots._legend(None)\nplots.__name__\n"
+    )
+    found = _private_uses(f, {"ablate.report.plots", "ablate.train.loop"})
+    assert found == [
+        "m.py:1 imports ablate.train.loop._build",
+        "m.py:3 reads ablate.report.plots._legend",
+    ]
+
+
+def test_the_root_of_ablate_holds_a_handful_of_modules():
+    root = sorted(p.name for p in (ROOT / "ablate").glob("*.py") if p.name != "__init__.py")
+    assert len(root) <= MAX_ROOT_MODULES, f"ablate/ holds {root}: move them into their rooms"

@@ -177,7 +177,7 @@ def loader_share(steps: int = 20) -> dict[str, Any]:
     from ablate.model import ModelConfig
     from ablate.train.config import RunConfig, TrainConfig
     from ablate.train.logger import NullLogger
-    from ablate.train.loop import _build
+    from ablate.train.loop import build_run
     from ablate.train.state import TrainState
 
     cfg = RunConfig(
@@ -186,7 +186,7 @@ def loader_share(steps: int = 20) -> dict[str, Any]:
         train=TrainConfig(steps=10**6, batch_size=8, seq_len=128, warmup_steps=2, compile=False),
         device="cpu",
     )
-    run = _build(cfg, NullLogger(), None)
+    run = build_run(cfg, NullLogger(), None)
     run.model.train()
     state = TrainState()
     for _ in range(3):

@@ -45,7 +45,7 @@ import torch
 from ablate.bench import numerics as bench
 from ablate.bench import train as train_bench
 from ablate.train.config import Compile, resolved_compile
-from ablate.train.loop import _Run
+from ablate.train.loop import Run
 from ablate.train.state import TrainState
 from backends.gemm.native import device_arch
 
@@ -95,7 +95,7 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
-def profile(run: _Run, state: TrainState, steps: int, step_ms: float, top: int = 15) -> dict:
+def profile(run: Run, state: TrainState, steps: int, step_ms: float, top: int = 15) -> dict:
     """``torch.profiler`` over ``steps`` optimizer steps of a warm ``run``: the ``top`` kernels by
     device time (CUDA; on the CPU, aten ops by self CPU time) with calls, total ms and % of the
     ``steps`` x ``step_ms`` the steps take untraced; the device time per kind of kernel; and the
@@ -183,7 +183,7 @@ def measure(
     prof_preset = "125m" if "125m" in presets else presets[-1]
     profiles: list[dict[str, Any]] = []
 
-    def after(row: dict[str, Any], run: _Run, state: TrainState) -> None:
+    def after(row: dict[str, Any], run: Run, state: TrainState) -> None:
         if profile_steps and row["preset"] == prof_preset and row["recipe"] == "mxfp4":
             try:
                 profiles.append(profile(run, state, profile_steps, row["step_ms"]))

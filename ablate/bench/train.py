@@ -44,7 +44,7 @@ from ablate.train.config import (
 )
 from ablate.train.device import resolve_device
 from ablate.train.logger import NullLogger
-from ablate.train.loop import _build, _Run
+from ablate.train.loop import Run, build_run
 from ablate.train.state import TrainState
 from backends.gemm import UnsupportedFormatError, get_backend
 from backends.recipes import GEMMS, Recipe
@@ -113,13 +113,13 @@ def run_config(
     )
 
 
-def build(cfg: RunConfig) -> _Run:
+def build(cfg: RunConfig) -> Run:
     """The trainer's model, optimizer and data for ``cfg``, in training mode. A fresh compile: the
     previous runs' compiled graphs are dropped (each model would otherwise count as a recompile of
     the same code, and past Dynamo's limit run eagerly)."""
     if resolved_compile(cfg.train.compile, resolve_device(cfg.device).type):
         torch._dynamo.reset()
-    run = _build(cfg, NullLogger(), None)
+    run = build_run(cfg, NullLogger(), None)
     run.model.train()
     return run
 
@@ -129,7 +129,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_steps(run: _Run, state: TrainState, warmup: int, steps: int) -> list[float]:
+def time_steps(run: Run, state: TrainState, warmup: int, steps: int) -> list[float]:
     """ms per step of each block of ``train.log_every`` steps (the last block may be shorter),
     after ``warmup`` steps; the device is synchronized at each block's end, as the trainer waits for
     it at each read."""
@@ -150,7 +150,7 @@ def time_steps(run: _Run, state: TrainState, warmup: int, steps: int) -> list[fl
     return out
 
 
-def _timed(cfg: RunConfig, warmup: int, steps: int) -> tuple[_Run, TrainState, list[float]]:
+def _timed(cfg: RunConfig, warmup: int, steps: int) -> tuple[Run, TrainState, list[float]]:
     run = build(cfg)
     state = TrainState()
     return run, state, time_steps(run, state, warmup, steps)
@@ -168,7 +168,7 @@ def measure(
     warmup: int = 2,
     vocab: dict[str, int | None] | None = None,
     skip: dict[str, str] | None = None,
-    after: Callable[[dict[str, Any], _Run, TrainState], None] | None = None,
+    after: Callable[[dict[str, Any], Run, TrainState], None] | None = None,
     keep_going: bool = False,
     checkpointing: Checkpointing = "none",
 ) -> list[dict[str, Any]]:

@@ -175,7 +175,7 @@ class ModelConfig:
             m,
             vocab_size=vocab,
             n_kv_heads=m.n_kv_heads if m.n_kv_heads is not None else m.n_heads,
-            head_dim=m.head_dim or _need(m.dim) // _need(m.n_heads),
+            head_dim=m.head_dim or resolved_int(m.dim) // resolved_int(m.n_heads),
             rope_theta=float(
                 m.rope_theta if m.rope_theta is not None else _FALLBACKS["rope_theta"]
             ),
@@ -223,7 +223,7 @@ PRESETS: dict[str, ModelConfig] = {
 # fmt: on
 
 
-def _need(v: int | float | bool | None) -> int:
+def resolved_int(v: int | float | bool | None) -> int:
     """A field of a resolved config (narrows ``int | None`` for the type checker)."""
     if v is None:
         raise ValueError("ModelConfig is not resolved; call cfg.resolved(vocab_size) first")
@@ -233,17 +233,17 @@ def _need(v: int | float | bool | None) -> int:
 def head_widths(c: ModelConfig) -> tuple[int, int]:
     """(Q, KV) of a resolved config: the widths of the queries (n_heads x head_dim; C unless
     ``model.head_dim`` says otherwise) and of the keys and values (n_kv_heads x head_dim each)."""
-    hd = _need(c.head_dim)
-    return _need(c.n_heads) * hd, _need(c.n_kv_heads) * hd
+    hd = resolved_int(c.head_dim)
+    return resolved_int(c.n_heads) * hd, resolved_int(c.n_kv_heads) * hd
 
 
 def block_linear_params(c: ModelConfig) -> int:
     """Weights of one block's linears (wq, wo, wk, wv, w1, w2, w3) of a resolved config."""
-    dim, ffn, (q, kv) = _need(c.dim), _need(c.ffn_dim), head_widths(c)
+    dim, ffn, (q, kv) = resolved_int(c.dim), resolved_int(c.ffn_dim), head_widths(c)
     return 2 * dim * q + 2 * dim * kv + 3 * dim * ffn
 
 
-def _need_f(v: float | None) -> float:
+def resolved_float(v: float | None) -> float:
     if v is None:
         raise ValueError("ModelConfig is not resolved; call cfg.resolved(vocab_size) first")
     return float(v)

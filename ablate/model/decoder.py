@@ -29,10 +29,10 @@ from torch import nn
 from ablate.model.config import (
     PRESETS,
     ModelConfig,
-    _need,
-    _need_f,
     block_linear_params,
     head_widths,
+    resolved_float,
+    resolved_int,
 )
 from ablate.model.hf import HFCausalLM, build_hf_model
 from ablate.model.recompute import CheckpointedBlock
@@ -88,11 +88,11 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         dim, self.n_heads, self.n_kv_heads = (
-            _need(cfg.dim),
-            _need(cfg.n_heads),
-            _need(cfg.n_kv_heads),
+            resolved_int(cfg.dim),
+            resolved_int(cfg.n_heads),
+            resolved_int(cfg.n_kv_heads),
         )
-        self.head_dim = _need(cfg.head_dim)
+        self.head_dim = resolved_int(cfg.head_dim)
         self.wq = nn.Linear(dim, self.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=False)
@@ -133,9 +133,9 @@ class Block(CheckpointedBlock):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        dim, eps = _need(cfg.dim), _need_f(cfg.norm_eps)
+        dim, eps = resolved_int(cfg.dim), resolved_float(cfg.norm_eps)
         self.attention = Attention(cfg)
-        self.feed_forward = FeedForward(dim, _need(cfg.ffn_dim))
+        self.feed_forward = FeedForward(dim, resolved_int(cfg.ffn_dim))
         self.attention_norm = RMSNorm(dim, eps)
         self.ffn_norm = RMSNorm(dim, eps)
 
@@ -155,10 +155,10 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         cfg = self.cfg = cfg.resolved()  # a no-op copy when already resolved
-        dim, vocab = _need(cfg.dim), _need(cfg.vocab_size)
+        dim, vocab = resolved_int(cfg.dim), resolved_int(cfg.vocab_size)
         self.tok_embeddings = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(_need(cfg.n_layers)))
-        self.norm = RMSNorm(dim, _need_f(cfg.norm_eps))
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(resolved_int(cfg.n_layers)))
+        self.norm = RMSNorm(dim, resolved_float(cfg.norm_eps))
         # high precision by its name: convert_model excludes "lm_head" (logits feed the softmax)
         self.lm_head = nn.Linear(dim, vocab, bias=False)
         self.tie_weights()
@@ -174,7 +174,9 @@ class Transformer(nn.Module):
 
     def _rope(self) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cfg
-        return rope_tables(_need(c.head_dim), _need(c.max_seq_len), _need_f(c.rope_theta))
+        return rope_tables(
+            resolved_int(c.head_dim), resolved_int(c.max_seq_len), resolved_float(c.rope_theta)
+        )
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
@@ -185,7 +187,7 @@ class Transformer(nn.Module):
         does not grow with depth (GPT-2); RMSNorm weights: ones. Draws come from ``generator`` (on the
         parameters' device), or from the global RNG when None.
         """
-        std, n_layers = 0.02, _need(self.cfg.n_layers)
+        std, n_layers = 0.02, resolved_int(self.cfg.n_layers)
         out_std = std / math.sqrt(2 * n_layers)
         nn.init.normal_(self.tok_embeddings.weight, 0.0, std, generator=generator)
         for layer in self.layers:
@@ -210,7 +212,7 @@ class Transformer(nn.Module):
         if tokens.dim() != 2:
             raise ValueError(f"tokens: expected shape (batch, seq_len), got {tuple(tokens.shape)}")
         t = tokens.shape[1]
-        max_len = _need(self.cfg.max_seq_len)
+        max_len = resolved_int(self.cfg.max_seq_len)
         if t > max_len:
             raise ValueError(
                 f"seq_len: {t} exceeds model.max_seq_len {max_len}; shorten the sequences "
@@ -299,9 +301,9 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> float:
     uses the preset default; pass ``cfg.resolved(tokenizer_vocab)`` for the exact figure.
     """
     c = cfg.resolved()
-    dim, n_layers, (q_dim, _) = _need(c.dim), _need(c.n_layers), head_widths(c)
-    n = n_layers * block_linear_params(c) + _need(c.vocab_size) * dim
-    t = seq_len if seq_len is not None else _need(c.max_seq_len)
+    dim, n_layers, (q_dim, _) = resolved_int(c.dim), resolved_int(c.n_layers), head_widths(c)
+    n = n_layers * block_linear_params(c) + resolved_int(c.vocab_size) * dim
+    t = seq_len if seq_len is not None else resolved_int(c.max_seq_len)
     return float(6 * n + 12 * n_layers * q_dim * t)
 
 

@@ -40,7 +40,7 @@ CELL_COLUMNS = (
 )  # fmt: skip
 EVAL_COLUMNS = ("key", "step", "tokens", "val_loss")
 STATUSES = ("finished", "diverged", "failed", "running", "interrupted", "pending")
-_CLEAN = "ablate.report.clean_evals"  # attrs flag: already de-duplicated, sorted, with ppl
+CLEAN = "ablate.report.clean_evals"  # attrs flag: already de-duplicated, sorted, with ppl
 
 
 def check_inputs(cells: Any, evals: Any) -> None:
@@ -86,7 +86,7 @@ def clean_evals(cells: Any, evals: Any) -> Any:
     with np.errstate(over="ignore", invalid="ignore"):
         ppl = np.where(np.isfinite(loss), np.exp(loss), np.inf)
     ev = ev.assign(tokens=tokens, val_loss=loss, ppl=ppl)
-    ev.attrs[_CLEAN] = True
+    ev.attrs[CLEAN] = True
     return ev
 
 

@@ -27,7 +27,7 @@ import pandas as pd
 from ablate.errors import ReportError
 from ablate.report.censored import NONE, Estimate, Seeds, relative_cost, tokens_estimate
 from ablate.report.equal_loss import ratio_at, ratio_curve, seed_offsets
-from ablate.report.inputs import _CLEAN, budget_steps, check_inputs, clean_evals, curves
+from ablate.report.inputs import CLEAN, budget_steps, check_inputs, clean_evals, curves
 from ablate.report.notes import (
     baseline_notes,
     config_notes,
@@ -79,7 +79,7 @@ def per_cell(cells: Any, evals: Any, target_ppl: float) -> Any:
     it ended and extended_crossing where it reached the target if only after the budget (NaN
     otherwise)."""
     check_inputs(cells, evals)
-    ev = evals if evals.attrs.get(_CLEAN) else clean_evals(cells, evals)
+    ev = evals if evals.attrs.get(CLEAN) else clean_evals(cells, evals)
     budget = budget_steps(cells)
     found: dict[str, dict[str, Any]] = {}
     for key, step, tok, ppl in curves(ev):
@@ -176,7 +176,7 @@ def baseline_curves(cells: Any, evals: Any) -> list[Curve]:
     """The baseline's finished, non-diverged seeds' validation curves (tokens, perplexity) up to the
     budget (a baseline trained past it: the end of its schedule), cut at the first non-finite
     evaluation: what a target derived from the baseline is computed from."""
-    ev = evals if evals.attrs.get(_CLEAN) else clean_evals(cells, evals)
+    ev = evals if evals.attrs.get(CLEAN) else clean_evals(cells, evals)
     budget = budget_steps(cells)
     late = cells["key"].map(budget).astype(float) < cells["diverged_at"].astype(float)
     done = (cells["status"] == "finished") | ((cells["status"] == "diverged") & late)

@@ -175,7 +175,7 @@ def _thin(n: int, limit: int = MAX_POINTS) -> np.ndarray:
     )
 
 
-def _legend(fig: Figure, handles: Sequence[Any], labels: Sequence[str]) -> None:
+def legend(fig: Figure, handles: Sequence[Any], labels: Sequence[str]) -> None:
     longest = max((len(s) for s in labels), default=0)
     ncol = 1 if longest > 60 else 2 if longest > 28 else 3
     fig.legend(
@@ -324,7 +324,7 @@ def plot_convergence(
     zoom = f" (from {late:.0%} of training)" if late is not None else ""
     if titles:
         ax.set_title((title + ": " if title else "") + f"validation perplexity{zoom}", fontsize=11)
-    _legend(fig, handles, labels)
+    legend(fig, handles, labels)
     return fig
 
 

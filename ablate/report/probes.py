@@ -153,7 +153,7 @@ def plot_metrics(config_table: Any, agg: Any, title: str = "", *, titles: bool =
             if i == len(rows) - 1:
                 ax.set_xlabel("step")
     if handles:
-        plots._legend(fig, list(handles.values()), list(handles))
+        plots.legend(fig, list(handles.values()), list(handles))
     if titles:
         fig.suptitle((title + ": " if title else "") + "gradient fidelity over training")
     return fig

@@ -54,7 +54,7 @@ from backends.recipes import (
     named_recipe,
 )
 from backends.recipes.named import USES_BASE
-from backends.recipes.recipe import _base_gemm
+from backends.recipes.recipe import base_gemm
 
 FormatName = Literal[
     "bf16", "mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2", "fp8_e4m3", "fp8_e5m2"
@@ -269,7 +269,7 @@ class GemmsSpec(BaseModel):
         gemms = {}
         for g in GEMMS:
             spec: _GemmSpec | None = getattr(self, g)
-            gemms[g] = _base_gemm(g, base) if spec is None else spec.build()
+            gemms[g] = base_gemm(g, base) if spec is None else spec.build()
         r = Recipe(fprop=gemms["fprop"], dgrad=gemms["dgrad"], wgrad=gemms["wgrad"])
         label = self.name
         if label is None and any(getattr(self, g) is None for g in GEMMS):

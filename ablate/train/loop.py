@@ -87,7 +87,7 @@ def train(
 ) -> RunResult:
     """Train one configuration; ``stop_after`` ends the run (status ``stopped``, checkpointed) once
     that many steps are done, as an interruption would."""
-    run = _build(config, logger if logger is not None else NullLogger(), stop_after)
+    run = build_run(config, logger if logger is not None else NullLogger(), stop_after)
     log, tc = run.log, config.train
     state = run.maybe_resume()
     if state.status in ("finished", "diverged"):
@@ -214,7 +214,7 @@ def evaluate(
 
 
 @dataclass(kw_only=True, slots=True)
-class _Run:
+class Run:
     """What ``train`` builds once for a configuration (model, optimizer, data, validation batches)
     and where it reports and checkpoints; its methods are the steps of the loop."""
 
@@ -352,7 +352,7 @@ class _Run:
         )
 
 
-def _build(config: RunConfig, log: Logger, stop_after: int | None) -> _Run:
+def build_run(config: RunConfig, log: Logger, stop_after: int | None) -> Run:
     """Check the arguments, load the data, build model and optimizer, and cut the validation set."""
     t_start = time.perf_counter()
     tc = config.train
@@ -399,7 +399,7 @@ def _build(config: RunConfig, log: Logger, stop_after: int | None) -> _Run:
             f"data.val_tokens: {data.val.numel()} held-out tokens make no validation batch of "
             f"{tc.batch_size} x {tc.seq_len}; raise data.val_tokens or lower the batch"
         )
-    return _Run(
+    return Run(
         config=config,
         log=log,
         device=device,

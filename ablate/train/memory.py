@@ -100,7 +100,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ablate.model import ModelConfig, num_params
-from ablate.model.config import _need, block_linear_params, head_widths
+from ablate.model.config import block_linear_params, head_widths, resolved_int
 from ablate.model.hf import qk_norm_bytes
 
 if TYPE_CHECKING:
@@ -116,10 +116,10 @@ _F32, _BF16, _I64 = 4, 2, 8
 def param_count(cfg: ModelConfig, vocab_size: int | None = None) -> int:
     """Parameters of ``cfg`` for a tokenizer of ``vocab_size`` tokens, from the shapes alone."""
     c = cfg.resolved(vocab_size)
-    dim, vocab = _need(c.dim), _need(c.vocab_size)
+    dim, vocab = resolved_int(c.dim), resolved_int(c.vocab_size)
     per_block = block_linear_params(c) + 2 * dim  # + attention_norm, ffn_norm
     head = 0 if c.tie_embeddings else vocab * dim
-    return vocab * dim + _need(c.n_layers) * per_block + dim + head
+    return vocab * dim + resolved_int(c.n_layers) * per_block + dim + head
 
 
 def activation_parts(
@@ -137,8 +137,8 @@ def activation_parts(
     ``checkpointing`` ``blocks``, ``blocks`` is each block's input (fp32, the residual stream), and
     ``recompute`` one block's activations, rebuilt in its backward. ``extra``: bytes per token and
     block that an architecture saves beyond these (``hf.qk_norm_bytes``: q/k norms)."""
-    dim, n_heads, ffn = _need(cfg.dim), _need(cfg.n_heads), _need(cfg.ffn_dim)
-    vocab = _need(cfg.vocab_size)
+    dim, n_heads, ffn = resolved_int(cfg.dim), resolved_int(cfg.n_heads), resolved_int(cfg.ffn_dim)
+    vocab = resolved_int(cfg.vocab_size)
     a = _BF16 if precision == "bf16" else _F32  # GEMM operands and outputs
     norm = 2 * dim * _F32 + _F32  # x and x / rms in fp32 (residual stream is fp32), 1 / rms
     # the norm's output as the linears' input: once in fp32; under autocast one bf16 cast per
@@ -153,11 +153,11 @@ def activation_parts(
     tokens = micro_batch * seq_len
     if checkpointing == "blocks":
         kept = {
-            "blocks": _need(cfg.n_layers) * dim * _F32 * tokens,
+            "blocks": resolved_int(cfg.n_layers) * dim * _F32 * tokens,
             "recompute": per_token_block * tokens,
         }
     else:
-        kept = {"blocks": _need(cfg.n_layers) * per_token_block * tokens}
+        kept = {"blocks": resolved_int(cfg.n_layers) * per_token_block * tokens}
     return kept | {
         "head": (norm + dim * a + vocab * _F32) * tokens,  # final norm, lm_head input, log-probs
         "tokens": tokens * _I64,
@@ -174,8 +174,8 @@ def evaluation_bytes(
     the fp32 log-probabilities."""
     tokens = micro_batch * seq_len
     parts = activation_parts(cfg, micro_batch, seq_len, precision, extra=extra)
-    one_block = parts["blocks"] // _need(cfg.n_layers)
-    vocab, dim = _need(cfg.vocab_size), _need(cfg.dim)
+    one_block = parts["blocks"] // resolved_int(cfg.n_layers)
+    vocab, dim = resolved_int(cfg.vocab_size), resolved_int(cfg.dim)
     logits = (_BF16 + 2 * _F32 if precision == "bf16" else 2 * _F32) * vocab
     return one_block + (logits + 2 * dim * _F32) * tokens
 
@@ -190,7 +190,11 @@ def _weight_extras(
     """(autocast weight copies, quantized-weight copies) in bytes. A checkpointed block saves
     neither (its casts and quantizations are recomputed): one block's are alive in its backward.
     With FSDP's bf16 all-gather the block linears make no copy: only the LM head's is left."""
-    dim, vocab, n_layers = _need(cfg.dim), _need(cfg.vocab_size), _need(cfg.n_layers)
+    dim, vocab, n_layers = (
+        resolved_int(cfg.dim),
+        resolved_int(cfg.vocab_size),
+        resolved_int(cfg.n_layers),
+    )
     kept_blocks = 1 if checkpointing == "blocks" else n_layers
     if all_gather == "bf16":
         kept_blocks = 0
@@ -201,7 +205,7 @@ def _weight_extras(
     if recipe is not None and not recipe.high_precision:
         from backends.layer.linear import shares_weight_quantization
 
-        ffn = _need(cfg.ffn_dim)
+        ffn = resolved_int(cfg.ffn_dim)
         q, kv = head_widths(cfg)
         shapes = {
             "attention": (dim * q, dim * kv, dim * kv, q * dim),
@@ -397,7 +401,7 @@ def fsdp_unsharded(cfg: ModelConfig, grad_accum: int, all_gather: str = "fp32") 
     fp32; with the bf16 ``all_gather`` the block linears' parameters in bf16, their gradients in
     bf16 plus the fp32 copy reduce-scattered."""
     del grad_accum  # every micro-batch is reduce-scattered: gradients accumulate sharded
-    dim, vocab = _need(cfg.dim), _need(cfg.vocab_size)
+    dim, vocab = resolved_int(cfg.dim), resolved_int(cfg.vocab_size)
     root = vocab * dim + dim + (0 if cfg.tie_embeddings else vocab * dim)  # embedding, norm, head
     linears, norms = block_linear_params(cfg), 2 * dim
     if all_gather == "bf16":

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from backends.quant import QuantSpec, ScaleMode
-from backends.recipes.recipe import BASE_FORMATS, GemmRecipe, HadamardSpec, Recipe, _base_gemm
+from backends.recipes.recipe import BASE_FORMATS, GemmRecipe, HadamardSpec, Recipe, base_gemm
 
 TE_WGRAD_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 """The sign vector TransformerEngine hard-codes for the NVFP4 wgrad RHT (``get_wgrad_sign_vector``
@@ -89,7 +89,7 @@ def tseng_mxfp4(base: str = "bf16") -> Recipe:
     rht = HadamardSpec(size=64, signs="random")
     back = GemmRecipe(a=q, b=q, hadamard=rht)
     return Recipe(
-        fprop=_base_gemm("fprop", base), dgrad=back, wgrad=back, label=f"tseng_mxfp4/{base}"
+        fprop=base_gemm("fprop", base), dgrad=back, wgrad=back, label=f"tseng_mxfp4/{base}"
     )
 
 

@@ -268,7 +268,7 @@ class Recipe:
                 spec = QuantSpec(format=fp4_format, scale_mode=ScaleMode(scale_mode))
                 r = GemmRecipe(a=spec, b=spec)
             else:
-                r = _base_gemm(g, base)
+                r = base_gemm(g, base)
             if g in targets and (sr or had):
                 if r.high_precision:
                     raise ValueError(
@@ -426,7 +426,7 @@ class Recipe:
         )
 
 
-def _base_gemm(gemm: str, base: str) -> GemmRecipe:
+def base_gemm(gemm: str, base: str) -> GemmRecipe:
     if base == "bf16":
         return _BF16
     if base == "fp8":  # the usual FP8 recipe: E4M3 for X and W, E5M2 for gradients

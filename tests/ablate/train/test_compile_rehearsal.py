@@ -46,7 +46,7 @@ from ablate.model import ModelConfig
 from ablate.train import RunConfig, TrainConfig
 from ablate.train.device import resolve_device
 from ablate.train.logger import NullLogger
-from ablate.train.loop import _build
+from ablate.train.loop import build_run
 from ablate.train.parallel import process_group
 from ablate.train.state import TrainState
 from backends import QuantLinear, Recipe, named_recipe
@@ -121,7 +121,7 @@ def _steps(
     losses, graphs = [], []
     breaks = sum(counters["graph_break"].values())
     with process_group(cfg, resolve_device(device)):
-        run = _build(cfg, NullLogger(), None)
+        run = build_run(cfg, NullLogger(), None)
         if name == "fp8_native" and device == "cpu":  # the CPU's _scaled_mm runs per-tensor FP8
             # (convert_model's check refuses native on a CPU, which has no device to check)
             for m in run.model.modules():

@@ -14,7 +14,7 @@ from ablate.train import RunConfig, train
 from ablate.train.config import TrainConfig, config_hash
 from ablate.train.device import resolve_device
 from ablate.train.logger import NullLogger
-from ablate.train.loop import _build
+from ablate.train.loop import build_run
 from ablate.train.parallel import process_group
 from ablate.train.state import TrainState
 from backends.recipes import GEMMS, Recipe
@@ -44,7 +44,7 @@ def _cfg(fused: bool | str, parallel: str = "none", steps: int = 4) -> RunConfig
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
 def test_a_step_with_a_non_finite_gradient_leaves_the_weights_as_they_were(fused):
-    run = _build(_cfg(fused), NullLogger(), None)
+    run = build_run(_cfg(fused), NullLogger(), None)
     assert bool(run.optimizer.defaults.get("fused")) is fused
     state = TrainState()
     run.optimizer_step(state)  # a finite step first: the optimizer state exists
