@@ -12,8 +12,10 @@ own) and the checks of its fields, each error naming its field.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
+
+from ablate.key import always, unless_default
 
 Corpus = Literal["builtin", "text", "jsonl", "parquet", "hf", "tokens"]
 TokenDtype = Literal["uint16", "uint32"]
@@ -71,16 +73,16 @@ class ValData:
     """``data.val``: a validation corpus of its own (e.g. C4's ``validation`` split), tokenized by
     the training data's tokenizer; its first ``data.val_tokens`` tokens are the validation set."""
 
-    corpus: Corpus
+    corpus: Corpus = field(metadata=always())
     """As ``data.corpus``: text, jsonl, parquet, hf, tokens (builtin: no separate split exists)."""
-    path: str | None = None
-    text_field: str = "text"
-    hf_dataset: str | None = None
-    hf_config: str | None = None
-    hf_split: str = "validation"
+    path: str | None = field(default=None, metadata=always())
+    text_field: str = field(default="text", metadata=always())
+    hf_dataset: str | None = field(default=None, metadata=always())
+    hf_config: str | None = field(default=None, metadata=always())
+    hf_split: str = field(default="validation", metadata=always())
     """For corpus ``hf``: the split to read (default ``validation``)."""
-    max_documents: int | None = None
-    token_dtype: TokenDtype = "uint16"
+    max_documents: int | None = field(default=None, metadata=always())
+    token_dtype: TokenDtype = field(default="uint16", metadata=always())
 
     def __post_init__(self) -> None:
         if self.corpus == "builtin":
@@ -95,37 +97,37 @@ class ValData:
 class DataConfig:
     """Where the training tokens come from, how they are split, and in what order they are seen."""
 
-    corpus: Corpus = "builtin"
+    corpus: Corpus = field(default="builtin", metadata=always())
     """``builtin``: Python's documentation and docstrings, no download. ``text``: ``.txt`` files, one
     document each. ``jsonl``: one JSON object per line. ``parquet``: a string column. ``hf``: a Hugging
     Face dataset. ``tokens``: pre-tokenized ``.bin`` shards of raw little-endian token ids."""
-    path: str | None = None
+    path: str | None = field(default=None, metadata=always())
     """A file, a directory (its files with the corpus's extension, not recursive) or a glob
     (``**`` recurses). Required for text/jsonl/parquet/tokens; files are read in name order."""
-    text_field: str = "text"
+    text_field: str = field(default="text", metadata=always())
     """The JSON field, Parquet column or dataset column holding the text (jsonl, parquet, hf)."""
-    hf_dataset: str | None = None
+    hf_dataset: str | None = field(default=None, metadata=always())
     """For corpus ``hf``: a hub name (``allenai/c4``) or a local directory written by
     ``Dataset.save_to_disk``."""
-    hf_config: str | None = None
+    hf_config: str | None = field(default=None, metadata=always())
     """For corpus ``hf``: the dataset configuration (``en`` for C4)."""
-    hf_split: str = "train"
+    hf_split: str = field(default="train", metadata=always())
     """For corpus ``hf``: the split to read."""
-    max_documents: int | None = None
+    max_documents: int | None = field(default=None, metadata=always())
     """Read at most this many documents (all corpora but ``tokens``); ``None`` reads them all."""
-    tokenizer: str = "byte"
+    tokenizer: str = field(default="byte", metadata=always())
     """``byte`` (UTF-8 bytes + EOS, vocab 257), the path of a Hugging Face ``tokenizer.json`` (or of
     a folder holding one), or a hub name such as ``meta-llama/Llama-3.1-8B`` (fetched once; gated
     models need ``HF_TOKEN``)."""
-    token_dtype: TokenDtype = "uint16"
+    token_dtype: TokenDtype = field(default="uint16", metadata=always())
     """Element type of the ``tokens`` shards; ``uint16`` holds vocabularies up to 65536."""
-    val_tokens: int = 65536
+    val_tokens: int = field(default=65536, metadata=always())
     """Size of the fixed validation set: the last ``val_tokens`` of the token stream, never trained
     on, or with ``val`` the first ``val_tokens`` of that corpus."""
-    val: ValData | None = None
+    val: ValData | None = field(default=None, metadata=unless_default())
     """A validation corpus of its own (``{corpus: hf, hf_dataset: allenai/c4, hf_config: en,
     hf_split: validation}``); then the whole training stream is trained on. None: the tail."""
-    data_seed: int = 0
+    data_seed: int = field(default=0, metadata=always())
     """Seed of the order of training batches; separate from the model initialization seed."""
 
     def __post_init__(self) -> None:

@@ -5,52 +5,62 @@ memory estimate and the FLOP count read; the modules that use it are in ``model`
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from ablate.model.hf import INITS, shape_fields
+from ablate.key import always, unless_default
+from ablate.model.hf import INITS, config_identity, shape_fields
 
 _SHAPE_FIELDS = ("dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len")
 # used when ``preset`` is None and the field is not given
 _FALLBACKS: dict[str, float] = {"rope_theta": 10_000.0, "norm_eps": 1e-5}
 
 
+def _identity(hf: str | None, model: ModelConfig, kind: str) -> str | None:
+    """An architecture in a cell's key: its config's contents, not its path."""
+    return None if hf is None else config_identity(hf)
+
+
+def _no_hf(model: ModelConfig, kind: str) -> bool:
+    return model.hf is None
+
+
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     """Shape of the decoder. Every field but ``preset`` defaults to None: "take it from the preset"."""
 
-    preset: str | None = "tiny"
+    preset: str | None = field(default="tiny", metadata=always())
     """One of ``PRESETS`` (tiny, small, 125m, 1b, llama3_8b), or None to give every shape field."""
-    dim: int | None = None
+    dim: int | None = field(default=None, metadata=always())
     """Model width C (embedding and residual stream)."""
-    n_layers: int | None = None
+    n_layers: int | None = field(default=None, metadata=always())
     """Number of transformer blocks."""
-    n_heads: int | None = None
+    n_heads: int | None = field(default=None, metadata=always())
     """Query heads; must divide ``dim``, and head_dim = dim / n_heads must be even (RoPE)."""
-    n_kv_heads: int | None = None
+    n_kv_heads: int | None = field(default=None, metadata=always())
     """Key/value heads (grouped-query attention); must divide ``n_heads``. None: the preset's, else
     ``n_heads`` (multi-head attention)."""
-    head_dim: int | None = None
+    head_dim: int | None = field(default=None, metadata=unless_default())
     """Width of each attention head; even (RoPE rotates pairs of channels). None: dim / n_heads
     (which must then divide). Queries are n_heads x head_dim wide, keys and values n_kv_heads x
     head_dim (Qwen3-0.6B: 16 heads of 128 at width 1024)."""
-    ffn_dim: int | None = None
+    ffn_dim: int | None = field(default=None, metadata=always())
     """Hidden width of the SwiGLU feed-forward (w1, w3: C -> ffn_dim; w2: ffn_dim -> C)."""
-    vocab_size: int | None = None
+    vocab_size: int | None = field(default=None, metadata=always())
     """Embedding rows. None: the tokenizer's vocabulary at build time (the preset's default only when
     no tokenizer is given, e.g. to count parameters). Must be >= the tokenizer's vocabulary."""
-    max_seq_len: int | None = None
+    max_seq_len: int | None = field(default=None, metadata=always())
     """Longest sequence; RoPE tables are precomputed for it."""
-    rope_theta: float | None = None
+    rope_theta: float | None = field(default=None, metadata=always())
     """RoPE base frequency (10000 for Llama 2 style, 500000 for Llama 3)."""
-    norm_eps: float | None = None
+    norm_eps: float | None = field(default=None, metadata=always())
     """RMSNorm epsilon."""
-    tie_embeddings: bool | None = None
+    tie_embeddings: bool | None = field(default=None, metadata=always())
     """Share the LM head's weight with the token embedding. None: the preset's, else False."""
-    hf: str | None = None
+    hf: str | None = field(default=None, metadata=unless_default(resolve=_identity))
     """A Hugging Face architecture instead of a preset: a ``config.json``, a local model folder or a
     hub name (``ablate.model.hf``; needs ``pip install 'ablate[hf]'``). Its config sets every shape."""
-    init: str = "random"
+    init: str = field(default="random", metadata=always(omit=_no_hf))
     """With ``hf``: ``random`` (transformers' initialization, from the seed) or ``pretrained`` (the
     folder's or hub model's weights, for continued-pretraining ablations)."""
 
@@ -83,11 +93,12 @@ class ModelConfig:
         self.preset = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a dict; ``hf``, ``init`` and ``head_dim`` only when set (keys as before)."""
+        """The fields as a dict (a run's ``config.json`` and params); ``hf``, ``init`` and
+        ``head_dim`` only when set."""
         d = asdict(self)
         if self.hf is None:
             del d["hf"], d["init"]
-        if self.head_dim is None:  # dim / n_heads: the key as before the field existed
+        if self.head_dim is None:  # dim / n_heads
             del d["head_dim"]
         return d
 

@@ -2,7 +2,7 @@
 
 Keys used to hash the resolved config without them (and with ``train.checkpoint_every``), so every
 cell of such a study has a new key now and would run again. ``adopt`` re-labels the old runs
-instead: each cell whose old key (``train.config.legacy_config_hash``) has a run and whose new key
+instead: each cell whose old key (``legacy_config_hash``) has a run and whose new key
 has none gets that run re-tagged with the new key (the old one kept as ``ablate.legacy_key``), and
 its checkpoint folder renamed and re-keyed, so ``ablate run`` skips or resumes it as before.
 Adopting asserts that those runs trained on the device kind and precision the study now resolves
@@ -15,11 +15,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ablate.key import digest
 from ablate.spec.study import Cell, Study
 from ablate.tracking import vocab
 from ablate.tracking.runs import StudyTracker
 from ablate.train.checkpoint import rekey_checkpoint
-from ablate.train.config import device_kind, legacy_config_hash, resolved_precision
+from ablate.train.config import RunConfig, device_kind, resolved_precision
+
+
+def legacy_config_hash(cfg: RunConfig) -> str:
+    """The key cells had before keys included the device kind and precision (and still counted
+    ``train.checkpoint_every``): what ``ablate adopt`` looks for in a study recorded then."""
+    d = cfg.to_dict()
+    for k in ("checkpoint_dir", "device"):
+        d.pop(k)
+    d.pop("data_cache", None)
+    d.pop("probe", None)
+    d["data"].pop("val")
+    for k in (
+        "compile", "fused_adamw", "log_every", "workers", "parallel", "schedule_steps",
+        "activation_checkpointing", "fsdp_all_gather",
+    ):  # fmt: skip
+        d["train"].pop(k)
+    return digest(d)
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,23 @@
 """Typed run configuration: what one cell of a study trains (``RunConfig``), and what it returns.
 
-``RunConfig`` = model + data + training loop + recipe + backend + seed. Every field is documented;
-``__post_init__`` validation raises ``ValueError`` naming the field (as its dotted path in a study,
-e.g. ``train.grad_accum``) and what would be right. ``to_dict``/``from_dict`` give the plain nested
-form that the study spec resolves into, MLflow records as params (``flatten``), and a cell's key
-hashes (``config_hash``).
+``RunConfig`` = model + data + training loop + recipe + backend + seed. Every field is documented
+and declares how it enters a cell's key (``ablate.key``: ``config_hash`` builds the key from those
+declarations); ``__post_init__`` validation raises ``ValueError`` naming the field (as its dotted
+path in a study, e.g. ``train.grad_accum``) and what would be right. ``to_dict``/``from_dict`` give
+the plain nested form that the study spec resolves into and MLflow records as params (``flatten``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from ablate.data import SEED_LIMIT, DataConfig
+from ablate.key import always, digest, key_fields, never, unless_default
 from ablate.model import PRESETS, ModelConfig
-from ablate.model.hf import check_config, config_identity
+from ablate.model.hf import check_config
 from backends.recipes import Recipe
 
 Precision = Literal["auto", "bf16", "fp32"]
@@ -30,78 +29,101 @@ Status = Literal["finished", "diverged", "stopped"]
 ProbeGemm = Literal["fprop", "dgrad", "wgrad"]
 
 
+# How the fields below enter a cell's key (``ablate.key``): the value the key holds on a device kind
+def _precision(v: Any, train: TrainConfig, kind: str) -> str:
+    return resolved_precision(v, kind)
+
+
+def _on(v: Any, train: TrainConfig, kind: str) -> bool:
+    return resolved_compile(v, kind)
+
+
+def _parallel(v: Any, train: TrainConfig, kind: str) -> str:
+    return train.resolved_parallel
+
+
+def _whole_schedule(train: TrainConfig, kind: str) -> bool:
+    return train.schedule_end == train.steps  # the whole run on its schedule
+
+
+def _one_process(train: TrainConfig, kind: str) -> bool:
+    return train.resolved_parallel == "none"
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """The optimization loop."""
 
-    steps: int = 200
+    steps: int = field(default=200, metadata=always())
     """Optimizer steps."""
-    batch_size: int = 16
+    batch_size: int = field(default=16, metadata=always())
     """Sequences per optimizer step (tokens per step = batch_size * seq_len)."""
-    grad_accum: int = 1
+    grad_accum: int = field(default=1, metadata=always())
     """Micro-batches per step; must divide batch_size."""
-    seq_len: int = 128
+    seq_len: int = field(default=128, metadata=always())
     """Tokens per sequence; at most the model's max_seq_len."""
-    lr: float = 3e-3
+    lr: float = field(default=3e-3, metadata=always())
     """Peak learning rate (AdamW)."""
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = field(default=0.1, metadata=always())
     """Cosine decay floor as a fraction of lr."""
-    warmup_steps: int = 20
+    warmup_steps: int = field(default=20, metadata=always())
     """Linear warmup steps (then cosine decay to min_lr_ratio * lr at the last step)."""
-    schedule_steps: int | None = None
+    schedule_steps: int | None = field(default=None, metadata=unless_default(omit=_whole_schedule))
     """Steps of the warmup + cosine schedule when the run trains past it (None: ``steps``): the
     first ``schedule_steps`` steps are exactly those of a run of that many steps, and the rest
     train at the schedule's final learning rate, min_lr_ratio * lr. A study's
     ``baseline_extend`` sets it on the baseline's cells; in the key only when below ``steps``."""
-    weight_decay: float = 0.1
+    weight_decay: float = field(default=0.1, metadata=always())
     """AdamW decoupled weight decay on matrices (not on norms and biases)."""
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0
+    beta1: float = field(default=0.9, metadata=always())
+    beta2: float = field(default=0.95, metadata=always())
+    eps: float = field(default=1e-8, metadata=always())
+    grad_clip: float = field(default=1.0, metadata=always())
     """Clip the global gradient norm to this value (0: no clipping)."""
-    eval_every: int = 20
+    eval_every: int = field(default=20, metadata=always())
     """Evaluate validation loss every N steps (also at step 0 and at the end)."""
-    eval_batches: int = 0
+    eval_batches: int = field(default=0, metadata=always())
     """Validation batches per evaluation (0: the whole held-out set)."""
-    checkpoint_every: int = 0
+    checkpoint_every: int = field(default=0, metadata=never())
     """Checkpoint every N steps (0: only at the end); needs RunConfig.checkpoint_dir."""
-    precision: Precision = "auto"
+    precision: Precision = field(default="auto", metadata=always(resolve=_precision))
     """bf16: autocast to bfloat16; fp32: none; auto: bf16 on CUDA devices that support it, else fp32."""
-    divergence_factor: float = 2.0
+    divergence_factor: float = field(default=2.0, metadata=always())
     """Diverged when the smoothed training loss exceeds this multiple of its best value."""
-    compile: Compile = "auto"
+    compile: Compile = field(default="auto", metadata=unless_default(resolve=_on, neutral=False))
     """torch.compile the model (forward and backward, quantizers included): true, false, or auto
-    (on for CUDA devices, off on the CPU, where the C kernel quantizes eagerly). A compiled run is
-    in its key (fused kernels round differently); an uncompiled one keeps the key it always had."""
-    fused_adamw: Compile = "auto"
+    (on for CUDA devices, off on the CPU, where the C kernel quantizes eagerly). A compiled run has
+    it in its key (fused kernels round differently); an uncompiled one leaves it out."""
+    fused_adamw: Compile = field(default="auto", metadata=unless_default(resolve=_on))
     """AdamW's fused kernel (one pass over all parameters; it skips a non-finite step on the
     device, with no host read): true, false, or auto (on for CUDA; off on the CPU, where the
     foreach kernels run). In the key when it differs from auto's choice for the device: it rounds
     differently from the foreach kernels (by one float32 ulp here and there)."""
-    log_every: int | None = None
+    log_every: int | None = field(default=None, metadata=never())
     """Read the steps' losses and gradient norms on the host (and log them) every N steps, and at
     evaluations, probes, checkpoints and the end; between those a GPU queues steps without waiting
     for them. The divergence guard checks every step, up to N - 1 steps late (a diverged run stops
     there). None: 1 on the CPU (reading costs nothing there), 10 on CUDA. Not in the key: the
     numbers are the same."""
-    workers: int = 1
+    workers: int = field(default=1, metadata=always(omit=_one_process))
     """Processes that train this run together (data parallel), each on its own device with
     batch_size / workers sequences of every step; a study sets it from ``resources.workers``. In
     the key when above 1 (each rank draws its own rounding noise: ``backends.layer.linear``)."""
-    parallel: Parallel = "auto"
+    parallel: Parallel = field(
+        default="auto", metadata=unless_default(resolve=_parallel, neutral="none")
+    )
     """How the workers share the model: ddp (each holds all of it; gradients all-reduced), fsdp
     (FSDP2 ``fully_shard`` per transformer block: parameters, gradients and optimizer state
     sharded), none (one process), or auto (ddp when workers > 1, else none). ddp or fsdp with one
     worker runs the distributed code path in a process group of one (``ablate.train.parallel``)."""
 
-    activation_checkpointing: Checkpointing = "none"
+    activation_checkpointing: Checkpointing = field(default="none", metadata=unless_default())
     """``blocks``: each transformer block's activations are recomputed in the backward instead of
     kept (``ablate.model.recompute``): the block's input is kept, and one block's activations are
     alive at a time. The recomputed forward draws the random streams of the original one, so a run
     is bit-identical with and without it (tested); in the key when on, so a grid can hold both."""
 
-    fsdp_all_gather: AllGather = "fp32"
+    fsdp_all_gather: AllGather = field(default="fp32", metadata=unless_default())
     """FSDP2's all-gather of the block linears' weights: fp32 (the master weights), or bf16: half
     the bytes, no autocast copy kept; needs bf16 precision, no compile; changes no number (tested
     bit-identical, ``ablate.train.parallel``). In the key when bf16."""
@@ -291,27 +313,37 @@ class ProbeConfig:
         }
 
 
+def _recipe(r: Recipe, run: RunConfig, kind: str) -> dict[str, Any]:
+    return r.to_dict()
+
+
+def _kind(v: str, run: RunConfig, kind: str) -> str:
+    return kind
+
+
 @dataclass(kw_only=True, slots=True)
 class RunConfig:
     """Everything one training run depends on."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    recipe: Recipe = field(default_factory=Recipe.bf16)
-    """Numerics of every block linear (see backends.recipes.recipe)."""
-    backend: str = "emulated"
+    model: ModelConfig = field(default_factory=ModelConfig, metadata=always())
+    data: DataConfig = field(default_factory=DataConfig, metadata=always())
+    train: TrainConfig = field(default_factory=TrainConfig, metadata=always())
+    recipe: Recipe = field(default_factory=Recipe.bf16, metadata=always(resolve=_recipe))
+    """Numerics of every block linear (see backends.recipes.recipe); in the key as its canonical
+    serialisation."""
+    backend: str = field(default="emulated", metadata=always())
     """GEMM backend: emulated (any device) or native (the hardware's FP8/FP4 GEMMs; see backends.gemm.native)."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=always())
     """Model initialization and stochastic-rounding seed (data order has its own data.data_seed)."""
-    device: str = "auto"
-    """cpu, cuda, cuda:N, or auto (cuda when available)."""
-    checkpoint_dir: str | None = None
+    device: str = field(default="auto", metadata=always(resolve=_kind, name="device_kind"))
+    """cpu, cuda, cuda:N, or auto (cuda when available). In the key as its kind (cpu, cuda), not
+    which device of that kind."""
+    checkpoint_dir: str | None = field(default=None, metadata=never())
     """Where checkpoints go; a run finding one there resumes from it."""
-    data_cache: str | None = None
+    data_cache: str | None = field(default=None, metadata=never())
     """The folder of prepared data (``ablate.data.prepared``; None: ``$ABLATE_DATA_CACHE``, else
     ``~/.cache/ablate/data``). Like ``checkpoint_dir``, not part of the run's key nor its params."""
-    probe: ProbeConfig | None = None
+    probe: ProbeConfig | None = field(default=None, metadata=never())
     """Gradient-fidelity probes (None: off). Not part of the run's key, nor of its params."""
 
     def __post_init__(self) -> None:
@@ -471,59 +503,11 @@ study can change how often it checkpoints, or move its output folder, and keep i
 
 
 def config_hash(cfg: RunConfig) -> str:
-    """A run's identity, its cell key: a hash of everything that changes its numbers. That is the
-    resolved config without ``KEY_EXCLUDED``, plus the device *kind* (cpu or cuda, not which GPU)
-    and the resolved precision (bf16 or fp32); stable across YAML spelling and order."""
-    d = cfg.to_dict()
-    for k in ("checkpoint_dir", "device", "data_cache", "probe"):  # probes change no number
-        d.pop(k, None)
-    if cfg.model.hf is not None:  # an architecture by its config's contents, not its path
-        d["model"]["hf"] = config_identity(cfg.model.hf)
-    if d["data"]["val"] is None:  # validated on the held-out tail: the key as before data.val
-        d["data"].pop("val")
-    d["train"].pop("checkpoint_every")
-    d["train"].pop("log_every")
-    if cfg.train.schedule_end == cfg.train.steps:  # the whole run on its schedule: the key as ever
-        d["train"].pop("schedule_steps")
-    kind = device_kind(cfg.device)
-    d["device_kind"] = kind
-    d["train"]["precision"] = resolved_precision(cfg.train.precision, kind)
-    if resolved_compile(cfg.train.compile, kind):  # compiled: in the key; eager: as before
-        d["train"]["compile"] = True
-    else:
-        d["train"].pop("compile")
-    fused = resolved_compile(cfg.train.fused_adamw, kind)
-    if fused == resolved_compile("auto", kind):  # what every run did before the field existed
-        d["train"].pop("fused_adamw")
-    else:
-        d["train"]["fused_adamw"] = fused
-    for name, default in (("activation_checkpointing", "none"), ("fsdp_all_gather", "fp32")):
-        if getattr(cfg.train, name) == default:  # the key as before the field existed
-            d["train"].pop(name)
-    parallel = cfg.train.resolved_parallel
-    if parallel == "none":  # one process: the key it had before train.parallel existed
-        d["train"].pop("parallel")
-        d["train"].pop("workers")
-    else:
-        d["train"]["parallel"] = parallel
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def legacy_config_hash(cfg: RunConfig) -> str:
-    """The key cells had before keys included the device kind and precision (and still counted
-    ``train.checkpoint_every``): what ``ablate adopt`` looks for in a study recorded then."""
-    d = cfg.to_dict()
-    for k in ("checkpoint_dir", "device"):
-        d.pop(k)
-    d.pop("data_cache", None)
-    d.pop("probe", None)
-    d["data"].pop("val")
-    for k in (
-        "compile", "fused_adamw", "log_every", "workers", "parallel", "schedule_steps",
-        "activation_checkpointing", "fsdp_all_gather",
-    ):  # fmt: skip
-        d["train"].pop(k)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    """A run's identity, its cell key: a hash of everything that changes its numbers, each field
+    by the rule it declares (``ablate.key``): the resolved config less what changes no number,
+    with the device *kind* (cpu or cuda, not which GPU) and the resolved precision; stable across
+    YAML spelling and order."""
+    return digest(key_fields(cfg, device_kind(cfg.device)))
 
 
 def run_params(cfg: RunConfig) -> dict[str, Any]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from ablate.tracking.adopt import legacy_config_hash
 from ablate.train.config import (
     RunConfig,
     TrainConfig,
     config_hash,
     flatten,
-    legacy_config_hash,
     resolved_precision,
     run_params,
 )

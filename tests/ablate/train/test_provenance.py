@@ -20,8 +20,7 @@ from ablate.driver.runner import run_study
 from ablate.spec import load_study, parse_study
 from ablate.targets import Curve, headroom_warning, reached_fraction
 from ablate.tracking import StudyTracker
-from ablate.tracking.adopt import adoptable
-from ablate.train.config import legacy_config_hash
+from ablate.tracking.adopt import adoptable, legacy_config_hash
 from ablate.train.provenance import code_hash, environment
 
 STUDY_YAML = """
