@@ -23,21 +23,37 @@ from ablate.train.checkpoint import rekey_checkpoint
 from ablate.train.config import RunConfig, device_kind, resolved_precision
 
 
+LEGACY_TRAIN = (
+    "steps", "batch_size", "grad_accum", "seq_len", "lr", "min_lr_ratio", "warmup_steps",
+    "weight_decay", "beta1", "beta2", "eps", "grad_clip", "eval_every", "eval_batches",
+    "checkpoint_every", "precision", "divergence_factor",
+)  # fmt: skip
+"""The ``train`` fields of that time: a field added since is in no legacy key."""
+LEGACY_DATA = (
+    "corpus", "path", "text_field", "hf_dataset", "hf_config", "hf_split", "max_documents",
+    "tokenizer", "token_dtype", "val_tokens", "data_seed",
+)  # fmt: skip
+LEGACY_MODEL = (
+    "preset", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len",
+    "rope_theta", "norm_eps", "tie_embeddings", "head_dim", "hf", "init",
+)  # fmt: skip
+"""(``head_dim``, ``hf`` and ``init`` are in ``ModelConfig.to_dict`` only where set, as they were.)"""
+
+
 def legacy_config_hash(cfg: RunConfig) -> str:
     """The key cells had before keys included the device kind and precision (and still counted
     ``train.checkpoint_every``): what ``ablate adopt`` looks for in a study recorded then."""
     d = cfg.to_dict()
-    for k in ("checkpoint_dir", "device"):
-        d.pop(k)
-    d.pop("data_cache", None)
-    d.pop("probe", None)
-    d["data"].pop("val")
-    for k in (
-        "compile", "fused_adamw", "log_every", "workers", "parallel", "schedule_steps",
-        "activation_checkpointing", "fsdp_all_gather",
-    ):  # fmt: skip
-        d["train"].pop(k)
-    return digest(d)
+    return digest(
+        {
+            "model": {k: v for k, v in d["model"].items() if k in LEGACY_MODEL},
+            "data": {k: v for k, v in d["data"].items() if k in LEGACY_DATA},
+            "train": {k: v for k, v in d["train"].items() if k in LEGACY_TRAIN},
+            "recipe": d["recipe"],
+            "backend": d["backend"],
+            "seed": d["seed"],
+        }
+    )
 
 
 @dataclass(frozen=True)

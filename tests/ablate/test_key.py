@@ -14,6 +14,7 @@ from ablate.data import DataConfig, ValData
 from ablate.key import always, key_fields, never, rule_of, unless_default
 from ablate.model import ModelConfig
 from ablate.spec import load_study
+from ablate.tracking.adopt import legacy_config_hash
 from ablate.train.config import ProbeConfig, RunConfig, TrainConfig, config_hash
 from backends.recipes import GEMMS, Recipe, named_recipe
 
@@ -289,3 +290,13 @@ def test_every_cell_of_a_kept_study_keeps_its_recorded_key(name, monkeypatch):
     monkeypatch.chdir(ROOT)  # studies name their files relative to the repository
     study = load_study(ROOT / "studies" / f"{name}.yaml")
     assert sorted(c.key for c in study.cells) == STUDY_KEYS[name]
+
+
+def test_the_legacy_key_reads_only_the_fields_of_its_time():
+    # ablate adopt finds stores recorded before keys named the device kind: fields added since
+    # (and the device) are in no legacy key, so adding one never hides those stores
+    later = T(compile=True, fused_adamw=True, log_every=3, workers=2, parallel="fsdp")
+    assert legacy_config_hash(RunConfig(device="cuda", train=later)) == legacy_config_hash(
+        RunConfig(device="cpu")
+    )
+    assert legacy_config_hash(RunConfig(seed=3)) != legacy_config_hash(RunConfig())
