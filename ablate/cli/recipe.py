@@ -133,8 +133,11 @@ def _prescale_text(p: bool | float) -> str:
 
 
 def _scale_text(o: dict[str, Any]) -> str:
-    """The variant scaling of an operand row: 4/6-mse, o128, or -."""
+    """The scaling of an operand row where it is not the format's own: ceil (a scale mode other
+    than OCP's floor), 4/6-mse, o128, or -."""
     parts = []
+    if o.get("scale_mode"):
+        parts.append(o["scale_mode"])
     if o.get("scale_rule"):
         parts.append(f"4/6-{o['scale_rule']}")
     if o.get("outer_block"):
@@ -144,7 +147,8 @@ def _scale_text(o: dict[str, Any]) -> str:
 
 def recipe_table_text(r: Recipe) -> str:
     """``Recipe.table()`` as aligned text: one row per GEMM operand, then the layer selection. A
-    ``scale`` column (Four Over Six, outer blocks) appears where an operand has one."""
+    ``scale`` column (a scale mode other than floor, Four Over Six, outer blocks) appears where an
+    operand has one."""
     t = r.table()
     ops = [t["gemms"][g][op] for g in GEMMS for op in ("a", "b")]
     scale = any(_scale_text(o) != "-" for o in ops)

@@ -14,7 +14,7 @@ of writing the whole ``gemms:`` form, a study names the recipe and what differs:
 The keys are those of ``gemms:`` (``ablate.spec.recipe``): under a GEMM, keys for both of its
 operands (format, rounding, prescale, scale_mode, block, scale_rule, outer_block), an operand's
 own under its tensor name (fprop: x, w; dgrad: dy, w; wgrad: dy, x), and ``hadamard``. The
-override is applied to the named recipe written out in that form (``to_gemms``):
+override is applied to the named recipe written out in that form (``Recipe.explicit``):
 
 - a key replaces the recipe's value (a GEMM key on both operands); ``null`` removes it, so the
   default applies (``scale_rule: null``: no Four Over Six; ``hadamard: null``: no transform);
@@ -42,12 +42,14 @@ from pydantic import (
 )
 
 from ablate.spec.messages import pydantic_errors
-from ablate.spec.recipe import GemmsSpec, OperandSpec, check_recipe_name, to_gemms
+from ablate.spec.recipe import GemmsSpec, OperandSpec, check_recipe_name
+from backends.quant.operand import FORMAT_OPTIONS
 from backends.recipes import GEMMS, OPERANDS, Recipe, named_recipe
 
 OPERAND_KEYS = tuple(OperandSpec.model_fields)
-FORMAT_KEYS = ("block", "scale_mode", "scale_rule", "outer_block")
-"""What belongs to an operand's format and goes when the format changes."""
+FORMAT_KEYS = FORMAT_OPTIONS
+"""What belongs to an operand's format and goes when the format changes (``QuantSpec``'s options
+declared ``of_format``)."""
 
 
 class _SetOnly(BaseModel):
@@ -129,7 +131,7 @@ class RecipeOverride(_SetOnly):
         """The variant of ``named_recipe(name, base)``; ValueError starting with the path of what
         is wrong below ``recipe``."""
         named = named_recipe(self.name, base)
-        explicit = to_gemms(named)
+        explicit = named.explicit()
         for g in GEMMS:
             patch: _GemmPatch | None = getattr(self, g)
             if patch is not None:
@@ -167,7 +169,7 @@ def _given(m: BaseModel, keys: tuple[str, ...]) -> list[str]:
 
 
 def _apply(gemm: dict[str, Any], patch: _GemmPatch, g: str) -> None:
-    """Change the explicit form of one GEMM (``to_gemms``'s dict) in place."""
+    """Change the explicit form of one GEMM (``Recipe.explicit``'s dict) in place."""
     shared = {k: getattr(patch, k) for k in _given(patch, OPERAND_KEYS)}
     for op in OPERANDS[g]:
         own: OperandPatch | None = getattr(patch, op)

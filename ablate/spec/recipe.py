@@ -1,6 +1,7 @@
 """The recipe vocabulary of a study beyond the shorthands: a named recipe (``recipe: NAME``), the
 explicit per-GEMM, per-operand form (``gemms:``), the layer selection (``layers:``), how each becomes
-a ``backends.Recipe``, and the shorthands expanded into the explicit form (``to_gemms``).
+a ``backends.Recipe``. The explicit form is the recipe's canonical one (``Recipe.explicit``): any
+recipe, a shorthand or a named one, written out in it builds back to the same GEMMs.
 
 A cell's recipe is one of three spellings (never two at once), each over ``base_format`` for the
 GEMMs it leaves unquantized, and each selected onto layers by ``keep_first``/``keep_last`` and
@@ -37,6 +38,7 @@ independent of ``rounding``. A GEMM not listed runs in ``base_format``. Every pr
 
 from __future__ import annotations
 
+import typing
 from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
@@ -44,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from ablate.spec.messages import did_you_mean
 from backends.quant import BLOCK_SIZES, FORMATS, QuantSpec
+from backends.quant.operand import OPTION_NAMES, option_choices
 from backends.recipes import (
     GEMMS,
     NAMED_RECIPES,
@@ -61,29 +64,34 @@ FormatName = Literal[
 ]  # fmt: skip
 
 
+def _option_types() -> dict[str, Any]:
+    """The annotation of each operand option of the explicit form, from ``QuantSpec``'s fields:
+    their allowed values where the field declares them (``option(choices=...)``), else the
+    field's type; ``block`` is ``[rows, cols]``; every key may be left unset (None)."""
+    hints = typing.get_type_hints(QuantSpec)
+    out: dict[str, Any] = {"format": FormatName | None}
+    for name in OPTION_NAMES:
+        choices = option_choices(name)
+        if name == "block":
+            out[name] = list[int] | None
+        elif choices is not None:
+            out[name] = Literal[choices] | None
+        else:
+            out[name] = hints[name] | None
+    return out
+
+
 class OperandSpec(BaseModel):
     """How one operand is quantized; unset keys take the GEMM's, then the defaults (rne, no
-    prescale, floor, the format's own block)."""
+    prescale, floor, the format's own block). The keys are ``QuantSpec``'s operand options
+    (``backends.quant.operand``: what each means and allows), generated from its fields: format
+    (``bf16``: high precision), rounding, prescale (a factor in (0, 1] may be written "16/17"),
+    scale_mode, block (``[1, N]``, or ``[N, N]`` 2-D tiles for the weight w only), scale_rule,
+    outer_block."""
 
     model_config = ConfigDict(extra="forbid")
-
-    format: FormatName | None = None
-    """mxfp4, nvfp4, mxfp8_e4m3, mxfp8_e5m2, fp8_e4m3, fp8_e5m2, or bf16 (high precision)."""
-    rounding: Literal["rne", "sr", "eden"] | None = None
-    """rne (round to nearest, ties to even), sr (stochastic) or eden (MS-EDEN, nvfp4 after a
-    Hadamard transform)."""
-    prescale: bool | float | None = None
-    """Scale by 3/4 (true), or by a factor in (0, 1] such as 16/17 (written as a number or
-    "16/17"), before rounding so nothing clips (undone on the GEMM output); any rounding."""
-    scale_mode: Literal["floor", "ceil", "even", "rceil"] | None = None
-    """MX shared-exponent rule (OCP: floor)."""
-    block: list[int] | None = None
-    """[rows, cols]: [1, N] (N elements along the reduction dimension share a scale) or [N, N]
-    (2-D tiles; the weight w only). Default: [1, 32] for MX, [1, 16] for NVFP4."""
-    scale_rule: Literal["mse", "mae", "abs_max"] | None = None
-    """nvfp4: Four Over Six block scales, chosen by this error measure (default: none)."""
-    outer_block: int | None = None
-    """nvfp4: an FP32 scale per this many elements (TetraJet-v2: 128) instead of per tensor."""
+    __annotations__ = _option_types()
+    locals().update(dict.fromkeys(__annotations__))  # every key unset by default
 
     @field_validator("prescale", mode="before")
     @classmethod
@@ -154,26 +162,24 @@ class _GemmSpec(OperandSpec):
         specs: list[QuantSpec | None] = []
         for op in OPERANDS[self.gemm]:
             own = self.operand(op) or OperandSpec()
-            fields = {
+            given = {
                 k: getattr(own, k) if getattr(own, k) is not None else getattr(self, k)
                 for k in OperandSpec.model_fields
             }
+            given = {k: v for k, v in given.items() if v is not None}
 
             def at(key: str, own: OperandSpec = own, op: str = op) -> str:
                 """The YAML path (below the GEMM) of the key that set ``key`` for this operand."""
                 return f"{op}.{key}" if getattr(own, key) is not None else key
 
-            fmt = fields["format"]
+            fmt = given.get("format")
             if fmt is None:
                 raise ValueError(
                     f"{op}.format: no format for operand {op}; give format for the GEMM or the "
                     f"operand; allowed: bf16, {', '.join(FORMATS)}"
                 )
-            block = fields["block"]
             if fmt == "bf16":
-                extra = [
-                    k for k in OperandSpec.model_fields if k != "format" and fields[k] is not None
-                ]
+                extra = [k for k in given if k != "format"]
                 if extra:
                     raise ValueError(
                         f"{at(extra[0])}: operand {op} is bf16 (high precision) and takes no "
@@ -181,29 +187,16 @@ class _GemmSpec(OperandSpec):
                     )
                 specs.append(None)
                 continue
+            block = given.get("block")
             if block is not None and block[0] > 1 and op != "w":
                 raise ValueError(
                     f"{at('block')}: 2-D blocks {block} are for the weight operand w only; "
                     f"allowed for {op}: [1, N]"
                 )
-            kw: dict[str, Any] = {"format": fmt}
-            for k in ("rounding", "prescale", "scale_mode", "scale_rule", "outer_block"):
-                if fields[k] is not None:
-                    kw[k] = fields[k]
-            if block is not None:
-                if FORMATS[fmt].block is None:
-                    raise ValueError(
-                        f"{at('block')}: {fmt} is scaled per tensor and takes no block; "
-                        "allowed: leave block out"
-                    )
-                if block[1] != FORMATS[fmt].block:
-                    kw["block_size"] = block[1]
-                kw["block_rows"] = block[0]
             try:
-                specs.append(QuantSpec(**kw))
-            except ValueError as e:  # "<QuantSpec field>: ..." -> the YAML key that set it
-                field, _, rest = str(e).partition(": ")
-                key = "block" if field in ("block_size", "block_rows") else field
+                specs.append(QuantSpec.from_options(given))
+            except ValueError as e:  # "<option>: ..." -> the YAML key that set it
+                key, _, rest = str(e).partition(": ")
                 key = key if key in OperandSpec.model_fields else "format"
                 raise ValueError(f"{at(key)}: {rest}") from None
         h = None if self.hadamard is None else self.hadamard.spec()
@@ -370,41 +363,6 @@ def uses_base(recipe: str | None, gemms: GemmsSpec | None) -> bool:
     return gemms is not None and any(getattr(gemms, g) is None for g in GEMMS)
 
 
-def to_gemms(r: Recipe) -> dict[str, Any]:
-    """The explicit ``gemms:`` form of any recipe, per operand (a shorthand expanded, a named
-    recipe written out): ``GemmsSpec.model_validate(to_gemms(r)).build(base)`` has r's GEMMs."""
-
-    def operand(s: QuantSpec | None) -> dict[str, Any]:
-        if s is None:
-            return {"format": "bf16"}
-        d: dict[str, Any] = {"format": s.format, "rounding": s.rounding}
-        if s.prescale:
-            d["prescale"] = s.prescale
-        if s.fmt.scale == "e8m0":
-            d["scale_mode"] = s.scale_mode.value
-        if s.block:
-            d["block"] = [s.block_rows, s.block]
-        if s.scale_rule is not None:
-            d["scale_rule"] = s.scale_rule
-        if s.outer_block:
-            d["outer_block"] = s.outer_block
-        return d
-
-    out: dict[str, Any] = {}
-    for g in GEMMS:
-        gr = r.gemm(g)
-        d: dict[str, Any] = {
-            op: operand(s) for op, s in zip(OPERANDS[g], (gr.a, gr.b), strict=True)
-        }
-        if gr.hadamard is not None:
-            h = gr.hadamard
-            d["hadamard"] = {"size": h.size, "signs": h.signs}
-            if h.vector is not None:
-                d["hadamard"]["vector"] = list(h.vector)
-        out[g] = d
-    return out
-
-
 __all__ = [
     "DgradSpec",
     "FpropSpec",
@@ -417,6 +375,5 @@ __all__ = [
     "explicit_recipe",
     "recipe_axes",
     "select",
-    "to_gemms",
     "uses_base",
 ]

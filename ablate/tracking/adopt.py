@@ -22,7 +22,6 @@ from ablate.tracking.runs import StudyTracker
 from ablate.train.checkpoint import rekey_checkpoint
 from ablate.train.config import RunConfig, device_kind, resolved_precision
 
-
 LEGACY_TRAIN = (
     "steps", "batch_size", "grad_accum", "seq_len", "lr", "min_lr_ratio", "warmup_steps",
     "weight_decay", "beta1", "beta2", "eps", "grad_clip", "eval_every", "eval_batches",

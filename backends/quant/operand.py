@@ -6,8 +6,9 @@ of quantization itself and its entry points are ``quant.py``'s."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -49,31 +50,56 @@ FORMATS: dict[str, BlockFormat] = {
 BLOCK_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
+def option(
+    *, key: str = "unless_default", choices: tuple[str, ...] | None = None, of_format: bool = False
+) -> dict[str, Any]:
+    """The metadata of an operand option (a ``QuantSpec`` field), from which the recipe's forms
+    derive: ``key`` how it enters the stored form and a cell's key (``always``, or
+    ``unless_default``: left out at its default, so a new option changes no recorded key),
+    ``choices`` its allowed values (the study schema's), ``of_format`` whether it belongs to the
+    format (dropped when an override changes the format)."""
+    return {"key": key, "choices": choices, "of_format": of_format}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QuantSpec:
-    """How one GEMM operand is quantized."""
+    """How one GEMM operand is quantized.
 
-    format: str
+    Its fields are the operand options of every form of a recipe: the explicit form a study
+    writes (``options``/``from_options``: ``block: [rows, cols]`` stands for ``block_rows`` and
+    ``block_size``), the stored form (``to_dict``), ``ablate recipe``'s table and the study schema
+    all read them from here; a new option is a field with its ``option`` metadata, its check
+    (``variants.check``) and its quantizer."""
+
+    format: str = field(metadata={"key": "always"})
     """One of ``FORMATS``: mxfp4, mxfp8_e4m3, mxfp8_e5m2, nvfp4, fp8_e4m3, fp8_e5m2."""
-    scale_mode: ScaleMode = ScaleMode.FLOOR
-    """E8M0 shared-exponent rule (MX formats only); see ``ScaleMode``."""
-    rounding: Rounding = "rne"
+    rounding: Rounding = field(
+        default="rne", metadata=option(key="always", choices=variants.ROUNDINGS)
+    )
     """Element rounding: round-to-nearest-even, stochastic, or eden (MS-EDEN, nvfp4 after a
-    Hadamard transform: ``eden.py``)."""
-    prescale: bool | float = False
+    Hadamard transform: ``ms_eden.py``)."""
+    prescale: bool | float = field(default=False, metadata=option(key="always"))
     """Scale by 3/4 (True) or by this factor in (0, 1) before rounding so nothing saturates
     (compensated on the GEMM output); 16/17 is fouroversix's unbiased stochastic rounding."""
-    block_size: int | None = None
+    scale_mode: ScaleMode = field(
+        default=ScaleMode.FLOOR,
+        metadata=option(key="always", choices=tuple(m.value for m in ScaleMode), of_format=True),
+    )
+    """E8M0 shared-exponent rule (MX formats only); see ``ScaleMode``."""
+    block_size: int | None = field(default=None, metadata=option(key="always", of_format=True))
     """Override of the format's block size (MX: 32, NVFP4: 16); a power of two up to 1024."""
-    block_rows: int = 1
+    block_rows: int = field(default=1, metadata=option(of_format=True))
     """Rows per scale: 1 (one scale per ``block`` elements of a row) or ``block`` (2-D square
     tiles of a 2-D operand, e.g. NVIDIA's 16x16 NVFP4 weight blocks)."""
-    scale_rule: str | None = None
+    scale_rule: str | None = field(
+        default=None, metadata=option(choices=variants.SCALE_RULES, of_format=True)
+    )
     """Four Over Six (nvfp4): mse, mae or abs_max: per block, the scale mapping its maximum to 6
-    or to 4, whichever errs less by that measure (``scale_rule.py``); None: the one NVFP4 scale."""
-    outer_block: int | None = None
+    or to 4, whichever errs less by that measure (``four_over_six.py``); None: the one NVFP4
+    scale."""
+    outer_block: int | None = field(default=None, metadata=option(of_format=True))
     """Double-block nvfp4: an FP32 scale per this many elements (TetraJet-v2: 128) instead of one
-    per tensor (``outer_block.py``)."""
+    per tensor (``double_block.py``)."""
     fmt: BlockFormat = field(init=False, repr=False, compare=False)
     wire: str = field(init=False, repr=False, compare=False)
     """The spec as a JSON string of its fields (declaration order, enums by value): what the
@@ -169,6 +195,97 @@ class QuantSpec:
         if self.prescale:
             s += f"*{self.prescale_factor:.4g}"
         return s
+
+    # ------------------------------------------------------------------------------------------
+    # the forms of a recipe, derived from the fields and their ``option`` metadata
+
+    def options(self) -> dict[str, Any]:
+        """The operand in the explicit form of a recipe (a study's ``gemms:``): ``format`` and
+        every option that differs from its default, by the form's names; ``block: [rows, cols]``
+        where ``block_size`` or ``block_rows`` is set. ``from_options`` inverts it."""
+        out: dict[str, Any] = {"format": self.format}
+        for f in _OPTION_FIELDS:
+            v = getattr(self, f.name)
+            if v == f.default:
+                continue
+            if f.name in _BLOCK_FIELDS:
+                out["block"] = [self.block_rows, self.block]
+            else:
+                out[f.name] = getattr(v, "value", v)
+        return {k: out[k] for k in ("format", *OPTION_NAMES) if k in out}
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> QuantSpec:
+        """The spec of an operand in the explicit form (``options``'s); ValueError naming the
+        option (``block`` for ``block_size``/``block_rows``) and the allowed values."""
+        kw = dict(options)
+        block = kw.pop("block", None)
+        fmt = FORMATS.get(kw.get("format", ""))
+        if block is not None and fmt is not None:
+            if fmt.block is None:
+                raise ValueError(
+                    f"block: {fmt.name} is scaled per tensor and takes no block; allowed: leave "
+                    "block out"
+                )
+            rows, n = block
+            kw["block_rows"] = rows
+            if n != fmt.block:
+                kw["block_size"] = n
+        try:
+            return cls(**kw)
+        except ValueError as e:
+            name, _, rest = str(e).partition(": ")
+            raise ValueError(f"{'block' if name in _BLOCK_FIELDS else name}: {rest}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form (a run's ``config.json``, a cell's key): each field by its own name,
+        those whose ``key`` is ``unless_default`` only where they differ from their default;
+        ``QuantSpec(**d)`` inverts it."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if not f.init:
+                continue
+            v = getattr(self, f.name)
+            if f.metadata.get("key") == "always" or v != f.default:
+                out[f.name] = getattr(v, "value", v)
+        return out
+
+    def table_row(self) -> dict[str, Any]:
+        """``options`` with the format's defaults filled in for rounding, prescale and block (what
+        ``ablate recipe`` shows of an operand); other options where set."""
+        row: dict[str, Any] = {
+            "format": self.format,
+            "rounding": self.rounding,
+            "prescale": self.prescale,
+            "block": [self.block_rows, self.block] if self.block else None,
+        }
+        return row | {k: v for k, v in self.options().items() if k not in row}
+
+
+_OPTION_FIELDS = tuple(f for f in fields(QuantSpec) if f.init and f.name != "format")
+_BLOCK_FIELDS = ("block_size", "block_rows")
+OPTION_NAMES: tuple[str, ...] = tuple(
+    dict.fromkeys("block" if f.name in _BLOCK_FIELDS else f.name for f in _OPTION_FIELDS)
+)
+"""The operand options of the explicit form, in order (rounding, prescale, scale_mode, block,
+scale_rule, outer_block)."""
+FORMAT_OPTIONS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        "block" if f.name in _BLOCK_FIELDS else f.name
+        for f in _OPTION_FIELDS
+        if f.metadata["of_format"]
+    )
+)
+"""The options that belong to a format: an override that changes the format drops them."""
+
+
+def option_choices(name: str) -> tuple[str, ...] | None:
+    """The allowed values of an option of the explicit form (None: any of its type)."""
+    for f in _OPTION_FIELDS:
+        if f.name == name:
+            choices: tuple[str, ...] | None = f.metadata["choices"]
+            return choices
+    return None
 
 
 @dataclass

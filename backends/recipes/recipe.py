@@ -73,6 +73,13 @@ class HadamardSpec:
     def short(self) -> str:
         return {"none": "dht", "fixed": "fht", "random": "rht"}[self.signs] + str(self.size)
 
+    def options(self) -> dict[str, Any]:
+        """The transform in every form of a recipe: size, signs, and the sign vector where set."""
+        d: dict[str, Any] = {"size": self.size, "signs": self.signs}
+        if self.vector is not None:
+            d["vector"] = list(self.vector)
+        return d
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GemmRecipe:
@@ -109,6 +116,33 @@ class GemmRecipe:
             if s is not None:
                 comp /= s.prescale_factor
         return comp
+
+    def explicit(self, gemm: str) -> dict[str, Any]:
+        """This GEMM in the canonical form: each operand under its tensor name (``OPERANDS``) as
+        ``QuantSpec.options`` (``{"format": "bf16"}`` when high precision), and ``hadamard``
+        where there is one."""
+        out: dict[str, Any] = {
+            op: {"format": "bf16"} if s is None else s.options()
+            for op, s in zip(OPERANDS[gemm], (self.a, self.b), strict=True)
+        }
+        if self.hadamard is not None:
+            out["hadamard"] = self.hadamard.options()
+        return out
+
+    @classmethod
+    def from_explicit(cls, gemm: str, d: Mapping[str, Any]) -> GemmRecipe:
+        """The GEMM of ``explicit``'s form; ValueError naming the operand and option."""
+        specs: list[QuantSpec | None] = []
+        for op in OPERANDS[gemm]:
+            o = d.get(op) or {"format": "bf16"}
+            try:
+                specs.append(None if o["format"] == "bf16" else QuantSpec.from_options(o))
+            except ValueError as e:
+                raise ValueError(f"{op}.{e}") from None
+        h = d.get("hadamard")
+        if h is not None and h.get("vector") is not None:
+            h = {**h, "vector": tuple(h["vector"])}
+        return cls(a=specs[0], b=specs[1], hadamard=None if h is None else HadamardSpec(**h))
 
     def short(self) -> str:
         if self.high_precision:
@@ -299,6 +333,16 @@ class Recipe:
             label=label,
         )
 
+    # ------------------------------------------------------------------------------------------
+    # forms: the canonical explicit mapping, and what derives from it
+
+    def explicit(self) -> dict[str, Any]:
+        """The canonical form: the explicit per-GEMM, per-operand mapping a study's ``gemms:``
+        writes, ``{gemm: {operand: options, "hadamard": {...}}}`` with each operand under its
+        tensor name (fprop: x, w; dgrad: dy, w; wgrad: dy, x) as ``QuantSpec.options`` gives it.
+        The layer selection and the label are the recipe's other fields."""
+        return {g: self.gemm(g).explicit(g) for g in GEMMS}
+
     def table(self) -> dict[str, Any]:
         """The resolved table, operand by operand (what ``ablate recipe --json`` prints)::
 
@@ -306,41 +350,32 @@ class Recipe:
                                                  "hadamard": {"size", "signs"} | None}},
              "keep_first", "keep_last", "layers": {"types", "blocks"}}
 
-        OPERAND is ``{"operand": x|w|dy, "format", "rounding", "prescale", "block": [rows, cols]}``
-        plus ``scale_rule`` (Four Over Six) and ``outer_block`` where they are set; a
-        high-precision operand has format ``bf16``, rounding None, block None; a per-tensor
-        format has block None; prescale is false, true (3/4) or the factor. ``layers`` None entries mean every layer type / every block.
+        OPERAND is the operand's canonical options with ``operand`` (x, w or dy) and the defaults
+        of rounding, prescale and block filled in (``QuantSpec.table_row``): ``{"operand",
+        "format", "rounding", "prescale", "block": [rows, cols]}`` plus every other option where
+        set (scale_rule, outer_block, ...); a high-precision operand has format ``bf16``, rounding
+        None, block None; a per-tensor format has block None; prescale is false, true (3/4) or the
+        factor. ``layers`` None entries mean every layer type / every block.
         """
-
-        def operand(name: str, s: QuantSpec | None) -> dict[str, Any]:
-            if s is None:
-                return {
-                    "operand": name,
+        gemms: dict[str, Any] = {}
+        for g in GEMMS:
+            r = self.gemm(g)
+            rows = [
+                {
+                    "operand": op,
                     "format": "bf16",
                     "rounding": None,
                     "prescale": False,
                     "block": None,
                 }
-            d = {
-                "operand": name,
-                "format": s.format,
-                "rounding": s.rounding,
-                "prescale": s.prescale,
-                "block": [s.block_rows, s.block] if s.block else None,
-            }
-            if s.scale_rule is not None:
-                d["scale_rule"] = s.scale_rule
-            if s.outer_block:
-                d["outer_block"] = s.outer_block
-            return d
-
-        gemms: dict[str, Any] = {}
-        for g in GEMMS:
-            r, (a_op, b_op) = self.gemm(g), OPERANDS[g]
+                if s is None
+                else {"operand": op, **s.table_row()}
+                for op, s in zip(OPERANDS[g], (r.a, r.b), strict=True)
+            ]
             h = r.hadamard
             gemms[g] = {
-                "a": operand(a_op, r.a),
-                "b": operand(b_op, r.b),
+                "a": rows[0],
+                "b": rows[1],
                 "hadamard": None if h is None else {"size": h.size, "signs": h.signs},
             }
         return {
@@ -354,44 +389,23 @@ class Recipe:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain nested dict (for configs, params and hashing)."""
-
-        def spec(s: QuantSpec | None) -> dict[str, Any] | None:
-            if s is None:
-                return None
-            d = {
-                "format": s.format,
-                "scale_mode": s.scale_mode.value,
-                "rounding": s.rounding,
-                "prescale": s.prescale,
-                "block_size": s.block_size,
-            }
-            if s.block_rows != 1:  # only when set: the keys of recipes without it stay as they were
-                d["block_rows"] = s.block_rows
-            if s.scale_rule is not None:  # likewise
-                d["scale_rule"] = s.scale_rule
-            if s.outer_block:
-                d["outer_block"] = s.outer_block
-            return d
-
-        def had(h: HadamardSpec | None) -> dict[str, Any] | None:
-            if h is None:
-                return None
-            d: dict[str, Any] = {"size": h.size, "signs": h.signs}
-            if h.vector is not None:
-                d["vector"] = list(h.vector)
-            return d
-
+        """The stored form (a run's ``config.json`` and params, a cell's key): per GEMM the
+        operands ``a``, ``b`` as ``QuantSpec.to_dict`` and the Hadamard transform's options; the
+        layer selection only where set. ``from_dict`` inverts it."""
         out: dict[str, Any] = {}
         for g in GEMMS:
             r = self.gemm(g)
-            out[g] = {"a": spec(r.a), "b": spec(r.b), "hadamard": had(r.hadamard)}
+            out[g] = {
+                "a": None if r.a is None else r.a.to_dict(),
+                "b": None if r.b is None else r.b.to_dict(),
+                "hadamard": None if r.hadamard is None else r.hadamard.options(),
+            }
         out["keep_first"], out["keep_last"], out["label"] = (
             self.keep_first,
             self.keep_last,
             self.label,
         )
-        if self.layer_types is not None or self.blocks is not None:  # likewise only when set
+        if self.layer_types is not None or self.blocks is not None:
             out["layers"] = {
                 "types": None if self.layer_types is None else list(self.layer_types),
                 "blocks": None if self.blocks is None else list(self.blocks),

@@ -10,7 +10,7 @@ import pytest
 
 from ablate.errors import SpecError
 from ablate.spec import parse_study
-from ablate.spec.recipe import GemmsSpec, to_gemms
+from ablate.spec.recipe import GemmsSpec
 from backends.recipes import GEMMS, NAMED_RECIPES, Recipe, named_recipe
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -128,14 +128,14 @@ def test_explicit_gemms_build_the_named_recipe_and_the_shorthands():
 def test_the_shorthands_expand_into_the_explicit_form(shorthand):
     fp4, intervention, fmt, base, apply_to = shorthand
     r = Recipe.from_shorthand(fp4, intervention, fp4_format=fmt, base=base, apply_to=apply_to)
-    built = GemmsSpec.model_validate(to_gemms(r)).build(base)
+    built = GemmsSpec.model_validate(r.explicit()).build(base)
     assert (built.fprop, built.dgrad, built.wgrad) == (r.fprop, r.dgrad, r.wgrad)
 
 
 @pytest.mark.parametrize("name", list(NAMED_RECIPES))
 def test_named_recipes_written_out_build_back(name):
     r = named_recipe(name)
-    built = GemmsSpec.model_validate(to_gemms(r)).build("bf16")
+    built = GemmsSpec.model_validate(r.explicit()).build("bf16")
     assert (built.fprop, built.dgrad, built.wgrad) == (r.fprop, r.dgrad, r.wgrad)
 
 
