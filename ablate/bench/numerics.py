@@ -2,7 +2,7 @@
 
 Quantizer rows (always). One bfloat16 tensor, ``--size`` x ``--size`` (default 4096x4096; the GPU
 benchmark ``python -m ablate.bench.gpu`` uses 8192x4096), is quantize-dequantized by
-``fake_quantize`` in one pass, bf16 in and bf16 out (on CUDA the fused path of ``fused.py`` compiled
+``fake_quantize`` in one pass, bf16 in and bf16 out (on CUDA the fused path of ``torch_path.py`` compiled
 by ``torch.compile``; on the CPU the C kernel), and timed against a plain copy:
 
 - ``copy``: ``x.clone()``, the bandwidth a memory-bound quantizer can hope for;

@@ -8,7 +8,7 @@
 - ``decoder``: the built-in decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention), its builder
   and its parameter and FLOP counts;
 - ``hf``: a ``transformers`` causal LM behind the same interface, its decoder linears converted by
-  ``backends.convert``;
+  ``backends.layer.convert``;
 - ``recompute``: per-block activation checkpointing that keeps every random stream.
 
 Every block linear is a ``backends`` ``QuantLinear``; the embedding and the LM head stay in high

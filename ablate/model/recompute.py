@@ -8,7 +8,7 @@ the layer's counter, so the recomputed forward would draw the *next* call's stoc
 random Hadamard signs (and dgrad/wgrad, keyed by the saved index, the next call's too).
 
 So the recompute replays the forward's call indices. In eager mode the checkpoint's contexts are
-a ``backends.layer.linear.CallTape``: the forward records the index each training call drew, and the
+a ``backends.layer.streams.CallTape``: the forward records the index each training call drew, and the
 recompute hands the same indices, in the same order, to the same calls, without advancing any
 counter. Under torch.compile the checkpoint is *selective* (``create_selective_checkpoint_contexts``)
 with one rule: ``ablate::next_call`` is saved (``MUST_SAVE``) and everything else recomputed, so the
@@ -42,7 +42,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from backends.layer.linear import CallTape  # (and registers ablate::next_call)
+from backends.layer.streams import CallTape  # (and registers ablate::next_call)
 
 
 def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:

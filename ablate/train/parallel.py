@@ -39,7 +39,7 @@ How the numbers are shared, so that W workers train the run one worker would:
 - **Validation.** Each evaluation batch is split by rows like a training batch; the ranks' token-
   weighted sums are added up. A rank whose slice of a short last batch is empty runs a forward on
   one row with weight 0 (FSDP's forward is a collective: every rank runs each one).
-- **Quantized layers** are told their rank (``backends.layer.linear.set_rank``): see that module for
+- **Quantized layers** are told their rank (``backends.layer.streams.set_rank``): see that module for
   which random streams include it.
 """
 
@@ -58,7 +58,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ablate.train.config import RunConfig
-from backends.layer.linear import set_rank
+from backends.layer.streams import set_rank
 
 Mode = Literal["none", "ddp", "fsdp"]
 

@@ -1,6 +1,6 @@
 """The ``native`` GEMM backend: the hardware's scaled GEMM through ``torch._scaled_mm``.
 
-Each operand is quantized by the same quantizer as ``emulated`` (``quant.quantize``, after the same
+Each operand is quantized by the same quantizer as ``emulated`` (``quantizer.quantize``, after the same
 Hadamard transform), so the codes and scales are identical; only the product differs: the hardware
 multiplies the codes and applies the scales instead of an FP32 GEMM on dequantized values. Hadamard
 transforms and stochastic rounding happen in the quantizer and need nothing from the GEMM; the
@@ -19,7 +19,7 @@ use it). What ``torch._scaled_mm`` receives, for ``a`` (M, K) and ``b`` (N, K), 
 NVFP4's tensor scales enter as TransformerEngine applies them: the GEMM multiplies the codes with the
 E4M3 block scales and the output is multiplied by ``alpha = (amax_a * amax_b) * fp32(1/7225344)``
 (7225344 = (6 * 448)^2; TE's ``compute_nvfp4_per_tensor_scale_kernel``), from the operands' tensor
-amaxes (``QTensor.global_amax``); with Four Over Six's bound ``fp32(1/1536^2)`` (``quant.nv_alpha``),
+amaxes (``QTensor.global_amax``); with Four Over Six's bound ``fp32(1/1536^2)`` (``operand.nv_alpha``),
 and for MS-EDEN the product of the two tensor decode scales. Four Over Six and MS-EDEN produce
 ordinary NVFP4 codes and E4M3 scales, so the hardware GEMM runs them; double-block NVFP4
 (``outer_block``, TetraJet-v2) has an FP32 scale per 128 elements, which no GEMM here takes:

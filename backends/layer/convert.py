@@ -1,4 +1,11 @@
-"""Quantized numerics in any PyTorch model: ``convert(model, recipe, select=...)``.
+"""Quantized numerics in any PyTorch model: ``convert_model`` by module path, and ``convert(model,
+recipe, select=...)`` by a Hugging Face architecture's table.
+
+``convert_model`` swaps a model's ``nn.Linear`` modules for ``QuantLinear`` by name; embeddings are
+not linears, and the LM head (``lm_head``/``output``/``head``) stays in high precision because its
+logits feed the softmax directly and every published FP4 recipe keeps it there. A recipe's layer
+selection (``Recipe.layer_types``, ``blocks``, ``keep_first``/``keep_last``) reads a linear's type and
+block from its path (``layer_type``; ``layers.3.attention.wq`` is an attention linear of block 3).
 
 ``convert`` replaces the linears of a model's decoder layers by ``QuantLinear`` under ``recipe``, the
 same three GEMMs and random-stream keys per layer as ``ablate``'s own trainer uses. What a linear is
@@ -12,20 +19,87 @@ A model with a Hugging Face config (``model.config.model_type``) must be of a kn
 linear of its decoder layers must be one the table names: an unknown architecture, or a linear the
 table does not know (a new projection that would silently stay in high precision), is refused with
 its name and the names that are known. A model without such a config (a plain ``nn.Module``) is
-converted by its module paths (``linear.convert_model``: the first integer in a path is the block,
+converted by its module paths (``convert_model``: the first integer in a path is the block,
 ``attention``/``attn``/``self_attn`` and ``mlp``/``feed_forward`` mark the type).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
-from backends.layer.linear import convert_model
+from backends.gemm import get_backend
+from backends.layer.linear import QuantLinear
 from backends.recipes import Recipe
+
+DEFAULT_EXCLUDE = ("lm_head", "output", "head")
+_BLOCK_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+LAYER_TYPE_NAMES = {
+    "attention": ("attention", "attn", "self_attn", "self_attention", "cross_attn"),
+    "mlp": ("feed_forward", "mlp", "ffn", "ff"),
+}
+"""Path components that mark a linear's type (this project's model: ``attention``, ``feed_forward``;
+Hugging Face Llama: ``self_attn``, ``mlp``)."""
+
+
+def layer_type(name: str) -> str | None:
+    """``attention``, ``mlp`` or None for a linear's dotted path: the type of its closest
+    enclosing module whose name marks one."""
+    for part in reversed(name.split(".")[:-1]):
+        for t, marks in LAYER_TYPE_NAMES.items():
+            if part in marks:
+                return t
+    return None
+
+
+def convert_model(
+    model: nn.Module,
+    recipe: Recipe,
+    *,
+    backend: str = "emulated",
+    seed: int = 0,
+    exclude: Iterable[str] = DEFAULT_EXCLUDE,
+    include: Callable[[str, nn.Linear], bool] | None = None,
+) -> list[str]:
+    """Replace ``model``'s ``nn.Linear`` modules in place by ``QuantLinear``; returns their names.
+
+    Modules whose last name component is in ``exclude`` (the LM head) stay as they are, as do those
+    ``include(name, module)`` rejects. The transformer block of a linear is the first integer in its
+    path (``layers.3.attn.wq`` is block 3), its type what ``layer_type`` reads from the path; the
+    linears the recipe's layer selection leaves out (``keep_first``/``keep_last`` blocks, blocks not
+    in ``blocks``, types not in ``layer_types``) get the all-high-precision recipe. Layer ids (for
+    random streams) number the converted layers in order.
+    """
+    excluded = set(exclude)
+    targets: list[tuple[str, nn.Linear, int | None]] = []
+    for name, mod in model.named_modules():
+        if type(mod) is not nn.Linear:
+            continue
+        if name.rsplit(".", 1)[-1] in excluded or (include is not None and not include(name, mod)):
+            continue
+        m = _BLOCK_INDEX.search(name)
+        targets.append((name, mod, int(m.group(1)) if m else None))
+    blocks = [b for _, _, b in targets if b is not None]
+    n_blocks = max(blocks) + 1 if blocks else None
+    if n_blocks is not None:
+        recipe.check_blocks(n_blocks)
+    get_backend(backend).check(recipe, next(model.parameters()).device)
+    for layer_id, (name, mod, block) in enumerate(targets):
+        q = QuantLinear.from_linear(
+            mod,
+            recipe=recipe.for_layer(layer_type(name), block, n_blocks),
+            backend=backend,
+            layer_id=layer_id,
+            seed=seed,
+        )
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, q)
+    return [n for n, _, _ in targets]
 
 
 @dataclass(frozen=True, slots=True)

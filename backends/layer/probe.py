@@ -5,7 +5,7 @@ torch, no tracking; ``ablate.train.probe`` runs them during training and names t
 ``capture(layers)`` records every GEMM call of the given layers (through ``QuantLinear.gemm_hook``):
 the operands exactly as the layer handed them to its backend, the call index that keys its random
 streams, and the quantized output. On those, ``probe_gemm`` compares the GEMM that training computes
-(the layer's own recipe and backend, ``QuantLinear._gemm``) with the high-precision GEMM
+(the layer's own recipe and backend, ``QuantLinear.run_gemm``) with the high-precision GEMM
 ``a @ b^T`` in float32 (the product a Hadamard transform leaves unchanged, so the probe sees
 quantization error only). With ``g`` the exact output, ``q`` the quantized one, ``e = q - g`` (all
 flattened and concatenated over the calls, e.g. over micro-batches):
@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from backends.layer.linear import QuantLinear, is_random
+from backends.layer.linear import QuantLinear
+from backends.layer.streams import is_random
 from backends.quant import QTensor, QuantSpec, ckernel, hadamard_transform, ms_eden, quantize
 from backends.quant.arith import F32_MAX
 from backends.quant.quantizer import global_scales, run_kernel
@@ -140,12 +141,12 @@ def redraw(layer: QuantLinear, c: GemmCall, r: int) -> torch.Tensor:
     operands with the streams of call ``c.call + r * REDRAW_STRIDE``."""
     if r == 0:
         return c.out
-    return layer._gemm(c.gemm, c.a, c.b, c.call + r * REDRAW_STRIDE)
+    return layer.run_gemm(c.gemm, c.a, c.b, c.call + r * REDRAW_STRIDE)
 
 
 def signs_of(layer: QuantLinear, gemm: str, call: int) -> torch.Tensor | None:
     """The Hadamard sign vector the layer uses for ``gemm`` at ``call`` (None: no signs)."""
-    return layer.signs(gemm, layer._keys(gemm, call))
+    return layer.signs(gemm, layer.keys(gemm, call))
 
 
 @dataclass(slots=True)
@@ -400,7 +401,7 @@ def gemm_operand_stats(
         return None
     total = OperandStats()
     for c in calls:
-        keys = layer._keys(gemm, c.call)
+        keys = layer.keys(gemm, c.call)
         h = g.hadamard
         had = None if h is None else (h.size, signs_of(layer, gemm, c.call))
         key = keys.a if side == "a" else keys.b

@@ -70,15 +70,17 @@ class Plan:
     scale: str  # "e8m0", "nv" or "tensor"
     block: int  # elements per scale; 0: the whole row (per-tensor formats)
     rows: int  # rows per scale: 1, or ``block`` for square 2-D tiles (a 2-D input only)
-    mode: int  # E8M0 rule: 0 FLOOR, 1 CEIL, 2 EVEN, 3 RCEIL (quant._MODE_CODES)
+    mode: int  # E8M0 rule: 0 FLOOR, 1 CEIL, 2 EVEN, 3 RCEIL (quantizer._MODE_CODES)
     sr: bool
     prescale: float
     hadamard: int  # Hadamard size, 0 for none
     values: bool  # True: dequantized values in ``out_dtype``; False: codes, scales, tensor scale
     out_dtype: torch.dtype
-    rule: str = ""  # Four Over Six error measure: mse, mae, abs_max (``scale_rule.py``); "": none
-    eden: bool = False  # MS-EDEN rounding (``eden.py``), its group the Hadamard size
-    outer: int = 0  # elements per FP32 scale of double-block NVFP4 (``outer_block.py``); 0: none
+    rule: str = (
+        ""  # Four Over Six error measure: mse, mae, abs_max (``four_over_six.py``); "": none
+    )
+    eden: bool = False  # MS-EDEN rounding (``ms_eden.py``), its group the Hadamard size
+    outer: int = 0  # elements per FP32 scale of double-block NVFP4 (``double_block.py``); 0: none
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,7 +178,7 @@ def tensor_scales(
     x: torch.Tensor, e: Elem, nv: bool, top: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(encode, decode, finite, amax): the float32 tensor-level scales of NVFP4 / per-tensor FP8 on
-    x's device, as ``quant._global_scales`` computes them (1, 1 for an all-zero or non-finite tensor;
+    x's device, as ``quantizer.global_scales`` computes them (1, 1 for an all-zero or non-finite tensor;
     amax NaN for a non-finite one): encode ``top / amax``, ``top`` by default the largest value the
     format reaches (6 * 448 for NVFP4; Four Over Six gives 6 * 256)."""
     amax = x.abs().amax().float()

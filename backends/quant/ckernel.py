@@ -4,7 +4,7 @@ The kernel is plain C with no Python or torch headers, so it compiles in about a
 system C compiler on first use and is cached under ``$ABLATE_CACHE_DIR`` (default
 ``~/.cache/ablate``), keyed by the source, the compiler flags and the CPU's feature flags (it is built
 with ``-march=native``). Without a C compiler ``available()`` is False and ``backends.quant.quantizer`` uses its
-pure-torch path of ``fused.py``, which gives bit-identical results, slower; a warning says so once.
+pure-torch path of ``torch_path.py``, which gives bit-identical results, slower; a warning says so once.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def available() -> bool:
 
 def usable(x: torch.Tensor) -> bool:
     """Whether the kernel can take ``x``: a CPU tensor of a supported dtype, kernel built, and not
-    inside ``torch.compile`` (a compiled model traces the torch path of ``fused.py`` instead, which
+    inside ``torch.compile`` (a compiled model traces the torch path of ``torch_path.py`` instead, which
     computes the same bits and which a graph can hold; the kernel's pointers and ctypes cannot)."""
     return (
         x.device.type == "cpu"

@@ -37,7 +37,7 @@ INNER_FLOOR = 2.0**-9
 def run(
     xm: torch.Tensor, key: torch.Tensor, signs: torch.Tensor | None, p: Plan
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """``fused.run`` for a double-block plan (``p.outer``): values, or (codes (..., Kp) with K
+    """``torch_path.run`` for a double-block plan (``p.outer``): values, or (codes (..., Kp) with K
     padded to a multiple of the outer block, inner E4M3 scale codes (..., Kp / 16), the float32
     outer scales (..., Kp / outer) in the tensor-decode slot, None)."""
     O, B = p.outer, p.block

@@ -5,7 +5,7 @@ value in element units becomes a code and back, E8M0 scale codes, and the packin
 per byte in the layout of torch's ``float4_e2m1fn_x2`` (element 2i in the low nibble, 2i+1 in the high
 nibble, as torchao's ``pack_uint4`` and the Blackwell GEMMs expect).
 
-Element rounding itself lives in ``quant.py``; here a value must already be on the grid.
+Element rounding itself lives in ``quantizer.py``; here a value must already be on the grid.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from backends.quant.variants import prepare
 TOP = 1536.0
 """6 * 256: the value the tensor amax maps to (E2M1's 6 times the 4/6 E4M3 bound 256)."""
 DEQ = float(torch.tensor(1.0) / torch.tensor(TOP))
-"""fp32(1/1536), the dequantizer's factor (``quant.nv_decode``)."""
+"""fp32(1/1536), the dequantizer's factor (``operand.nv_decode``)."""
 ALPHA = float(torch.tensor(1.0) / torch.tensor(TOP * TOP))
 """fp32(1/1536^2): a native GEMM's alpha factor for two 4/6 operands."""
 MAP4 = 1.5  # map-to-4's scale is 6/4 times map-to-6's
@@ -86,7 +86,7 @@ def _tile_error(err: torch.Tensor, rows: int, rule: str) -> torch.Tensor:
 def run(
     xm: torch.Tensor, key: torch.Tensor, signs: torch.Tensor | None, p: Plan
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """``fused.run`` for a Four Over Six plan (``p.rule``): the same outputs (values, or codes,
+    """``torch_path.run`` for a Four Over Six plan (``p.rule``): the same outputs (values, or codes,
     E4M3 scale codes, the tensor decode scale and amax)."""
     b = prepare(xm, signs, p)
     e = p.elem

@@ -129,7 +129,7 @@ def quantize_rotated(
 def run(
     xm: torch.Tensor, key: torch.Tensor, signs: torch.Tensor | None, p: Plan
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """``fused.run`` for an MS-EDEN plan (``p.eden``, its group ``p.hadamard``): the same outputs
+    """``torch_path.run`` for an MS-EDEN plan (``p.eden``, its group ``p.hadamard``): the same outputs
     (values, or codes, E4M3 scale codes, ``s_dec`` and the rotated tensor's amax)."""
     G = p.hadamard
     if not G:

@@ -1,7 +1,7 @@
 """What a quantized operand is: its format (``BlockFormat``, ``FORMATS``), how it is quantized
 (``QuantSpec``, checked when made) and the result (``QTensor``: codes, scales, and what decodes
 them), with the float32 constants of NVFP4's decoding (TransformerEngine's arithmetic). The rules
-of quantization itself and its entry points are ``quant.py``'s."""
+of quantization itself and its entry points are ``quantizer.py``'s."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ class QuantSpec:
     fmt: BlockFormat = field(init=False, repr=False, compare=False)
     wire: str = field(init=False, repr=False, compare=False)
     """The spec as a JSON string of its fields (declaration order, enums by value): what the
-    quantizer's custom ops take (``qops.py``), stable across processes. An attribute, not a
+    quantizer's custom ops take (``ops.py``), stable across processes. An attribute, not a
     function of the spec, so that a traced model reads it as a constant (torch 2.11's Dynamo
     cannot pass a frozen dataclass to a function it runs at trace time)."""
 
@@ -160,7 +160,7 @@ class QuantSpec:
 
     @property
     def variant(self) -> bool:
-        """Whether a ``variants`` option is set: only the torch path of ``fused.py`` runs it."""
+        """Whether a ``variants`` option is set: only the torch path of ``torch_path.py`` runs it."""
         return self.scale_rule is not None or self.rounding == "eden" or bool(self.outer_block)
 
     @property
@@ -301,7 +301,7 @@ class QTensor:
     ``global_amax``: float32 scalar amax of the tensor, NVFP4 only (NaN for a non-finite tensor):
     NVFP4 values decode as ``q * ((s * global_amax) * fp32(1/2688))``, as TransformerEngine's do
     (``1/1536`` with Four Over Six; MS-EDEN's as ``q * (s * global_dec)``). ``outer_scales``:
-    float32 ``(..., Kp // outer_block)`` of double-block NVFP4 (``outer_block.py``), whose values
+    float32 ``(..., Kp // outer_block)`` of double-block NVFP4 (``double_block.py``), whose values
     decode as ``q * (outer * s)``, and whose codes are padded to a multiple of the outer block.
     """
 

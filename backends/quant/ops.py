@@ -5,10 +5,10 @@
 while Dynamo traces a model (``torch.compiler.is_compiling()``), each becomes one call of a custom op
 (``ablate::quantize``, ``ablate::fake_quantize``) that the graph holds as a single node; at run time
 the op calls the eager quantizer (the C kernel on the CPU; on CUDA the fused kernels that
-``fused.compiled`` builds once per quantizer plan and shares between every layer and GEMM).
+``torch_path.compiled`` builds once per quantizer plan and shares between every layer and GEMM).
 
 Why not trace the quantizer into the model's graph: its branch-free arithmetic is 100-200 graph
-nodes per operand (``fused.py``), and a transformer block quantizes 42 operands (7 linears x 3
+nodes per operand (``torch_path.py``), and a transformer block quantizes 42 operands (7 linears x 3
 GEMMs x 2), so a block's graph grows from about 100 nodes to about 6,000, and Inductor's lowering
 time with it: one MXFP4 block took 6-15 minutes to compile on a 2-core CPU, where the opaque op
 compiles the block in well under a minute and each quantizer plan once. The price is one Python call
@@ -16,7 +16,7 @@ per quantized operand per step (the op's dispatch and the compiled kernel's guar
 fusion of the quantizer with the op that produced its input; the bits are the same either way.
 
 ``ABLATE_QUANT_OPS=0`` traces the quantizer into the graph as before (for a long run whose compile
-time does not matter and which wants the last fusion; ``fused.py``'s arithmetic compiles under
+time does not matter and which wants the last fusion; ``torch_path.py``'s arithmetic compiles under
 Inductor bit for bit, see ``tests/backends/quant/test_quant.py``).
 
 The ops quantize along the last dimension of their input (the caller moves the axis there and back,

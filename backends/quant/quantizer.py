@@ -10,8 +10,8 @@ Two entry points; every path below is bit-identical to the reference, and tested
 Both run the C kernel of ``ckernel.py`` on the CPU and, on a GPU (or a CPU without a C compiler),
 the branch-free torch arithmetic of ``torch_path.py``, compiled into fused kernels on CUDA
 (``quantize_fused``/``fake_quantize_fused`` call that path directly, on any device). The types
-they take and return (``QuantSpec``, ``QTensor``, the formats) are ``qtypes.py``'s, re-exported
-here.
+they take and return (``QuantSpec``, ``QTensor``, the formats) are ``operand.py``'s; the
+package's face (``backends.quant``) exports them all.
 
 The NVFP4 variants of the 2026 recipes (``variants.py``: Four Over Six's ``scale_rule``, MS-EDEN's
 ``rounding: eden``, double-block ``outer_block``) have their own modules and run on the torch path of

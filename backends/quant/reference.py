@@ -1,9 +1,9 @@
 """The specification of the quantizers: slow, readable, pure torch, any device.
 
-``quantize_reference`` is what ``quantize`` must equal bit for bit (the C kernel of ``_kernel.py``
-and the torch arithmetic of ``fused.py`` are tested against it): rounding by a search of the element
+``quantize_reference`` is what ``quantize`` must equal bit for bit (the C kernel of ``ckernel.py``
+and the torch arithmetic of ``torch_path.py`` are tested against it): rounding by a search of the element
 grid in float64, the shared exponent from ``frexp``. The rules it implements are listed in
-``quant.py``'s docstring; the scale modes are those of ``formats.ScaleMode``.
+``quantizer.py``'s docstring; the scale modes are those of ``formats.ScaleMode``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _e8m0_exponent_reference(amax: torch.Tensor, elem: ElementFormat, mode: Scal
 def nv_block_scales(
     amax: torch.Tensor, genc: float, gdec: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """NVFP4 block scales in TransformerEngine's float32 arithmetic (``quant.py``'s docstring):
+    """NVFP4 block scales in TransformerEngine's float32 arithmetic (``quantizer.py``'s docstring):
     (the E4M3 block decode scales as float8_e4m3fn, the float32 element encode factors) of float32
     block maxima ``amax`` under the tensor scales ``genc`` = S_enc and ``gdec`` = 1 / S_enc."""
 

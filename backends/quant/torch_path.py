@@ -1,7 +1,7 @@
 """The quantizer in branch-free torch arithmetic, for ``torch.compile`` to fuse on a GPU.
 
 ``reference.py`` holds the specification (``quantize_reference``: a grid search in float64) and
-``quant.py`` runs it fast on the CPU through the C kernel. Neither suits a GPU: the search is slow there and the C kernel
+``quantizer.py`` runs it fast on the CPU through the C kernel. Neither suits a GPU: the search is slow there and the C kernel
 is CPU-only. This module computes the same bits with integer and float32 operations that a compiler
 can fuse, and on CUDA hands them to ``torch.compile`` (Inductor -> Triton), so a quantize-dequantize
 (and the Hadamard transform before it) becomes a few fused kernels instead of dozens of eager ones
@@ -147,8 +147,8 @@ PlanRunner = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor | None, Plan],
     tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
 ]
-"""``run``, or another quantizer with its signature (``scale_rule.run``, ``eden.run``,
-``outer_block.run``: the quantizers only this torch path runs)."""
+"""``run``, or another quantizer with its signature (``four_over_six.run``, ``ms_eden.run``,
+``double_block.run``: the quantizers only this torch path runs)."""
 
 
 @functools.cache

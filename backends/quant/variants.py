@@ -13,8 +13,8 @@ module, its arithmetic transcribed from its source and tested against it bit for
     outer_block: N         ``outer_block``   TetraJet-v2's double-block NVFP4: an FP32 scale per N
                                              elements (128) instead of one per tensor
 
-Fast path: none of them is in the C kernel of ``_kernel.py``. ``quant.quantize`` and
-``quant.fake_quantize`` send them to the torch path of ``fused.py`` (``fused.call`` with the
+Fast path: none of them is in the C kernel of ``ckernel.py``. ``quantizer.quantize`` and
+``quantizer.fake_quantize`` send them to the torch path of ``torch_path.py`` (``torch_path.call`` with the
 module's ``run``) on every device: eager on the CPU (slower than the kernel: a 4/6 operand is
 quantized twice and its errors compared), compiled by ``torch.compile`` on CUDA, and traced into a
 compiled model like the rest of the quantizer.
@@ -41,7 +41,7 @@ OUTER_BLOCKS = (32, 64, 128, 256, 512, 1024)
 
 def check(spec: Any) -> None:
     """Raise ValueError (starting with the field's name) unless the variant options of ``spec``
-    (a ``quant.QuantSpec``) fit its format and each other."""
+    (a ``operand.QuantSpec``) fit its format and each other."""
     fmt = spec.format
     if spec.scale_rule is not None:
         if spec.scale_rule not in SCALE_RULES:

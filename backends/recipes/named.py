@@ -18,8 +18,8 @@ by tensor (``x`` activations, ``w`` weights, ``dy`` output gradients; see ``reci
 
 (RHT: Hadamard with random signs, redrawn every call unless "fixed"; H: deterministic Hadamard;
 SR*3/4: stochastic rounding after the clip-free 3/4 prescale (16/17: fouroversix's unbiased SR);
-4/6: Four Over Six block scales, error measure MSE unless named (``scale_rule.py``); MS-EDEN:
-``eden.py``; o128: an FP32 scale per 128 elements (``outer_block.py``); the rest rounds to
+4/6: Four Over Six block scales, error measure MSE unless named (``four_over_six.py``); MS-EDEN:
+``ms_eden.py``; o128: an FP32 scale per 128 elements (``double_block.py``); the rest rounds to
 nearest-even.)
 Block selection (the first/last blocks in BF16, layer types, block indices) is the study's
 ``keep_first``/``keep_last``/``layers``, applied on top with ``Recipe.select``.
@@ -218,7 +218,7 @@ def quartet_ii(base: str = "bf16") -> Recipe:
     - backward: every operand of dgrad (dY, W^T) and wgrad (dY^T, X^T) rotated by a 128-point
       Hadamard transform with signs redrawn at every backward pass, then MS-EDEN
       (``rounding: eden``): round to nearest, each rotation group's scale corrected and rounded
-      stochastically into E4M3 (``eden.py``).
+      stochastically into E4M3 (``ms_eden.py``).
 
     Approximated: (1) the forward's 4/6 follows fouroversix's arithmetic (Quartet II's Triton
     kernel divides where fouroversix multiplies by a reciprocal, rounds ties away from zero and
@@ -242,7 +242,7 @@ def tetrajet_v2(base: str = "bf16") -> Recipe:
     inner block 16, outer block 128, ``backward_stochastic``, ``hadamard_bwd`` for dX and dW;
     ``olmo/quantization_real/linear.py``, ``kernels/csrc/quant_fp4.cu``). Every operand in
     double-block NVFP4 (E4M3 scale per 16, FP32 scale per 128 along the reduction dimension:
-    ``outer_block.py``):
+    ``double_block.py``):
 
     - fprop: x (quantizer 1) and w (2) round to nearest, no Hadamard transform;
     - dgrad: dY (3) and W^T (4) rotated by a 16-point Hadamard transform with random signs (one

@@ -169,7 +169,7 @@ class Recipe:
     """The last N transformer blocks stay in high precision."""
     layer_types: tuple[str, ...] | None = None
     """Only linears of these types follow the recipe (``attention``: the attention projections,
-    ``mlp``: the feed-forward ones; see ``linear.layer_type``); None: every linear."""
+    ``mlp``: the feed-forward ones; see ``backends.layer.convert.layer_type``); None: every linear."""
     blocks: tuple[int, ...] | None = None
     """Only linears of these transformer blocks follow the recipe (negative: from the end);
     None: every block."""

@@ -59,7 +59,7 @@ def test_a_checkpointed_layer_draws_the_forwards_streams_and_a_plain_checkpoint_
 
 
 def test_a_replay_that_makes_more_calls_than_its_forward_is_refused():
-    from backends.layer.linear import CallTape
+    from backends.layer.streams import CallTape
 
     layer, x = _layer(), torch.randn(4, 64)
     tape = CallTape()

@@ -22,7 +22,7 @@ from ablate.train.checkpoint import checkpoint_info
 from ablate.train.device import resolve_device
 from ablate.train.parallel import process_group
 from backends.layer import QuantLinear
-from backends.layer.linear import key_prefixes, per_rank
+from backends.layer.streams import key_prefixes, per_rank
 from backends.quant.rng import GEMM_IDS, OPERAND_IDS, derive_key
 from backends.recipes import GEMMS, OPERANDS, Recipe
 
@@ -92,13 +92,13 @@ def test_a_layers_device_keys_and_python_keys_agree_on_every_rank():
     for rank in (0, 1, 3):
         layer.rank = rank
         call = torch.tensor(11, dtype=torch.int64)
-        table = layer._key_table(call)
+        table = layer.key_table(call)
         for g in GEMMS:
-            dev, py = layer._keys(g, call, table), layer._keys(g, 11)
+            dev, py = layer.keys(g, call, table), layer.keys(g, 11)
             assert (int(dev.a), int(dev.b), int(dev.signs)) == (py.a, py.b, py.signs)
     a_op = OPERANDS["fprop"][0]
     expect = derive_key(5, 2, GEMM_IDS["fprop"], OPERAND_IDS[a_op], (1 << 40) + 3, 11)
-    assert layer._keys("fprop", 11).a == expect
+    assert layer.keys("fprop", 11).a == expect
 
 
 def test_a_loaded_checkpoint_keeps_the_layers_rank():
@@ -173,11 +173,11 @@ def _rank_main(rank: int, world: int, tmp: str, d: dict[str, Any]) -> None:
             g = layer.recipe.fprop
             assert g.a is not None and g.b is not None
             fixed = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
-            k = layer._keys("fprop", call)
+            k = layer.keys("fprop", call)
             w = layer.weight.full_tensor() if hasattr(layer.weight, "full_tensor") else layer.weight
             out["w_q"] = quantize(w.detach(), g.b, axis=1, key=k.b).dequantize().tolist()
             out["x_q"] = quantize(fixed, g.a, axis=1, key=k.a).dequantize().tolist()
-            out["signs"] = layer.signs("wgrad", layer._keys("wgrad", call)).tolist()
+            out["signs"] = layer.signs("wgrad", layer.keys("wgrad", call)).tolist()
             out["fprop_signs"] = layer.signs("fprop", k).tolist()
         Path(tmp, f"rank{rank}.json").write_text(json.dumps(out))
     finally:

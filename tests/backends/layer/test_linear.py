@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from backends import QuantLinear, QuantSpec, Recipe, convert_model, fake_quantize
-from backends.layer.linear import layer_type
+from backends.layer.convert import layer_type
 from backends.quant import hadamard_transform, sign_vector
 from backends.quant.rng import GEMM_IDS, OPERAND_IDS, derive_key
 from backends.recipes import GEMMS, NAMED_RECIPES, GemmRecipe, HadamardSpec, named_recipe

@@ -75,12 +75,12 @@ def test_device_keys_equal_the_python_derivation():
     layer = QuantLinear(32, 32, recipe=RECIPES["mxfp4_wgrad_sr_rht64"], layer_id=9, seed=2**33 + 5)
     for gemm, ops in {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("dy", "x")}.items():
         for call in (0, 1, 7, 2**32 + 3):
-            k = layer._keys(gemm, torch.tensor(call))
+            k = layer.keys(gemm, torch.tensor(call))
             seed, gid = 2**33 + 5, GEMM_IDS[gemm]
             assert int(k.a) == derive_key(seed, 9, gid, OPERAND_IDS[ops[0]], call)
             assert int(k.b) == derive_key(seed, 9, gid, OPERAND_IDS[ops[1]], call)
             assert int(k.signs) == derive_key(seed, 9, gid, 0, call)
-            assert layer._keys(gemm, call) == type(k)(int(k.a), int(k.b), int(k.signs))
+            assert layer.keys(gemm, call) == type(k)(int(k.a), int(k.b), int(k.signs))
 
 
 def test_key_prefixes_follow_a_loaded_seed():

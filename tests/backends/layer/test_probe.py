@@ -35,7 +35,7 @@ def _layer(intervention: str = "none", **kw) -> QuantLinear:
 
 def _call(layer: QuantLinear, a: torch.Tensor, b: torch.Tensor, call: int, gemm="fprop"):
     """A GemmCall as training would have captured it at ``call``."""
-    return GemmCall.of(layer, gemm, a, b, call, layer._gemm(gemm, a, b, call))
+    return GemmCall.of(layer, gemm, a, b, call, layer.run_gemm(gemm, a, b, call))
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_capture_records_every_gemm_as_the_backend_saw_it_and_changes_nothing():
     # draw 0 is the captured output; a redraw is the layer's GEMM on another stream
     assert redraw(layer, wgrad, 0) is wgrad.out
     r1 = redraw(layer, wgrad, 1)
-    assert torch.equal(r1, layer._gemm("wgrad", wgrad.a, wgrad.b, REDRAW_STRIDE))
+    assert torch.equal(r1, layer.run_gemm("wgrad", wgrad.a, wgrad.b, REDRAW_STRIDE))
     assert not torch.equal(r1, wgrad.out)
     assert int(layer.calls) == 1  # redraws advance nothing
 
@@ -113,7 +113,7 @@ def test_operand_statistics_see_the_operands_the_layer_quantizes(recipe, gemm):
     (sa, sb) = shapes[gemm]
     a, b = torch.randn(*sa, generator=g), torch.randn(*sb, generator=g)
     gr, call = recipe.gemm(gemm), 9
-    keys = layer._keys(gemm, call)
+    keys = layer.keys(gemm, call)
     h = gr.hadamard
     had = None if h is None else (h.size, signs_of(layer, gemm, call))
 
@@ -123,7 +123,7 @@ def test_operand_statistics_see_the_operands_the_layer_quantizes(recipe, gemm):
         return quantize(t, spec, axis=1, key=key, hadamard=had).dequantize()
 
     mine = deq(a, gr.a, keys.a) @ deq(b, gr.b, keys.b).t() * gr.output_scale
-    torch.testing.assert_close(mine, layer._gemm(gemm, a, b, call), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mine, layer.run_gemm(gemm, a, b, call), rtol=1e-5, atol=1e-5)
     stats = gemm_operand_stats(layer, [GemmCall.of(layer, gemm, a, b, call, mine)], "a")
     assert (stats is None) == (gr.a is None)
 
