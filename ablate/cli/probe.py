@@ -14,6 +14,7 @@ import click
 from ablate.cli.common import load, max_cells_opt, output_opt, study_arg, tracking_uri_opt
 from ablate.errors import AblateError
 from ablate.spec import Cell, Study
+from backends.recipes import GEMMS
 
 _SUMMARY = ("cos", "align", "rel_err", "sqnr_db", "bias_ratio", "step_cos", "sum_ratio")
 
@@ -195,7 +196,7 @@ def _log(
 
 def _summary(label: str, step: int, metrics: dict[str, float]) -> str:
     lines = [f"{label} @ step {step}:"]
-    for gemm in ("fprop", "dgrad", "wgrad"):
+    for gemm in GEMMS:
         shown = [
             f"{m}={metrics[k]:.4g}"
             for m in _SUMMARY

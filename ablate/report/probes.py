@@ -28,9 +28,9 @@ from matplotlib.figure import Figure
 
 from ablate.report import markup, plots
 from ablate.report.markup import Block
+from backends.recipes import GEMMS
 
 PROBE_COLUMNS = ("key", "step", "metric", "value")
-GEMMS = ("fprop", "dgrad", "wgrad")
 LATE = 0.5
 """The structure measures are averaged over the probes from this fraction of training on."""
 FIGURES = {

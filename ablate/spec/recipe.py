@@ -59,9 +59,8 @@ from backends.recipes import (
 from backends.recipes.named import USES_BASE
 from backends.recipes.recipe import base_gemm
 
-FormatName = Literal[
-    "bf16", "mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2", "fp8_e4m3", "fp8_e5m2"
-]  # fmt: skip
+FormatName = Literal[("bf16", *FORMATS)]  # type: ignore[valid-type]
+"""What an operand's ``format`` may be: a quantized format (``FORMATS``), or bf16 (high precision)."""
 
 
 def _option_types() -> dict[str, Any]:

@@ -17,9 +17,8 @@ from ablate.spec.recipe import GemmsSpec, LayersSpec, check_recipe_name, explici
 from ablate.spec.speedup import SpeedupSpec
 from ablate.train.config import ProbeConfig, RunConfig, TrainConfig
 from backends.gemm import available_backends
-from backends.recipes import GEMMS, Recipe, parse_intervention
+from backends.recipes import GEMMS, Gemm, Recipe, parse_intervention
 
-Gemm = Literal["fprop", "dgrad", "wgrad"]
 RECIPE_AXES = (
     "fp4_gemms",
     "intervention",

@@ -18,7 +18,7 @@ from ablate.data import SEED_LIMIT, DataConfig
 from ablate.key import always, digest, key_fields, never, unless_default
 from ablate.model import PRESETS, ModelConfig
 from ablate.model.hf import check_config
-from backends.recipes import Recipe
+from backends.recipes import GEMMS, Gemm, Recipe
 
 Precision = Literal["auto", "bf16", "fp32"]
 Compile = Literal["auto"] | bool
@@ -26,7 +26,7 @@ Parallel = Literal["auto", "none", "ddp", "fsdp"]
 Checkpointing = Literal["none", "blocks"]
 AllGather = Literal["fp32", "bf16"]
 Status = Literal["finished", "diverged", "stopped"]
-ProbeGemm = Literal["fprop", "dgrad", "wgrad"]
+ProbeGemm = Gemm
 
 
 # How the fields below enter a cell's key (``ablate.key``): the value the key holds on a device kind
@@ -255,7 +255,7 @@ class ProbeConfig:
                 raise ValueError(f"probe.{name}: must be >= 1, got {getattr(self, name)}")
         if self.window < 2:
             raise ValueError(f"probe.window: must be >= 2, got {self.window}")
-        allowed = ("fprop", "dgrad", "wgrad")
+        allowed = GEMMS
         if not self.gemms:
             raise ValueError(f"probe.gemms: empty; allowed: {', '.join(allowed)}")
         for i, g in enumerate(self.gemms):

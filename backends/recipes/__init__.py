@@ -11,6 +11,7 @@ from backends.recipes.recipe import (
     BASE_FORMATS,
     GEMMS,
     OPERANDS,
+    Gemm,
     GemmRecipe,
     HadamardSpec,
     Recipe,
@@ -20,6 +21,7 @@ from backends.recipes.recipe import (
 __all__ = [
     "BASE_FORMATS",
     "GEMMS",
+    "Gemm",
     "NAMED_RECIPES",
     "OPERANDS",
     "GemmRecipe",

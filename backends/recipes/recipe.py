@@ -25,12 +25,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 from backends.quant import FORMATS, SIGN_POLICIES, QuantSpec, ScaleMode, SignPolicy
 from backends.quant.hadamard import check_size
 
-GEMMS = ("fprop", "dgrad", "wgrad")
+Gemm = Literal["fprop", "dgrad", "wgrad"]
+"""A linear layer's three GEMMs (the module docstring's table)."""
+GEMMS: tuple[Gemm, ...] = get_args(Gemm)
 OPERANDS = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("dy", "x")}
 BASE_FORMATS = ("bf16", "fp8", "mxfp8")
 LAYER_TYPES = ("attention", "mlp")

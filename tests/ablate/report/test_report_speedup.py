@@ -218,3 +218,10 @@ def test_four_over_six_and_ms_eden_are_charged_on_the_gemms_that_use_them():
         pytest.approx(plain)
     )
     assert "Four Over Six" in spec.describe() and "MS-EDEN" in spec.describe()
+
+
+def test_the_speedup_models_gemms_are_the_recipes():
+    from ablate.spec.speedup import ROLES
+    from backends.recipes import GEMMS
+
+    assert ROLES == GEMMS
