@@ -8,6 +8,7 @@ command that runs it:
 - ``train``: training throughput of the presets per recipe;
 - ``data``: what prepared data costs to build and saves at a run's start;
 - ``probe``: a probe step's cost relative to a training step;
+- ``bias``: how biased a random quantizer is, element by element (Four Over Six under SR);
 - ``report``: ``ablate report`` on a large synthetic study;
 - ``ui``: the MLflow UI's start-up time and memory, MLflow's own against ``ablate ui``;
 - ``gpu``: the GPU benchmark (step times, quantizer bandwidth, a profile) into ``reports/gpu/``;

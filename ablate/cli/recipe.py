@@ -12,7 +12,7 @@ import yaml
 
 from ablate.spec.override import RecipeOverride
 from ablate.spec.recipe import select
-from backends.recipes import GEMMS, Recipe, named_recipe
+from backends.recipes import GEMMS, OPERANDS, Recipe, named_recipe
 
 
 @click.command()
@@ -99,6 +99,28 @@ def recipe(
         return
     click.echo(r.short())
     click.echo(recipe_table_text(r))
+    for note in recipe_notes(r):
+        click.echo(note)
+
+
+def recipe_notes(r: Recipe) -> list[str]:
+    """What a user of this recipe should know that its table does not show: Four Over Six under
+    stochastic rounding with the candidates compared as they round is biased."""
+    biased = [
+        f"{g}.{op}"
+        for g in GEMMS
+        for op, s in zip(OPERANDS[g], (r.gemm(g).a, r.gemm(g).b), strict=True)
+        if s is not None and s.scale_rule and s.rounding == "sr" and s.scale_pick == "rounded"
+    ]
+    if not biased:
+        return []
+    return [
+        f"note: {', '.join(biased)}: Four Over Six compares its two scales as they round "
+        "stochastically (scale_pick: rounded, the published recipe's choice), which makes the "
+        "gradient estimate biased: some elements' means stay off their values over many draws "
+        "(docs/recipes.md gives the measurement, `python -m ablate.bench.bias` repeats it). "
+        "scale_pick: nearest is unbiased, e.g. --set dgrad.dy.scale_pick=nearest"
+    ]
 
 
 def _named_or_variant(name: str, changes: tuple[str, ...], base: str) -> Recipe:
@@ -139,7 +161,8 @@ def _scale_text(o: dict[str, Any]) -> str:
     if o.get("scale_mode"):
         parts.append(o["scale_mode"])
     if o.get("scale_rule"):
-        parts.append(f"4/6-{o['scale_rule']}")
+        pick = "-nearest" if o.get("scale_pick") == "nearest" else ""
+        parts.append(f"4/6-{o['scale_rule']}{pick}")
     if o.get("outer_block"):
         parts.append(f"o{o['outer_block']}")
     return "+".join(parts) or "-"

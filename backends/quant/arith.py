@@ -79,6 +79,7 @@ class Plan:
     rule: str = (
         ""  # Four Over Six error measure: mse, mae, abs_max (``four_over_six.py``); "": none
     )
+    pick_nearest: bool = False  # Four Over Six: compare the candidates rounded to nearest
     eden: bool = False  # MS-EDEN rounding (``ms_eden.py``), its group the Hadamard size
     outer: int = 0  # elements per FP32 scale of double-block NVFP4 (``double_block.py``); 0: none
 

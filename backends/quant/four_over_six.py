@@ -26,6 +26,12 @@ float32 operation:
   fouroversix reference leaves the order to ``torch.sum``); a 2-D tile adds its 16 rows' sums in
   TransformerEngine's tree (rows i and i + 8, then i + 4, i + 2, i + 1);
 - the block takes map-to-4 where its error is strictly smaller (a tie keeps 6);
+- under stochastic rounding, comparing the candidates as they round with the same draws
+  (``scale_pick: rounded``, the sources' choice) makes the scale depend on the draws, and the
+  estimate biased (``docs/recipes.md`` gives the bias measured by ``python -m
+  ablate.bench.bias``; fouroversix's own reference draws the candidates' noise independently,
+  biased too, differently); ``scale_pick: nearest`` compares them as they round to nearest and
+  then rounds the chosen one stochastically, unbiased (``tests/backends/quant/test_scale_rule.py``);
 - values decode as ``q * ((s * amax) * fp32(1/1536))`` (NVFP4's TransformerEngine form with the
   4/6 bound; fouroversix's dequantizer computes ``((q * s) * amax) / 1536``, which may differ in
   the last bit); a native GEMM's alpha is ``(amax_a * amax_b) * fp32(1/1536^2)``.
@@ -95,6 +101,9 @@ def run(
     base = div(b.amax, 6.0) * genc  # (amax_b / 6) * S_enc
     u = uniform24(key, b.index) if p.sr else None
     target = b.xb if p.prescale == 1.0 else b.xb * p.prescale
+    # scale_pick nearest: the candidates are compared as they round to nearest, so the choice does
+    # not depend on the draws, and the chosen one then rounds stochastically: unbiased
+    pick_u = None if p.pick_nearest else u
     cands = []
     for factor in (1.0, MAP4):  # map-to-6, then map-to-4
         s = base if factor == 1.0 else base * factor
@@ -102,16 +111,20 @@ def run(
             s.clamp(max=E4M3_ELEM.max), E4M3_ELEM, None
         )  # E4M3, round to nearest even
         enc = torch.clamp(div(torch.ones_like(s8), s8 * gdec), max=F32_MAX)
-        q = round_to_grid(b.xb * (enc * p.prescale).unsqueeze(-1), e, u)
+        scaled = b.xb * (enc * p.prescale).unsqueeze(-1)
+        q = round_to_grid(scaled, e, pick_u)
         value = div((q * s8.unsqueeze(-1)) * tamax, TOP)  # what each candidate decodes to
         err = _block_error(value - target, p.rule)
         if p.rows > 1:
             err = _tile_error(err, p.rows, p.rule)
-        cands.append((s8, q, err))
-    (s6, q6, err6), (s4, q4, err4) = cands
+        cands.append((s8, scaled, q, err))
+    (s6, x6, q6, err6), (s4, x4, q4, err4) = cands
     pick4 = err4 < err6  # a tie keeps map-to-6
     s8 = torch.where(pick4, s4, s6)
-    q = torch.where(pick4.unsqueeze(-1), q4, q6)
+    if p.pick_nearest and u is not None:
+        q = round_to_grid(torch.where(pick4.unsqueeze(-1), x4, x6), e, u)
+    else:
+        q = torch.where(pick4.unsqueeze(-1), q4, q6)
     q = torch.where(nonfinite.unsqueeze(-1), torch.nan, q)
     if not p.values:
         scales = torch.where(nonfinite, 0x7F, encode(s8, E4M3_ELEM)).to(torch.uint8)

@@ -97,6 +97,13 @@ class QuantSpec:
     """Four Over Six (nvfp4): mse, mae or abs_max: per block, the scale mapping its maximum to 6
     or to 4, whichever errs less by that measure (``four_over_six.py``); None: the one NVFP4
     scale."""
+    scale_pick: str = field(
+        default="rounded", metadata=option(choices=variants.SCALE_PICKS, of_format=True)
+    )
+    """Four Over Six under stochastic rounding: compare the two candidate scales as they round,
+    with the same draws (``rounded``: the published recipes; biased, ``docs/recipes.md`` gives
+    the measured bias), or as they round to nearest, the chosen scale then rounding
+    stochastically (``nearest``: unbiased). The same under round to nearest."""
     outer_block: int | None = field(default=None, metadata=option(of_format=True))
     """Double-block nvfp4: an FP32 scale per this many elements (TetraJet-v2: 128) instead of one
     per tensor (``double_block.py``)."""
@@ -188,6 +195,7 @@ class QuantSpec:
             s += f"/{self.block_rows}x{self.block}"
         if self.scale_rule is not None:
             s += f"/4o6{self.scale_rule.replace('_', '')}"
+            s += "-nearest" if self.scale_pick == "nearest" else ""
         if self.outer_block:
             s += f"/o{self.outer_block}"
         if self.rounding != "rne":

@@ -294,6 +294,7 @@ def _plan(
         values=values,
         out_dtype=od,
         rule=spec.scale_rule or "",
+        pick_nearest=spec.scale_pick == "nearest",
         eden=spec.rounding == "eden",
         outer=spec.outer_block or 0,
     )

@@ -36,6 +36,10 @@ from backends.quant.hadamard import hadamard_transform_reference
 SCALE_RULES = ("mse", "mae", "abs_max")
 """Four Over Six's error measures: sum of squared errors, sum of absolute errors, largest error."""
 ROUNDINGS = ("rne", "sr", "eden")
+SCALE_PICKS = ("rounded", "nearest")
+"""How Four Over Six compares its two candidate scales: as each rounds (under stochastic rounding
+with the same draws, as the published recipes do: biased), or as each rounds to nearest, the
+chosen scale then rounding stochastically (unbiased)."""
 OUTER_BLOCKS = (32, 64, 128, 256, 512, 1024)
 
 
@@ -53,6 +57,16 @@ def check(spec: Any) -> None:
             raise ValueError(
                 f"scale_rule: Four Over Six needs E4M3 block scales (nvfp4), not {fmt}: a "
                 "power-of-two scale cannot take map-to-4's factor 1.5; allowed format: nvfp4"
+            )
+    if spec.scale_pick != "rounded":
+        if spec.scale_pick not in SCALE_PICKS:
+            raise ValueError(
+                f"scale_pick: unknown {spec.scale_pick!r}; allowed: {', '.join(SCALE_PICKS)}"
+            )
+        if spec.scale_rule is None:
+            raise ValueError(
+                "scale_pick: chooses between Four Over Six's two scales, so it needs a "
+                "scale_rule (mse, mae, abs_max); leave it out without one"
             )
     if spec.rounding == "eden":
         if fmt != "nvfp4":
@@ -161,6 +175,7 @@ def prepare(xm: torch.Tensor, signs: torch.Tensor | None, p: Plan, unit: int = 0
 __all__ = [
     "OUTER_BLOCKS",
     "ROUNDINGS",
+    "SCALE_PICKS",
     "SCALE_RULES",
     "Blocks",
     "check",

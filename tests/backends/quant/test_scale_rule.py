@@ -31,6 +31,7 @@ import torch
 
 from backends.quant import QuantSpec, fake_quantize, fake_quantize_fused, quantize, quantize_fused
 from backends.quant.four_over_six import DEQ
+from backends.quant.rng import derive_key
 
 F32 = torch.float32
 RULES = ("mse", "mae", "abs_max")
@@ -350,3 +351,51 @@ def test_compiled_path_equals_fouroversix(rows):
         where_scale_zero_differs=True,
     )
     assert torch.equal(fake_quantize_fused(x, spec, compile=True), fake_quantize(x, spec))
+
+
+def test_scale_pick_nearest_is_unbiased_and_the_recipes_rounded_pick_is_not():
+    # As test_quant's test_sr_is_unbiased: with n draws of a value between grid points D apart,
+    # the mean has std <= D / (2 sqrt n). With scale_pick nearest the block scale does not depend
+    # on the draws (the same for every key), so D is fixed, and each element's mean over n = 1000
+    # keys must lie within 5 such bounds of x * 16/17. Compared as they round (the recipe's
+    # rounded), the scale follows the draws and the mean is off by many bounds for some elements.
+    from test_quant import _spacing
+
+    n = 1000
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(11))
+    rounded = QuantSpec(format="nvfp4", scale_rule="mse", rounding="sr", prescale=16 / 17)
+    nearest = QuantSpec(
+        format="nvfp4", scale_rule="mse", rounding="sr", prescale=16 / 17, scale_pick="nearest"
+    )
+    q = quantize(x, nearest, key=1)
+    assert torch.equal(q.scales, quantize(x, nearest, key=2).scales)  # no draw moves the scale
+    d = q.nv_block_decode().double().repeat_interleave(16, -1)  # per element, float64
+    target = x.double() * (16 / 17)
+    bound = 5 * _spacing(target / d, "nvfp4") * d / (2 * n**0.5) + 1e-6 * x.double().abs()
+
+    def mean(spec: QuantSpec) -> torch.Tensor:
+        acc = torch.zeros_like(target)
+        for step in range(n):
+            acc += fake_quantize(x, spec, key=derive_key(3, step), out_dtype=F32).double()
+        return acc / n
+
+    err = (mean(nearest) - target).abs()
+    assert bool((err <= bound).all()), f"worst: {float((err / bound).max()):.2f} bounds"
+    biased = (mean(rounded) - target).abs() > bound
+    assert int(biased.sum()) >= 8, int(biased.sum())  # 15 of 1,024 here; unbiased: none
+
+
+def test_scale_pick_is_checked_and_labelled():
+    with pytest.raises(ValueError, match="scale_pick: chooses between Four Over Six's two scales"):
+        QuantSpec(format="nvfp4", scale_pick="nearest")
+    with pytest.raises(ValueError, match="scale_pick: unknown 'best'; allowed: rounded, nearest"):
+        QuantSpec(format="nvfp4", scale_rule="mse", scale_pick="best")
+    spec = QuantSpec(format="nvfp4", scale_rule="mse", rounding="sr", scale_pick="nearest")
+    assert spec.short() == "nvfp4/4o6mse-nearest/sr"
+    # round to nearest: the two picks are the same quantizer
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(5))
+    rne = QuantSpec(format="nvfp4", scale_rule="mae")
+    assert torch.equal(
+        fake_quantize(x, rne),
+        fake_quantize(x, QuantSpec(format="nvfp4", scale_rule="mae", scale_pick="nearest")),
+    )
