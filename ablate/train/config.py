@@ -18,6 +18,7 @@ from ablate.data import SEED_LIMIT, DataConfig
 from ablate.key import always, digest, key_fields, never, unless_default
 from ablate.model import PRESETS, ModelConfig
 from ablate.model.hf import check_config
+from ablate.numerics import FIRST_KEYED, NUMERICS_VERSION
 from backends.recipes import GEMMS, Gemm, Recipe
 
 Precision = Literal["auto", "bf16", "fp32"]
@@ -502,12 +503,16 @@ study can change how often it checkpoints, or move its output folder, and keep i
 ``probe`` is left out of both the same way (``config_hash``, ``run_params``)."""
 
 
-def config_hash(cfg: RunConfig) -> str:
+def config_hash(cfg: RunConfig, numerics: int = NUMERICS_VERSION) -> str:
     """A run's identity, its cell key: a hash of everything that changes its numbers, each field
     by the rule it declares (``ablate.key``): the resolved config less what changes no number,
     with the device *kind* (cpu or cuda, not which GPU) and the resolved precision; stable across
-    YAML spelling and order."""
-    return digest(key_fields(cfg, device_kind(cfg.device)))
+    YAML spelling and order. It holds the numerics version (``ablate.numerics``): ``numerics=``
+    an older one gives the key the same cell had then (version 1 held none)."""
+    d = key_fields(cfg, device_kind(cfg.device))
+    if numerics >= FIRST_KEYED:
+        d["numerics"] = numerics
+    return digest(d)
 
 
 def run_params(cfg: RunConfig) -> dict[str, Any]:

@@ -6,6 +6,8 @@ a number in a report can be traced to the code, device and precision that produc
     ablate_version  the installed distribution's version
     git_commit      the commit of the source tree ablate runs from ("unknown" outside a checkout)
     git_dirty       whether that tree had uncommitted changes to ablate/ or backends/
+    numerics        the numerics version (``ablate.numerics``): the same number, the same numerics
+                    on one machine kind; a bump means the numbers moved
     code_hash       a hash of the code that computes the numbers (backends/, ablate/model/,
                     ablate/data/ and ablate/train/,
                     Python and C sources, less the benchmarks and the probes, which change no
@@ -30,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from ablate.numerics import NUMERICS_VERSION
 from ablate.train.config import RunConfig, device_kind, resolved_compile, resolved_precision
 from backends.gemm.capabilities import device_description
 
@@ -98,6 +101,7 @@ def environment(config: RunConfig) -> dict[str, str]:
         "ablate_version": _version(),
         "git_commit": commit,
         "git_dirty": dirty,
+        "numerics": str(NUMERICS_VERSION),
         "code_hash": code_hash(),
         "torch": torch.__version__,
         "python": platform.python_version(),

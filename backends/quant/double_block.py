@@ -12,7 +12,8 @@ step one IEEE float32 operation:
 - inner E4M3 scale ``s = E4M3_RNE(min((imax / o) / 6, 448))`` of each 16 (the kernel's SATFINITE
   conversion), ``2^-9`` (E4M3's smallest subnormal) where ``(imax / o) / 6`` is 0;
 - elements ``E2M1(x * (1 / (o * s)))``, round to nearest even or stochastically, saturated at +-6
-  (0 where ``o * s`` is 0);
+  (0 where ``o * s`` is 0; ``E2M1(x / (o * s))`` where ``1 / (o * s)`` overflows, as the Triton
+  reference of the same repository divides: the CUDA kernel's product would be NaN there);
 - values ``q * (o * s)``, the kernel's dequantization.
 
 Not TetraJet-v2's: the stochastic rounding draws from this project's stream (TetraJet-v2's kernel
@@ -54,8 +55,17 @@ def run(
     s8 = round_to_grid(s.clamp(max=E4M3_ELEM.max), E4M3_ELEM, None)
     prod = o * s8
     inv = torch.where(prod != 0, div(torch.ones_like(prod), prod), 0.0)
+    # 1 / (o * s) overflows to inf once the block's scale is below 1 / FLT_MAX (an outer maximum
+    # under about 1.8e-38): there the elements are divided by o * s instead, as TetraJet-v2's own
+    # reference does, so a tiny block quantizes to its values and never to NaN
+    tiny = torch.isinf(inv).unsqueeze(-1)
+    scaled = torch.where(
+        tiny,
+        div(b.xb, prod.unsqueeze(-1)) * p.prescale,
+        b.xb * (inv * p.prescale).unsqueeze(-1),
+    )
     u = uniform24(key, b.index) if p.sr else None
-    q = round_to_grid(b.xb * (inv * p.prescale).unsqueeze(-1), e, u)
+    q = round_to_grid(scaled, e, u)
     nonfinite = outer_nonfinite.repeat_interleave(per, -1)
     q = torch.where(nonfinite.unsqueeze(-1), torch.nan, q)
     if not p.values:

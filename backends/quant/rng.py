@@ -5,6 +5,14 @@ A random stream here is a pure function of a 32-bit key and an element index, so
 kernel in ``csrc/quant.c`` computes the identical hash). ``mix32`` is the "lowbias32" integer hash
 from Wellons' hash-prospector (constants 0x21f0aaad, 0x735a2d97, shifts 16/15/15); both constants are
 below 2^31 so the torch version can use int64 arithmetic without overflow.
+
+The element index is hashed before the key is mixed in: ``mix32(mix32(mix32(lo ^ PHI) ^ hi) ^
+key)``. Were the key XORed into the index itself (``mix32(mix32(lo ^ key) ^ hi)``, numerics 1),
+two keys' streams would be the same numbers in another order (``stream_k2[i] = stream_k1[i ^ k1 ^
+k2]``, within the operand whenever the keys agree above its index width); hashed first, the index
+that would give one key's number under the other is a pseudo-random one, almost never inside the
+operand, and the streams of neighbouring and random keys are independent (``tests/backends/quant/
+test_rng.py`` measures it). ``PHI`` keeps index 0 off ``mix32``'s fixed point 0.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ def mix32(x: int) -> int:
 
 _KEY_INIT = 0x9E3779B9
 _HI_OFFSET = 0x85EBCA6B
+PHI = 0x9E3779B9  # 2^32 / golden ratio: the index offset of the stream hash
 
 
 def derive_key(*parts: int) -> int:
@@ -61,13 +70,14 @@ def _mix32_t(x: torch.Tensor) -> torch.Tensor:
 
 
 def random_bits(key: int | torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """32 random bits (in int64) per element index: ``mix32(mix32(lo ^ key) ^ hi)``.
+    """32 random bits (in int64) per element index: ``mix32(mix32(mix32(lo ^ PHI) ^ hi) ^ key)``,
+    the index hashed before the key enters (module docstring).
 
     ``key`` may be an int64 tensor (a compiled caller passes it as data, not as a constant)."""
     index = index.to(torch.int64)  # the arithmetic below needs 64 bits whatever the index dtype
     lo = index & M32
     hi = index >> 32
-    return _mix32_t(_mix32_t(lo ^ (key & M32)) ^ hi)
+    return _mix32_t(_mix32_t(_mix32_t(lo ^ PHI) ^ hi) ^ (key & M32))
 
 
 def uniform24(key: int | torch.Tensor, index: torch.Tensor) -> torch.Tensor:

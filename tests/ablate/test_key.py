@@ -1,5 +1,6 @@
 """A cell's key (``ablate.key``): every config field declares how it enters it, one function builds
-it from those declarations, and the keys cells were recorded under never change."""
+it from those declarations, the keys cells were recorded under never change for a numerics version,
+and the numerics version is in every key (``ablate.numerics``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from ablate.data import DataConfig, ValData
 from ablate.key import always, key_fields, never, rule_of, unless_default
 from ablate.model import ModelConfig
+from ablate.numerics import NUMERICS_VERSION
 from ablate.spec import load_study
 from ablate.tracking.adopt import legacy_config_hash
 from ablate.train.config import ProbeConfig, RunConfig, TrainConfig, config_hash
@@ -81,8 +83,8 @@ def test_a_field_added_at_its_default_leaves_every_key_as_it_was():
     assert key_fields(After(where="y"), "cpu") == key_fields(After(), "cpu")
 
 
-# Keys as the code before the rules computed them (every rule exercised by at least one config):
-# cells recorded under them must be found again.
+# Keys as the code before the rules computed them (numerics 1; every rule exercised by at least
+# one config): the keys of numerics 1 must stay these, so ``ablate adopt`` finds such cells.
 RECORDED = {
     "ac": "3195df54e1629c31",
     "cache": "1f94548535cb9ce6",
@@ -180,13 +182,14 @@ CASES = {
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_each_rule_keeps_the_key_cells_were_recorded_under(name):
-    assert config_hash(CASES[name]()) == RECORDED[name], (
+    assert config_hash(CASES[name](), numerics=1) == RECORDED[name], (
         "a cell's key changed: recorded cells would run again. If the numbers really changed, "
         "bump the numerics instead; if a field was added, declare it unless_default()"
     )
 
 
-# Every cell of the studies with kept reports, keyed as the code before the rules keyed them.
+# Every cell of the studies with kept reports, keyed as the code before the rules keyed them
+# (numerics 1).
 STUDY_KEYS = {
     "quickstart": [
         "102bfa95ffa67696",
@@ -289,7 +292,18 @@ STUDY_KEYS = {
 def test_every_cell_of_a_kept_study_keeps_its_recorded_key(name, monkeypatch):
     monkeypatch.chdir(ROOT)  # studies name their files relative to the repository
     study = load_study(ROOT / "studies" / f"{name}.yaml")
-    assert sorted(c.key for c in study.cells) == STUDY_KEYS[name]
+    assert sorted(config_hash(c.config, numerics=1) for c in study.cells) == STUDY_KEYS[name]
+
+
+def test_every_key_holds_the_numerics_version():
+    # a study resumed across a numerics change trains new cells: no key of this version is one of
+    # an earlier version, and the key moves with the version
+    for name, make in CASES.items():
+        cfg = make()
+        now = config_hash(cfg)
+        assert now == config_hash(cfg, numerics=NUMERICS_VERSION)
+        assert now not in {config_hash(cfg, numerics=v) for v in range(1, NUMERICS_VERSION)}, name
+        assert config_hash(cfg, numerics=NUMERICS_VERSION + 1) != now
 
 
 def test_the_legacy_key_reads_only_the_fields_of_its_time():

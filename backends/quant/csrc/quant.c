@@ -184,9 +184,10 @@ static inline int block_scale(uint32_t amax_bits, const qparams *p, float *enc, 
     return 1;
 }
 
-/* Uniform in [0, 1) on the 2^-24 grid for element index hi:lo (backends/rng.py: uniform24). */
+/* Uniform in [0, 1) on the 2^-24 grid for element index hi:lo (backends/quant/rng.py:
+   uniform24): the index hashed first, then the key mixed in. */
 static inline float u24(uint32_t key, uint32_t lo, uint32_t hi) {
-    const uint32_t h = mix32(mix32(lo ^ key) ^ hi);
+    const uint32_t h = mix32(mix32(mix32(lo ^ 0x9e3779b9u) ^ hi) ^ key);
     return (float)(int32_t)(h >> 8) * 5.9604644775390625e-08f; /* 2^-24, exact */
 }
 

@@ -100,6 +100,43 @@ def test_an_outer_block_with_a_nan_is_nan_and_no_other():
     assert not bool(v[5, :128].isnan().any()) and not bool(v[:5].isnan().any())
 
 
+def _tetrajet_v2_triton(x: torch.Tensor) -> torch.Tensor:
+    """The values of the same repository's Triton reference (``kernels/baseline_fakequant/
+    nvfp4_quant_fused_kernel.py``, round to nearest), which divides the elements by the scale
+    product (``x_abs_blocks / scale_product``) where the CUDA kernel multiplies by its
+    reciprocal; a zero inner scale becomes 2^-9 there as in the CUDA kernel."""
+    R, K = x.shape
+    xf = x.float()
+    outer = xf.reshape(R, K // 128, 128).abs().amax(-1) / torch.tensor(448.0) / torch.tensor(6.0)
+    outer = torch.where(outer == 0.0, torch.tensor(1.0), outer).repeat_interleave(8, -1)
+    inner = xf.reshape(R, K // 16, 16).abs().amax(-1) / outer / torch.tensor(6.0)
+    inner8 = inner.clamp(max=448.0).to(torch.float8_e4m3fn).to(F32)
+    inner8 = torch.where(inner8 == 0.0, torch.tensor(2.0**-9), inner8)
+    product = (inner8 * outer).unsqueeze(-1)
+    xb = xf.reshape(R, K // 16, 16)
+    scaled = torch.where(product == 0, torch.tensor(0.0), xb / product)
+    return (_e2m1_rn(scaled) * product).reshape(R, K)
+
+
+def test_a_tiny_outer_block_quantizes_to_its_values_not_to_nan():
+    # an outer maximum of 1e-38: the scale product is about 1.7e-39, whose reciprocal overflows
+    x = torch.zeros(1, 128)
+    x[0, 0], x[0, 1] = 1e-38, 2.5e-39
+    v = fake_quantize(x, SPEC, out_dtype=F32)
+    assert not bool(v.isnan().any())
+    assert torch.equal(v, _tetrajet_v2_triton(x))
+    # the values themselves, to the precision a subnormal outer scale leaves (1e-38 / 2688)
+    torch.testing.assert_close(v[0, :2], x[0, :2], rtol=1e-3, atol=0)
+    assert bool(v[0, 2:].eq(0).all())
+    # across scales, down to subnormal outer maxima, never a NaN where the reference has a number
+    for e in range(-45, -30):
+        x = torch.randn(4, 256, generator=torch.Generator().manual_seed(e)) * 10.0**e
+        v = fake_quantize(x, SPEC, out_dtype=F32)
+        ref = _tetrajet_v2_triton(x)
+        assert not bool(v.isnan().any()) and torch.equal(v.isnan(), ref.isnan())
+        assert torch.equal(v, ref), e
+
+
 def test_a_ragged_row_pads_to_the_outer_block():
     x = _cases(3)[:, :200]
     q = quantize(x, SPEC)
