@@ -35,6 +35,11 @@ from ablate.errors import AblateError
 @click.option(
     "--no-titles", is_flag=True, help="Figures without titles (a paper's captions carry them)."
 )
+@click.option(
+    "--mix-numerics",
+    is_flag=True,
+    help="Compare runs of two numerics versions (refused otherwise; the report says so).",
+)
 def report(
     study_file: str | None,
     out_dir: str | None,
@@ -44,6 +49,7 @@ def report(
     max_cells: int,
     no_attach: bool,
     no_titles: bool,
+    mix_numerics: bool,
 ) -> None:
     """Tokens to target per configuration, relative cost, projected speedup and convergence plots.
 
@@ -74,7 +80,9 @@ def report(
     else:
         raise click.UsageError("give a STUDY.yaml, or --tracking-uri and --study")
     try:
-        rep = report_study(study, out_dir, attach=not no_attach, titles=not no_titles)
+        rep = report_study(
+            study, out_dir, attach=not no_attach, titles=not no_titles, mix_numerics=mix_numerics
+        )
     except AblateError as e:
         raise click.ClickException(str(e)) from None
     click.echo(rep.report_md)

@@ -1,5 +1,5 @@
-"""The commands that run a study and look at its runs: ``run``, ``status``, ``adopt`` (re-key runs
-recorded before keys counted device and precision) and ``ui`` (the MLflow UI on the study's store)."""
+"""The commands that run a study and look at its runs: ``run``, ``status``, ``adopt`` (runs
+recorded under an older key, taken over knowingly) and ``ui`` (the MLflow UI on the study's store)."""
 
 from __future__ import annotations
 
@@ -128,11 +128,16 @@ def run(
 def adopt(
     study_file: str, output: str | None, max_cells: int, tracking_uri: str | None, yes: bool
 ) -> None:
-    """Adopt a study's runs recorded before cell keys named the device and precision.
+    """Adopt a study's runs recorded under an older key, knowingly.
 
-    Re-tags each such run with its cell's new key (and moves its checkpoint), so that `run`
-    skips or resumes it instead of training it again. This asserts that the old runs trained
-    on the device kind and precision the study now resolves to; if not, let them rerun.
+    A cell's key changed when keys came to name the device kind and precision, and changes at
+    every bump of the numerics version (the numbers the code computes). Adopting re-tags each
+    run found under a cell's older key with its current key (and moves its checkpoint), so that
+    `run` skips or resumes it instead of training it again. It asserts that the old runs trained
+    on the device kind and precision the study now resolves to. A run of an older numerics
+    version keeps its version: `report` then refuses to compare it with newer runs unless given
+    --mix-numerics; only runs that ended are adopted across numerics (an unfinished one would
+    resume with other numerics), the others run again.
 
     \b
     Example:
@@ -140,6 +145,7 @@ def adopt(
     """
     from ablate.driver.runner import study_lock
     from ablate.errors import TrackingError
+    from ablate.numerics import NUMERICS_VERSION
     from ablate.tracking import StudyTracker
     from ablate.tracking.adopt import adopt as adopt_runs
     from ablate.tracking.adopt import adoptable
@@ -151,7 +157,12 @@ def adopt(
             tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
             out = study.output_dir.resolve()
             held.enter_context(tracker.driver_lock("run", command="ablate adopt", output=out))
-            found = adoptable(study, tracker)
+            found, rerun = adoptable(study, tracker)
+            for a in rerun:
+                click.echo(
+                    f"  not adopted: {a.cell.label} ({a.status} under numerics {a.numerics}: "
+                    f"resumed now it would mix two numerics in one run; it runs again)"
+                )
             if not found:
                 click.echo(f"{study.name}: no run recorded under an old key; nothing to adopt")
                 return
@@ -161,7 +172,14 @@ def adopt(
                 ck = ", checkpoint" if a.checkpoint else ""
                 click.echo(
                     f"  {a.old_key} -> {a.cell.key}  {a.cell.label}  ({a.status}{ck}; "
-                    f"asserted {kind}/{prec})"
+                    f"numerics {a.numerics}; asserted {kind}/{prec})"
+                )
+            older = sum(a.numerics != NUMERICS_VERSION for a in found)
+            if older:
+                click.echo(
+                    f"  {older} of these trained with older numerics than this code's "
+                    f"({NUMERICS_VERSION}); they keep their version, and `ablate report` compares "
+                    "them with newer runs only with --mix-numerics"
                 )
             if not yes and not click.confirm(f"adopt these {len(found)} runs?", default=False):
                 raise SystemExit(1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 PROVENANCE = (
+    "numerics",
     "code_hash",
     "git_commit",
     "git_dirty",
@@ -20,20 +21,59 @@ PROVENANCE = (
     "ablate_version",
 )
 """The ``env.*`` fields a report carries per run (the names of ``ablate.train.provenance``)."""
-PER_CONFIG = ("code_hash", "git_commit", "device_name", "precision", "torch")
+PER_CONFIG = ("numerics", "code_hash", "git_commit", "device_name", "precision", "torch")
 """The fields summary.csv carries per configuration (distinct values over its runs, "; "-joined)."""
 UNKNOWN = "unknown"
 
 
+FIRST_VERSION = "1"
+"""The numerics of a run that recorded none: every run before the version existed."""
+
+
 def _columns(cells: Any) -> Any:
     """``cells`` restricted to runs that exist, with every provenance column present (unknown
-    where missing or empty)."""
+    where missing or empty; a run's empty ``numerics`` is version 1, which recorded none)."""
     ran = cells[cells["status"] != "pending"].copy()
     for col in PROVENANCE:
         if col not in ran.columns:
             ran[col] = UNKNOWN
-        ran[col] = ran[col].fillna("").astype(str).replace("", UNKNOWN)
+        empty = FIRST_VERSION if col == "numerics" else UNKNOWN
+        ran[col] = ran[col].fillna("").astype(str).replace("", empty)
     return ran
+
+
+def numerics_versions(cells: Any) -> dict[str, list[str]]:
+    """The numerics versions of the runs that recorded provenance: version -> its configurations."""
+    ran = _columns(cells)
+    ran = ran[ran["numerics"] != UNKNOWN]
+    return {
+        str(v): list(dict.fromkeys(sub["config"])) for v, sub in ran.groupby("numerics", sort=True)
+    }
+
+
+def check_numerics(cells: Any, *, mixed: bool = False) -> str | None:
+    """Raise ``ReportError`` when the runs come from more than one numerics version (cells
+    adopted from an older store beside new ones), naming each version's configurations; with
+    ``mixed`` return the note the report then carries instead. None when there is one."""
+    from ablate.errors import ReportError
+
+    versions = numerics_versions(cells)
+    if len(versions) < 2:
+        return None
+    which = "; ".join(
+        f"numerics {v}: {', '.join(f'`{c}`' for c in cfgs[:6])}{' ...' if len(cfgs) > 6 else ''}"
+        for v, cfgs in versions.items()
+    )
+    if not mixed:
+        raise ReportError(
+            f"the runs come from {len(versions)} numerics versions ({which}): comparing them "
+            "mixes two sets of numbers. Rerun the older cells (`ablate run --rerun-stale`), or "
+            "report them anyway with --mix-numerics (the report then says so)"
+        )
+    return (
+        f"The runs come from {len(versions)} numerics versions ({which}), compared anyway "
+        "(--mix-numerics): differences between them may be the numerics', not the recipes'."
+    )
 
 
 def _distinct(values: Any) -> str:
@@ -54,11 +94,13 @@ def per_config(cells: Any) -> Any:
 
 
 def table(cells: Any) -> tuple[list[str], list[list[str]]]:
-    """The report's Provenance table: one row per distinct (code, commit, device, precision, torch,
-    ablate) combination, with how many runs and which configurations it produced."""
+    """The report's Provenance table: one row per distinct (numerics, code, commit, device,
+    precision, torch, ablate) combination, with how many runs and which configurations it
+    produced."""
     ran = _columns(cells)
     headers = [
         "runs",
+        "numerics",
         "code hash",
         "git commit",
         "device",
@@ -68,12 +110,14 @@ def table(cells: Any) -> tuple[list[str], list[list[str]]]:
         "configs",
     ]
     rows = []
-    keys = ["code_hash", "git_commit", "git_dirty", "device_name", "precision", "torch"]
+    keys = ["numerics", "code_hash", "git_commit", "git_dirty", "device_name", "precision", "torch"]
     for values, sub in ran.groupby([*keys, "ablate_version"], sort=True):
-        code, commit, dirty, device, precision, torch, version = values
+        numerics, code, commit, dirty, device, precision, torch, version = values
         commit_text = commit[:12] + (" (dirty)" if dirty == "true" else "")
         configs = ", ".join(f"`{c}`" for c in dict.fromkeys(sub["config"]))
-        rows.append([str(len(sub)), code, commit_text, device, precision, torch, version, configs])
+        rows.append(
+            [str(len(sub)), numerics, code, commit_text, device, precision, torch, version, configs]
+        )
     return headers, rows
 
 

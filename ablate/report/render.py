@@ -84,16 +84,21 @@ def build_report(
     probes: Any = None,
     probe_settings: Mapping[str, Any] | None = None,
     titles: bool = True,
+    mix_numerics: bool = False,
 ) -> ReportResult:
     """Compute tokens to target per cell and configuration, draw the figures and write the report.
 
     ``notes`` are the caller's own lines (e.g. runs still in progress), shown under the target;
     ``titles`` False leaves the figures' titles out (a paper's captions carry them).
     ``probes`` (the contract of ``report.probes``), when it has rows, adds the probe section.
+    Runs of two numerics versions are refused (``provenance.check_numerics``) unless
+    ``mix_numerics``, which notes them instead.
     Raises ``ReportError`` when the inputs break the contract or the target cannot be resolved; a
     baseline that never reaches the target is not an error (its costs are NaN and the report says so).
     """
     check_inputs(cells, evals)
+    mixed = provenance.check_numerics(cells, mixed=mix_numerics)
+    notes = [*notes, mixed] if mixed else notes
     spec = speedup if speedup is not None else SpeedupSpec()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -76,10 +76,16 @@ def probe_frame(study: Study, cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def report_study(
-    study: Study, out_dir: str | Path | None = None, *, attach: bool = True, titles: bool = True
+    study: Study,
+    out_dir: str | Path | None = None,
+    *,
+    attach: bool = True,
+    titles: bool = True,
+    mix_numerics: bool = False,
 ) -> ReportResult:
     """Write the study's report (default ``reports/<study>/``) and attach it to the parent run;
-    ``titles`` False leaves the figures' titles out."""
+    ``titles`` False leaves the figures' titles out; ``mix_numerics`` compares runs of two
+    numerics versions (``build_report``)."""
     cells, evals = study_frames(study)
     ended = cells["status"].isin(["finished", "diverged"])
     if not ended.any():
@@ -117,6 +123,7 @@ def report_study(
         probes=probes,
         probe_settings=study.spec.probe.to_dict() if study.spec.probe is not None else None,
         titles=titles,
+        mix_numerics=mix_numerics,
     )
     if attach:
         tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)

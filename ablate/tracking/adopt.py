@@ -1,13 +1,18 @@
-"""Adopting a study recorded before cell keys named the device kind and the resolved precision.
+"""Adopting a study's runs recorded under an older key, knowingly: ``ablate adopt``.
 
-Keys used to hash the resolved config without them (and with ``train.checkpoint_every``), so every
-cell of such a study has a new key now and would run again. ``adopt`` re-labels the old runs
-instead: each cell whose old key (``legacy_config_hash``) has a run and whose new key
-has none gets that run re-tagged with the new key (the old one kept as ``ablate.legacy_key``), and
-its checkpoint folder renamed and re-keyed, so ``ablate run`` skips or resumes it as before.
+A cell's key changes when what it holds changes: before keys named the device kind and the
+resolved precision (``legacy_config_hash``: the resolved config with ``train.checkpoint_every``),
+and at every bump of the numerics version (``ablate.numerics``: ``config_hash(cfg, numerics=v)``
+for each older ``v``). Such a study's cells would all run again; ``adopt`` re-labels the old runs
+instead: each cell whose current key has no run and one of its older keys has one gets that run
+re-tagged with the current key (the old one kept as ``ablate.legacy_key``) and its checkpoint
+folder renamed and re-keyed, so ``ablate run`` skips or resumes it.
+
 Adopting asserts that those runs trained on the device kind and precision the study now resolves
-to (``env.device`` and ``env.precision`` are recorded with ``env.adopted``); if they did not,
-let them rerun instead.
+to (``env.device`` and ``env.precision`` are recorded with ``env.adopted``). A run of an older
+numerics version keeps its version (``env.numerics``), so ``ablate report`` does not compare it
+with runs of the current one unless told to; only a run that ended is adopted across numerics
+(an unfinished one would resume with other numerics and mix two in one run: it runs again).
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ablate.key import digest
+from ablate.numerics import NUMERICS_VERSION
 from ablate.spec.study import Cell, Study
 from ablate.tracking import vocab
 from ablate.tracking.runs import StudyTracker
 from ablate.train.checkpoint import rekey_checkpoint
-from ablate.train.config import RunConfig, device_kind, resolved_precision
+from ablate.train.config import RunConfig, config_hash, device_kind, resolved_precision
 
 LEGACY_TRAIN = (
     "steps", "batch_size", "grad_accum", "seq_len", "lr", "min_lr_ratio", "warmup_steps",
@@ -63,24 +69,42 @@ class Adoption:
     status: str
     checkpoint: bool
     """Whether a checkpoint was found under the old key (moved to the new one)."""
+    numerics: int = NUMERICS_VERSION
+    """The numerics version the run trained with."""
 
 
-def adoptable(study: Study, tracker: StudyTracker) -> list[Adoption]:
-    """The cells whose run is recorded only under their old key."""
+ENDED = ("finished", "diverged")
+
+
+def older_keys(cfg: RunConfig) -> list[tuple[str, int]]:
+    """(key, numerics version) a cell had before its current key, newest first: each older
+    numerics version's, then the legacy key (numerics 1, before keys named the device kind)."""
+    out = [(config_hash(cfg, numerics=v), v) for v in range(NUMERICS_VERSION - 1, 0, -1)]
+    return out + [(legacy_config_hash(cfg), 1)]
+
+
+def adoptable(study: Study, tracker: StudyTracker) -> tuple[list[Adoption], list[Adoption]]:
+    """(the runs to adopt, those left to run again): each cell whose current key has no run and an
+    older key has one; across numerics versions only a run that ended is adopted."""
     runs = tracker.cell_runs()
-    out = []
+    adopt_, rerun = [], []
     for c in study.cells:
-        old = legacy_config_hash(c.config)
-        if c.key in runs or old not in runs or old == c.key:
+        if c.key in runs:
             continue
-        run = runs[old]
-        ckpt = (study.output_dir / "cells" / old).exists()
-        out.append(Adoption(c, old, run.run_id, run.status, ckpt))
-    return out
+        for old, version in older_keys(c.config):
+            if old in runs and old != c.key:
+                run = runs[old]
+                ckpt = (study.output_dir / "cells" / old).exists()
+                a = Adoption(c, old, run.run_id, run.status, ckpt, version)
+                ok = version == NUMERICS_VERSION or run.status in ENDED
+                (adopt_ if ok else rerun).append(a)
+                break
+    return adopt_, rerun
 
 
 def adopt(study: Study, tracker: StudyTracker, found: list[Adoption]) -> None:
-    """Re-tag each run with its cell's new key and move its checkpoint to the new key's folder."""
+    """Re-tag each run with its cell's current key (and its numerics version) and move its
+    checkpoint to the current key's folder."""
     for a in found:
         kind = device_kind(a.cell.config.device)
         tracker.set_raw_tags(
@@ -90,6 +114,7 @@ def adopt(study: Study, tracker: StudyTracker, found: list[Adoption]) -> None:
                 vocab.tag("legacy_key"): a.old_key,
                 vocab.env_tag("device"): kind,
                 vocab.env_tag("precision"): resolved_precision(a.cell.config.train.precision, kind),
+                vocab.env_tag("numerics"): str(a.numerics),
                 vocab.env_tag("adopted"): "true",
             },
         )

@@ -8,6 +8,7 @@ import re
 import pandas as pd
 import pytest
 
+from ablate.errors import ReportError
 from ablate.report.markup import markdown_table, tokens
 from ablate.report.plots import styles
 from ablate.report.render import build_report
@@ -224,6 +225,7 @@ def test_provenance_is_reported_per_configuration_and_mixed_code_is_called_out(t
     assert set(pd.read_csv(bare.summary_csv)["code_hash"]) == {"unknown"}
     # one run produced by other training code, on the same device and precision
     cells = cells.assign(
+        numerics="2",
         code_hash=["aaaa", "aaaa", "aaaa", "bbbb"],
         git_commit="0123456789abcdef",
         git_dirty=["false", "false", "false", "true"],
@@ -246,8 +248,32 @@ def test_provenance_is_reported_per_configuration_and_mixed_code_is_called_out(t
     assert summary.loc[cells["config"].iloc[0], "code_hash"] == "aaaa"
     md = result.report_md.read_text()
     section = md.split("## Provenance")[1].split("## Method")[0]
-    assert "| 3 | aaaa | 0123456789ab |" in section
-    assert "| 1 | bbbb | 0123456789ab (dirty) |" in section
+    assert "| 3 | 2 | aaaa | 0123456789ab |" in section
+    assert "| 1 | 2 | bbbb | 0123456789ab (dirty) |" in section
+
+
+def test_runs_of_two_numerics_versions_are_compared_only_when_told(tmp_path):
+    cells, evals, target = synthetic_study(2, 2, 20)
+    # one configuration's runs adopted from a store of numerics 1, the other's trained now
+    first = cells["config"].iloc[0]
+    cells = cells.assign(numerics=["1" if c == first else "2" for c in cells["config"]])
+    with pytest.raises(
+        ReportError, match=r"2 numerics versions \(numerics 1: `.+`; numerics 2"
+    ) as e:
+        build_report(cells, evals, {"val_ppl": target}, SpeedupSpec(), tmp_path / "a", study="d")
+    assert "--mix-numerics" in str(e.value) and "--rerun-stale" in str(e.value)
+    assert not (tmp_path / "a" / "report.md").exists()
+    res = build_report(
+        cells, evals, {"val_ppl": target}, SpeedupSpec(), tmp_path / "b", study="d",
+        mix_numerics=True,
+    )  # fmt: skip
+    (note,) = [n for n in res.notes if "numerics versions" in n]
+    assert "--mix-numerics" in note and "may be the numerics'" in note
+    assert "numerics versions" in res.report_md.read_text()
+    # a run that recorded no version is version 1: beside version 2 it is refused likewise
+    cells = cells.assign(numerics=["" if c == first else "2" for c in cells["config"]])
+    with pytest.raises(ReportError, match="numerics 1"):
+        build_report(cells, evals, {"val_ppl": target}, SpeedupSpec(), tmp_path / "c", study="d")
 
 
 def test_figures_drop_titles_on_request_draw_censored_costs_hollow_and_label_tokens(report):

@@ -153,7 +153,8 @@ def test_a_study_recorded_under_the_old_keys_is_adopted_not_rerun(tmp_path):
         study.checkpoint_dir(c).rename(study.output_dir / "cells" / old)
     assert [p.action for p in plan(study)] == ["run", "run"]
     tracker = StudyTracker(study.tracking_uri, study.name)
-    found = adoptable(study, tracker)
+    found, rerun = adoptable(study, tracker)
+    assert rerun == []  # finished: adopted, though trained under older numerics
     assert sorted(a.cell.key for a in found) == sorted(c.key for c in study.cells)
     assert all(a.checkpoint and a.status == "finished" for a in found)
     res = CliRunner().invoke(main, ["adopt", "--yes", "-o", str(study.output_dir), str(path)])
@@ -166,7 +167,7 @@ def test_a_study_recorded_under_the_old_keys_is_adopted_not_rerun(tmp_path):
         assert tags["ablate.legacy_key"] == legacy_config_hash(c.config)
         assert tags["env.adopted"] == "true"
         assert (study.checkpoint_dir(c) / "checkpoint.json").read_text().count(c.key) == 1
-    assert adoptable(study, tracker) == []
+    assert adoptable(study, tracker) == ([], [])
 
 
 def test_environment_names_the_device_kind_and_precision():
