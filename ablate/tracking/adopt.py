@@ -87,7 +87,8 @@ def adoptable(study: Study, tracker: StudyTracker) -> tuple[list[Adoption], list
     """(the runs to adopt, those left to run again): each cell whose current key has no run and an
     older key has one; across numerics versions only a run that ended is adopted."""
     runs = tracker.cell_runs()
-    adopt_, rerun = [], []
+    adopt_: list[Adoption] = []
+    rerun: list[Adoption] = []
     for c in study.cells:
         if c.key in runs:
             continue
