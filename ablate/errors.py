@@ -55,3 +55,9 @@ class ReportError(AblateError):
 class ExportError(AblateError):
     """A checkpoint that cannot be exported as asked (an unknown cell, no checkpoint, an occupied
     output folder)."""
+
+
+class CheckpointError(AblateError, ValueError):
+    """A checkpoint, train state or RNG state file refused: damaged, truncated, not what the project
+    writes, or holding more than tensors and plain values (such a pickle could run code, so it is
+    never unpickled)."""

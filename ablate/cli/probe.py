@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from ablate.cli.common import load, max_cells_opt, output_opt, study_arg, tracking_uri_opt
-from ablate.errors import AblateError
+from ablate.errors import AblateError, CheckpointError
 from ablate.spec import Cell, Study
 from backends.recipes import GEMMS
 
@@ -123,7 +123,7 @@ def _select(study: Study, wanted: tuple[str, ...]) -> list[Cell]:
 
 def _config_hash_of(path: Path) -> str | None:
     """The config hash a checkpoint records (its sidecar when there is one)."""
-    from ablate.train.checkpoint import CHECKPOINT
+    from ablate.train.checkpoint import CHECKPOINT, load_file
 
     file = path / CHECKPOINT if path.is_dir() else path
     side = file.with_suffix(".json")
@@ -131,12 +131,10 @@ def _config_hash_of(path: Path) -> str | None:
         return str(json.loads(side.read_text())["config_hash"])
     except (OSError, ValueError, KeyError):
         pass
-    import torch
-
     try:
-        return str(torch.load(file, map_location="cpu", weights_only=False)["config_hash"])
-    except Exception:
-        return None
+        return str(load_file(file, keys=("config_hash",))["config_hash"])
+    except CheckpointError as e:  # damaged, or refused unread: a pickle that could run code
+        raise click.BadParameter(str(e), param_hint="--checkpoint") from None
 
 
 def _plan(

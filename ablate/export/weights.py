@@ -14,7 +14,15 @@ from typing import Any
 import torch
 
 from ablate.errors import ExportError
-from ablate.train.checkpoint import CHECKPOINT, SHARDED, checkpoint_info
+from ablate.train.checkpoint import (
+    CHECKPOINT,
+    SHARDED,
+    TRAIN_STATE_KEYS,
+    checkpoint_info,
+    dcp_load,
+    dcp_metadata,
+    load_file,
+)
 
 _EXTRA = "pip install 'ablate[hf]'"
 __all__ = [
@@ -77,7 +85,7 @@ def read_checkpoint(checkpoint_dir: str | Path) -> RunWeights:
     path = d / CHECKPOINT if d.is_dir() else d
     if not path.is_file():
         raise ExportError(f"export: no checkpoint in {d}")
-    ck = torch.load(path, map_location="cpu", weights_only=False)
+    ck = load_file(path, keys=("config_hash", "state", "model"))
     st = ck["state"]
     return RunWeights(
         state=dict(ck["model"]),
@@ -92,19 +100,17 @@ def read_checkpoint(checkpoint_dir: str | Path) -> RunWeights:
 def _read_sharded(path: Path) -> RunWeights:
     """The model part of a DCP checkpoint, every shard gathered here (``no_dist``): whole tensors of
     the sizes and dtypes its metadata records are allocated, then filled by ``dcp.load``."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = dcp.FileSystemReader(str(path))
-    meta = reader.read_metadata().state_dict_metadata
+    meta = dcp_metadata(path).state_dict_metadata
     model: dict[str, torch.Tensor] = {}
     for key, m in meta.items():
         if key.startswith("model.") and isinstance(m, TensorStorageMetadata):
             model[key.removeprefix("model.")] = torch.empty(m.size, dtype=m.properties.dtype)
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({"model": model}, storage_reader=reader, no_dist=True)
-    ts = torch.load(path / "train_state.pt", map_location="cpu", weights_only=False)
+        dcp_load({"model": model}, path, no_dist=True)
+    ts = load_file(path / "train_state.pt", keys=TRAIN_STATE_KEYS)
     st = ts["state"]
     return RunWeights(
         state=model,

@@ -13,14 +13,22 @@ the model and optimizer (FSDP's shards, or one copy of DDP's replicas) into
 step: the ranks write into ``<name>.tmp``, rank 0 renames it once every rank has finished, then
 points the sidecar at it (``"format": "sharded"``, ``"path"``) and only then deletes older steps;
 a kill at any point leaves the sidecar naming a complete checkpoint (or none).
+
+Every file is read as untrusted (study folders live on shared file systems): ``load_file`` unpickles
+only tensors and plain values (``torch.load(weights_only=True)``), and a sharded checkpoint's DCP
+metadata and non-tensor entries are read the same way (``dcp_load``); anything else is refused with
+``CheckpointError`` before any of its code could run.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
 import shutil
 import uuid
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +36,7 @@ import torch
 from torch import nn
 
 from ablate.data import BatchSampler
+from ablate.errors import CheckpointError
 from ablate.train.state import TrainState
 
 if TYPE_CHECKING:
@@ -36,6 +45,36 @@ if TYPE_CHECKING:
 CHECKPOINT = "checkpoint.pt"
 _SIDECAR = "checkpoint.json"
 SHARDED = "sharded"
+_SINGLE_KEYS = ("config_hash", "state", "model", "optimizer", "sampler", "rng_cpu", "rng_cuda")
+TRAIN_STATE_KEYS = ("config_hash", "state", "sampler", "world", "parallel")
+
+
+def load_file(path: Path, *, keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The mapping a checkpoint file holds, unpickled as tensors and plain values only; each of
+    ``keys`` must be in it. ``CheckpointError`` naming the file when it is damaged, is not such a
+    mapping, or would need any other object (a pickle that could run code is never run)."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path}: refused, not loaded: it holds objects other than tensors and plain values, "
+            f"which no file this project writes does (unpickling them could run code): {_why(e)}"
+        ) from None
+    except (EOFError, RuntimeError, OSError, ValueError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"{path}: damaged or not a checkpoint file ({e})") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: not a checkpoint file (holds a {type(obj).__name__})")
+    missing = [k for k in keys if k not in obj]
+    if missing:
+        raise CheckpointError(f"{path}: not a checkpoint file of this project (no {missing})")
+    return obj
+
+
+def _why(e: BaseException) -> str:
+    """The line of torch's weights-only refusal that names what was refused."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    named = [ln for ln in lines if "Unsupported" in ln or "GLOBAL" in ln]
+    return (named or lines or [type(e).__name__])[0]
 
 
 def checkpoint_info(checkpoint_dir: str | Path) -> dict[str, Any] | None:
@@ -92,7 +131,7 @@ def load_checkpoint(
         return None
     # on the CPU: the RNG states must stay CPU tensors (torch.set_rng_state refuses CUDA ones), and
     # load_state_dict moves the model's and the optimizer's tensors to their parameters' device
-    ck = torch.load(path, map_location="cpu", weights_only=False)
+    ck = load_file(path, keys=_SINGLE_KEYS)
     if ck["config_hash"] != config_hash:
         raise ValueError(
             f"checkpoint_dir: {path} was written by a different configuration "
@@ -111,7 +150,7 @@ def rekey_checkpoint(checkpoint_dir: Path, config_hash: str) -> bool:
     path = checkpoint_dir / CHECKPOINT
     if not path.exists():
         return False
-    ck = torch.load(path, map_location="cpu", weights_only=False)
+    ck = load_file(path, keys=_SINGLE_KEYS)
     ck["config_hash"] = config_hash
     _atomic_save(path, ck)
     return True
@@ -224,7 +263,6 @@ def load_sharded(
     """Every rank: restore the sharded checkpoint the sidecar names (model and optimizer shards,
     data position, this rank's RNG states) and return its ``TrainState``; None when there is none.
     ValueError when another configuration, or another number of workers, wrote it."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     info = checkpoint_info(checkpoint_dir)
@@ -236,7 +274,7 @@ def load_sharded(
             )
         return None
     path = checkpoint_dir / info["path"]
-    ts = torch.load(path / "train_state.pt", map_location="cpu", weights_only=False)
+    ts = load_file(path / "train_state.pt", keys=TRAIN_STATE_KEYS)
     if ts["config_hash"] != config_hash:
         raise ValueError(
             f"checkpoint_dir: {path} was written by a different configuration "
@@ -248,9 +286,118 @@ def load_sharded(
             f"{ranks.world}"
         )
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))  # in place
+    dcp_load({"model": model_sd, "optim": optim_sd}, path)  # in place
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     sampler.load_state_dict(ts["sampler"])
-    rng = torch.load(path / f"rng-rank{ranks.rank}.pt", map_location="cpu", weights_only=False)
+    rng = load_file(path / f"rng-rank{ranks.rank}.pt", keys=("rng_cpu", "rng_cuda"))
     _set_rng_states(rng)
     return TrainState.from_dict(ts["state"])
+
+
+# -- sharded checkpoints read as untrusted ------------------------------------------------------
+# torch.distributed.checkpoint unpickles its ``.metadata`` file with plain pickle and the state
+# dict's non-tensor entries with torch.load(weights_only=False). Both are read here instead: the
+# metadata by an unpickler that knows only DCP's own metadata classes, the entries as tensors and
+# plain values.
+
+_DCP_META = "torch.distributed.checkpoint.metadata"
+_DCP_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _Refused(pickle.UnpicklingError):
+    """A global that DCP's metadata never holds."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        import importlib
+
+        if (module, name) in _DCP_GLOBALS:
+            return super().find_class(module, name)
+        if module == _DCP_META:
+            obj = getattr(importlib.import_module(module), name, None)
+            if isinstance(obj, type) and obj.__module__ == module:
+                return obj
+        if module == "torch" and isinstance(
+            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+        ):
+            return getattr(torch, name)
+        raise _Refused(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+def _checked_metadata(path: Path) -> Any:
+    try:
+        with open(path, "rb") as f:
+            return _MetadataUnpickler(f).load()
+    except _Refused as e:
+        raise CheckpointError(
+            f"{path}: refused, not loaded: not the metadata of a checkpoint ({e}; unpickling it "
+            "could run code)"
+        ) from None
+    except (pickle.UnpicklingError, EOFError, OSError, ValueError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{path}: damaged checkpoint metadata ({e})") from None
+
+
+def _reader(path: Path) -> Any:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            rank = kwargs.get("rank")
+            name = ".metadata" if rank is None else f"__{rank}.metadata"
+            _checked_metadata(Path(path) / name)  # refuses before DCP unpickles it
+            return super().read_metadata(*args, **kwargs)
+
+    return Reader(str(path))
+
+
+def _planner() -> Any:
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class Planner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            try:
+                obj = torch.load(value, map_location="cpu", weights_only=True)
+            except pickle.UnpicklingError as e:
+                raise CheckpointError(
+                    f"refused, not loaded: checkpoint entry {read_item.dest_index.fqn} holds "
+                    f"objects other than tensors and plain values ({_why(e)})"
+                ) from None
+            super().load_bytes(read_item, _saved(obj))
+
+    return Planner()
+
+
+def _saved(obj: Any) -> io.BytesIO:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
+
+
+def dcp_metadata(path: Path) -> Any:
+    """The DCP metadata of the sharded checkpoint in ``path``, checked (``CheckpointError``)."""
+    return _reader(path).read_metadata()
+
+
+def dcp_load(state: dict[str, Any], path: Path, *, no_dist: bool = False) -> None:
+    """``torch.distributed.checkpoint.load`` of ``state`` (in place) from ``path``, its metadata and
+    non-tensor entries read as untrusted."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.load(state, storage_reader=_reader(path), planner=_planner(), no_dist=no_dist)
+    except CheckpointException as e:  # DCP wraps each rank's error: ours, named, comes first
+        for failure in e.failures.values():
+            err = failure[0] if isinstance(failure, tuple) else failure
+            if isinstance(err, CheckpointError):
+                raise CheckpointError(f"{path}: {err}") from None
+        raise

@@ -212,7 +212,7 @@ def probe_checkpoints(
     ``config.device``); the run's numbers are those of its device kind."""
     from ablate.data import load_data
     from ablate.model import build_model
-    from ablate.train.checkpoint import CHECKPOINT
+    from ablate.train.checkpoint import CHECKPOINT, load_file
     from ablate.train.device import autocast, resolve_device
 
     cfg = cfg or config.probe or ProbeConfig()
@@ -236,7 +236,7 @@ def probe_checkpoints(
         path = path / CHECKPOINT if path.is_dir() else path
         if not path.exists():
             raise ValueError(f"--checkpoint: {path} does not exist")
-        ck = torch.load(path, map_location="cpu", weights_only=False)
+        ck = load_file(path, keys=("config_hash", "state", "model"))
         if ck.get("config_hash") != want:
             raise ValueError(
                 f"--checkpoint: {path} was written by another configuration "
