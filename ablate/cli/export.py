@@ -7,8 +7,8 @@ import json
 
 import click
 
-from ablate.cli.common import load, study_arg, tracking_uri_opt
-from ablate.errors import AblateError
+from ablate.cli.common import SpecProblem, load, study_arg, tracking_uri_opt
+from ablate.errors import AblateError, CheckpointError, ExportError
 
 
 @click.command()
@@ -66,7 +66,10 @@ def export(
     study = load(study_file, output, tracking_uri=tracking_uri)
     try:
         out = export_cell(study, label, out_dir, force=force, dtype=dtype)
-    except (AblateError, ImportError) as e:
+    except (ExportError, CheckpointError, ImportError) as e:
+        # refused, or failed before the export was in place: nothing written (exit 2)
+        raise SpecProblem(str(e)) from None
+    except AblateError as e:
         raise click.ClickException(str(e)) from None
     meta = json.loads((out / METADATA).read_text())
     click.echo(

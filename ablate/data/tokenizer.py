@@ -57,7 +57,12 @@ class HFTokenizer:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"data.tokenizer: no tokenizer file at {path!r}")
         tokenizers = import_optional("tokenizers", "tokenizers", f"data.tokenizer={path!r}")
-        self._tok = tokenizers.Tokenizer.from_file(path)
+        try:
+            self._tok = tokenizers.Tokenizer.from_file(path)
+        except Exception as e:  # the Rust library raises a bare Exception for any bad file
+            raise ValueError(
+                f"data.tokenizer: {path} is not a readable Hugging Face tokenizer.json ({e})"
+            ) from None
         self.path = path
         digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
         # the content hash: same name, same tokens

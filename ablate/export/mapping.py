@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ablate.errors import ExportError
+
 if TYPE_CHECKING:
     from ablate.model import ModelConfig
     from ablate.train.config import RunConfig
@@ -154,4 +156,21 @@ def hf_source_checkpoint(
     out = without_quant_buffers(state)
     if getattr(conf, "tie_word_embeddings", False):
         out.pop("lm_head.weight", None)
-    return conf.to_dict(), out
+    d = conf.to_dict()
+    if not d.get("architectures"):  # e.g. a config saved from Qwen3Config(...) itself: null
+        d["architectures"] = [causal_lm_class(conf.model_type)]
+    return d, out
+
+
+def causal_lm_class(model_type: str) -> str:
+    """The name of ``transformers``' causal-LM class for ``model_type`` (what ``AutoModelForCausalLM``
+    builds), for a config that names no ``architectures``."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if name is None:
+        raise ExportError(
+            f"model.hf: its config names no architectures and transformers has no causal-LM "
+            f"class for model_type {model_type!r}"
+        )
+    return str(name)

@@ -7,12 +7,20 @@ a minimal ``tokenizer_config.json``) and ``ablate_export.json``: where the weigh
 cell, run, step, recipe, code), the token ids of a byte tokenizer, and where the model departs from
 the architecture it is exported as. An existing folder that is not empty is refused unless
 ``force``, which replaces only the files an export writes.
+
+Atomic: the export is written into a hidden folder beside ``out`` and moved into place only once
+complete, so a failure leaves ``out`` as it was (a previous export's files included, and no new
+folder behind).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,8 +137,20 @@ def export_model(
         state = weights.state_dict()
     else:
         state = weights.state if isinstance(weights, RunWeights) else weights
-    hf_spec = config.model.hf  # a Hugging Face architecture's run
-    out = _claim(Path(out_dir), force)
+    with _staged(Path(out_dir), force) as out:
+        _write(out, config, state, run, dtype, meta)
+    return Path(out_dir)
+
+
+def _write(
+    out: Path,
+    config: RunConfig,
+    state: dict[str, torch.Tensor],
+    run: RunWeights | None,
+    dtype: str,
+    meta: dict[str, Any] | None,
+) -> None:
+    hf_spec = config.model.hf
     tok = _tokenizer(config.data.tokenizer)
     hf_config, hf_state = hf_checkpoint(config, state, eos_id=tok["eos_id"])
     hf_config["torch_dtype"] = hf_config["dtype"] = dtype
@@ -153,7 +173,7 @@ def export_model(
         "status": (run.status or "unfinished") if run else None,
         "val_loss": run.val_loss if run else None,
         "checkpoint_format": run.format if run else None,
-        "architecture": hf_config.get("architectures", [None])[0],
+        "architecture": (hf_config.get("architectures") or [None])[0],
         "source": f"model.hf: {hf_spec}" if hf_spec else "ablate.model.decoder.Transformer",
         "recipe": config.recipe.short(),
         "recipe_table": config.recipe.to_dict(),
@@ -173,24 +193,71 @@ def export_model(
         "run_config": config.to_dict(),
     }
     _write_json(out / METADATA, record)
-    return out
 
 
-def _claim(out: Path, force: bool) -> Path:
-    """``out``, created; refused when it holds anything and not ``force`` (then only the files an
-    export writes are removed from it)."""
+@contextlib.contextmanager
+def _staged(out: Path, force: bool) -> Iterator[Path]:
+    """A hidden folder beside ``out`` to write the export into; on success its files replace
+    ``out``'s (only the files an export writes), on failure it goes and ``out`` stays as it was.
+    Refused when ``out`` is a file, or holds anything and not ``force``."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"-o: {out} is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise ExportError(
-                f"-o: {out} is not empty; nothing was written (pass --force to replace an "
-                "export there, or give another folder)"
-            )
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ExportError(
+            f"-o: {out} is not empty; nothing was written (pass --force to replace an export "
+            "there, or give another folder)"
+        )
+    made = [p for p in (out.absolute().parent, *out.absolute().parent.parents) if not p.exists()]
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f".{out.name}.export-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+    except OSError as e:
+        _remove_dirs(made)
+        raise ExportError(
+            f"-o: cannot write {out} ({e.strerror or e}); nothing was written"
+        ) from None
+    try:
+        yield tmp
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_dirs(made)
+        raise
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Move the finished export in ``tmp`` into ``out``: a rename when ``out`` does not exist,
+    otherwise file by file, the replaced files kept aside until every new one is in place."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    aside = out.parent / f"{tmp.name}-old"
+    aside.mkdir()
+    moved: list[str] = []
+    try:
         for name in FILES:
+            if (out / name).exists():
+                os.replace(out / name, aside / name)
+        for f in tmp.iterdir():
+            os.replace(f, out / f.name)
+            moved.append(f.name)
+    except OSError:
+        for name in moved:
             (out / name).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+        for f in aside.iterdir():
+            os.replace(f, out / f.name)
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+    tmp.rmdir()
+
+
+def _remove_dirs(made: list[Path]) -> None:
+    """The folders an export created for ``-o``'s parents, innermost first, if still empty."""
+    for d in made:
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 def _tokenizer(spec: str) -> dict[str, Any]:

@@ -150,7 +150,7 @@ def test_export_refuses_an_unknown_cell_a_cell_without_checkpoint_and_a_folder_i
     res = CliRunner().invoke(
         main, ["export", str(p), "--output", str(out), "--cell", "nope", "-o", str(tmp_path / "x")]
     )
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "no cell 'nope'" in res.output and all(c.label in res.output for c in s.cells)
     assert not (tmp_path / "x").exists()
     # a study that has not run: no checkpoint, and the field that makes one named
@@ -163,7 +163,7 @@ def test_export_refuses_an_unknown_cell_a_cell_without_checkpoint_and_a_folder_i
     (used / "notes.txt").write_text("mine")
     args = ["export", str(p), "--output", str(out), "--cell", s.cells[0].key, "-o", str(used)]
     res = CliRunner().invoke(main, args)
-    assert res.exit_code == 1 and "not empty" in res.output and "--force" in res.output
+    assert res.exit_code == 2 and "not empty" in res.output and "--force" in res.output
     assert [f.name for f in used.iterdir()] == ["notes.txt"]
     res = CliRunner().invoke(main, [*args, "--force"])
     assert res.exit_code == 0, res.output
@@ -220,6 +220,41 @@ def test_a_sharded_checkpoint_exports_the_weights_of_one_process(tmp_path):
         export_checkpoint(one, tmp_path / "fsdp", tmp_path / "c")
 
 
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted(folder.iterdir())}
+
+
+def test_a_failed_export_leaves_the_folder_as_it_was(tmp_path):
+    """Written into a hidden folder and moved into place: a failure (here the run's tokenizer file
+    became unreadable) changes nothing, with --force over a previous export too, leaves no new
+    folder behind, and an unwritable -o is refused."""
+    good = RunConfig.from_dict(_cfg())
+    model = build_model(good.model, 257, seed=0)
+    prev = export_model(good, model, tmp_path / "prev")
+    (prev / "notes.txt").write_text("mine")
+    before = _tree(prev)
+    garbage = tmp_path / "tokenizer.json"
+    garbage.write_bytes(b"\x00 not a tokenizer \xff")
+    bad = RunConfig.from_dict(_cfg(data={"tokenizer": str(garbage)}))
+    with pytest.raises(ExportError, match="tokenizer"):
+        export_model(bad, model, prev, force=True)
+    assert _tree(prev) == before
+    with pytest.raises(ExportError, match="tokenizer"):
+        export_model(bad, model, tmp_path / "new" / "deep")
+    assert not (tmp_path / "new").exists()
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["prev", "tokenizer.json"]
+    # --force that succeeds replaces the export's files and keeps the others
+    other = build_model(good.model, 257, seed=1)
+    export_model(good, other, prev, force=True)
+    after = _tree(prev)
+    assert after["notes.txt"] == b"mine" and after.keys() == before.keys()
+    assert after["model.safetensors"] != before["model.safetensors"]
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["prev", "tokenizer.json"]
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ExportError, match="-o: cannot write"):
+        export_model(good, model, tmp_path / "afile" / "x")
+
+
 def test_an_untied_model_with_a_hugging_face_tokenizer_exports_both(tmp_path, train_bpe):
     from tokenizers import Tokenizer
 
@@ -270,9 +305,7 @@ def test_a_hugging_face_architectures_cell_exports_as_itself(tmp_path):
     assert type(hf).__name__ == "Qwen3ForCausalLM"
     meta = json.loads((dest / "ablate_export.json").read_text())
     assert meta["quantized_layers"] == 4 * 7 and meta["step"] == 4
-    ck = torch.load(
-        s.checkpoint_dir(cell) / "checkpoint.pt", map_location="cpu", weights_only=False
-    )
+    ck = torch.load(s.checkpoint_dir(cell) / "checkpoint.pt", map_location="cpu", weights_only=True)
     ours = build_model(cell.config.model, 257, recipe=cell.config.recipe, seed=cell.config.seed)
     ours.load_state_dict(ck["model"])
     ours.eval()
