@@ -317,3 +317,33 @@ def test_a_hugging_face_architectures_cell_exports_as_itself(tmp_path):
     assert run is not None
     logged = read_histories(s.tracking_uri, [run.run_id], ["val_loss"])[run.run_id]["val_loss"]
     assert abs(_hf_loss(hf, batches) - logged[-1][1]) <= TOL
+
+
+def test_a_config_without_architectures_exports_as_its_model_types_class(tmp_path):
+    """``Qwen3Config(...).save_pretrained`` writes no ``architectures`` (or null); such a run exports as
+    the causal-LM class of its ``model_type``, and ``transformers`` loads it with ablate's logits."""
+    conf = transformers.Qwen3Config(
+        vocab_size=257,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
+    conf.save_pretrained(tmp_path / "qwen3")
+    assert json.loads((tmp_path / "qwen3" / "config.json").read_text()).get("architectures") is None
+    d = _cfg()
+    d["model"] = {"hf": str(tmp_path / "qwen3")}
+    config = RunConfig.from_dict(d)
+    model = build_model(config.model, 257, seed=0).eval()
+    out = export_model(config, model, tmp_path / "hf")
+    meta = json.loads((out / "ablate_export.json").read_text())
+    assert meta["architecture"] == "Qwen3ForCausalLM"
+    hf = _load(out)
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    x = torch.randint(0, 257, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert float((model(x) - hf(x).logits).abs().max()) <= TOL
