@@ -143,6 +143,7 @@ def check_set(path: Path, *, verify: bool) -> dict[str, Any]:
         raise Damaged(f"unreadable manifest ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise Damaged(f"a manifest of another format (expected {FORMAT})")
+    _check_manifest(manifest, path)
     width = _NP[manifest["dtype"]].itemsize
     for name, f in manifest["files"].items():
         p = path / name
@@ -151,10 +152,61 @@ def check_set(path: Path, *, verify: bool) -> dict[str, Any]:
         except OSError:
             raise Damaged(f"{name} is missing") from None
         if size != f["tokens"] * width or size != f["bytes"]:
-            raise Damaged(f"{name} has {size} bytes, the manifest says {f['bytes']}")
+            raise Damaged(
+                f"{name} has {size} bytes, the manifest says {f['bytes']} bytes for "
+                f"{f['tokens']} tokens of {width} bytes"
+            )
         if verify and _sha256(p) != f["sha256"]:
             raise Damaged(f"{name}'s checksum does not match the manifest's")
     return manifest
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The sha256 of a manifest's fields but ``digest`` (canonical JSON): an edit shows."""
+    body = {k: v for k, v in manifest.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _check_manifest(m: dict[str, Any], path: Path) -> None:
+    """Every field the shards' reading depends on, of the type and range it must have; and the
+    manifest's own digest (a set prepared before manifests had one: its vocabulary and end-of-text
+    id against its tokenizer's). Raises ``Damaged`` (the set is then rebuilt)."""
+    if m.get("dtype") not in _NP:
+        raise Damaged(f"the manifest's dtype {m.get('dtype')!r} is not one of {', '.join(_NP)}")
+    files = m.get("files")
+    if not isinstance(files, dict) or "train.bin" not in files:
+        raise Damaged("the manifest's files are not a mapping holding train.bin")
+    for name, f in files.items():
+        if name not in ("train.bin", "val.bin") or not isinstance(f, dict):
+            raise Damaged(f"the manifest names an unknown file {name!r}")
+        ok = all(type(f.get(k)) is int and f[k] >= 0 for k in ("tokens", "bytes"))
+        if not ok or not isinstance(f.get("sha256"), str):
+            raise Damaged(f"the manifest's entry of {name} is malformed")
+    vocab, eos = m.get("vocab_size"), m.get("eos_id")
+    if type(vocab) is not int or not 0 < vocab <= np.iinfo(_NP[m["dtype"]]).max + 1:
+        raise Damaged(f"the manifest's vocab_size {vocab!r} does not fit its dtype {m['dtype']}")
+    if type(eos) is not int or not 0 <= eos < vocab:
+        raise Damaged(f"the manifest's eos_id {eos!r} is outside its vocabulary ({vocab})")
+    for k in ("key", "corpus", "tokenizer", "fingerprint"):
+        if not isinstance(m.get(k), str):
+            raise Damaged(f"the manifest's {k} is missing or not text")
+    if m["key"] != path.name:
+        raise Damaged(f"the manifest's key {m['key']!r} is not its folder's name")
+    if not isinstance(m.get("tokenizer_file"), str | None):
+        raise Damaged("the manifest's tokenizer_file is not a path")
+    if "digest" in m:
+        if m["digest"] != manifest_digest(m):
+            raise Damaged("the manifest was changed after its set was prepared (its digest)")
+        return
+    try:  # before digests: what the tokens depend on, against the tokenizer itself
+        tok = load_tokenizer(m["tokenizer_file"] or "byte")
+    except (OSError, ValueError, ImportError) as e:
+        raise Damaged(f"its tokenizer cannot be checked ({e})") from None
+    if (tok.vocab_size, tok.eos_id) != (vocab, eos):
+        raise Damaged(
+            f"the manifest's vocab_size {vocab} and eos_id {eos} are not its tokenizer's "
+            f"({tok.vocab_size}, {tok.eos_id})"
+        )
 
 
 @contextlib.contextmanager
@@ -385,6 +437,7 @@ def _build(
         "seconds": time.perf_counter() - t0,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    manifest["digest"] = manifest_digest(manifest)
     with open(tmp / MANIFEST, "w") as f:  # last: a set with a manifest is whole
         json.dump(manifest, f, indent=1)
         f.flush()

@@ -211,14 +211,78 @@ def test_a_truncated_or_corrupted_set_is_rebuilt(tmp_path: Path) -> None:
     assert p.built and p.map("train").tolist() == want and "checksum" in said[0]
 
 
-def test_a_manifest_that_does_not_match_its_files_is_rebuilt(tmp_path: Path) -> None:
+def _redigest(m: dict) -> dict:
+    """``m`` with its digest recomputed (a manifest damaged consistently: only the files can tell)."""
+    from ablate.data.prepared import manifest_digest
+
+    m["digest"] = manifest_digest(m)
+    return m
+
+
+def _drop(m: dict, key: str) -> dict:
+    del m[key]
+    return m
+
+
+DAMAGES = {
+    "a token count its file does not hold": (
+        lambda m: _redigest(
+            {
+                **m,
+                "files": {
+                    "train.bin": {
+                        **m["files"]["train.bin"],
+                        "tokens": m["files"]["train.bin"]["tokens"] + 1,
+                    }
+                },
+            }
+        ),
+        "train.bin has .* bytes, the manifest says",
+    ),
+    "an unknown dtype": (lambda m: {**m, "dtype": "float8"}, "dtype 'float8' is not one of"),
+    "no dtype": (lambda m: _drop(m, "dtype"), "dtype None is not one of"),
+    "files as a list": (lambda m: {**m, "files": ["train.bin"]}, "files are not a mapping"),
+    "an unknown file": (lambda m: {**m, "files": {**m["files"], "../x": {}}}, "unknown file"),
+    "a changed vocab_size": (lambda m: {**m, "vocab_size": 1000}, "changed after .* prepared"),
+    "a changed eos_id": (lambda m: {**m, "eos_id": 3}, "changed after .* prepared"),
+    "an eos_id outside the vocabulary": (
+        lambda m: _redigest({**m, "eos_id": 999}),
+        "outside its vocabulary",
+    ),
+    "a vocabulary its dtype cannot hold": (
+        lambda m: _redigest({**m, "vocab_size": 70000}),
+        "does not fit its dtype",
+    ),
+    "another set's key": (lambda m: _redigest({**m, "key": "0" * 16}), "not its folder's name"),
+    "no digest, a vocab_size not its tokenizer's": (
+        lambda m: {**_drop(m, "digest"), "vocab_size": 300},
+        "not its tokenizer's",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_manifest_is_refused_and_the_set_rebuilt(tmp_path: Path, damage: str) -> None:
+    """Everything the shards depend on is checked; a set whose manifest fails is rebuilt."""
+    cfg, path, want = _set_up(tmp_path)
+    edit, message = DAMAGES[damage]
+    m = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").write_text(json.dumps(edit(m)))
+    with pytest.raises(Damaged, match=message):
+        check_set(path, verify=False)
+    said: list[str] = []
+    p = prepare(cfg, cache=tmp_path / "cache", say=said.append)
+    assert p.built and "damaged" in said[0] and p.map("train").tolist() == want
+    assert load_data(cfg, cache=tmp_path / "cache").train.numel() == len(want) - 256
+
+
+def test_a_set_prepared_before_manifest_digests_is_still_used(tmp_path: Path) -> None:
     cfg, path, want = _set_up(tmp_path)
     m = json.loads((path / "manifest.json").read_text())
-    m["files"]["train.bin"]["tokens"] += 1
+    del m["digest"]
     (path / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(Damaged, match="train.bin has .* bytes, the manifest says"):
-        check_set(path, verify=False)
-    assert load_data(cfg, cache=tmp_path / "cache").train.numel() == len(want) - 256
+    p = prepare(cfg, cache=tmp_path / "cache")
+    assert not p.built and p.map("train").tolist() == want
 
 
 def test_an_unreadable_shard_names_token_dtype(tmp_path: Path) -> None:
