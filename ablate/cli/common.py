@@ -87,14 +87,14 @@ def executor_opt(each: str) -> Callable[[F], F]:
     )
 
 
-def preflight_or_exit(study: Study, address: str | None) -> None:
+def preflight_or_exit(study: Study, address: str | None, *, memory: bool = True) -> None:
     """``preflight.preflight`` (what ``run`` checks before it starts), its refusal as exit 2; then the
     target-headroom warning (``planning.target_headroom``) on stderr."""
     from ablate.driver.planning import target_headroom
     from ablate.driver.preflight import auto_cpu_cells, preflight
 
     try:
-        preflight(study, address=address)
+        preflight(study, address=address, memory=memory)
     except AblateError as e:
         raise refuse(e) from None
     if address and (auto := auto_cpu_cells(study)):

@@ -84,7 +84,7 @@ def plan(
     from ablate.driver.planning import summarize
 
     study = load(study_file, output, max_cells, tracking_uri)
-    _checks(study, address)
+    _checks(study, address, memory=False)  # the estimates are shown below, over a limit warned
     planned = plan_study(study, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
     mem = _memory_estimates(study, device_memory)
     if as_json:
@@ -132,7 +132,7 @@ def plan(
     _memory_warnings(mem, planned)
 
 
-def _checks(study: Study, address: str | None) -> None:
+def _checks(study: Study, address: str | None, *, memory: bool = True) -> None:
     """What validate and plan check: ``preflight_or_exit`` (all that `run` checks), except for a
     study whose cells ask for more GPUs than this machine has, without --address: such a study is
     for other machines (8-GPU cells planned on a laptop), so it is checked as a cluster's driver
@@ -150,7 +150,7 @@ def _checks(study: Study, address: str | None) -> None:
     res = study.spec.resources
     need, have = res.gpus * res.workers, torch.cuda.device_count()
     if address or need <= have:
-        preflight_or_exit(study, address)
+        preflight_or_exit(study, address, memory=memory)
         return
     # resources.gpus > 0 here, so check_gpus (cells that need a GPU but get none) has nothing to say
     try:

@@ -2,7 +2,8 @@
 ``plan`` and ``tune`` make too: the tracking store is usable; cells that need a GPU get one
 (``check_gpus``); a Ray task's ``cuda:N`` exists in it (``check_ray_devices``); and, unless a
 cluster's workers decide, this machine's device runs every cell's recipe (``check_devices``) and has
-the cores and GPUs a cell asks for (``check_resources``). Each raises ``CannotRunError`` naming the
+the cores and GPUs a cell asks for (``check_resources``) and the memory a cell's estimate needs
+(``check_memory``). Each raises ``CannotRunError`` naming the
 cells, the fields and the fix.
 """
 
@@ -63,6 +64,49 @@ def check_resources(study: Study, *, num_cpus: int | None = None) -> None:
             "this machine cannot run the study: "
             + "; ".join(problems)
             + " (lower them, or run on a cluster with --address)"
+        )
+
+
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(study: Study) -> None:
+    """On this machine (no cluster), each cell's memory estimate (``ablate plan`` shows it) must fit
+    the memory of the device it trains on: a CPU cell this machine's memory, a GPU cell the GPU's.
+    Refused before anything is allocated, naming the cells and the shape fields."""
+    from ablate.train.memory import estimate_run, format_bytes, visible_device_memory
+
+    over: dict[tuple[str, int, int], list[str]] = {}
+    limits = {"cpu": machine_memory(), "cuda": visible_device_memory()}
+    for cell in study.cells:
+        kind = device_kind(cell.config.device)
+        limit = limits.get(kind)
+        if limit is None:
+            continue
+        try:
+            need = estimate_run(cell.config, kind).total
+        except ValueError:  # a config the estimate cannot resolve fails in its cell, named there
+            continue
+        if need > limit:
+            over.setdefault((kind, need, limit), []).append(cell.label)
+    if over:
+        parts = [
+            f"{_cells(labels)} need{'s' if len(labels) == 1 else ''} about {format_bytes(need)} "
+            f"per {kind} device by the estimate, "
+            f"and this machine's {kind} has {format_bytes(limit)}"
+            for (kind, need, limit), labels in over.items()
+        ]
+        raise CannotRunError(
+            "this machine cannot run the study: "
+            + "; ".join(parts)
+            + " (shrink model.dim, model.n_layers, model.head_dim, train.batch_size or "
+            "train.seq_len, checkpoint activations with train.recompute, or run on a larger "
+            "machine or a cluster with --address; `ablate plan` shows the estimate)"
         )
 
 
@@ -173,6 +217,7 @@ def preflight(
     executor: ExecutorName = "ray",
     address: str | None = None,
     num_cpus: int | None = None,
+    memory: bool = True,
 ) -> None:
     """Every check ``run`` makes before it writes anything: the tracking store is usable; cells
     that need a GPU get one (``check_gpus``: from the study alone, and for ``device: auto`` from
@@ -198,6 +243,8 @@ def preflight(
     if not on_cluster:
         check_devices(study)
         check_resources(study, num_cpus=num_cpus)
+        if memory:  # ``plan`` shows the estimates and warns instead
+            check_memory(study)
     if executor == "ray" and remote_cluster(address):
         try:
             check_cluster_uri(study.tracking_uri, str(cluster_address(address)))
