@@ -126,7 +126,7 @@ def recipe_notes(r: Recipe) -> list[str]:
 def _named_or_variant(name: str, changes: tuple[str, ...], base: str) -> Recipe:
     """The named recipe ``name`` (or a variant mapping written in YAML) with the ``--set``
     changes; ValueError at the path of what is wrong."""
-    spec: Any = yaml.safe_load(name) if name.lstrip().startswith("{") else name
+    spec: Any = _yaml("NAME", name) if name.lstrip().startswith("{") else name
     if not changes and isinstance(spec, str):
         return named_recipe(spec, base)
     tree: dict[str, Any] = dict(spec) if isinstance(spec, dict) else {"name": spec}
@@ -141,8 +141,17 @@ def _named_or_variant(name: str, changes: tuple[str, ...], base: str) -> Recipe:
             node = node.setdefault(k, {}) if child is None else child
             if not isinstance(node, dict):
                 raise ValueError(f"--set: {path} goes below {k}, which is not a mapping")
-        node[keys[-1]] = yaml.safe_load(value)
+        node[keys[-1]] = _yaml(f"--set {path.strip()}", value)
     return RecipeOverride.parse(tree).build(base)
+
+
+def _yaml(where: str, text: str) -> Any:
+    """``text`` parsed as YAML (safe: plain values only); ValueError naming ``where``."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        what = str(getattr(e, "problem", None) or e).splitlines()[0]
+        raise ValueError(f"{where}: {text!r} is not valid YAML ({what})") from None
 
 
 def _prescale_text(p: bool | float) -> str:

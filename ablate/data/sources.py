@@ -42,11 +42,36 @@ def check_sources(cfg: DataConfig) -> None:
     """Fail fast on inputs that do not exist (data files, the validation corpus's files, a
     tokenizer file), before any training starts, without the network (a hub tokenizer is fetched
     when the data is prepared); relative paths are taken from the current directory."""
-    if cfg.corpus in FILE_EXT:
-        resolve_files(cfg)
-    if cfg.val is not None and cfg.val.corpus in FILE_EXT:
-        resolve_files(cfg.val, "data.val.")
+    for src, field in ((cfg, "data."), (cfg.val, "data.val.")):
+        if src is None or src.corpus not in FILE_EXT:
+            continue
+        files = resolve_files(src, field)
+        if src.corpus == "parquet":  # the footers only: the column is there and holds text
+            pq = import_optional("pyarrow.parquet", "pyarrow", f"{field}corpus='parquet'")
+            for f in files:
+                _parquet_text_column(pq, f, src.text_field, field)
     tokenizer_kind(cfg.tokenizer)
+
+
+def _parquet_text_column(pq: Any, f: Path, text_field: str, field: str = "data.") -> Any:
+    """The ``ParquetFile`` of ``f``, refused (naming the field) unless it is a Parquet file with a
+    text column ``text_field``."""
+    try:
+        pf = pq.ParquetFile(f)
+    except Exception as e:  # noqa: BLE001 (pyarrow's errors for a file that is not Parquet)
+        raise ValueError(f"{field}path: {f} is not a readable Parquet file ({e})") from None
+    schema = pf.schema_arrow
+    if text_field not in schema.names:
+        raise ValueError(
+            f"{field}text_field: {f} has no column {text_field!r} (has {schema.names})"
+        )
+    kind = schema.field(text_field).type
+    if str(kind) not in ("string", "large_string", "string_view"):
+        raise ValueError(
+            f"{field}text_field: {f}'s column {text_field!r} holds {kind}, not text; name the "
+            "column that holds the documents"
+        )
+    return pf
 
 
 def source_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]:
@@ -69,8 +94,15 @@ def _text_documents(files: list[Path]) -> Iterator[str]:
 
 def _jsonl_documents(files: list[Path], text_field: str) -> Iterator[str]:
     for f in files:
-        with open(f, encoding="utf-8") as lines:
-            for lineno, line in enumerate(lines, 1):
+        with open(f, "rb") as raw:
+            for lineno, data in enumerate(raw, 1):
+                try:
+                    line = data.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ValueError(
+                        f"data.path: {f}:{lineno} is not UTF-8 text (byte {data[e.start]:#04x} "
+                        f"at column {e.start + 1})"
+                    ) from None
                 if not line.strip():
                     continue
                 try:
@@ -89,11 +121,7 @@ def _jsonl_documents(files: list[Path], text_field: str) -> Iterator[str]:
 def _parquet_documents(files: list[Path], text_field: str) -> Iterator[str]:
     pq = import_optional("pyarrow.parquet", "pyarrow", "data.corpus='parquet'")
     for f in files:
-        pf = pq.ParquetFile(f)
-        if text_field not in pf.schema_arrow.names:
-            raise ValueError(
-                f"data.text_field: {f} has no column {text_field!r} (has {pf.schema_arrow.names})"
-            )
+        pf = _parquet_text_column(pq, f, text_field)
         for batch in pf.iter_batches(columns=[text_field], batch_size=4096):
             yield from (t for t in batch.column(0).to_pylist() if t is not None)
 

@@ -29,6 +29,7 @@ import copy
 import functools
 import hashlib
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +66,10 @@ def _read_config(spec: str) -> Any:
         raise ValueError(f"model.hf: {spec!r} does not exist")
     try:
         return tf.AutoConfig.from_pretrained(str(path) if path.exists() else spec)
-    except (OSError, ValueError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001 (transformers' and its validators' errors, any class)
         raise ValueError(
             f"model.hf: no architecture config could be read from {spec!r} ({type(e).__name__}: "
-            f"{str(e).splitlines()[0][:200]}); give a config.json, a local model folder or a "
+            f"{' '.join(str(e).split())[:300]}); give a config.json, a local model folder or a "
             "hub name (with network access, or already in the Hugging Face cache)"
         ) from e
 
@@ -140,9 +141,11 @@ def qk_norm_bytes(spec: str, precision: str) -> int:
 
 
 def check_config(spec: str, *, vocab_size: int | None, seq_len: int | None) -> Any:
-    """``load_config(spec)``, refused where it cannot train these data: a vocabulary smaller than
+    """``load_config(spec)``, refused where it cannot train (no decoder layer, an activation or a
+    RoPE type ``transformers`` does not have) or cannot train these data: a vocabulary smaller than
     the tokenizer's, sequences longer than its positions or than a sliding attention window."""
     c = load_config(spec)
+    _check_parts(spec, c)
     if vocab_size is not None and c.vocab_size < vocab_size:
         raise ValueError(
             f"model.hf: the architecture's vocab_size {c.vocab_size} is smaller than the "
@@ -165,6 +168,78 @@ def check_config(spec: str, *, vocab_size: int | None, seq_len: int | None) -> A
                 f"up to {window} tokens: set train.seq_len <= {window}"
             )
     return c
+
+
+def _check_parts(spec: str, c: Any) -> None:
+    """What ``transformers`` accepts in a config but cannot build or train with."""
+    from transformers.activations import ACT2FN
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    layers = getattr(c, "num_hidden_layers", None)
+    if not isinstance(layers, int) or layers < 1:
+        raise ValueError(
+            f"model.hf: {spec!r} has num_hidden_layers {layers!r}: the recipe would quantize no "
+            "decoder layer; give a config with at least one"
+        )
+    act = getattr(c, "hidden_act", None)
+    if act is not None and act not in ACT2FN:
+        raise ValueError(
+            f"model.hf: {spec!r} has hidden_act {act!r}, which transformers does not have; "
+            f"allowed: {', '.join(sorted(ACT2FN))}"
+        )
+    rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else None
+    allowed = {"default", *ROPE_INIT_FUNCTIONS}
+    if kind not in allowed:
+        raise ValueError(
+            f"model.hf: {spec!r} has rope_type {kind!r}, which transformers does not have; "
+            f"allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def check_weights(spec: str) -> None:
+    """``model.init: pretrained`` of a local ``spec``: its folder holds weights ``transformers``
+    can read (a safetensors file or index whose shards exist, each with a readable header, or a
+    ``pytorch_model.bin`` archive). A hub name is checked when its weights are fetched."""
+    path = Path(spec).expanduser()
+    if not path.exists():
+        return
+    folder = path.parent if path.is_file() else path
+    found = [folder / n for n in WEIGHT_FILES if (folder / n).is_file()]
+    if not found:
+        raise ValueError(
+            f"model.init: pretrained, but {folder} holds no weights ({', '.join(WEIGHT_FILES)}); "
+            "give a model folder with its weights, or model.init: random"
+        )
+    for f in found:
+        try:
+            if f.name.endswith(".index.json"):
+                shards = sorted(set(json.loads(f.read_text())["weight_map"].values()))
+                files = [folder / str(n) for n in shards]
+            else:
+                files = [f]
+            for w in files:
+                if w.suffix == ".safetensors":
+                    from safetensors import safe_open
+
+                    with safe_open(str(w), framework="pt") as st:
+                        st.keys()
+                elif not zipfile.is_zipfile(w):
+                    raise ValueError("not a torch archive")
+        except Exception as e:  # noqa: BLE001 (a damaged file: any of the readers' errors)
+            raise ValueError(
+                f"model.init: pretrained, but the weights in {folder} cannot be read ({f.name}: "
+                f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}); give a "
+                "model folder with its weights, or model.init: random"
+            ) from None
 
 
 class _BlockLayer(CheckpointedBlock):

@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -83,6 +84,8 @@ def parse_study(
         raise SpecError(tune_errors, source)
     if check_files:
         errors = []
+        if (problem := _cache_problem(study)) is not None:
+            errors.append(problem)
         for cfg in {
             json.dumps(dataclasses.asdict(c.config.data), sort_keys=True): c.config.data
             for c in study.cells
@@ -96,9 +99,60 @@ def parse_study(
             except (FileNotFoundError, ValueError) as err:
                 varied = any(a.startswith("data.") for a in study.axes)
                 errors.append(str(err) if varied else f"base.{err}")
+        models = {
+            json.dumps([c.config.model.to_dict(), c.config.data.tokenizer], sort_keys=True): c
+            for c in study.cells
+        }
+        for c in models.values():
+            if (msg := _model_fits_tokenizer(c.config)) is not None:
+                varied = any(a.startswith(("data.", "model.")) for a in study.axes)
+                errors.append(f"cell {c.label}: {msg}" if varied else f"base.{msg}")
         if errors:
             raise SpecError(errors, source)
     return study
+
+
+def _cache_problem(study: Study) -> str | None:
+    """What stops the prepared-data cache from being used: a file where its folder goes, or a
+    folder (or the nearest existing parent of a new one) this process cannot write."""
+    from ablate.data.prepared import CACHE_ENV
+
+    cache = study.data_cache()
+    field = "data_cache" if study.spec.data_cache else f"${CACHE_ENV} (the prepared-data cache)"
+    there = next((p for p in (cache, *cache.parents) if p.exists()), None)
+    if there is None:
+        return None
+    if not there.is_dir():
+        return f"{field}: {there} is a file, not a folder; give a folder for prepared data"
+    if not os.access(there, os.W_OK | os.X_OK):
+        return f"{field}: {there} is not writable; give a folder this user can write"
+    return None
+
+
+def _model_fits_tokenizer(rc: RunConfig) -> str | None:
+    """What is wrong with ``rc``'s model for its tokenizer, checked before anything starts: a
+    tokenizer file that does not load; a vocabulary (``model.vocab_size``, or a ``model.hf``
+    architecture's) smaller than the tokenizer's. A hub tokenizer is checked when fetched."""
+    from ablate.data import load_tokenizer
+    from ablate.data.tokenizer import tokenizer_kind
+    from ablate.model.hf import check_config
+
+    spec = rc.data.tokenizer
+    try:
+        kind = tokenizer_kind(spec)
+        if kind == "hub":
+            return None
+        vocab = load_tokenizer(spec).vocab_size
+        if rc.model.hf is not None:
+            check_config(rc.model.hf, vocab_size=vocab, seq_len=None)
+        elif rc.model.vocab_size is not None and rc.model.vocab_size < vocab:
+            return (
+                f"model.vocab_size: {rc.model.vocab_size} is smaller than the vocabulary of "
+                f"data.tokenizer {spec!r} ({vocab}); raise it, or leave it unset (the tokenizer's)"
+            )
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        return str(e)
+    return None
 
 
 def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells: int) -> Study:
@@ -231,11 +285,8 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
     if len(failed) == len(kept) > 1 and len(shared) == 1:  # the base is wrong, not a combination
         errors[:0] = [f"{m} (in every cell)" for m in failed[0][1]]
     else:
-        errors[:0] = [
-            f"cell {{{w}}}: {m}; drop impossible cells with `exclude`"
-            for w, ms in failed
-            for m in ms
-        ]
+        hint = "; drop impossible cells with `exclude`" if len(kept) > 1 else ""
+        errors[:0] = [f"cell {{{w}}}: {m}{hint}" for w, ms in failed for m in ms]
     if errors:
         more = [f"... and {len(errors) - 20} more"] if len(errors) > 20 else []
         raise SpecError(errors[:20] + more, source)

@@ -5,6 +5,7 @@ named recipe or the explicit per-GEMM form of ``spec.recipe``) and of the ``tune
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
@@ -51,6 +52,18 @@ class CellConfig(BaseModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     backend: str = "emulated"
     """GEMM backend: emulated (exact emulation, any device) or native (hardware FP4/FP8 GEMMs)."""
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _no_preset_beside_hf(cls, v: Any) -> Any:
+        """A preset beside ``hf`` is refused, not dropped (the architecture sets every shape)."""
+        if isinstance(v, dict) and v.get("hf") is not None and v.get("preset") is not None:
+            raise ValueError(
+                f"model.preset: {v['preset']!r} is not allowed with model.hf (the architecture's "
+                "config sets every shape); remove one of them"
+            )
+        return v
+
     seed: int = Field(default=0, ge=0, lt=2**32)
     """Model initialization and stochastic-rounding seed (data order: data.data_seed)."""
     device: str = "auto"
@@ -263,14 +276,20 @@ class TuneSpec(BaseModel):
 # --- the study -------------------------------------------------------------------------------------
 
 
+MAX_TARGET_LOSS = 50.0
+"""A validation loss a target may name: below this (perplexity e^50 ~ 5e21, beyond any
+vocabulary's uniform 12-13 nats); above it, or infinite, the report could compare nothing."""
+MAX_TARGET_PPL = math.exp(MAX_TARGET_LOSS)
+
+
 class Target(BaseModel):
     """The perplexity a run must reach: absolute, or derived from the baseline's finished seeds
     (the rule is ``ablate.targets.target_ppl``)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    val_ppl: float | None = Field(default=None, gt=1)
-    val_loss: float | None = Field(default=None, gt=0)
+    val_ppl: float | None = Field(default=None, gt=1, lt=MAX_TARGET_PPL, strict=True)
+    val_loss: float | None = Field(default=None, gt=0, lt=MAX_TARGET_LOSS, strict=True)
     from_baseline: Literal["final", "best", "slowest"] | None = None
     """slowest: the highest perplexity every baseline seed reaches by ``at`` of its budget (the
     default target); final/best: the mean final/best perplexity of the baseline's seeds..."""

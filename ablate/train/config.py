@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 from ablate.data import SEED_LIMIT, DataConfig
 from ablate.key import always, digest, key_fields, never, unless_default
 from ablate.model import PRESETS, ModelConfig
-from ablate.model.hf import check_config
+from ablate.model.hf import check_config, check_weights
 from ablate.numerics import FIRST_KEYED, NUMERICS_VERSION
 from backends.recipes import GEMMS, Gemm, Recipe
 
@@ -360,6 +360,8 @@ class RunConfig:
             self._check_bf16_all_gather()
         if self.model.hf is not None:  # its positions and attention window (ablate.model.hf)
             check_config(self.model.hf, vocab_size=None, seq_len=self.train.seq_len)
+            if self.model.init == "pretrained":
+                check_weights(self.model.hf)
         preset = PRESETS.get(self.model.preset or "")
         max_len = self.model.max_seq_len or (preset.max_seq_len if preset else None)
         if max_len is not None and self.train.seq_len > max_len:

@@ -254,7 +254,13 @@ def test_the_architecture_is_in_the_key_by_its_contents_and_a_presets_key_is_as_
     preset = RunConfig.from_dict(_cfg("none"))
     assert "hf" not in preset.to_dict()["model"]  # a preset cell's key and params as ever
     a = RunConfig.from_dict(cfg())
-    b = RunConfig.from_dict(cfg() | {"model": {"hf": QWEN3, "init": "pretrained"}})
+    weights = tmp_path / "weights"  # pretrained needs a folder with weights (its header is read)
+    weights.mkdir()
+    (weights / "config.json").write_text(Path(QWEN3).read_text())
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(1)}, str(weights / "model.safetensors"))
+    b = RunConfig.from_dict(cfg() | {"model": {"hf": str(weights), "init": "pretrained"}})
     assert len({config_hash(preset), config_hash(a), config_hash(b)}) == 3
     assert RunConfig.from_dict(a.to_dict()) == a
     assert a.to_dict()["model"]["hf"] == QWEN3 and a.to_dict()["model"]["init"] == "random"
