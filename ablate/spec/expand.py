@@ -311,8 +311,8 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
     dup_labels = sorted(x for x, n in label_counts.items() if n > 1)
     if dup_labels:
         errors.append(
-            f"cells {', '.join(dup_labels)} differ in ways no axis names (their labels collide); "
-            "this should not happen, please report it"
+            f"cells {', '.join(dup_labels)} differ but share a label: give each recipe variant "
+            "its own label (recipe: {..., label: ...}), or an axis that tells them apart"
         )
 
     if baseline is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Sequence
 from typing import Any, Union, get_args, get_origin
 
@@ -17,10 +18,36 @@ def did_you_mean(word: str, options: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+_SCALAR_TAGS = ("str", "int", "float", "bool", "none", "json-or-python[json=float,python=float]")
+
+
+def _union_tag(root: type, loc: Sequence[Any], i: int) -> bool:
+    """Whether ``loc[i]`` names a member of a union (pydantic's ``str``, ``literal['auto']``,
+    ``RecipeOverride``...) rather than a key of the study."""
+    x = loc[i]
+    if i == 0 or not isinstance(x, str) or x in _allowed_keys(root, loc[:i]):
+        return False
+    return (
+        x in _SCALAR_TAGS
+        or x.startswith(("literal[", "list[", "dict[", "tuple["))
+        or x[:1].isupper()
+    )
+
+
 def pydantic_errors(e: ValidationError, root: type) -> list[str]:
     out = []
+    unions: dict[str, tuple[list[str], Any]] = {}  # a path -> the messages of its union's members
     for err in e.errors():
         loc = [x for x in err["loc"] if not (isinstance(x, str) and x.startswith("function-"))]
+        tagged = [i for i in range(len(loc)) if _union_tag(root, loc, i)]
+        if tagged and err["type"] not in ("extra_forbidden", "missing", "value_error"):
+            path = _yaml_path([x for i, x in enumerate(loc) if i not in tagged])
+            msgs, _ = unions.setdefault(path, ([], err.get("input")))
+            if err["msg"] not in msgs:
+                msgs.append(err["msg"])
+                out.append(path)  # placeholder, filled below
+            continue
+        loc = [x for i, x in enumerate(loc) if i not in tagged]
         where = _yaml_path(loc)
         msg = err["msg"]
         if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
@@ -35,14 +62,38 @@ def pydantic_errors(e: ValidationError, root: type) -> list[str]:
             field = head.split(".")[0].split("[")[0]
             if sep and " " not in head and ("." in head or field in _allowed_keys(root, loc)):
                 parent = list(loc)
-                if parent and parent[-1] == head.split(".")[0]:
-                    parent = parent[:-1]
-                where = _yaml_path([*parent, head])
+                parts = head.split(".")
+                # the message's path repeats the end of the location (data.val: ... at data.val)
+                k = max(
+                    (
+                        n
+                        for n in range(1, min(len(parent), len(parts)) + 1)
+                        if parent[-n:] == parts[:n]
+                    ),
+                    default=0,
+                )
+                where = _yaml_path([*parent[: len(parent) - k], head])
                 msg = rest
         elif err["type"] == "missing":
             msg = "required"
         out.append(f"{where}: {msg}" if where else msg)
-    return out
+    seen: set[str] = set()
+    lines = []
+    for line in out:
+        if line in unions:  # one line per union: each member's requirement, then the value
+            if line in seen:
+                continue
+            seen.add(line)
+            msgs, given = unions[line]
+            msgs = [re.sub(r" or instance of \w+", "", m) for m in msgs]
+            lead = "Input should be "
+            if all(m.startswith(lead) for m in msgs):
+                said = "should be " + " or ".join(m.removeprefix(lead) for m in msgs)
+            else:
+                said = "; or ".join(m[0].lower() + m[1:] for m in msgs)
+            line = f"{line}: {said} (got {given!r})" if line else said
+        lines.append(line)
+    return lines
 
 
 def _yaml_path(loc: Sequence[Any]) -> str:
