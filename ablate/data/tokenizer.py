@@ -7,10 +7,13 @@ is fetched)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import os
 import re
+import socket
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -122,6 +125,27 @@ def tokenizer_identity(spec: str) -> str:
     return "byte" if kind == "byte" else f"hub:{spec}"
 
 
+def hub_unreachable(timeout: float = 2.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached from here (``HF_HUB_OFFLINE``, or no TCP connection
+    to ``HF_ENDPOINT`` within ``timeout`` seconds), or None when it can: asked once, so that a
+    missing network is said at once instead of after the hub client's retries."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    return _unreachable(endpoint, timeout)
+
+
+@functools.lru_cache(maxsize=4)
+def _unreachable(endpoint: str, timeout: float) -> str | None:
+    url = urllib.parse.urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=timeout).close()
+    except OSError as e:
+        return f"{url.hostname}:{port} unreachable ({e.strerror or e})"
+    return None
+
+
 def fetch_hub_tokenizer(name: str, *, offline: bool = False) -> str:
     """The local path of hub model ``name``'s ``tokenizer.json``: from the Hugging Face cache, else
     downloaded (``HF_TOKEN`` for gated models such as Llama). Raises naming the field, and saying
@@ -132,6 +156,12 @@ def fetch_hub_tokenizer(name: str, *, offline: bool = False) -> str:
     except Exception as e:
         if offline:  # not cached yet, and the caller will not wait for the network
             raise FileNotFoundError(f"data.tokenizer: {name!r} is not in the local cache") from e
+    if (why := hub_unreachable()) is not None:
+        raise FileNotFoundError(
+            f"data.tokenizer: {name!r} is not in the Hugging Face cache and the hub cannot be "
+            f"reached ({why}); download its tokenizer.json where there is a network and give its "
+            "path: data.tokenizer: /path/to/tokenizer.json"
+        )
     try:
         return str(hub.hf_hub_download(name, "tokenizer.json"))
     except Exception as e:

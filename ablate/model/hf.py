@@ -64,8 +64,20 @@ def _read_config(spec: str) -> Any:
     path = Path(spec).expanduser()
     if path.suffix == ".json" and not path.is_file():
         raise ValueError(f"model.hf: {spec!r} does not exist")
+    source = str(path) if path.exists() else spec
+    if not path.exists():  # a hub name: the cache first; the network only when it answers
+        from ablate.data.tokenizer import hub_unreachable
+
+        try:
+            return tf.AutoConfig.from_pretrained(source, local_files_only=True)
+        except Exception:  # noqa: BLE001 (not cached)
+            if (why := hub_unreachable()) is not None:
+                raise ValueError(
+                    f"model.hf: {spec!r} is not in the Hugging Face cache and the hub cannot be "
+                    f"reached ({why}); give a config.json or a local model folder"
+                ) from None
     try:
-        return tf.AutoConfig.from_pretrained(str(path) if path.exists() else spec)
+        return tf.AutoConfig.from_pretrained(source)
     except Exception as e:  # noqa: BLE001 (transformers' and its validators' errors, any class)
         raise ValueError(
             f"model.hf: no architecture config could be read from {spec!r} ({type(e).__name__}: "

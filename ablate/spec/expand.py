@@ -140,9 +140,20 @@ def _model_fits_tokenizer(rc: RunConfig) -> str | None:
     spec = rc.data.tokenizer
     try:
         kind = tokenizer_kind(spec)
-        if kind == "hub":
-            return None
-        vocab = load_tokenizer(spec).vocab_size
+        if kind == "hub":  # from the cache, else the hub must answer (`run` fetches it)
+            try:
+                vocab = load_tokenizer(spec, offline=True).vocab_size
+            except FileNotFoundError:
+                from ablate.data.tokenizer import hub_unreachable
+
+                if (why := hub_unreachable()) is not None:
+                    return (
+                        f"data.tokenizer: {spec!r} is not in the Hugging Face cache and the hub "
+                        f"cannot be reached ({why}); give the path of its tokenizer.json"
+                    )
+                return None
+        else:
+            vocab = load_tokenizer(spec).vocab_size
         if rc.model.hf is not None:
             check_config(rc.model.hf, vocab_size=vocab, seq_len=None)
         elif rc.model.vocab_size is not None and rc.model.vocab_size < vocab:

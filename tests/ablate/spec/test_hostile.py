@@ -258,3 +258,25 @@ def test_fuzzed_newer_fields_exit_0_or_2_without_a_traceback(tmp_path_factory, c
         return
     code, out = _validate(tmp, study)
     assert code in (0, 2), out
+
+
+# --- the hub without a network ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("offline", ["closed-port", "HF_HUB_OFFLINE"])
+def test_a_hub_name_with_no_network_is_refused_at_once(tmp_path, monkeypatch, offline):
+    """Not cached and the hub unreachable: refused by validate without the hub client's retries
+    (the endpoint is a closed port on loopback, or the client is told it is offline)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # an empty cache
+    if offline == "closed-port":
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    else:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    t0 = time.monotonic()
+    out = _refused(tmp_path, _study({"model": {"hf": "no-such-org/no-such-model"}}), "model.hf")
+    assert "is not in the Hugging Face cache and the hub cannot be reached" in out
+    study = _study({"data": {"val_tokens": 4096, "tokenizer": "no-such-org/no-such-tok"}})
+    out = _refused(tmp_path, study, "data.tokenizer")
+    assert "the hub cannot be reached" in out
+    assert time.monotonic() - t0 < 20  # the hub client alone retried 26-27 s for each
