@@ -76,6 +76,8 @@ def parse_study(
         spec = StudySpec.model_validate(raw)
     except ValidationError as e:
         raise SpecError(pydantic_errors(e, StudySpec), source) from None
+    if preset_beside_hf := _preset_beside_hf(raw):
+        raise SpecError(preset_beside_hf, source)
     out = Path(output) if output is not None else Path(spec.output or f"runs/{spec.name}")
     study = _expand(spec, raw, source, max_cells)
     study.output_dir = out
@@ -110,6 +112,37 @@ def parse_study(
         if errors:
             raise SpecError(errors, source)
     return study
+
+
+def _preset_beside_hf(raw: dict[str, Any]) -> list[str]:
+    """A ``model.preset`` the study writes beside a ``model.hf`` it writes (in the base, or one in
+    the base and the other on a grid axis): refused, not dropped, since the architecture's config
+    sets every shape. Read from the file as written: a preset left to its default is no conflict."""
+    base: dict[str, Any] = raw["base"] if isinstance(raw.get("base"), dict) else {}
+    model: dict[str, Any] = base["model"] if isinstance(base.get("model"), dict) else {}
+    written = {k for k in ("preset", "hf") if model.get(k) is not None}
+    grids = raw.get("grid")
+    axes: set[str] = set()
+    for g in grids if isinstance(grids, list) else [grids]:
+        if isinstance(g, dict):
+            for name, values in g.items():
+                if name in ("model.preset", "model.hf") and any(
+                    v is not None for v in (values if isinstance(values, list) else [values])
+                ):
+                    axes.add(name.removeprefix("model."))
+    if written == {"preset", "hf"}:
+        return [
+            f"base.model.preset: {model['preset']!r} is not allowed with model.hf (the "
+            "architecture's config sets every shape); remove one of them"
+        ]
+    clash = (written | axes) >= {"preset", "hf"} and axes
+    if clash:
+        return [
+            "model.preset and model.hf: one is in the base and the other on a grid axis, so every "
+            "cell would have both (a preset beside hf is refused: the architecture's config sets "
+            "every shape); vary model as a whole instead (grid: {model: [{preset: ...}, {hf: ...}]})"
+        ]
+    return []
 
 
 def _cache_problem(study: Study) -> str | None:

@@ -53,17 +53,6 @@ class CellConfig(BaseModel):
     backend: str = "emulated"
     """GEMM backend: emulated (exact emulation, any device) or native (hardware FP4/FP8 GEMMs)."""
 
-    @field_validator("model", mode="before")
-    @classmethod
-    def _no_preset_beside_hf(cls, v: Any) -> Any:
-        """A preset beside ``hf`` is refused, not dropped (the architecture sets every shape)."""
-        if isinstance(v, dict) and v.get("hf") is not None and v.get("preset") is not None:
-            raise ValueError(
-                f"model.preset: {v['preset']!r} is not allowed with model.hf (the architecture's "
-                "config sets every shape); remove one of them"
-            )
-        return v
-
     seed: int = Field(default=0, ge=0, lt=2**32)
     """Model initialization and stochastic-rounding seed (data order: data.data_seed)."""
     device: str = "auto"

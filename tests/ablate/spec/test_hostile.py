@@ -105,6 +105,14 @@ def test_pretrained_weights_missing_or_broken_are_refused(tmp_path):
 def test_a_preset_beside_hf_is_refused_not_dropped(tmp_path):
     hf = _hf(tmp_path, "arch")
     _refused(tmp_path, _study({"model": {"hf": hf, "preset": "small"}}), "model.preset", "model.hf")
+    # one in the base, the other on an axis: every cell would have both
+    study = _study()
+    study["grid"] = {"model.hf": [hf], "seed": [0]}
+    _refused(tmp_path, study, "model.preset and model.hf")
+    # a preset nobody wrote (the default) is no conflict
+    del study["base"]["model"]
+    code, out = _validate(tmp_path, study)
+    assert code == 0, out
 
 
 # --- tokenizers, corpora, the data cache --------------------------------------------------------
