@@ -28,7 +28,6 @@ import os
 import pickle
 import shutil
 import uuid
-import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,20 +53,31 @@ def load_file(path: Path, *, keys: tuple[str, ...] = ()) -> dict[str, Any]:
     ``keys`` must be in it. ``CheckpointError`` naming the file when it is damaged, is not such a
     mapping, or would need any other object (a pickle that could run code is never run)."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
+        obj = _plain(path, str(path))
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 (damaged bytes raise anything from the unpickler)
         raise CheckpointError(
-            f"{path}: refused, not loaded: it holds objects other than tensors and plain values, "
-            f"which no file this project writes does (unpickling them could run code): {_why(e)}"
+            f"{path}: damaged or not a checkpoint file ({type(e).__name__}: {e})"
         ) from None
-    except (EOFError, RuntimeError, OSError, ValueError, zipfile.BadZipFile) as e:
-        raise CheckpointError(f"{path}: damaged or not a checkpoint file ({e})") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: not a checkpoint file (holds a {type(obj).__name__})")
     missing = [k for k in keys if k not in obj]
     if missing:
         raise CheckpointError(f"{path}: not a checkpoint file of this project (no {missing})")
     return obj
+
+
+def _plain(source: Path | io.BytesIO, what: str) -> Any:
+    """``torch.load`` of tensors and plain values only; ``CheckpointError`` naming ``what`` when the
+    pickle needs anything else."""
+    try:
+        return torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{what}: refused, not loaded: it holds objects other than tensors and plain values, "
+            f"which no file this project writes does (unpickling them could run code): {_why(e)}"
+        ) from None
 
 
 def _why(e: BaseException) -> str:
@@ -341,7 +351,7 @@ def _checked_metadata(path: Path) -> Any:
             f"{path}: refused, not loaded: not the metadata of a checkpoint ({e}; unpickling it "
             "could run code)"
         ) from None
-    except (pickle.UnpicklingError, EOFError, OSError, ValueError, TypeError, AttributeError) as e:
+    except Exception as e:  # noqa: BLE001 (damaged bytes raise anything from the unpickler)
         raise CheckpointError(f"{path}: damaged checkpoint metadata ({e})") from None
 
 
@@ -363,13 +373,7 @@ def _planner() -> Any:
 
     class Planner(DefaultLoadPlanner):
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            try:
-                obj = torch.load(value, map_location="cpu", weights_only=True)
-            except pickle.UnpicklingError as e:
-                raise CheckpointError(
-                    f"refused, not loaded: checkpoint entry {read_item.dest_index.fqn} holds "
-                    f"objects other than tensors and plain values ({_why(e)})"
-                ) from None
+            obj = _plain(value, f"checkpoint entry {read_item.dest_index.fqn}")
             super().load_bytes(read_item, _saved(obj))
 
     return Planner()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 import re
 from pathlib import Path
 
@@ -115,8 +116,15 @@ def test_a_damaged_checkpoint_is_refused_with_its_name(trained, tmp_path, damage
         bad.write_bytes(b"")
     elif damage == "truncated":
         bad.write_bytes(raw[: len(raw) // 2])
-    elif damage == "garbage":
-        bad.write_bytes(os.urandom(4096))
+    elif damage == "garbage":  # many kinds of garbage: the unpickler fails in many ways
+        rng = random.Random(0)
+        for n in range(200):
+            junk = bytes(rng.randrange(256) for _ in range(rng.choice((1, 7, 64, 4096))))
+            if n % 2:  # a pickle's opening bytes, then garbage: deeper into the unpickler
+                junk = b"\x80\x02" + junk
+            bad.write_bytes(junk)
+            with pytest.raises(CheckpointError, match=re.escape(str(bad))):
+                load_file(bad, keys=("config_hash", "state", "model"))
     elif damage == "a list":
         torch.save([1, 2], bad)
     else:
@@ -208,7 +216,7 @@ def test_a_poisoned_non_tensor_entry_of_a_sharded_checkpoint_is_refused(tmp_path
     state = {"w": torch.zeros(2), "lr": 0.0}
     dcp_load(state, good, no_dist=True)
     assert state["lr"] == 0.5 and torch.equal(state["w"], torch.ones(2))
-    with pytest.raises(CheckpointError, match="refused, not loaded: checkpoint entry lr"):
+    with pytest.raises(CheckpointError, match="checkpoint entry lr: refused, not loaded"):
         dcp_load({"w": torch.zeros(2), "lr": 0.0}, bad, no_dist=True)
     assert not marker.exists()
 
