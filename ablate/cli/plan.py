@@ -177,6 +177,7 @@ def _memory_estimates(
     study: Study, device_memory: int | None
 ) -> dict[str, tuple[MemoryEstimate, int | None]]:
     """Each cell's estimate and the memory of the device it trains on (None: unknown)."""
+    from ablate.driver.preflight import machine_memory
     from ablate.train.config import device_kind
     from ablate.train.memory import estimate_run, visible_device_memory
 
@@ -186,6 +187,8 @@ def _memory_estimates(
         limit = device_memory
         if limit is None and kind == "cuda":
             limit = visible_device_memory()
+        elif limit is None and kind == "cpu":  # `run` refuses a CPU cell over this machine's
+            limit = machine_memory()
         out[cell.key] = (estimate_run(cell.config, kind), limit)
     return out
 

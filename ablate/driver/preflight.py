@@ -67,6 +67,28 @@ def check_resources(study: Study, *, num_cpus: int | None = None) -> None:
         )
 
 
+def check_hub(study: Study) -> None:
+    """A hub tokenizer that is not in the Hugging Face cache is fetched by ``run`` before anything
+    starts: refused at once, naming ``data.tokenizer``, when the hub cannot be reached from here."""
+    from ablate.data import load_tokenizer
+    from ablate.data.tokenizer import hub_unreachable, tokenizer_kind
+
+    for spec in sorted({c.config.data.tokenizer for c in study.cells}):
+        try:
+            if tokenizer_kind(spec) != "hub":
+                continue
+            load_tokenizer(spec, offline=True)
+        except FileNotFoundError:
+            if (why := hub_unreachable()) is not None:
+                raise CannotRunError(
+                    f"data.tokenizer: {spec!r} is not in the Hugging Face cache and the hub "
+                    f"cannot be reached ({why}); give the path of its tokenizer.json, or run "
+                    "where the hub answers"
+                ) from None
+        except (ValueError, ImportError):
+            continue  # refused with its field by the study's own checks
+
+
 def machine_memory() -> int | None:
     """This machine's physical memory in bytes (None where the OS does not say)."""
     try:
@@ -250,3 +272,4 @@ def preflight(
             check_cluster_uri(study.tracking_uri, str(cluster_address(address)))
         except TrackingError as e:
             raise CannotRunError(str(e)) from None
+    check_hub(study)  # last: the driver fetches a hub tokenizer, on a cluster too

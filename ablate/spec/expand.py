@@ -165,7 +165,8 @@ def _cache_problem(study: Study) -> str | None:
 def _model_fits_tokenizer(rc: RunConfig) -> str | None:
     """What is wrong with ``rc``'s model for its tokenizer, checked before anything starts: a
     tokenizer file that does not load; a vocabulary (``model.vocab_size``, or a ``model.hf``
-    architecture's) smaller than the tokenizer's. A hub tokenizer is checked when fetched."""
+    architecture's) smaller than the tokenizer's. A hub tokenizer is checked from the Hugging Face
+    cache, or not here when it is not cached yet (``preflight.check_hub``)."""
     from ablate.data import load_tokenizer
     from ablate.data.tokenizer import tokenizer_kind
     from ablate.model.hf import check_config
@@ -173,17 +174,10 @@ def _model_fits_tokenizer(rc: RunConfig) -> str | None:
     spec = rc.data.tokenizer
     try:
         kind = tokenizer_kind(spec)
-        if kind == "hub":  # from the cache, else the hub must answer (`run` fetches it)
+        if kind == "hub":  # from the cache; else fetched by `run` (preflight.check_hub)
             try:
                 vocab = load_tokenizer(spec, offline=True).vocab_size
             except FileNotFoundError:
-                from ablate.data.tokenizer import hub_unreachable
-
-                if (why := hub_unreachable()) is not None:
-                    return (
-                        f"data.tokenizer: {spec!r} is not in the Hugging Face cache and the hub "
-                        f"cannot be reached ({why}); give the path of its tokenizer.json"
-                    )
                 return None
         else:
             vocab = load_tokenizer(spec).vocab_size
