@@ -137,7 +137,11 @@ def yaml_problems(text: str, where: str, tmp: Path) -> list[str]:
                 out.append(f"{at}: a fragment is a mapping of keys, not {type(raw).__name__}")
                 continue
             extra = {"base": raw} if b.marker == "fragment in base" else raw
-            parse_study(_merge(MINIMAL, extra), output=tmp / "out", check_files=False)
+            merged = _merge(MINIMAL, extra)
+            model = merged["base"].get("model", {})
+            if isinstance(model, dict) and model.get("hf") is not None:
+                model.pop("preset", None)  # the minimal study's preset gives way to an hf model
+            parse_study(merged, output=tmp / "out", check_files=False)
         except SpecError as e:
             out.append(f"{at}: the {b.marker} does not validate: {e}")
     return out

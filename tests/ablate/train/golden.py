@@ -9,6 +9,10 @@ it: numbers that change under an unchanged version are refused when re-pinning.
 Re-pin (after bumping ``ablate.numerics.NUMERICS_VERSION``, on the pinning machine kind)::
 
     python tests/ablate/train/golden.py --write
+
+Measure another machine kind's agreement, step by step (docs/measured.md)::
+
+    python tests/ablate/train/golden.py --compare
 """
 
 from __future__ import annotations
@@ -148,8 +152,21 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--write", action="store_true", help="re-pin golden.json on this machine")
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="train here and print each step's relative difference from the pinned values",
+    )
     args = ap.parse_args()
     if args.write:
         write()
+    elif args.compare:
+        pinned = load()
+        print(f"pinned on {pinned['machine']}, here {machine()}")
+        for name, got in trajectories().items():
+            for series, values in got.items():
+                want = pinned["cells"][name][series]
+                rel = [abs(a - b) / abs(b) for a, b in zip(values, want, strict=True)]
+                print(f"{name:22s} {series:10s} " + " ".join(f"{r:.1e}" for r in rel))
     else:
         print(json.dumps(trajectories(), indent=1))
