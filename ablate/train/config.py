@@ -1,4 +1,4 @@
-"""Typed run configuration: what one cell of a study trains (``RunConfig``), and what it returns.
+"""Typed run configuration: what one cell of a study trains (``RunConfig``).
 
 ``RunConfig`` = model + data + training loop + recipe + backend + seed. Every field is documented
 and declares how it enters a cell's key (``ablate.key``: ``config_hash`` builds the key from those
@@ -26,7 +26,6 @@ Compile = Literal["auto"] | bool
 Parallel = Literal["auto", "none", "ddp", "fsdp"]
 Checkpointing = Literal["none", "blocks"]
 AllGather = Literal["fp32", "bf16"]
-Status = Literal["finished", "diverged", "stopped"]
 ProbeGemm = Gemm
 
 
@@ -420,51 +419,6 @@ class RunConfig:
             data_cache=d.get("data_cache"),
             probe=ProbeConfig(**d["probe"]) if d.get("probe") is not None else None,
         )
-
-
-@dataclass(kw_only=True)
-class EvalPoint:
-    step: int
-    tokens: int
-    val_loss: float
-
-    @property
-    def val_ppl(self) -> float:
-        return math.exp(min(self.val_loss, 700.0))
-
-
-@dataclass(kw_only=True)
-class RunResult:
-    """What a run returns (and what a study records per cell)."""
-
-    status: Status
-    steps: int
-    """Optimizer steps completed."""
-    tokens: int
-    """Training tokens seen."""
-    evals: list[EvalPoint]
-    """Validation history (step 0, every eval_every steps, and the end)."""
-    tokens_per_s: float
-    """Training throughput (evaluation excluded)."""
-    fingerprint: str
-    """Data fingerprint: corpus and tokenizer identity."""
-    diverged_at: int | None = None
-    """Step at which the divergence guard fired."""
-    reason: str = ""
-    wall_time_s: float = 0.0
-    n_params: int = 0
-
-    @property
-    def final_val_loss(self) -> float:
-        return self.evals[-1].val_loss if self.evals else math.nan
-
-    @property
-    def final_val_ppl(self) -> float:
-        return self.evals[-1].val_ppl if self.evals else math.nan
-
-    @property
-    def best_val_loss(self) -> float:
-        return min((e.val_loss for e in self.evals), default=math.nan)
 
 
 def device_kind(device: str) -> Literal["cpu", "cuda"]:

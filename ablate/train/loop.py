@@ -51,9 +51,7 @@ from ablate.model import build_model, count_parameters, set_checkpointing
 from ablate.train.checkpoint import load_checkpoint, load_sharded, save_checkpoint, save_sharded
 from ablate.train.compiling import compile_model, warn_slow_gemms
 from ablate.train.config import (
-    EvalPoint,
     RunConfig,
-    RunResult,
     TrainConfig,
     config_hash,
     resolved_compile,
@@ -65,6 +63,7 @@ from ablate.train.device import autocast, numerics_policy, resolve_device
 from ablate.train.logger import Logger, NullLogger
 from ablate.train.parallel import Ranks, ranks_of
 from ablate.train.probe import make_prober
+from ablate.train.result import EvalPoint, RunResult
 from ablate.train.schedule import lr_at
 from ablate.train.state import TrainState
 
