@@ -1,11 +1,12 @@
 """The training loop: ``train(config, logger) -> RunResult``.
 
-AdamW with linear warmup and cosine decay (``schedule``), gradient clipping and accumulation,
-bfloat16 autocast where the device supports it (``device``), validation loss/perplexity on the fixed
-held-out set (at step 0, every ``eval_every`` steps and at the end), tokens seen as the x-axis of
-everything, and a divergence guard (non-finite loss or gradient norm, or a smoothed loss that runs
-away) that ends the run as ``diverged`` with the step instead of raising. With ``config.probe`` set,
-gradient-fidelity probes (``probe``) run at their steps and log beside the step's metrics.
+AdamW with linear warmup and a cosine or warmup-stable-decay schedule (``schedule``), gradient
+clipping and accumulation, bfloat16 autocast where the device supports it (``device``), validation
+loss/perplexity on the fixed held-out set (at step 0, every ``eval_every`` steps and at the end),
+tokens seen as the x-axis of everything, and a divergence guard (non-finite loss or gradient norm,
+or a smoothed loss that runs away) that ends the run as ``diverged`` with the step instead of
+raising. With ``config.probe`` set, gradient-fidelity probes (``probe``) run at their steps and log
+beside the step's metrics.
 
 Metrics, against the step: train_loss, lr, grad_norm, tokens, tokens_per_s; val_loss and val_ppl
 at evaluations (the untrained model's step-0 perplexity as init_val_ppl, so that it does not squash

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from ablate.tracking.adopt import legacy_config_hash
 from ablate.train.config import (
     RunConfig,
@@ -120,3 +122,49 @@ def test_schedule_steps_beyond_the_run_are_refused_naming_the_field_and_range():
     for bad in (0, 201):
         with pytest.raises(ValueError, match=r"train.schedule_steps: must be in \[1, train.steps"):
             TrainConfig(steps=200, schedule_steps=bad)
+
+
+def test_the_schedule_is_in_the_key_only_when_wsd_and_its_decay_only_with_it():
+    cosine = RunConfig(device="cpu", train=TrainConfig(schedule="cosine", decay_fraction=0.5))
+    assert key1(cosine) == "1f94548535cb9ce6"  # every recorded cell trained the cosine
+
+    def wsd(**kw):
+        return key1(RunConfig(device="cpu", train=TrainConfig(schedule="wsd", **kw)))
+
+    assert wsd() != key1(cosine)
+    assert wsd(decay_fraction=0.3) not in (wsd(), key1(cosine))
+    assert wsd() == wsd(decay_fraction=0.2)  # the default decay is in the key too
+    assert run_params(cosine)["train.schedule"] == "cosine"
+    assert "train.decay_fraction" not in run_params(cosine)  # it means nothing there
+    params = run_params(RunConfig(train=TrainConfig(schedule="wsd", decay_fraction=0.3)))
+    assert params["train.schedule"] == "wsd" and params["train.decay_fraction"] == 0.3
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"schedule": "linear"}, r"train\.schedule: unknown 'linear'; allowed: cosine, wsd"),
+        ({"decay_fraction": 0.0}, r"train\.decay_fraction: must be in \(0, 1\], got 0\.0"),
+        ({"decay_fraction": 1.5}, r"train\.decay_fraction: must be in \(0, 1\], got 1\.5"),
+        ({"decay_fraction": True}, r"train\.decay_fraction: must be in \(0, 1\], got True"),
+        (
+            {"steps": 10, "warmup_steps": 5, "decay_fraction": 0.6},
+            r"train\.decay_fraction: a decay of 6 steps \(max\(1, round\(0\.6 x train\.steps = 10"
+            r"\)\)\) is longer than the 5 steps after warmup .* lower train\.decay_fraction or "
+            r"train\.warmup_steps",
+        ),
+        (
+            {"steps": 30, "schedule_steps": 10, "warmup_steps": 5, "decay_fraction": 0.6},
+            r"train\.decay_fraction: a decay of 6 steps \(max\(1, round\(0\.6 x "
+            r"train\.schedule_steps = 10\)\)\) is longer than the 5 steps after warmup",
+        ),
+    ],
+)
+def test_a_schedule_that_cannot_run_is_refused_naming_the_field(kw, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**{"schedule": "wsd"} | kw)
+
+
+def test_a_decay_that_fills_every_step_after_warmup_is_allowed():
+    t = TrainConfig(schedule="wsd", steps=10, warmup_steps=5, decay_fraction=0.5)
+    assert (t.decay_steps, t.decay_start) == (5, 5)
