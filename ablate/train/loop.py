@@ -11,7 +11,9 @@ beside the step's metrics.
 Metrics, against the step: train_loss, lr, grad_norm, tokens, tokens_per_s; val_loss and val_ppl
 at evaluations (the untrained model's step-0 perplexity as init_val_ppl, so that it does not squash
 the UI's charts), and each evaluation again as val_loss_by_tokens / val_ppl_by_tokens with the tokens
-seen as the step, so the MLflow UI can chart validation against tokens.
+seen as the step, so the MLflow UI can chart validation against tokens. Params: the flattened
+config (``run_params``), data.fingerprint, data.prepared, model.n_params and
+model.n_params_non_embedding (N of scaling laws: blocks and final norm); D is the tokens metric.
 
 GPU-grade execution: the model is compiled where ``train.compile`` says (``auto``: on CUDA; per
 block and head, before DDP or FSDP wraps it: ``compiling``), AdamW is fused where
@@ -48,7 +50,7 @@ import torch
 from torch import nn
 
 from ablate.data import BatchSampler, TokenData, load_data, val_batches
-from ablate.model import build_model, count_parameters, set_checkpointing
+from ablate.model import build_model, count_non_embedding, count_parameters, set_checkpointing
 from ablate.train.checkpoint import load_checkpoint, load_sharded, save_checkpoint, save_sharded
 from ablate.train.compiling import compile_model, warn_slow_gemms
 from ablate.train.config import (
@@ -103,6 +105,7 @@ def train(
             "data.fingerprint": run.data.fingerprint,
             "data.prepared": run.data.prepared,
             "model.n_params": run.n_params,
+            "model.n_params_non_embedding": run.n_params_non_embedding,
         }
     )
     log.log_params(params)
@@ -230,6 +233,8 @@ class Run:
     val: list[Batch]
     """The fixed validation batches, on ``device``."""
     n_params: int
+    n_params_non_embedding: int
+    """N of scaling laws: the blocks and the final norm (``ablate.model.non_embedding_params``)."""
     checkpoint_dir: Path | None
     config_hash: str
     t_start: float
@@ -375,6 +380,7 @@ def build_run(config: RunConfig, log: Logger, stop_after: int | None) -> Run:
         seq_len=tc.seq_len,
     )
     n_params = count_parameters(model)  # before FSDP shards them
+    n_non_embedding = count_non_embedding(model)
     set_checkpointing(model, tc.activation_checkpointing)  # before compile, DDP and FSDP2
     if resolved_compile(tc.compile, device.type):
         # per block and head, in place, before DDP or FSDP2 wraps the model (``compiling`` says
@@ -410,6 +416,7 @@ def build_run(config: RunConfig, log: Logger, stop_after: int | None) -> Run:
         sampler=sampler,
         val=[(x.to(device), y.to(device)) for x, y in val],
         n_params=n_params,
+        n_params_non_embedding=n_non_embedding,
         checkpoint_dir=ckpt_dir,
         config_hash=config_hash(config),
         t_start=t_start,

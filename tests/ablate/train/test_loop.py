@@ -128,6 +128,8 @@ def test_a_wsd_run_past_its_schedule_is_an_ordinary_wsd_run_up_to_it():
     assert longer_log.series("train_loss")[:10] == ordinary_log.series("train_loss")
     lrs = [lr for _, lr in longer_log.series("lr")]
     assert lrs[:10] == [lr for _, lr in ordinary_log.series("lr")]
+    assert longer_log.params["train.schedule"] == "wsd"
+    assert longer_log.params["model.n_params_non_embedding"] == 787_584  # N of tiny (test_model)
     floor = FAST.lr * FAST.min_lr_ratio  # the peak until step 8, halfway, then the floor
     assert lrs[7:] == pytest.approx([FAST.lr, (FAST.lr + floor) / 2] + [floor] * 5)
 
