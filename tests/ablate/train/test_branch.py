@@ -1,7 +1,8 @@
 """Decay branches in the trainer (``ablate.train.branch``): a wsd trunk saves the branch checkpoints
 of its family's shorter budgets, a branch starts from its own and ends bit-identical to the run
 trained to its budget from step 0, random streams included; without its checkpoint it trains from
-step 0 with the same numbers; a checkpoint that is not its family's is refused."""
+step 0 with the same numbers; a checkpoint that is not its family's is refused. (That the trunk
+trains as a run without branch saves: ``tests/ablate/driver/test_branches.py``.)"""
 
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ def test_a_decay_branch_is_bit_identical_to_the_run_trained_to_its_budget(runs, 
     assert branch_point(cfg(steps)) == point
     branches = Branches(root=runs["root"], family=runs["family"], start_at=point)
     assert branches.ready(point) and branches.start == point
+    saved = load_file(branches.dir(point) / CHECKPOINT)  # the trunk's state there, family-keyed
+    assert saved["config_hash"] == runs["family"] and saved["state"]["step"] == point
     log = MemoryLogger()
     where = tmp / f"branch{steps}"
     res = train(cfg(steps, where), log, stop_after=point + 1, branches=branches)  # interrupted
@@ -85,20 +88,6 @@ def test_a_decay_branch_is_bit_identical_to_the_run_trained_to_its_budget(runs, 
     assert points(log) == points(direct_log, after=point)
     a, b = weights(where), weights(tmp / f"direct{steps}")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.mark.slow
-def test_the_trunk_trains_as_a_run_without_branch_checkpoints(runs, tmp_path):
-    plain_log = MemoryLogger()
-    plain = train(cfg(16, tmp_path / "plain"), plain_log)
-    trunk, trunk_log = runs[16]
-    assert trunk.evals == plain.evals and points(trunk_log) == points(plain_log)
-    a, b = weights(runs["tmp"] / "direct16"), weights(tmp_path / "plain")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    # the branch checkpoints hold its state at each branch point, under the family's hash
-    for step in (6, 10):
-        saved = load_file(Path(runs["root"]) / f"step-{step:09d}" / CHECKPOINT)
-        assert saved["config_hash"] == runs["family"] and saved["state"]["step"] == step
 
 
 @pytest.mark.slow
