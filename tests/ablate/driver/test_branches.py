@@ -21,6 +21,7 @@ from ablate.cli import main
 from ablate.driver import branching
 from ablate.driver.planning import PlannedCell, plan
 from ablate.driver.runner import run_study
+from ablate.executor.task import Task
 from ablate.spec import Study, parse_study
 from ablate.spec.families import branch_root, families
 from ablate.train.checkpoint import CHECKPOINT, load_file
@@ -178,3 +179,27 @@ def test_only_cells_that_differ_in_their_wsd_budget_alone_are_a_family(tmp_path)
     assert not families(parse_study(cosine, output=tmp_path / "y").cells)
     one = raw("one", [16]) | {"grid": {"train.lr": [1e-3, 3e-3]}}
     assert not families(parse_study(one, output=tmp_path / "z").cells)
+
+
+def test_the_gate_holds_a_branch_until_its_trunk_saved_its_checkpoint_or_ended(tmp_path):
+    ladder = study(tmp_path, "ladder", BUDGETS)
+    (family,) = families(ladder.cells)
+    (cell, point), trunk = family.branches[0], family.trunk
+    b = family.branches_of(cell, ladder.output_dir)
+    task = Task(cell.key, cell.label, {}, "", "", "")
+    gate = branching.BranchGate()
+    gate.hold(task, b, trunk.key)
+    assert gate.release({}) == [] and len(gate) == 1  # the trunk runs, short of the point
+    b.dir(point).mkdir(parents=True)
+    (b.dir(point) / "checkpoint.json").write_text(
+        json.dumps({"step": point, "status": None, "config_hash": "another family"})
+    )
+    assert gate.release({}) == []  # not its family's
+    (b.dir(point) / "checkpoint.json").write_text(
+        json.dumps({"step": point, "status": None, "config_hash": family.key})
+    )
+    assert gate.release({}) == [task] and len(gate) == 0  # saved: it runs beside the trunk
+    gate.hold(task, b, trunk.key)
+    assert gate.release({trunk.key}) == [task]  # the trunk ended: it runs, from 0 if need be
+    gate.hold(task, b, trunk.key)
+    assert gate.release({}, everything=True) == [task]

@@ -146,3 +146,27 @@ def test_branches_that_do_not_fit_the_run_are_refused(branches, match):
         branches = dataclasses.replace(branches, family=family_hash(run))
     with pytest.raises(ValueError, match=f"branches: .*{match}"):
         train(run, branches=branches)
+
+
+@pytest.mark.slow
+def test_budgets_trained_past_their_schedule_branch_like_any_other(tmp_path):
+    # a study's baseline under baseline_extend: each budget trains on at its floor past its
+    # schedule (schedule_steps); the 9-step cell (schedule 6: decays at step 5) branches off the
+    # 15-step one (schedule 10: decays at step 8) and trains its decay and its extension
+    def extended(steps: int, schedule: int, where: Path) -> RunConfig:
+        train = dataclasses.replace(TRAIN, steps=steps, schedule_steps=schedule)
+        return dataclasses.replace(cfg(steps, where), train=train)
+
+    family = family_hash(extended(15, 10, tmp_path))
+    assert family_hash(extended(9, 6, tmp_path)) == family
+    assert branch_point(extended(9, 6, tmp_path)) == 5
+    root = str(tmp_path / "family")
+    train(extended(15, 10, tmp_path / "trunk"), branches=Branches(root, family, save_at=(5,)))
+    direct_log, branch_log = MemoryLogger(), MemoryLogger()
+    direct = train(extended(9, 6, tmp_path / "direct"), direct_log)
+    branch = train(
+        extended(9, 6, tmp_path / "branch"), branch_log, branches=Branches(root, family, start_at=5)
+    )
+    assert branch.evals == direct.evals and points(branch_log) == points(direct_log, after=5)
+    a, b = weights(tmp_path / "branch"), weights(tmp_path / "direct")
+    assert all(torch.equal(a[k], b[k]) for k in a)
