@@ -62,13 +62,15 @@ def start_step(
     study: Study, p: PlannedCell, planned: dict[str, PlannedCell], m: Member | None
 ) -> int:
     """The step a cell to run starts from: its own checkpoint's; else a branch's point where its
-    checkpoint exists or its trunk saves it in this run; else 0."""
+    trunk saves that checkpoint in this run, or where it exists already (unless the branch reruns
+    a stale result: such a checkpoint may be of the same older code); else 0."""
     own = own_step(study, p)
     if own or m is None or m.point is None or m.trunk is None:
         return own
     trunk = planned.get(m.trunk.key)
-    ready = m.branches.ready(m.point)
-    return m.point if ready or (trunk is not None and trunk_passes(study, trunk, m.point)) else 0
+    if trunk is not None and trunk_passes(study, trunk, m.point):
+        return m.point
+    return m.point if m.branches.ready(m.point) and not p.fresh else 0
 
 
 def cost(study: Study, planned: Iterable[PlannedCell]) -> tuple[int, int]:

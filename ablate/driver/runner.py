@@ -355,8 +355,11 @@ def _submit(
     tp = planned[trunk.key]
     trunk_run = result.run_ids.get(trunk.key) or (tp.run.run_id if tp.run else "")
     task = dataclasses.replace(task, trunk_run=trunk_run)
-    waits = trunk_passes(study, tp, point) and not m.branches.ready(point)
-    if waits and not own_step(study, p):
+    passes = trunk_passes(study, tp, point)
+    if p.fresh and not passes:  # a stale result rerun: not from a checkpoint of older code
+        fresh = dataclasses.replace(m.branches, start_at=None)
+        task = dataclasses.replace(task, branches=fresh.to_dict())
+    if passes and not m.branches.ready(point) and not own_step(study, p):
         gate.hold(task, m.branches, trunk.key)
     else:
         ex.submit(task)

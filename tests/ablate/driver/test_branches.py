@@ -166,6 +166,12 @@ def test_a_branch_whose_trunk_does_not_pass_its_point_is_planned_from_step_0(tmp
     )
     assert branching.start_step(ladder, branch, planned, ms[cell.key]) == point
     assert branching.cost(ladder, [branch, PlannedCell(trunk, "skip")]) == (8 - point, 8)
+    # but a stale result rerun from step 0 does not start from a checkpoint older code may have
+    # written, unless its trunk writes it anew now
+    stale = PlannedCell(cell, "rerun", fresh=True)
+    assert branching.start_step(ladder, stale, planned, ms[cell.key]) == 0
+    planned[trunk.key] = PlannedCell(trunk, "rerun", fresh=True)
+    assert branching.start_step(ladder, stale, planned, ms[cell.key]) == point
 
 
 def test_only_cells_that_differ_in_their_wsd_budget_alone_are_a_family(tmp_path):
