@@ -9,6 +9,11 @@ ends bit-identical to the run trained to its budget from step 0 (tested), so it 
 key; where its checkpoint does not exist (the trunk failed or diverged before it, or never ran),
 it trains from step 0: the same numbers, only slower.
 
+Nothing before the decay reads ``steps``: the schedule holds ``lr`` there (``schedule``), the batch
+order is a permutation per epoch (``ablate.data.batches``), the random streams count calls
+(``backends.layer.streams``), the divergence guard reads ``warmup_steps``, and the evaluations
+``steps`` adds (``TrainConfig.eval_due``: a budget's last step) come after its decay starts.
+
 A branch checkpoint is an ordinary checkpoint (``ablate.train.checkpoint``: atomic, loaded as
 untrusted) in ``<family folder>/step-<step>/``, written under the family's hash
 (``family_hash``: the cell key with the budget left out) instead of a cell key, so that only a
