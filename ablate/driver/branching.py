@@ -2,21 +2,23 @@
 ``ablate.train.branch``): what each member of a family gets (``members``), where each cell to run
 starts and what the study costs in steps trained (``start_step``, ``cost``, ``notes``), and the
 runner's ``BranchGate``, which holds a branch until its trunk has saved the branch's checkpoint or
-ended. A branch whose trunk does not pass its branch point in this run is not held: it starts from
+ended, and removes a branch checkpoint once every branch that starts there has a result. A branch whose trunk does not pass its branch point in this run is not held: it starts from
 its checkpoint where one exists, else from step 0.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ablate.driver.planning import TO_RUN, PlannedCell
 from ablate.executor.task import Task
 from ablate.spec import Cell, Study
 from ablate.spec.families import Family, families
 from ablate.train.branch import Branches
-from ablate.train.checkpoint import checkpoint_info
+from ablate.train.checkpoint import checkpoint_info, remove_checkpoint
 
 
 @dataclass(frozen=True)
@@ -110,10 +112,15 @@ def notes(study: Study, planned: Iterable[PlannedCell]) -> dict[str, str]:
 class BranchGate:
     """The runner's hold on decay branches: a branch whose trunk runs now waits until the trunk has
     saved its branch checkpoint (Ray runs it then, beside the trunk) or has ended (then it starts
-    from its checkpoint or, without one, from step 0)."""
+    from its checkpoint or, without one, from step 0). And their clean-up: a branch checkpoint
+    goes once every branch that starts there has a result (``done``), so that a ladder of large
+    models does not keep a full checkpoint per budget."""
 
-    def __init__(self) -> None:
+    def __init__(self, ms: dict[str, Member] | None = None, done: Collection[str] = ()) -> None:
         self._held: list[tuple[Task, Branches, str]] = []
+        self._members = ms or {}
+        self._done = set(done)
+        """Keys of the cells with a result: finished or diverged."""
 
     def hold(self, task: Task, branches: Branches, trunk: str) -> None:
         self._held.append((task, branches, trunk))
@@ -131,6 +138,24 @@ class BranchGate:
                 kept.append(held)
         self._held = kept
         return out
+
+    def ended(self, key: str, status: str) -> list[Path]:
+        """Note how cell ``key`` ended; remove (and return) the branch checkpoints that no branch
+        needs any more: every branch that starts there has a result. (One that failed may be
+        rerun: it starts from its own checkpoint, or from step 0.)"""
+        if status not in ("finished", "diverged"):
+            return []
+        self._done.add(key)
+        needed: dict[Path, bool] = {}
+        for m in self._members.values():
+            if m.point is not None:
+                d = m.branches.dir(m.point)
+                needed[d] = needed.get(d, False) or m.cell.key not in self._done
+        spent = [d for d, need in needed.items() if not need and d.exists()]
+        for d in spent:
+            remove_checkpoint(d)
+            shutil.rmtree(d, ignore_errors=True)
+        return spent
 
     def clear(self) -> None:
         self._held.clear()

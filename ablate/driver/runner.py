@@ -285,7 +285,9 @@ def _launch(
     """Create (or reuse) each planned cell's run, mark it pending and submit its task; a family's
     trunk before its decay branches, and a branch whose trunk passes its branch point now held in
     the returned gate until the trunk has saved its checkpoint or ended (``driver.branching``)."""
-    ms, gate = members(study) if branches else {}, BranchGate()
+    ms = members(study) if branches else {}
+    done = [p.cell.key for p in result.planned if p.run is not None and p.action == "skip"]
+    gate = BranchGate(ms, done)
     planned = {p.cell.key: p for p in result.planned}
     # trunks (and every other cell) first: a branch's task names its trunk's run
     order = sorted(
@@ -391,7 +393,7 @@ def _collect(
     with _ctrl_c_noted() as ctrl_c:
         _collect_outcomes(
             ex, tracker, result, prog, out, by_key, progress, on_outcome, ctrl_c, watch,
-            gate or BranchGate(),
+            gate if gate is not None else BranchGate(),
         )  # fmt: skip
 
 
@@ -462,6 +464,7 @@ def _collect_outcomes(
             for o in ex.wait(1.0):
                 result.outcomes[o.key] = o
                 tracker.set_status(result.run_ids[o.key], o.status, outcome_details(o))
+                gate.ended(o.key, o.status)  # branch checkpoints no branch needs any more
                 prog.finished(o.key, o.status)
                 if progress:
                     print(_outcome_line(by_key[o.key], o, prog), file=out)

@@ -92,10 +92,13 @@ def test_decay_branches_of_a_study_equal_each_budget_trained_directly(tmp_path):
         "interrupted",
     ]
     assert [p.action for p in plan(ladder)].count("resume") == 2
+    root = branch_root(ladder.output_dir, family.key)
+    assert [d.name for d in root.iterdir()] == ["step-000000010"]  # step 6's branch is done
     second = run(ladder)  # both resume from their own checkpoints
     assert sorted(o.status for o in second.outcomes.values()) == ["finished", "finished"]
     trained = {k: o.steps for k, o in second.outcomes.items()}
     assert trained == {family.trunk.key: 16, family.branches[1][0].key: 12}
+    assert not any(root.iterdir())  # every branch has its result: no branch checkpoint is kept
     # a re-run skips everything
     assert [p.action for p in plan(ladder)] == ["skip"] * 3
     assert run(ladder).outcomes == {}
@@ -209,3 +212,25 @@ def test_the_gate_holds_a_branch_until_its_trunk_saved_its_checkpoint_or_ended(t
     assert gate.release({trunk.key}) == [task]  # the trunk ended: it runs, from 0 if need be
     gate.hold(task, b, trunk.key)
     assert gate.release({}, everything=True) == [task]
+
+
+def test_a_branch_checkpoint_goes_once_every_branch_from_it_has_a_result(tmp_path):
+    ladder = study(tmp_path, "ladder", BUDGETS)
+    (family,) = families(ladder.cells)
+    (short, at6), (middle, at10) = family.branches
+    ms = branching.members(ladder)
+    dirs = {}
+    for cell, point in family.branches:
+        dirs[point] = ms[cell.key].branches.dir(point)
+        dirs[point].mkdir(parents=True)
+        (dirs[point] / "checkpoint.json").write_text("{}")
+    gate = branching.BranchGate(ms)
+    assert gate.ended(family.trunk.key, "finished") == []  # its branches still need them
+    assert gate.ended(short.key, "failed") == []  # it may be rerun
+    assert gate.ended(short.key, "finished") == [dirs[at6]]
+    assert sorted(p.name for p in dirs[at6].parent.iterdir()) == ["step-000000010"]
+    assert gate.ended(middle.key, "diverged") == [dirs[at10]] and not dirs[at10].exists()
+    # a branch with its result from an earlier run counts as done
+    dirs[at10].mkdir()
+    gate = branching.BranchGate(ms, done=[middle.key])
+    assert gate.ended(family.trunk.key, "finished") == [dirs[at10]]
