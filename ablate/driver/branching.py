@@ -99,7 +99,8 @@ def notes(study: Study, planned: Iterable[PlannedCell]) -> dict[str, str]:
         if m.trunk is None:
             n = len(m.family.branches)
             points = ", ".join(map(str, m.family.points))
-            out[key] = f"trunk of {n} decay branch{'es' if n > 1 else ''}: saves step {points}"
+            at = f"step{'s' if len(m.family.points) > 1 else ''} {points}"
+            out[key] = f"trunk of {n} decay branch{'es' if n > 1 else ''}: checkpoints at {at}"
             continue
         p = by_key.get(key)
         here = f"decay branch of {m.trunk.key} from step {m.point}"

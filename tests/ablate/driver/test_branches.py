@@ -134,7 +134,7 @@ def test_plan_shows_the_family_and_counts_the_steps_trained(tmp_path):
     assert res.exit_code == 0, res.output
     (family,) = families(study(tmp_path, "out", BUDGETS).cells)
     trunk = family.trunk.key
-    assert "trunk of 2 decay branches: saves step 6, 10" in res.output
+    assert "trunk of 2 decay branches: checkpoints at steps 6, 10" in res.output
     assert f"decay branch of {trunk} from step 6" in res.output
     assert f"decay branch of {trunk} from step 10" in res.output
     # one run of 16 steps and decays of 2 and 2, not 8 + 12 + 16
