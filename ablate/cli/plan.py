@@ -24,6 +24,8 @@ from ablate.errors import AblateError
 from ablate.spec import Study
 
 if TYPE_CHECKING:
+    from ablate.driver.branching import Member
+    from ablate.driver.planning import PlannedCell
     from ablate.train.memory import MemoryEstimate
 
 
@@ -80,6 +82,7 @@ def plan(
         ablate plan studies/mxfp4_wgrad.yaml
         ablate plan study.yaml --device-memory 80GiB
     """
+    from ablate.driver import branching
     from ablate.driver.planning import plan as plan_study
     from ablate.driver.planning import summarize
 
@@ -87,6 +90,9 @@ def plan(
     _checks(study, address, memory=False)  # the estimates are shown below, over a limit warned
     planned = plan_study(study, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
     mem = _memory_estimates(study, device_memory)
+    members, notes = branching.members(study), branching.notes(study, planned)
+    by_key = {p.cell.key: p for p in planned}
+    trained, budgets = branching.cost(study, planned)
     if as_json:
         rows = [
             {
@@ -98,6 +104,7 @@ def plan(
                 "schedule_steps": p.cell.config.train.schedule_end,
                 "action": p.action,
                 "why": p.why,
+                **_branch_row(p, members.get(p.cell.key), study, by_key),
                 "values": dict(p.cell.values),
                 "memory": {
                     **mem[p.cell.key][0].breakdown(),
@@ -108,7 +115,9 @@ def plan(
             }
             for p in planned
         ]
-        click.echo(json.dumps({"study": study.name, "cells": rows}, indent=2, default=str))
+        totals = {"steps_to_train": trained, "budget_steps": budgets}
+        doc = {"study": study.name, "cells": rows, **totals}
+        click.echo(json.dumps(doc, indent=2, default=str))
         _memory_warnings(mem, planned)
         return
     click.echo(f"study {study.name}: {len(planned)} cells, axes: {', '.join(study.axes)}")
@@ -116,9 +125,18 @@ def plan(
         click.echo(study.extension_note)
     width = max(len(p.cell.label) for p in planned)
     for p in planned:
-        mark = f" ({p.cell.role})" if p.cell.baseline else ""
+        marks = [p.cell.role] if p.cell.baseline else []
+        marks += [notes[p.cell.key]] if p.cell.key in notes else []
+        mark = "".join(f" ({m})" for m in marks)
         click.echo(f"  {p.cell.key}  {p.cell.label:{width}s}  {p.action:7s} {p.why}{mark}")
     click.echo("would: " + ", ".join(f"{a} {n}" for a, n in summarize(planned).items()))
+    if members:
+        n = len({m.family.key for m in members.values()})
+        click.echo(
+            f"decay branches: {n} famil{'ies' if n > 1 else 'y'} of wsd budgets; the cells to run "
+            f"train {trained:,} steps (trunks, then each branch's decay), {budgets:,} without "
+            "branches"
+        )
     from ablate.train.memory import format_bytes
 
     click.echo("memory per device (estimate):")
@@ -130,6 +148,21 @@ def plan(
         of = f" (device: {format_bytes(limit)})" if limit is not None else ""
         click.echo(f"  {len(cells)} cell(s) ({shown}): {est.short()}{of}")
     _memory_warnings(mem, planned)
+
+
+def _branch_row(
+    p: PlannedCell, m: Member | None, study: Study, planned: dict[str, PlannedCell]
+) -> dict[str, Any]:
+    """A cell's decay branches in ``plan --json``: its family, its trunk and branch point (a
+    branch), and the step it would start from."""
+    from ablate.driver.branching import start_step
+    from ablate.driver.planning import TO_RUN
+
+    start = start_step(study, p, planned, m) if p.action in TO_RUN else None
+    if m is None:
+        return {"family": None, "trunk": None, "branch_point": None, "starts_at": start}
+    trunk = m.trunk.key if m.trunk is not None else None
+    return {"family": m.family.key, "trunk": trunk, "branch_point": m.point, "starts_at": start}
 
 
 def _checks(study: Study, address: str | None, *, memory: bool = True) -> None:

@@ -1,7 +1,9 @@
 """Running a study: plan each cell against what MLflow already holds (``ablate.driver.planning``), launch
 the cells that need it on an executor (``ablate.executor``: Ray tasks by default, or in this
 process), collect results as they finish, show progress. ``run_study`` is those steps, after the
-checks of ``ablate.driver.preflight``: ``plan_cells``, ``_launch``, ``_collect``.
+checks of ``ablate.driver.preflight``: ``plan_cells``, ``_launch``, ``_collect``. A family of wsd
+budgets (``ablate.driver.branching``) runs its trunk first; each decay branch starts once the
+trunk has saved its branch checkpoint (or ended), families in parallel with each other.
 
 Ctrl-C cancels the cells in flight, marks them ``interrupted`` and leaves a study that the next
 ``ablate run`` resumes. One driver per study at a time: a lock file in the output folder
@@ -15,6 +17,7 @@ import contextlib
 import dataclasses
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ablate.driver.branching import BranchGate, Member, members, own_step, trunk_passes
 from ablate.driver.planning import TO_RUN, PlannedCell, plan_cells, summarize
 from ablate.driver.preflight import check_gpus, preflight
 from ablate.driver.preparing import prepare_study
@@ -40,7 +44,13 @@ from ablate.executor import Executor, ExecutorName, LocalExecutor, RayExecutor
 from ablate.executor.task import Outcome, Task
 from ablate.spec import Cell, Study
 from ablate.tracking import StudyTracker, check_uri, is_local_store, join_runs, prepare_store
-from ablate.tracking.vocab import cell_params, cell_tags, outcome_details, short_name
+from ablate.tracking.vocab import (
+    cell_params,
+    cell_tags,
+    family_tags,
+    outcome_details,
+    short_name,
+)
 from ablate.train.config import flatten
 
 
@@ -212,12 +222,15 @@ def run_study(
     stop_after: int | None = None,
     on_outcome: Callable[[Cell, Outcome], None] | None = None,
     wait_warning_s: float = WAIT_WARN_S,
+    branches: bool = True,
 ) -> StudyResult:
     """Run every cell that needs it (see the module docstring); returns when all have ended or on
     Ctrl-C (``interrupted``). Nothing finished is ever rerun or overwritten. On Ray, a cell that
     the cluster has not started ``wait_warning_s`` after it was submitted, and that the study's
     own running cells do not hold up, is reported, again every five times that long (at most every
-    ``WAIT_REPEAT_S``) while it waits (0: never; ``progress.WaitWatch``)."""
+    ``WAIT_REPEAT_S``) while it waits (0: never; ``progress.WaitWatch``). ``branches=False``
+    trains every budget of a family of wsd budgets from step 0, none waiting for a trunk (the
+    same numbers: ``driver.branching``)."""
     out = stream or sys.stderr
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
     prepare_study(study, out=out)  # tokenizes each data configuration once, records nothing
@@ -245,10 +258,10 @@ def run_study(
             )
             result = StudyResult({}, planned, parent_run_id=parent)
             launched.append(True)
-            _launch(study, tracker, parent, ex, result, stop_after)
+            gate = _launch(study, tracker, parent, ex, result, stop_after, branches=branches)
             _collect(
                 study, tracker, ex, result, out, progress=progress, on_outcome=on_outcome,
-                wait_warning_s=wait_warning_s,
+                wait_warning_s=wait_warning_s, gate=gate,
             )  # fmt: skip
             ended = (
                 "interrupted" if result.interrupted else "failed" if result.failed else "finished"
@@ -266,9 +279,21 @@ def _launch(
     ex: Executor,
     result: StudyResult,
     stop_after: int | None,
-) -> None:
-    """Create (or reuse) each planned cell's run, mark it pending and submit its task."""
-    for p in result.planned:
+    *,
+    branches: bool = True,
+) -> BranchGate:
+    """Create (or reuse) each planned cell's run, mark it pending and submit its task; a family's
+    trunk before its decay branches, and a branch whose trunk passes its branch point now held in
+    the returned gate until the trunk has saved its checkpoint or ended (``driver.branching``)."""
+    ms = members(study) if branches else {}
+    done = [p.cell.key for p in result.planned if p.run is not None and p.action == "skip"]
+    gate = BranchGate(ms, done)
+    planned = {p.cell.key: p for p in result.planned}
+    # trunks (and every other cell) first: a branch's task names its trunk's run
+    order = sorted(
+        result.planned, key=lambda p: p.cell.key in ms and ms[p.cell.key].point is not None
+    )
+    for p in order:
         if p.action not in TO_RUN:
             continue
         c = p.cell
@@ -296,9 +321,50 @@ def _launch(
         )
         tracker.set_status(rid, "pending")
         uri, cwd = study.tracking_uri, os.getcwd()
-        ex.submit(
-            Task(c.key, c.label, cfg.to_dict(), uri, rid, cwd, task_threads(study), stop_after)
-        )
+        task = Task(c.key, c.label, cfg.to_dict(), uri, rid, cwd, task_threads(study), stop_after)
+        _submit(study, tracker, ex, gate, result, planned, p, ms.get(c.key), task)
+    return gate
+
+
+def _submit(
+    study: Study,
+    tracker: StudyTracker,
+    ex: Executor,
+    gate: BranchGate,
+    result: StudyResult,
+    planned: dict[str, PlannedCell],
+    p: PlannedCell,
+    m: Member | None,
+    task: Task,
+) -> None:
+    """Submit one cell's task. A member of a family gets its branches and tags; a trunk that
+    starts from step 0 first removes its family's branch checkpoints (it writes them anew: none
+    of other code stays); a branch gets its trunk's run, and waits in ``gate`` while its trunk
+    has yet to pass its branch point in this run."""
+    if m is None:
+        ex.submit(task)
+        return
+    trunk, point = m.trunk, m.point
+    tracker.set_raw_tags(
+        task.run_id, family_tags(m.family.key, trunk.key if trunk else None, point)
+    )
+    task = dataclasses.replace(task, branches=m.branches.to_dict())
+    if trunk is None or point is None:
+        if not own_step(study, p):
+            shutil.rmtree(m.branches.root, ignore_errors=True)
+        ex.submit(task)
+        return
+    tp = planned[trunk.key]
+    trunk_run = result.run_ids.get(trunk.key) or (tp.run.run_id if tp.run else "")
+    task = dataclasses.replace(task, trunk_run=trunk_run)
+    passes = trunk_passes(study, tp, point)
+    if p.fresh and not passes:  # a stale result rerun: not from a checkpoint of older code
+        fresh = dataclasses.replace(m.branches, start_at=None)
+        task = dataclasses.replace(task, branches=fresh.to_dict())
+    if passes and not m.branches.ready(point) and not own_step(study, p):
+        gate.hold(task, m.branches, trunk.key)
+    else:
+        ex.submit(task)
 
 
 def _collect(
@@ -311,10 +377,12 @@ def _collect(
     progress: bool,
     on_outcome: Callable[[Cell, Outcome], None] | None,
     wait_warning_s: float = 0,
+    gate: BranchGate | None = None,
 ) -> None:
     """Record each outcome as it arrives, with a live progress line and a line about cells that
     wait longer than ``wait_warning_s`` for resources that the study's own cells do not hold
-    (``wait_watch``); Ctrl-C cancels the rest."""
+    (``wait_watch``), and submit the decay branches that ``gate`` releases; Ctrl-C cancels the
+    rest."""
     by_key = {c.key: c for c in study.cells}
     cells = {k: CellProgress(by_key[k].label, by_key[k].config.train.steps) for k in result.run_ids}
     prog = Progress(tracker, cells, result.run_ids, stream=out)
@@ -324,8 +392,9 @@ def _collect(
     watch = wait_watch(study, ex, wait_warning_s)
     with _ctrl_c_noted() as ctrl_c:
         _collect_outcomes(
-            ex, tracker, result, prog, out, by_key, progress, on_outcome, ctrl_c, watch
-        )
+            ex, tracker, result, prog, out, by_key, progress, on_outcome, ctrl_c, watch,
+            gate if gate is not None else BranchGate(),
+        )  # fmt: skip
 
 
 def wait_watch(study: Study, ex: Executor, after_s: float) -> WaitWatch | None:
@@ -379,10 +448,15 @@ def _collect_outcomes(
     on_outcome: Callable[[Cell, Outcome], None] | None,
     ctrl_c: list[bool],
     watch: WaitWatch | None,
+    gate: BranchGate,
 ) -> None:
     live = progress and bool(result.run_ids)
     try:
-        while len(ex):
+        while len(ex) or len(gate):
+            # a held branch goes once its trunk saved its checkpoint or ended (all of them when
+            # nothing else is left to run: nothing could release them then)
+            for task in gate.release(result.outcomes, everything=not len(ex)):
+                ex.submit(task)
             if ctrl_c:
                 raise KeyboardInterrupt
             if watch is not None and (line := watch.check(result.outcomes)):
@@ -390,6 +464,7 @@ def _collect_outcomes(
             for o in ex.wait(1.0):
                 result.outcomes[o.key] = o
                 tracker.set_status(result.run_ids[o.key], o.status, outcome_details(o))
+                gate.ended(o.key, o.status)  # branch checkpoints no branch needs any more
                 prog.finished(o.key, o.status)
                 if progress:
                     print(_outcome_line(by_key[o.key], o, prog), file=out)
@@ -397,6 +472,7 @@ def _collect_outcomes(
                     on_outcome(by_key[o.key], o)
     except KeyboardInterrupt:
         result.interrupted = True
+        gate.clear()
         ex.cancel_all()
         for key, rid in result.run_ids.items():
             if key not in result.outcomes:

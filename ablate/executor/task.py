@@ -27,6 +27,12 @@ class Task:
     threads: int = 1
     stop_after: int | None = None
     """Stop after this many steps (tests: an interruption at a known step)."""
+    branches: dict[str, Any] | None = None
+    """A member of a family of decay branches: the trainer's ``ablate.train.branch.Branches`` as
+    its dict (the branch checkpoints it saves, or the one it starts from)."""
+    trunk_run: str = ""
+    """A decay branch: its trunk's MLflow run, whose curve up to the branch point it copies when it
+    starts from the trunk's checkpoint."""
     ablate_version: str = field(default_factory=lambda: _driver_code()[0])
     code_hash: str = field(default_factory=lambda: _driver_code()[1])
     """The driver's ``ablate.__version__`` and numerics ``code_hash()``, taken where the task is

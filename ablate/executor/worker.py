@@ -82,12 +82,14 @@ def _train_cell(task: Task, cfg: Any, logger: Any, extra: dict[str, Any] | None 
     from ablate.executor.devices import check_worker_device, placement
     from ablate.tracking import MlflowLogger
     from ablate.train import train
+    from ablate.train.branch import Branches
     from ablate.train.checkpoint import checkpoint_info
     from ablate.train.device import resolve_device
     from ablate.train.parallel import process_group
     from ablate.train.provenance import environment
 
     check_worker_device(cfg.device, task.label)  # before anything is logged as running
+    branches = Branches.from_dict(task.branches) if task.branches else None
     if isinstance(logger, MlflowLogger):  # rank 0's, or a one-process cell's
         ckpt = checkpoint_info(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         where = {"host": socket.gethostname(), "pid": os.getpid(), **(extra or {})}
@@ -95,8 +97,13 @@ def _train_cell(task: Task, cfg: Any, logger: Any, extra: dict[str, Any] | None 
         if not ckpt:
             logger.mark_started()  # the run's start: now, not when the driver queued it
         logger.log_status("running", {**where, "resumed_from": ckpt["step"] if ckpt else 0})
+        # a decay branch that starts from its trunk's checkpoint (the trainer loads the same one):
+        # the trunk's curve up to there first, so that the run holds the whole curve
+        start = branches.start if branches is not None and not ckpt else None
+        if start is not None and task.trunk_run:
+            logger.copy_curve(task.trunk_run, step=start, tokens=start * cfg.train.tokens_per_step)
     with process_group(cfg, resolve_device(cfg.device)):
-        res = train(cfg, logger, stop_after=task.stop_after)
+        res = train(cfg, logger, stop_after=task.stop_after, branches=branches)
     status = "interrupted" if res.status == "stopped" else res.status
     return Outcome(
         task.key,

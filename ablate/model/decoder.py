@@ -279,6 +279,37 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # parameters() yields shared ones once
 
 
+EMBEDDING_MODULES = ("tok_embeddings", "embed_tokens", "lm_head")
+"""The modules that the non-embedding count N leaves out, by their names: the token embedding and
+the LM head, as the built-in decoder and ``transformers``' causal LMs name them."""
+
+
+def count_non_embedding(model: nn.Module) -> int:
+    """N of a built model: its parameters outside the modules named in ``EMBEDDING_MODULES``, each
+    shared tensor once; for the decoders the trainer builds, the blocks and the final norm."""
+    left_out = {
+        id(p)
+        for name, module in model.named_modules()
+        if name.rpartition(".")[2] in EMBEDDING_MODULES
+        for p in module.parameters()
+    }
+    return sum(p.numel() for p in model.parameters() if id(p) not in left_out)
+
+
+def non_embedding_params(cfg: ModelConfig) -> int:
+    """N, the non-embedding parameter count of scaling laws (Kaplan et al. 2020): the decoder
+    blocks' parameters (the linears and two RMSNorm weights each) and the final norm's, neither
+    the token embedding nor the LM head, so no vocabulary enters it. A built-in shape by formula;
+    a ``model.hf`` architecture built on the meta device and counted by module names
+    (``count_non_embedding``: its q/k norms, where it has them, count)."""
+    if cfg.hf is not None:
+        meta = torch.device("meta")
+        return count_non_embedding(build_hf_model(cfg.hf, cfg.init, vocab_size=None, device=meta))
+    c = cfg.resolved(1)  # any vocabulary: N has none (an explicit model.vocab_size is kept)
+    dim = resolved_int(c.dim)
+    return resolved_int(c.n_layers) * (block_linear_params(c) + 2 * dim) + dim
+
+
 def num_params(cfg: ModelConfig, vocab_size: int | None = None) -> int:
     """Parameters of ``cfg`` (tokenizer vocabulary ``vocab_size``, else the config's or preset's),
     counted on the meta device: nothing is allocated, so the 8B shape counts in milliseconds."""

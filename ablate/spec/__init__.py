@@ -7,6 +7,7 @@ Modules, by concept:
     axes      axis names and dotted config paths (check_axis_name, with_values, fmt_value)
     study     the expanded Study and its Cells
     expand    load_study / parse_study: validation, grid expansion, keys and labels
+    families  cells that differ only in their wsd budget: a trunk and its decay branches
     tune      the ``tune:`` section's searches and checks (plan_searches, trial_config, check_tune)
     messages  pydantic's errors turned into ``yaml.path: what is wrong`` lines
 

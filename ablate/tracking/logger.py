@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ablate.errors import TrackingError
 from ablate.tracking import vocab
-from ablate.tracking.runs import log_status
+from ablate.tracking.runs import log_details, log_status
 from ablate.tracking.store import (
     MAX_METRICS,
     MAX_PARAM_LEN,
@@ -25,6 +26,11 @@ from ablate.tracking.store import (
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric
+
+
+_BY_TOKENS = "_by_tokens"
+"""The metrics the trainer logs against the tokens seen instead of the step (``ablate.train.loop``:
+``val_loss_by_tokens``, ``val_ppl_by_tokens``)."""
 
 
 class MlflowLogger:
@@ -85,6 +91,34 @@ class MlflowLogger:
             or time.monotonic() - self._last_flush >= self.flush_interval_s
         ):
             self.flush()
+
+    def copy_curve(self, source: str, *, step: int, tokens: int) -> int:
+        """A decay branch that starts from its trunk's checkpoint: copy every metric point of run
+        ``source`` (the trunk's) up to ``step`` (those logged against the tokens seen,
+        ``*_by_tokens``: up to ``tokens``) that this run lacks, with its time, and tag the run
+        ``branch_of`` and ``branch_step`` (``vocab.branch_details``). Returns the points copied;
+        copying again copies nothing."""
+        from mlflow.entities import Metric
+
+        if (path := sqlite_path(self._client.uri)) is not None:
+            with contextlib.closing(read_only(path)) as db:
+                rows = [
+                    (k, s, t, math.nan if nan else v)
+                    for k, s, t, v, nan in sqlite_points(db, source)
+                ]
+        else:
+            keys = self._client.get_run(source).data.metrics
+            get = self._client.get_metric_history
+            rows = [(k, m.step, m.timestamp, m.value) for k in keys for m in get(source, k)]
+        n = 0
+        for k, s, t, v in rows:
+            if s <= (tokens if k.endswith(_BY_TOKENS) else step) and (k, s) not in self._seen:
+                self._seen.add((k, s))
+                self._buffer.append(Metric(k, float(v), t, s))
+                n += 1
+        self.flush()
+        log_details(self._client, self.run_id, vocab.branch_details(source, step))
+        return n
 
     def log_environment(self, env: Mapping[str, str]) -> None:
         """Record the run's provenance as ``env.<name>`` tags: the first attempt's values stay; a

@@ -13,6 +13,7 @@ starts; workers log into their run through ``MlflowLogger``.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import tempfile
 import time
@@ -66,6 +67,28 @@ class CellRun:
     def tokens_per_s(self) -> float:
         """Training throughput recorded when the run ended (NaN before)."""
         return vocab.number(self.tags, vocab.TOKENS_PER_S)
+
+    @property
+    def family(self) -> str:
+        """The family of decay branches the cell belongs to ("": none)."""
+        return self.tags.get(vocab.FAMILY, "")
+
+    @property
+    def trunk(self) -> str:
+        """A decay branch's trunk, by cell key ("": not a branch)."""
+        return self.tags.get(vocab.TRUNK, "")
+
+    @property
+    def branch_of(self) -> str:
+        """The run whose curve up to ``branch_step`` a decay branch copied: its trunk's run, where
+        it started from the trunk's checkpoint ("": it trained from step 0)."""
+        return self.tags.get(vocab.BRANCH_OF, "")
+
+    @property
+    def branch_step(self) -> int | None:
+        """The step a decay branch started from, its trunk's (None: from step 0)."""
+        step = vocab.number(self.tags, vocab.BRANCH_STEP)
+        return None if math.isnan(step) else int(step)
 
 
 def latest_points(run: Run) -> dict[str, tuple[int, float]]:

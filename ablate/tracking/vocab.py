@@ -6,7 +6,9 @@ A study's experiment holds three roles of run, told apart by the tag ``ablate.ro
 - ``cell``: one per cell (``ablate.key``, ``ablate.label``, ``ablate.config``, ``ablate.seed``,
   ``ablate.baseline``, the recipe as ``ablate.recipe`` / ``ablate.fp4_gemms`` / ``ablate.intervention``
   / ``ablate.fp4_format`` / ``ablate.base_format``, ``ablate.backend``, ``ablate.tokens_per_step``,
-  and every axis value as ``ablate.axis.<axis>``);
+  and every axis value as ``ablate.axis.<axis>``; a member of a family of decay branches
+  (``ablate.spec.families``) also ``ablate.family``, and a branch ``ablate.trunk`` (its trunk's
+  key) and ``ablate.branch_point`` (the step its decay starts));
 - ``trial``: one per ``ablate tune`` trial (``ablate.search``, ``ablate.trial``,
   ``ablate.optuna_study``, ``ablate.param.<path>``, and the cell tags ``key``, ``label``, ``recipe``,
   ``seed``).
@@ -14,7 +16,9 @@ A study's experiment holds three roles of run, told apart by the tag ``ablate.ro
 Every run has ``ablate.status`` (``STATUSES``) and, once it ends, details as ``ablate.<detail>``:
 ``steps``, ``wall_time_s``, ``tokens_per_s``, ``reason``, ``diverged_at``, ``traceback``, ``host``,
 ``pid``, ``resumed_from``; a trial also ``tune_state`` and ``value``; the parent ``cells``, ``failed``,
-``tune_status`` and ``tune_trials``. Readers get these through ``CellRun``'s typed fields, never by
+``tune_status`` and ``tune_trials``. A branch that started from its trunk's checkpoint has its
+trunk's metrics up to the branch point copied into it, and says so as ``branch_of`` (the trunk's
+run id) and ``branch_step`` (the last step copied); a branch without them trained from step 0. Readers get these through ``CellRun``'s typed fields, never by
 spelling a tag.
 
 The experiment holds the study's driver lock (``ablate.tracking.lock``): one tag per driver that
@@ -45,6 +49,11 @@ STATUS = PREFIX + "status"
 REASON = PREFIX + "reason"
 DIVERGED_AT = PREFIX + "diverged_at"
 TOKENS_PER_S = PREFIX + "tokens_per_s"
+FAMILY = PREFIX + "family"
+TRUNK = PREFIX + "trunk"
+BRANCH_POINT = PREFIX + "branch_point"
+BRANCH_OF = PREFIX + "branch_of"
+BRANCH_STEP = PREFIX + "branch_step"
 DRIVER = PREFIX + "driver."  # experiment tags: ablate.driver.<lock>.<holder id> (driver_tag)
 ENV = "env."  # provenance: env.<name> (ablate.train.provenance), and env.<name>.resumed
 PARENT = "mlflow.parentRunId"  # MLflow's own: the UI nests child runs under it
@@ -134,6 +143,20 @@ def cell_tags(cell: Cell) -> dict[str, str]:
     for axis, v in cell.values.items():
         out[tag(f"axis.{axis}")] = fmt_value(v)
     return out
+
+
+def family_tags(family: str, trunk: str | None = None, point: int | None = None) -> dict[str, str]:
+    """The tags of a family's member: its family; a branch also its trunk's key and its point."""
+    out = {FAMILY: family}
+    if trunk is not None and point is not None:
+        out |= {TRUNK: trunk, BRANCH_POINT: str(point)}
+    return out
+
+
+def branch_details(trunk_run: str, step: int) -> dict[str, Any]:
+    """The details of a branch that started from its trunk's checkpoint (its trunk's curve copied
+    up to ``step``), as ``log_details`` takes them."""
+    return {BRANCH_OF.removeprefix(PREFIX): trunk_run, BRANCH_STEP.removeprefix(PREFIX): step}
 
 
 _GEMM_LETTER = {"fprop": "f", "dgrad": "d", "wgrad": "w"}

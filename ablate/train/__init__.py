@@ -7,8 +7,8 @@ Imports torch, ``backends``, ``ablate.model`` and ``ablate.data`` only; it repor
 
 Modules, one concept each:
 
-- ``config``: ``RunConfig``/``TrainConfig``/``ProbeConfig``/``RunResult``, ``config_hash`` (a
-  cell's identity) and ``flatten`` (the params a tracker records)
+- ``config``: ``RunConfig``/``TrainConfig``/``ProbeConfig``, ``config_hash`` (a cell's identity)
+  and ``flatten`` (the params a tracker records); ``result``: ``RunResult``, what a run returns
 - ``loop``: ``train`` and ``evaluate``; ``state``: ``TrainState``, the progress a checkpoint stores
 - ``checkpoint``: atomic checkpoints, their ``checkpoint.json`` sidecar, resume
 - ``schedule``: the learning rate per step; ``device``: ``resolve_device`` and the autocast policy
@@ -26,15 +26,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ablate.train.config import EvalPoint, ProbeConfig, RunConfig, RunResult, TrainConfig
+    from ablate.train.config import ProbeConfig, RunConfig, TrainConfig
     from ablate.train.logger import Logger, MemoryLogger, NullLogger
     from ablate.train.loop import train
+    from ablate.train.result import EvalPoint, RunResult
 
 _LAZY = {
-    "EvalPoint": "ablate.train.config",
+    "EvalPoint": "ablate.train.result",
     "ProbeConfig": "ablate.train.config",
     "RunConfig": "ablate.train.config",
-    "RunResult": "ablate.train.config",
+    "RunResult": "ablate.train.result",
     "TrainConfig": "ablate.train.config",
     "Logger": "ablate.train.logger",
     "MemoryLogger": "ablate.train.logger",

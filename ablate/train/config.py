@@ -1,4 +1,4 @@
-"""Typed run configuration: what one cell of a study trains (``RunConfig``), and what it returns.
+"""Typed run configuration: what one cell of a study trains (``RunConfig``).
 
 ``RunConfig`` = model + data + training loop + recipe + backend + seed. Every field is documented
 and declares how it enters a cell's key (``ablate.key``: ``config_hash`` builds the key from those
@@ -25,8 +25,8 @@ Precision = Literal["auto", "bf16", "fp32"]
 Compile = Literal["auto"] | bool
 Parallel = Literal["auto", "none", "ddp", "fsdp"]
 Checkpointing = Literal["none", "blocks"]
+Schedule = Literal["cosine", "wsd"]
 AllGather = Literal["fp32", "bf16"]
-Status = Literal["finished", "diverged", "stopped"]
 ProbeGemm = Gemm
 
 
@@ -45,6 +45,10 @@ def _parallel(v: Any, train: TrainConfig, kind: str) -> str:
 
 def _whole_schedule(train: TrainConfig, kind: str) -> bool:
     return train.schedule_end == train.steps  # the whole run on its schedule
+
+
+def _not_wsd(train: TrainConfig, kind: str) -> bool:
+    return train.schedule != "wsd"
 
 
 def _one_process(train: TrainConfig, kind: str) -> bool:
@@ -66,14 +70,24 @@ class TrainConfig:
     lr: float = field(default=3e-3, metadata=always())
     """Peak learning rate (AdamW)."""
     min_lr_ratio: float = field(default=0.1, metadata=always())
-    """Cosine decay floor as a fraction of lr."""
+    """The schedule's floor as a fraction of lr: where the decay ends (cosine or wsd)."""
     warmup_steps: int = field(default=20, metadata=always())
-    """Linear warmup steps (then cosine decay to min_lr_ratio * lr at the last step)."""
+    """Linear warmup steps (then the decay of ``schedule``)."""
     schedule_steps: int | None = field(default=None, metadata=unless_default(omit=_whole_schedule))
-    """Steps of the warmup + cosine schedule when the run trains past it (None: ``steps``): the
+    """Steps of the learning-rate schedule when the run trains past it (None: ``steps``): the
     first ``schedule_steps`` steps are exactly those of a run of that many steps, and the rest
     train at the schedule's final learning rate, min_lr_ratio * lr. A study's
     ``baseline_extend`` sets it on the baseline's cells; in the key only when below ``steps``."""
+    schedule: Schedule = field(default="cosine", metadata=unless_default())
+    """After warmup: ``cosine`` (a cosine decay to min_lr_ratio * lr over the rest of the schedule)
+    or ``wsd`` (warmup-stable-decay: lr held, then a linear decay to min_lr_ratio * lr over the
+    schedule's last ``decay_steps``; ``ablate.train.schedule``). Up to its decay a wsd run does
+    not depend on ``steps``, so the budgets of a study share it (decay branches,
+    ``ablate.spec.families``). In the key when wsd."""
+    decay_fraction: float = field(default=0.2, metadata=always(omit=_not_wsd))
+    """With ``schedule: wsd``, the fraction of the schedule's steps spent decaying, in (0, 1]:
+    ``decay_steps`` = max(1, round(decay_fraction * steps)), of ``schedule_steps`` when set (round
+    half to even). In the key only when the schedule is wsd."""
     weight_decay: float = field(default=0.1, metadata=always())
     """AdamW decoupled weight decay on matrices (not on norms and biases)."""
     beta1: float = field(default=0.9, metadata=always())
@@ -154,6 +168,7 @@ class TrainConfig:
                 f"train.schedule_steps: must be in [1, train.steps = {self.steps}] (or null: "
                 f"train.steps), got {self.schedule_steps}"
             )
+        self._check_schedule()
         if self.log_every is not None and self.log_every < 1:
             raise ValueError(f"train.log_every: must be >= 1 (or null: auto), got {self.log_every}")
         for name in ("compile", "fused_adamw"):
@@ -196,6 +211,41 @@ class TrainConfig:
                 f"resources.workers x train.grad_accum = {self.workers} x {self.grad_accum} equal "
                 "micro-batches; use a multiple of their product"
             )
+
+    def _check_schedule(self) -> None:
+        if self.schedule not in get_args(Schedule):
+            raise ValueError(
+                f"train.schedule: unknown {self.schedule!r}; allowed: {', '.join(get_args(Schedule))}"
+            )
+        f = self.decay_fraction
+        if isinstance(f, bool) or not (isinstance(f, int | float) and 0 < f <= 1):
+            raise ValueError(f"train.decay_fraction: must be in (0, 1], got {f!r}")
+        stable = self.schedule_end - self.warmup_steps
+        if self.schedule == "wsd" and self.decay_steps > stable:
+            of = "train.schedule_steps" if self.schedule_steps is not None else "train.steps"
+            raise ValueError(
+                f"train.decay_fraction: a decay of {self.decay_steps} steps (max(1, round("
+                f"{f:g} x {of} = {self.schedule_end}))) is longer than the {max(stable, 0)} steps "
+                f"after warmup ({of} - train.warmup_steps = {self.schedule_end} - "
+                f"{self.warmup_steps}); lower train.decay_fraction or train.warmup_steps"
+            )
+
+    @property
+    def decay_steps(self) -> int:
+        """Steps of a wsd schedule's decay, the last of its schedule: max(1, round(decay_fraction
+        x ``schedule_end``)); 0 under cosine."""
+        if self.schedule != "wsd":
+            return 0
+        return max(1, round(self.decay_fraction * self.schedule_end))
+
+    @property
+    def decay_start(self) -> int | None:
+        """The steps a wsd run trains before its decay (``schedule_end - decay_steps``): its state
+        after them is that of any wsd run of the same config with a later decay; None under
+        cosine, whose every step depends on ``steps``."""
+        if self.schedule != "wsd":
+            return None
+        return self.schedule_end - self.decay_steps
 
     @property
     def tokens_per_step(self) -> int:
@@ -422,51 +472,6 @@ class RunConfig:
         )
 
 
-@dataclass(kw_only=True)
-class EvalPoint:
-    step: int
-    tokens: int
-    val_loss: float
-
-    @property
-    def val_ppl(self) -> float:
-        return math.exp(min(self.val_loss, 700.0))
-
-
-@dataclass(kw_only=True)
-class RunResult:
-    """What a run returns (and what a study records per cell)."""
-
-    status: Status
-    steps: int
-    """Optimizer steps completed."""
-    tokens: int
-    """Training tokens seen."""
-    evals: list[EvalPoint]
-    """Validation history (step 0, every eval_every steps, and the end)."""
-    tokens_per_s: float
-    """Training throughput (evaluation excluded)."""
-    fingerprint: str
-    """Data fingerprint: corpus and tokenizer identity."""
-    diverged_at: int | None = None
-    """Step at which the divergence guard fired."""
-    reason: str = ""
-    wall_time_s: float = 0.0
-    n_params: int = 0
-
-    @property
-    def final_val_loss(self) -> float:
-        return self.evals[-1].val_loss if self.evals else math.nan
-
-    @property
-    def final_val_ppl(self) -> float:
-        return self.evals[-1].val_ppl if self.evals else math.nan
-
-    @property
-    def best_val_loss(self) -> float:
-        return min((e.val_loss for e in self.evals), default=math.nan)
-
-
 def device_kind(device: str) -> Literal["cpu", "cuda"]:
     """The kind of device a run of ``RunConfig.device`` trains on: ``cuda`` for cuda and cuda:N;
     ``auto`` is cuda when this process sees one (a study resolves ``auto`` when it expands, from
@@ -521,9 +526,12 @@ def run_params(cfg: RunConfig) -> dict[str, Any]:
     """The flattened config a run records as params (``KEY_EXCLUDED`` left out: they may change
     between a run's attempts; unset fields (None, e.g. a preset's dimensions) left out: the
     resolved model is in ``model.n_params`` and ``config.json``; ``probe`` left out: it may be
-    switched on for a resumed run)."""
+    switched on for a resumed run; ``train.decay_fraction`` only under wsd, where it means
+    something)."""
     d = cfg.to_dict()
     d.pop("probe", None)
+    if cfg.train.schedule != "wsd":
+        del d["train"]["decay_fraction"]
     return {k: v for k, v in flatten(d).items() if k not in KEY_EXCLUDED and v is not None}
 
 

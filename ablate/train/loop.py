@@ -1,16 +1,19 @@
 """The training loop: ``train(config, logger) -> RunResult``.
 
-AdamW with linear warmup and cosine decay (``schedule``), gradient clipping and accumulation,
-bfloat16 autocast where the device supports it (``device``), validation loss/perplexity on the fixed
-held-out set (at step 0, every ``eval_every`` steps and at the end), tokens seen as the x-axis of
-everything, and a divergence guard (non-finite loss or gradient norm, or a smoothed loss that runs
-away) that ends the run as ``diverged`` with the step instead of raising. With ``config.probe`` set,
-gradient-fidelity probes (``probe``) run at their steps and log beside the step's metrics.
+AdamW with linear warmup and a cosine or warmup-stable-decay schedule (``schedule``), gradient
+clipping and accumulation, bfloat16 autocast where the device supports it (``device``), validation
+loss/perplexity on the fixed held-out set (at step 0, every ``eval_every`` steps and at the end),
+tokens seen as the x-axis of everything, and a divergence guard (non-finite loss or gradient norm,
+or a smoothed loss that runs away) that ends the run as ``diverged`` with the step instead of
+raising. With ``config.probe`` set, gradient-fidelity probes (``probe``) run at their steps and log
+beside the step's metrics.
 
 Metrics, against the step: train_loss, lr, grad_norm, tokens, tokens_per_s; val_loss and val_ppl
 at evaluations (the untrained model's step-0 perplexity as init_val_ppl, so that it does not squash
 the UI's charts), and each evaluation again as val_loss_by_tokens / val_ppl_by_tokens with the tokens
-seen as the step, so the MLflow UI can chart validation against tokens.
+seen as the step, so the MLflow UI can chart validation against tokens. Params: the flattened
+config (``run_params``), data.fingerprint, data.prepared, model.n_params and
+model.n_params_non_embedding (N of scaling laws: blocks and final norm); D is the tokens metric.
 
 GPU-grade execution: the model is compiled where ``train.compile`` says (``auto``: on CUDA; per
 block and head, before DDP or FSDP wraps it: ``compiling``), AdamW is fused where
@@ -30,7 +33,9 @@ checkpoints are sharded (``checkpoint.save_sharded``), and only the logger of ra
 The run's progress is a ``TrainState`` (``state``); checkpoints (``checkpoint``) are atomic and hold
 everything the next step depends on. A run that finds a checkpoint in ``checkpoint_dir`` resumes
 from it and ends bit-identical to an uninterrupted run on the same CPU (same thread count); one that
-finds a finished run's checkpoint returns its result without training.
+finds a finished run's checkpoint returns its result without training. A wsd run given
+``branches`` (``branch``) saves the branch checkpoints of its family's shorter budgets on its way
+(a trunk), or starts from its own branch point where it has no checkpoint (a branch).
 """
 
 from __future__ import annotations
@@ -47,13 +52,12 @@ import torch
 from torch import nn
 
 from ablate.data import BatchSampler, TokenData, load_data, val_batches
-from ablate.model import build_model, count_parameters, set_checkpointing
+from ablate.model import build_model, count_non_embedding, count_parameters, set_checkpointing
+from ablate.train.branch import Branches, load_branch, save_branch
 from ablate.train.checkpoint import load_checkpoint, load_sharded, save_checkpoint, save_sharded
 from ablate.train.compiling import compile_model, warn_slow_gemms
 from ablate.train.config import (
-    EvalPoint,
     RunConfig,
-    RunResult,
     TrainConfig,
     config_hash,
     resolved_compile,
@@ -65,6 +69,7 @@ from ablate.train.device import autocast, numerics_policy, resolve_device
 from ablate.train.logger import Logger, NullLogger
 from ablate.train.parallel import Ranks, ranks_of
 from ablate.train.probe import make_prober
+from ablate.train.result import EvalPoint, RunResult
 from ablate.train.schedule import lr_at
 from ablate.train.state import TrainState
 
@@ -83,11 +88,16 @@ class _Step:
 
 
 def train(
-    config: RunConfig, logger: Logger | None = None, *, stop_after: int | None = None
+    config: RunConfig,
+    logger: Logger | None = None,
+    *,
+    stop_after: int | None = None,
+    branches: Branches | None = None,
 ) -> RunResult:
     """Train one configuration; ``stop_after`` ends the run (status ``stopped``, checkpointed) once
-    that many steps are done, as an interruption would."""
-    run = build_run(config, logger if logger is not None else NullLogger(), stop_after)
+    that many steps are done, as an interruption would. ``branches``: as a family's trunk, save
+    branch checkpoints on the way; as a branch, start from one (``ablate.train.branch``)."""
+    run = build_run(config, logger if logger is not None else NullLogger(), stop_after, branches)
     log, tc = run.log, config.train
     state = run.maybe_resume()
     if state.status in ("finished", "diverged"):
@@ -103,6 +113,7 @@ def train(
             "data.fingerprint": run.data.fingerprint,
             "data.prepared": run.data.prepared,
             "model.n_params": run.n_params,
+            "model.n_params_non_embedding": run.n_params_non_embedding,
         }
     )
     log.log_params(params)
@@ -133,6 +144,7 @@ def train(
             or (prober is not None and prober.due(step))
             or (tc.checkpoint_every and step % tc.checkpoint_every == 0)
             or (stop_after is not None and step >= stop_after)
+            or step in run.branch_steps
         )
         if not read_now:
             continue
@@ -161,6 +173,8 @@ def train(
         if prober is not None and prober.due(step):
             metrics.update(prober.run(step_seconds=state.train_time / state.step))
         log.log_metrics(metrics, step)
+        if step in run.branch_steps:
+            run.save_branch(state)
         if step == tc.steps:
             state.status = "finished"
             run.checkpoint(state)
@@ -230,7 +244,11 @@ class Run:
     val: list[Batch]
     """The fixed validation batches, on ``device``."""
     n_params: int
+    n_params_non_embedding: int
+    """N of scaling laws: the blocks and the final norm (``ablate.model.non_embedding_params``)."""
     checkpoint_dir: Path | None
+    branches: Branches | None
+    """Its family's branch checkpoints: those it saves (a trunk) or starts from (a branch)."""
     config_hash: str
     t_start: float
     """``time.perf_counter()`` when ``train`` was called (the result's wall time)."""
@@ -239,21 +257,25 @@ class Run:
         """The autocast context of one forward pass."""
         return autocast(self.config.train.precision, self.device)
 
+    @property
+    def branch_steps(self) -> tuple[int, ...]:
+        """The steps at which this run saves a branch checkpoint (a family's trunk)."""
+        return self.branches.save_at if self.branches is not None else ()
+
     def maybe_resume(self) -> TrainState:
         """The checkpoint's state, with model, optimizer, data position and RNGs restored from it;
-        a fresh state when there is none."""
-        if self.checkpoint_dir is None:
-            return TrainState()
-        kw: dict[str, Any] = dict(
-            config_hash=self.config_hash,
-            model=self.model,
-            optimizer=self.optimizer,
-            sampler=self.sampler,
-        )
-        if self.ranks.distributed:
-            state = load_sharded(self.checkpoint_dir, ranks=self.ranks, **kw)
-        else:
-            state = load_checkpoint(self.checkpoint_dir, **kw)
+        without one, a branch's state at its branch point (``branch.load_branch``); else a fresh
+        state."""
+        kw: dict[str, Any] = dict(model=self.model, optimizer=self.optimizer, sampler=self.sampler)
+        state = None
+        if self.checkpoint_dir is not None and self.ranks.distributed:
+            state = load_sharded(
+                self.checkpoint_dir, config_hash=self.config_hash, ranks=self.ranks, **kw
+            )
+        elif self.checkpoint_dir is not None:
+            state = load_checkpoint(self.checkpoint_dir, config_hash=self.config_hash, **kw)
+        if state is None and self.branches is not None:
+            state = load_branch(self.branches, **kw)
         return state if state is not None else TrainState()
 
     def optimizer_step(self, state: TrainState) -> _Step:
@@ -337,6 +359,19 @@ class Run:
         else:
             save_checkpoint(self.checkpoint_dir, **kw)
 
+    def save_branch(self, state: TrainState) -> None:
+        """The trunk: save the branch checkpoint of this step, its steps' metrics stored first (a
+        branch copies the trunk's curve up to here once the checkpoint exists)."""
+        assert self.branches is not None
+        self.log.flush()
+        save_branch(
+            self.branches,
+            state=state,
+            model=self.model,
+            optimizer=self.optimizer,
+            sampler=self.sampler,
+        )
+
     def result(self, state: TrainState) -> RunResult:
         return RunResult(
             status=state.status or "stopped",
@@ -352,7 +387,9 @@ class Run:
         )
 
 
-def build_run(config: RunConfig, log: Logger, stop_after: int | None) -> Run:
+def build_run(
+    config: RunConfig, log: Logger, stop_after: int | None, branches: Branches | None = None
+) -> Run:
     """Check the arguments, load the data, build model and optimizer, and cut the validation set."""
     t_start = time.perf_counter()
     tc = config.train
@@ -364,6 +401,8 @@ def build_run(config: RunConfig, log: Logger, stop_after: int | None) -> Run:
     ckpt_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
     if (tc.checkpoint_every or stop_after is not None) and ckpt_dir is None:
         raise ValueError("checkpoint_dir: needed for train.checkpoint_every and stop_after")
+    if branches is not None:
+        branches.check(config)  # a member of the family, one process
 
     model = build_model(
         config.model,
@@ -375,6 +414,7 @@ def build_run(config: RunConfig, log: Logger, stop_after: int | None) -> Run:
         seq_len=tc.seq_len,
     )
     n_params = count_parameters(model)  # before FSDP shards them
+    n_non_embedding = count_non_embedding(model)
     set_checkpointing(model, tc.activation_checkpointing)  # before compile, DDP and FSDP2
     if resolved_compile(tc.compile, device.type):
         # per block and head, in place, before DDP or FSDP2 wraps the model (``compiling`` says
@@ -410,7 +450,9 @@ def build_run(config: RunConfig, log: Logger, stop_after: int | None) -> Run:
         sampler=sampler,
         val=[(x.to(device), y.to(device)) for x, y in val],
         n_params=n_params,
+        n_params_non_embedding=n_non_embedding,
         checkpoint_dir=ckpt_dir,
+        branches=branches,
         config_hash=config_hash(config),
         t_start=t_start,
     )

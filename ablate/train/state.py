@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ablate.train.config import EvalPoint, Status
+from ablate.train.result import EvalPoint, Status
 
 
 @dataclass(kw_only=True, slots=True)

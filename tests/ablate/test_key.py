@@ -120,6 +120,9 @@ RECORDED = {
     "sched_eq": "db4e44a1fa77fa9c",
     "seed": "12507b1fc40c8af0",
     "val": "2d578d8750ed2d3c",
+    # fields added since (pinned when added, at numerics 1 like the rest)
+    "wsd": "541106f6e2a78b13",
+    "wsd_sched": "5f3e019cd55c3440",
 }
 CASES = {
     "default_cpu": lambda: RunConfig(device="cpu"),
@@ -127,6 +130,10 @@ CASES = {
     "default_auto": lambda: RunConfig(),
     "sched": lambda: RunConfig(device="cpu", train=T(steps=100, schedule_steps=50)),
     "sched_eq": lambda: RunConfig(device="cpu", train=T(steps=100, schedule_steps=100)),
+    "wsd": lambda: RunConfig(device="cpu", train=T(schedule="wsd")),
+    "wsd_sched": lambda: RunConfig(
+        device="cpu", train=T(steps=100, schedule_steps=50, schedule="wsd", decay_fraction=0.3)
+    ),
     "ckpt": lambda: RunConfig(device="cpu", train=T(checkpoint_every=5, log_every=3)),
     "prec_bf16": lambda: RunConfig(device="cpu", train=T(precision="bf16")),
     "compile_cpu": lambda: RunConfig(device="cpu", train=T(compile=True)),

@@ -25,6 +25,8 @@ from ablate.model import (  # noqa: E402
     HFCausalLM,  # noqa: E402
     ModelConfig,
     build_model,
+    count_non_embedding,
+    non_embedding_params,
     num_params,
 )
 from ablate.model.hf import TRAINABLE
@@ -214,6 +216,15 @@ def test_the_memory_estimate_counts_what_an_architecture_saves(tmp_path, model_t
     predicted = est.activations - transient + est.weight_copies
     assert predicted == pytest.approx(measured, rel=0.01)
     assert est.n_params == sum(p.numel() for p in model.parameters())
+
+
+def test_the_non_embedding_count_of_an_architecture_is_its_blocks_and_final_norm():
+    # qwen3_tiny is the tiny preset's shape (787,584 without embeddings) plus each block's q and k
+    # norms of head_dim 32
+    assert non_embedding_params(ModelConfig(hf=QWEN3)) == 787_584 + 4 * 2 * 32
+    model = build_model(ModelConfig(hf=QWEN3), 257)
+    blocks = sum(p.numel() for p in model.layers.parameters()) + model.model.norm.weight.numel()
+    assert count_non_embedding(model) == blocks == 787_840
 
 
 def test_a_pretrained_folder_loads_its_weights(tmp_path):

@@ -13,8 +13,10 @@ from ablate.model import (
     ModelConfig,
     Transformer,
     build_model,
+    count_non_embedding,
     count_parameters,
     flops_per_token,
+    non_embedding_params,
     num_params,
 )
 from backends import QuantLinear, Recipe, convert_model
@@ -50,6 +52,32 @@ def test_every_preset_builds_a_consistent_config():
         cfg = ModelConfig(preset=name).resolved(V)
         assert cfg.preset is None and cfg.vocab_size == V
         assert num_params(cfg) > 0
+
+
+def test_the_non_embedding_count_of_tiny_is_its_hand_count():
+    # tiny: width 128, 4 blocks of 4 query heads and 2 key/value heads of 32, SwiGLU of 384
+    wq = wo = 128 * 128
+    wk = wv = 128 * (2 * 32)
+    w1 = w2 = w3 = 128 * 384
+    norms = 2 * 128  # attention_norm, ffn_norm
+    n = 4 * (wq + wo + wk + wv + w1 + w2 + w3 + norms) + 128  # and the final norm
+    assert n == 787_584
+    assert non_embedding_params(ModelConfig(preset="tiny")) == n
+    model = build_model(ModelConfig(preset="tiny"), V)
+    assert count_non_embedding(model) == n == count_parameters(model) - V * 128  # one (tied) table
+    assert non_embedding_params(ModelConfig(preset="small")) == 9_442_176  # "~9.4M" (config.py)
+
+
+def test_the_non_embedding_count_of_a_config_is_its_models_blocks_and_final_norm():
+    for name in PRESETS:
+        cfg = ModelConfig(preset=name)
+        model = build_model(cfg, 1000, device="meta")
+        blocks = sum(p.numel() for p in model.layers.parameters()) + model.norm.weight.numel()
+        assert non_embedding_params(cfg) == count_non_embedding(model) == blocks, name
+    # no vocabulary enters it, nor an untied head
+    untied = micro(vocab_size=300, tie_embeddings=False)
+    assert non_embedding_params(untied) == non_embedding_params(micro())
+    assert count_non_embedding(build_model(untied, 300)) == non_embedding_params(micro())
 
 
 def test_tied_embedding_is_counted_once():

@@ -11,7 +11,8 @@ import torch
 from ablate.data import BatchSampler, DataConfig
 from ablate.train import MemoryLogger, RunConfig, TrainConfig, train
 from ablate.train.checkpoint import CHECKPOINT, checkpoint_info, load_checkpoint, save_checkpoint
-from ablate.train.config import EvalPoint, config_hash
+from ablate.train.config import config_hash
+from ablate.train.result import EvalPoint
 from ablate.train.state import TrainState
 
 FAST = TrainConfig(

@@ -4,7 +4,8 @@ out, ``run_params`` and ``flatten``."""
 from __future__ import annotations
 
 import dataclasses
-import functools
+
+import pytest
 
 from ablate.tracking.adopt import legacy_config_hash
 from ablate.train.config import (
@@ -15,30 +16,28 @@ from ablate.train.config import (
     resolved_precision,
     run_params,
 )
-from ablate.train.config import config_hash as current_hash
+
+
+def key1(cfg: RunConfig) -> str:
+    """The key as numerics version 1 had it, as pinned here (every key also holds the numerics
+    version: ``tests/ablate/test_key.py``)."""
+    return config_hash(cfg, numerics=1)
 
 
 def test_config_hash_values_are_stable():
-    # study cells and existing results are looked up by these: a change here orphans them. The
-    # keys below are numerics 1's (``ablate adopt`` finds such cells by them); the current
-    # version's key holds the version too (``ablate.numerics``), so it differs
-    config_hash = functools.partial(current_hash, numerics=1)
-    assert current_hash(RunConfig(device="cpu")) == "8ecffaed5be74830"
-    assert config_hash(RunConfig(device="cpu")) == "1f94548535cb9ce6"
-    assert config_hash(RunConfig(device="cpu", seed=3, train=TrainConfig(lr=1e-2))) == (
-        "d2a4e0ab013c6a73"
-    )
+    # study cells and existing results are looked up by these: a change here orphans them
+    assert key1(RunConfig(device="cpu")) == "1f94548535cb9ce6"
+    assert config_hash(RunConfig(device="cpu")) == "8ecffaed5be74830"  # numerics 2's
+    assert key1(RunConfig(device="cpu", seed=3, train=TrainConfig(lr=1e-2))) == "d2a4e0ab013c6a73"
     # an eager CUDA run keeps the key CUDA runs had before train.compile; a compiled one (auto on
     # CUDA) has its own, and the CPU's auto (eager) changes nothing; log_every is not in the key
     eager = TrainConfig(compile=False)
-    assert config_hash(RunConfig(device="cuda", train=eager)) == "ae297ef2c7e5591f"
-    assert config_hash(RunConfig(device="cuda")) == "46d0ba03ccab5fa9"
-    assert config_hash(RunConfig(device="cpu", train=TrainConfig(compile=True))) != (
-        config_hash(RunConfig(device="cpu"))
+    assert key1(RunConfig(device="cuda", train=eager)) == "ae297ef2c7e5591f"
+    assert key1(RunConfig(device="cuda")) == "46d0ba03ccab5fa9"
+    assert key1(RunConfig(device="cpu", train=TrainConfig(compile=True))) != (
+        key1(RunConfig(device="cpu"))
     )
-    assert config_hash(RunConfig(device="cpu", train=TrainConfig(log_every=7))) == (
-        "1f94548535cb9ce6"
-    )
+    assert key1(RunConfig(device="cpu", train=TrainConfig(log_every=7))) == "1f94548535cb9ce6"
 
 
 def test_config_hash_of_shorthand_recipes_is_stable():
@@ -46,16 +45,15 @@ def test_config_hash_of_shorthand_recipes_is_stable():
     # blocks, sign vectors, layer selection) enter the hash only when a recipe sets them
     from backends.recipes import Recipe
 
-    config_hash = functools.partial(current_hash, numerics=1)  # numerics 1's keys, as recorded
     full = Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "dht", base="fp8")
-    assert config_hash(RunConfig(device="cpu", recipe=full)) == "83a32e5e5266f68e"
+    assert key1(RunConfig(device="cpu", recipe=full)) == "83a32e5e5266f68e"
     back = Recipe.from_shorthand(["dgrad", "wgrad"], "sr+rht64", fp4_format="nvfp4", keep_last=1)
-    assert config_hash(RunConfig(device="cpu", recipe=back)) == "e54974f0499d98ca"
+    assert key1(RunConfig(device="cpu", recipe=back)) == "e54974f0499d98ca"
     wgrad = Recipe.from_shorthand(
         ["wgrad"], "fht32", base="mxfp8", scale_mode="rceil", apply_to=["dgrad", "wgrad"]
     )
     cuda = RunConfig(device="cuda", recipe=wgrad, train=TrainConfig(compile=False))
-    assert config_hash(cuda) == "fbb8a64e7b56b3f0"
+    assert key1(cuda) == "fbb8a64e7b56b3f0"
 
 
 def test_the_legacy_key_is_the_key_before_device_and_precision_counted():
@@ -107,11 +105,8 @@ def test_a_run_past_its_schedule_has_its_own_key_and_an_ordinary_run_keeps_its_k
     ordinary = RunConfig(device="cpu", train=TrainConfig(steps=200))
     same = RunConfig(device="cpu", train=TrainConfig(steps=200, schedule_steps=200))
     longer = RunConfig(device="cpu", train=TrainConfig(steps=300, schedule_steps=200))
-    assert (
-        config_hash(ordinary, numerics=1) == config_hash(same, numerics=1) == ("1f94548535cb9ce6")
-    )
-    assert config_hash(ordinary) == config_hash(same)
-    assert config_hash(longer) not in (config_hash(ordinary), config_hash(RunConfig(
+    assert key1(ordinary) == key1(same) == "1f94548535cb9ce6"
+    assert key1(longer) not in (key1(ordinary), key1(RunConfig(
         device="cpu", train=TrainConfig(steps=300))))  # fmt: skip
     assert legacy_config_hash(RunConfig(train=TrainConfig(schedule_steps=200))) == (
         "cf1710eca5a47d3d"
@@ -128,3 +123,49 @@ def test_schedule_steps_beyond_the_run_are_refused_naming_the_field_and_range():
     for bad in (0, 201):
         with pytest.raises(ValueError, match=r"train.schedule_steps: must be in \[1, train.steps"):
             TrainConfig(steps=200, schedule_steps=bad)
+
+
+def test_the_schedule_is_in_the_key_only_when_wsd_and_its_decay_only_with_it():
+    cosine = RunConfig(device="cpu", train=TrainConfig(schedule="cosine", decay_fraction=0.5))
+    assert key1(cosine) == "1f94548535cb9ce6"  # every recorded cell trained the cosine
+
+    def wsd(**kw):
+        return key1(RunConfig(device="cpu", train=TrainConfig(schedule="wsd", **kw)))
+
+    assert wsd() != key1(cosine)
+    assert wsd(decay_fraction=0.3) not in (wsd(), key1(cosine))
+    assert wsd() == wsd(decay_fraction=0.2)  # the default decay is in the key too
+    assert run_params(cosine)["train.schedule"] == "cosine"
+    assert "train.decay_fraction" not in run_params(cosine)  # it means nothing there
+    params = run_params(RunConfig(train=TrainConfig(schedule="wsd", decay_fraction=0.3)))
+    assert params["train.schedule"] == "wsd" and params["train.decay_fraction"] == 0.3
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"schedule": "linear"}, r"train\.schedule: unknown 'linear'; allowed: cosine, wsd"),
+        ({"decay_fraction": 0.0}, r"train\.decay_fraction: must be in \(0, 1\], got 0\.0"),
+        ({"decay_fraction": 1.5}, r"train\.decay_fraction: must be in \(0, 1\], got 1\.5"),
+        ({"decay_fraction": True}, r"train\.decay_fraction: must be in \(0, 1\], got True"),
+        (
+            {"steps": 10, "warmup_steps": 5, "decay_fraction": 0.6},
+            r"train\.decay_fraction: a decay of 6 steps \(max\(1, round\(0\.6 x train\.steps = 10"
+            r"\)\)\) is longer than the 5 steps after warmup .* lower train\.decay_fraction or "
+            r"train\.warmup_steps",
+        ),
+        (
+            {"steps": 30, "schedule_steps": 10, "warmup_steps": 5, "decay_fraction": 0.6},
+            r"train\.decay_fraction: a decay of 6 steps \(max\(1, round\(0\.6 x "
+            r"train\.schedule_steps = 10\)\)\) is longer than the 5 steps after warmup",
+        ),
+    ],
+)
+def test_a_schedule_that_cannot_run_is_refused_naming_the_field(kw, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**{"schedule": "wsd"} | kw)
+
+
+def test_a_decay_that_fills_every_step_after_warmup_is_allowed():
+    t = TrainConfig(schedule="wsd", steps=10, warmup_steps=5, decay_fraction=0.5)
+    assert (t.decay_steps, t.decay_start) == (5, 5)

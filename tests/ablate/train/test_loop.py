@@ -114,6 +114,26 @@ def test_a_run_past_its_schedule_is_bit_identical_to_an_ordinary_run_up_to_it(tm
         assert torch.equal(wb[k], wc[k]), k
 
 
+def test_a_wsd_run_past_its_schedule_is_an_ordinary_wsd_run_up_to_it():
+    # baseline_extend on a wsd study: the decay of the 10-step schedule (steps 8-9), then on at
+    # the floor; the first 10 steps are the 10-step run's, bit for bit (SR draws random streams)
+    recipe = Recipe.from_shorthand(["wgrad"], "sr")
+    short = dataclasses.replace(FAST, steps=10, schedule="wsd")
+    longer = dataclasses.replace(short, steps=14, schedule_steps=10)
+    ordinary_log, longer_log = MemoryLogger(), MemoryLogger()
+    ordinary = train(_cfg(recipe=recipe, train=short), ordinary_log)
+    res = train(_cfg(recipe=recipe, train=longer), longer_log)
+    assert [e.step for e in res.evals] == [0, 4, 8, 10, 12, 14]
+    assert res.evals[:4] == ordinary.evals
+    assert longer_log.series("train_loss")[:10] == ordinary_log.series("train_loss")
+    lrs = [lr for _, lr in longer_log.series("lr")]
+    assert lrs[:10] == [lr for _, lr in ordinary_log.series("lr")]
+    assert longer_log.params["train.schedule"] == "wsd"
+    assert longer_log.params["model.n_params_non_embedding"] == 787_584  # N of tiny (test_model)
+    floor = FAST.lr * FAST.min_lr_ratio  # the peak until step 8, halfway, then the floor
+    assert lrs[7:] == pytest.approx([FAST.lr, (FAST.lr + floor) / 2] + [floor] * 5)
+
+
 def test_a_finished_run_is_not_trained_again(tmp_path):
     cfg = _cfg(tmp_path)
     first = train(cfg)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ablate.train.config import EvalPoint
+from ablate.train.result import EvalPoint
 from ablate.train.state import TrainState
 
 # the checkpoint's "state" dict as checkpoints have always stored it (keys in this order)

@@ -1,0 +1,185 @@
+"""Decay branches: one warmup-stable-decay run trains several budgets of one configuration.
+
+Runs of a config that differ only in their budget (``train.steps``, and ``schedule_steps`` when a
+baseline trains past its schedule) and train the wsd schedule are one *family*: before its decay
+(``TrainConfig.decay_start``) each of them is the same run, step for step, bits included. The
+family's longest run, its *trunk*, saves a *branch checkpoint* at the decay start of every shorter
+member; a shorter member, a *branch*, starts from that checkpoint and trains only its decay. It
+ends bit-identical to the run trained to its budget from step 0 (tested), so it has that run's
+key; where its checkpoint does not exist (the trunk failed or diverged before it, or never ran),
+it trains from step 0: the same numbers, only slower.
+
+Nothing before the decay reads ``steps``: the schedule holds ``lr`` there (``schedule``), the batch
+order is a permutation per epoch (``ablate.data.batches``), the random streams count calls
+(``backends.layer.streams``), the divergence guard reads ``warmup_steps``, and the evaluations
+``steps`` adds (``TrainConfig.eval_due``: a budget's last step) come after its decay starts.
+
+A branch checkpoint is an ordinary checkpoint (``ablate.train.checkpoint``: atomic, loaded as
+untrusted) in ``<family folder>/step-<step>/``, written under the family's hash
+(``family_hash``: the cell key with the budget left out) instead of a cell key, so that only a
+member of its family loads it. ``Branches`` tells ``train`` what to save or where to start; the
+driver makes it (``ablate.driver.branching``). Families train in one process (a sharded branch
+checkpoint is not written).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ablate.data import BatchSampler
+from ablate.errors import CheckpointError
+from ablate.key import digest, key_fields
+from ablate.numerics import NUMERICS_VERSION
+from ablate.train.checkpoint import checkpoint_info, load_checkpoint, save_checkpoint
+from ablate.train.config import RunConfig, device_kind
+from ablate.train.state import TrainState
+
+
+def family_hash(cfg: RunConfig, numerics: int = NUMERICS_VERSION) -> str:
+    """The key of ``cfg`` with its budget left out (``train.steps``, ``train.schedule_steps``):
+    equal for the members of one family, and what their branch checkpoints are written under."""
+    d = key_fields(cfg, device_kind(cfg.device))
+    for name in ("steps", "schedule_steps"):
+        d["train"].pop(name, None)
+    return digest({"family": d, "numerics": numerics})
+
+
+def branch_point(cfg: RunConfig) -> int | None:
+    """The step a budget branches off its family's trunk: its decay start (None: not a wsd
+    run, or a distributed one, or one that decays from step 0 and so shares nothing)."""
+    start = cfg.train.decay_start
+    if start is None or start < 1 or cfg.train.resolved_parallel != "none":
+        return None
+    return start
+
+
+@dataclass(frozen=True, slots=True)
+class Branches:
+    """What a member of a family does with branch checkpoints: the trunk saves one at each step of
+    ``save_at``; a branch starts from the one at ``start_at`` when it has no checkpoint of its own.
+    Plain data: it travels to workers as ``to_dict()``."""
+
+    root: str
+    """The family's folder of branch checkpoints."""
+    family: str
+    """The family's hash (``family_hash``): the config hash its branch checkpoints hold."""
+    save_at: tuple[int, ...] = ()
+    """Trunk: the steps where shorter budgets branch off."""
+    start_at: int | None = None
+    """Branch: its branch point (its decay start)."""
+
+    def dir(self, step: int) -> Path:
+        """The folder of the branch checkpoint at ``step``."""
+        return Path(self.root) / f"step-{step:09d}"
+
+    def ready(self, step: int) -> bool:
+        """Whether the branch checkpoint at ``step`` exists, of this family and that step (read from
+        its sidecar; the checkpoint itself is checked when it loads)."""
+        info = checkpoint_info(self.dir(step))
+        return (
+            info is not None and info.get("step") == step and info.get("config_hash") == self.family
+        )
+
+    @property
+    def start(self) -> int | None:
+        """The step a branch starts from now: ``start_at`` where its checkpoint is ready, else
+        None (it trains from step 0)."""
+        return self.start_at if self.start_at is not None and self.ready(self.start_at) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "family": self.family,
+            "save_at": list(self.save_at),
+            "start_at": self.start_at,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Branches:
+        return cls(
+            root=str(d["root"]),
+            family=str(d["family"]),
+            save_at=tuple(int(s) for s in d.get("save_at", ())),
+            start_at=None if d.get("start_at") is None else int(d["start_at"]),
+        )
+
+    def check(self, cfg: RunConfig) -> None:
+        """ValueError unless ``cfg`` is a member of this family that can save or start here."""
+        if family_hash(cfg) != self.family:
+            raise ValueError(
+                f"branches: {cfg.train.steps} steps of this config are not of family "
+                f"{self.family} (its hash is {family_hash(cfg)})"
+            )
+        point = branch_point(cfg)
+        if point is None:
+            raise ValueError(
+                "branches: only a one-process wsd run that does not decay from step 0 has a "
+                "family (train.schedule: wsd, train.parallel: none)"
+            )
+        if self.start_at is not None and self.start_at != point:
+            raise ValueError(
+                f"branches: a branch starts at its decay start ({point}), not at {self.start_at}"
+            )
+        late = [s for s in self.save_at if not 0 < s <= point]
+        if late:
+            raise ValueError(
+                f"branches: the trunk saves only before its own decay (step {point}); "
+                f"{late} are not"
+            )
+
+
+def save_branch(
+    branches: Branches,
+    *,
+    state: TrainState,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    sampler: BatchSampler,
+) -> None:
+    """The trunk: write the branch checkpoint of step ``state.step`` (atomic; the sidecar last, so
+    that ``ready`` never sees half of one)."""
+    save_checkpoint(
+        branches.dir(state.step),
+        config_hash=branches.family,
+        state=state,
+        model=model,
+        optimizer=optimizer,
+        sampler=sampler,
+    )
+
+
+def load_branch(
+    branches: Branches,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    sampler: BatchSampler,
+) -> TrainState | None:
+    """A branch: restore model, optimizer, data position and RNG states from its branch checkpoint
+    and return its state at the branch point; None (nothing restored) when there is none. A file
+    that is not the family's checkpoint of that step is refused (``CheckpointError``)."""
+    step = branches.start
+    if step is None:
+        return None
+    path = branches.dir(step)
+    try:
+        state = load_checkpoint(
+            path, config_hash=branches.family, model=model, optimizer=optimizer, sampler=sampler
+        )
+    except CheckpointError:
+        raise
+    except ValueError as e:  # another config's: never one ablate writes here
+        raise CheckpointError(
+            f"{path}: not a branch checkpoint of family {branches.family} ({e})"
+        ) from None
+    if state is not None and (state.step != step or state.status is not None):
+        raise CheckpointError(
+            f"{path}: holds step {state.step} ({state.status or 'training'}), not the branch "
+            f"point {step} of a run in training; delete it to train the branch from step 0"
+        )
+    return state

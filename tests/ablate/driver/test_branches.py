@@ -1,0 +1,236 @@
+"""Decay branches in a study (``ablate.spec.families``, ``ablate.driver.branching``): budgets 8, 12
+and 16 of one wsd configuration run as one trunk and two decays, on real MLflow (SQLite under
+tmp_path) and the in-process executor; every recorded number and the final weights equal those of
+each budget trained from step 0 (the trunk's: those of a run that saves no branch checkpoint),
+interrupted runs included; a re-run skips everything; ``plan`` shows the family and counts the
+steps trained."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
+
+from ablate.cli import main
+from ablate.driver import branching
+from ablate.driver.planning import PlannedCell, plan
+from ablate.driver.runner import run_study
+from ablate.executor.task import Task
+from ablate.spec import Study, parse_study
+from ablate.spec.families import branch_root, families
+from ablate.train.checkpoint import CHECKPOINT, load_file
+
+BUDGETS = [8, 12, 16]  # decays of 2, 2, 3 steps: branch points 6 (an evaluation) and 10
+TIMING = {"tokens_per_s"}  # wall-clock: the one metric that may differ
+
+
+def raw(name: str, steps: list[int]) -> dict:
+    return {
+        "name": name,
+        "base": {
+            "model": {"preset": "tiny"},
+            "data": {"val_tokens": 2048},
+            "train": {
+                "batch_size": 4, "seq_len": 32, "warmup_steps": 2, "eval_every": 3,
+                "eval_batches": 1, "schedule": "wsd",
+            },
+            "fp4_gemms": ["wgrad"],
+            "intervention": "sr",  # stochastic rounding: the random streams must match too
+        },
+        "grid": {"train.steps": steps},
+        "resources": {"cpus": 1},
+    }  # fmt: skip
+
+
+def study(tmp_path: Path, name: str, steps: list[int]) -> Study:
+    """The study ``name`` in its own output folder; every study of a test shares one MLflow store
+    (a new store's schema migrations cost seconds)."""
+    spec = raw(name, steps) | {"tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}
+    return parse_study(spec, output=tmp_path / name, text="# test\n")
+
+
+def run(s: Study, **kw):
+    return run_study(s, executor="local", progress=False, stream=io.StringIO(), **kw)
+
+
+def recorded(s: Study) -> dict[str, tuple[dict[str, list[tuple[int, float]]], dict[str, str]]]:
+    """Each cell's metric histories (every metric, every step) and tags, by key."""
+    client = MlflowClient(tracking_uri=s.tracking_uri)
+    exp = client.get_experiment_by_name(s.name)
+    out = {}
+    for r in client.search_runs([exp.experiment_id], "tags.`ablate.role` = 'cell'"):
+        series = {
+            k: sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, k))
+            for k in r.data.metrics
+            if k not in TIMING
+        }
+        out[r.data.tags["ablate.key"]] = (series, r.data.tags | {"run_id": r.info.run_id})
+    return out
+
+
+def weights(s: Study, key: str) -> dict[str, torch.Tensor]:
+    return load_file(s.output_dir / "cells" / key / CHECKPOINT)["model"]
+
+
+@pytest.mark.slow
+def test_decay_branches_of_a_study_equal_each_budget_trained_directly(tmp_path):
+    ladder = study(tmp_path, "ladder", BUDGETS)
+    (family,) = families(ladder.cells)
+    assert family.trunk.config.train.steps == 16 and family.points == (6, 10)
+    # interrupted at step 11: the trunk (having saved steps 6 and 10) and the 12-step branch
+    # (started at 10); the 8-step branch (started at 6) finishes
+    first = run(ladder, stop_after=11)
+    assert sorted(o.status for o in first.outcomes.values()) == [
+        "finished",
+        "interrupted",
+        "interrupted",
+    ]
+    assert [p.action for p in plan(ladder)].count("resume") == 2
+    root = branch_root(ladder.output_dir, family.key)
+    assert [d.name for d in root.iterdir()] == ["step-000000010"]  # step 6's branch is done
+    second = run(ladder)  # both resume from their own checkpoints
+    assert sorted(o.status for o in second.outcomes.values()) == ["finished", "finished"]
+    trained = {k: o.steps for k, o in second.outcomes.items()}
+    assert trained == {family.trunk.key: 16, family.branches[1][0].key: 12}
+    assert not any(root.iterdir())  # every branch has its result: no branch checkpoint is kept
+    # a re-run skips everything
+    assert [p.action for p in plan(ladder)] == ["skip"] * 3
+    assert run(ladder).outcomes == {}
+
+    # the same study with every budget trained from step 0
+    direct = study(tmp_path, "direct", BUDGETS)
+    assert [o.status for o in run(direct, branches=False).outcomes.values()] == ["finished"] * 3
+    assert [c.key for c in direct.cells] == [c.key for c in ladder.cells]  # the same keys
+
+    got, want = recorded(ladder), recorded(direct)
+    for cell in ladder.cells:
+        series, tags = got[cell.key]
+        assert series.keys() == want[cell.key][0].keys()
+        for name in series:  # train and validation losses, lr, grad norm, tokens: every step
+            assert series[name] == want[cell.key][0][name], (cell.label, name)
+        a, b = weights(ladder, cell.key), weights(direct, cell.key)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), cell.label
+        assert tags["ablate.family"] == family.key
+        assert "ablate.family" not in want[cell.key][1]
+    trunk_tags = got[family.trunk.key][1]
+    assert "ablate.trunk" not in trunk_tags and "ablate.branch_of" not in trunk_tags
+    for cell, point in family.branches:  # copied from the trunk's run up to the branch point
+        tags = got[cell.key][1]
+        assert tags["ablate.trunk"] == family.trunk.key
+        assert tags["ablate.branch_point"] == tags["ablate.branch_step"] == str(point)
+        assert tags["ablate.branch_of"] == trunk_tags["run_id"]
+
+
+def test_plan_shows_the_family_and_counts_the_steps_trained(tmp_path):
+    path = tmp_path / "ladder.yaml"
+    path.write_text(yaml.safe_dump(raw("ladder", BUDGETS)))
+    res = CliRunner().invoke(main, ["plan", str(path), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    (family,) = families(study(tmp_path, "out", BUDGETS).cells)
+    trunk = family.trunk.key
+    assert "trunk of 2 decay branches: checkpoints at steps 6, 10" in res.output
+    assert f"decay branch of {trunk} from step 6" in res.output
+    assert f"decay branch of {trunk} from step 10" in res.output
+    # one run of 16 steps and decays of 2 and 2, not 8 + 12 + 16
+    assert "train 20 steps (trunks, then each branch's decay), 36 without branches" in res.output
+    res = CliRunner().invoke(main, ["plan", str(path), "-o", str(tmp_path / "out"), "--json"])
+    doc = json.loads(res.output)
+    assert (doc["steps_to_train"], doc["budget_steps"]) == (20, 36)
+    rows = {r["key"]: r for r in doc["cells"]}
+    assert rows[trunk]["trunk"] is None and rows[trunk]["starts_at"] == 0
+    for cell, point in family.branches:
+        assert (
+            rows[cell.key] | {"trunk": trunk, "branch_point": point, "starts_at": point}
+            == (rows[cell.key])
+        )
+    assert not (tmp_path / "out").exists()  # plan writes nothing
+
+
+def test_a_branch_whose_trunk_does_not_pass_its_point_is_planned_from_step_0(tmp_path):
+    ladder = study(tmp_path, "ladder", BUDGETS)
+    (family,) = families(ladder.cells)
+    (cell, point), trunk = family.branches[0], family.trunk
+    ms = branching.members(ladder)
+    branch = PlannedCell(cell, "run")
+    for trunk_action, start in (("run", point), ("skip", 0), ("failed", 0)):
+        planned = {cell.key: branch, trunk.key: PlannedCell(trunk, trunk_action)}  # type: ignore[arg-type]
+        assert branching.start_step(ladder, branch, planned, ms[cell.key]) == start
+    # with its checkpoint there it starts from it, whatever its trunk does
+    where = branch_root(ladder.output_dir, family.key) / f"step-{point:09d}"
+    where.mkdir(parents=True)
+    (where / "checkpoint.json").write_text(
+        json.dumps({"step": point, "status": None, "config_hash": family.key})
+    )
+    assert branching.start_step(ladder, branch, planned, ms[cell.key]) == point
+    assert branching.cost(ladder, [branch, PlannedCell(trunk, "skip")]) == (8 - point, 8)
+    # but a stale result rerun from step 0 does not start from a checkpoint older code may have
+    # written, unless its trunk writes it anew now
+    stale = PlannedCell(cell, "rerun", fresh=True)
+    assert branching.start_step(ladder, stale, planned, ms[cell.key]) == 0
+    planned[trunk.key] = PlannedCell(trunk, "rerun", fresh=True)
+    assert branching.start_step(ladder, stale, planned, ms[cell.key]) == point
+
+
+def test_only_cells_that_differ_in_their_wsd_budget_alone_are_a_family(tmp_path):
+    two = parse_study(
+        raw("two", BUDGETS) | {"grid": {"train.steps": BUDGETS, "seed": [0, 1]}},
+        output=tmp_path / "x",
+    )
+    assert sorted(len(f.branches) for f in families(two.cells)) == [2, 2]  # one per seed
+    cosine = raw("cos", BUDGETS)
+    cosine["base"]["train"]["schedule"] = "cosine"
+    assert not families(parse_study(cosine, output=tmp_path / "y").cells)
+    one = raw("one", [16]) | {"grid": {"train.lr": [1e-3, 3e-3]}}
+    assert not families(parse_study(one, output=tmp_path / "z").cells)
+
+
+def test_the_gate_holds_a_branch_until_its_trunk_saved_its_checkpoint_or_ended(tmp_path):
+    ladder = study(tmp_path, "ladder", BUDGETS)
+    (family,) = families(ladder.cells)
+    (cell, point), trunk = family.branches[0], family.trunk
+    b = family.branches_of(cell, ladder.output_dir)
+    task = Task(cell.key, cell.label, {}, "", "", "")
+    gate = branching.BranchGate()
+    gate.hold(task, b, trunk.key)
+    assert gate.release({}) == [] and len(gate) == 1  # the trunk runs, short of the point
+    b.dir(point).mkdir(parents=True)
+    (b.dir(point) / "checkpoint.json").write_text(
+        json.dumps({"step": point, "status": None, "config_hash": "another family"})
+    )
+    assert gate.release({}) == []  # not its family's
+    (b.dir(point) / "checkpoint.json").write_text(
+        json.dumps({"step": point, "status": None, "config_hash": family.key})
+    )
+    assert gate.release({}) == [task] and len(gate) == 0  # saved: it runs beside the trunk
+    gate.hold(task, b, trunk.key)
+    assert gate.release({trunk.key}) == [task]  # the trunk ended: it runs, from 0 if need be
+    gate.hold(task, b, trunk.key)
+    assert gate.release({}, everything=True) == [task]
+
+
+def test_a_branch_checkpoint_goes_once_every_branch_from_it_has_a_result(tmp_path):
+    ladder = study(tmp_path, "ladder", BUDGETS)
+    (family,) = families(ladder.cells)
+    (short, at6), (middle, at10) = family.branches
+    ms = branching.members(ladder)
+    dirs = {}
+    for cell, point in family.branches:
+        dirs[point] = ms[cell.key].branches.dir(point)
+        dirs[point].mkdir(parents=True)
+        (dirs[point] / "checkpoint.json").write_text("{}")
+    gate = branching.BranchGate(ms)
+    assert gate.ended(family.trunk.key, "finished") == []  # its branches still need them
+    assert gate.ended(short.key, "failed") == []  # it may be rerun
+    assert gate.ended(short.key, "finished") == [dirs[at6]]
+    assert sorted(p.name for p in dirs[at6].parent.iterdir()) == ["step-000000010"]
+    assert gate.ended(middle.key, "diverged") == [dirs[at10]] and not dirs[at10].exists()
+    # a branch with its result from an earlier run counts as done
+    dirs[at10].mkdir()
+    gate = branching.BranchGate(ms, done=[middle.key])
+    assert gate.ended(family.trunk.key, "finished") == [dirs[at10]]
