@@ -22,6 +22,7 @@ from ablate.spec.axes import check_axis_name, fmt_value, get_path, with_values
 from ablate.spec.loader import parse_yaml, read_study_text
 from ablate.spec.messages import pydantic_errors
 from ablate.spec.recipe import recipe_axes as derived_recipe_axes
+from ablate.spec.rungs import ladder_cells
 from ablate.spec.schema import LIST_AXES, RECIPE_AXES, CellConfig, StudySpec
 from ablate.spec.study import Cell, Study
 from ablate.spec.tune import check_tune
@@ -353,8 +354,13 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
             "its own label (recipe: {..., label: ...}), or an axis that tells them apart"
         )
 
+    if spec.ladder is not None:
+        cells, ladder_errors = ladder_cells(spec.ladder, cells, axes)
+        errors.extend(ladder_errors)
     if baseline is not None:
-        configs = sorted({c.config_label for c in cells if c.baseline})
+        configs = sorted(
+            {c.ladder_config if spec.ladder else c.config_label for c in cells if c.baseline}
+        )
         if not configs:
             errors.append(
                 f"baseline: {fmt_value(spec.baseline)} matches no cell; the cells have "
@@ -382,12 +388,20 @@ def extended(train: TrainConfig, fraction: float) -> TrainConfig:
 def _zip_factor(
     group: Any, zpath: str, base: dict[str, Any], errors: list[str], axes: list[str]
 ) -> list[tuple[tuple[str, Any], ...]]:
+    """The zipped axes' tuples; the i-th value of each axis is validated together with the i-th
+    values of the others (a model shape's dim, heads and widths only make sense together)."""
     if not isinstance(group, dict) or not group:
         errors.append(f"{zpath}: must map axes to equal-length lists, e.g. {{train.lr: [..], ...}}")
         return []
+    raw = {n: v for n, v in group.items() if isinstance(v, list)}
+    lengths = {len(v) for v in raw.values()}
+    together = None
+    if len(lengths) == 1 and len(raw) == len(group):
+        (n_values,) = lengths
+        together = [{n: v[i] for n, v in raw.items()} for i in range(n_values)]
     cols: list[list[tuple[str, Any]]] = []
     for name, values in group.items():
-        cols.append(_axis_options(name, values, f"{zpath}.{name}", base, errors))
+        cols.append(_axis_options(name, values, f"{zpath}.{name}", base, errors, together))
         if name not in axes and not check_axis_name(name):
             axes.append(name)
     lengths = {len(c) for c in cols}
@@ -399,9 +413,15 @@ def _zip_factor(
 
 
 def _axis_options(
-    name: str, values: Any, path: str, base: dict[str, Any], errors: list[str]
+    name: str,
+    values: Any,
+    path: str,
+    base: dict[str, Any],
+    errors: list[str],
+    together: list[dict[str, Any]] | None = None,
 ) -> list[tuple[str, Any]]:
-    """[(axis, canonical value)] for one axis, each value validated on top of the base."""
+    """[(axis, canonical value)] for one axis, each value validated on top of the base (with
+    ``together[i]``, the values zipped with value i, beside it)."""
     problem = check_axis_name(name)
     if problem:
         errors.append(f"{path}: {problem}")
@@ -416,8 +436,9 @@ def _axis_options(
         return []
     out: list[tuple[str, Any]] = []
     for i, v in enumerate(values):
+        beside = {**together[i], name: v} if together is not None else {name: v}
         try:
-            cfg = CellConfig.model_validate(with_values(base, {name: v}))
+            cfg = CellConfig.model_validate(with_values(base, beside))
         except ValidationError as e:
             for m in pydantic_errors(e, CellConfig):
                 rest = m[len(name) :] if m.startswith(name) and m[len(name)] in ":[." else f": {m}"

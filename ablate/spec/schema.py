@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ablate.data import DataConfig
 from ablate.model import ModelConfig
+from ablate.spec.ladder import LadderSpec
 from ablate.spec.override import RecipeOverride
 from ablate.spec.recipe import GemmsSpec, LayersSpec, check_recipe_name, explicit_recipe, select
 from ablate.spec.speedup import SpeedupSpec
@@ -369,6 +370,9 @@ class StudySpec(BaseModel):
     """How the report projects step throughput where it was not measured on native GEMMs."""
     tune: TuneSpec | None = None
     """Optuna search over config paths, per group of cells (``ablate tune``; see ablate.spec.tune)."""
+    ladder: LadderSpec | None = None
+    """A scaling ladder: compare rung by rung (size x budget), fit Quartet's law and predict each
+    configuration's token ratio at ``predict`` (``ablate.spec.ladder``; docs/ladders.md)."""
     probe: ProbeConfig | None = None
     """Gradient-fidelity probes of every cell during training (off when absent; see
     ablate.train.probe): every, batches, gemms, layers, repeats, window. Not part of a cell's key:
@@ -408,6 +412,20 @@ class StudySpec(BaseModel):
                 "leave it out for a baseline trained like every other cell"
             )
         return v
+
+    @model_validator(mode="after")
+    def _ladder_needs_a_baseline(self) -> StudySpec:
+        if self.ladder is not None and self.baseline is None:
+            raise ValueError(
+                "ladder: compares each rung's configurations with its baseline, but the study "
+                "has no baseline; add `baseline: {axis: value}`"
+            )
+        if self.ladder is not None and self.baseline_extend is not None:
+            raise ValueError(
+                "ladder: a ladder reads each budget as trained to it; drop baseline_extend "
+                "(each rung's budgets are the baseline's curve)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _extend_needs_a_baseline(self) -> StudySpec:

@@ -27,6 +27,11 @@ class Cell:
     recipe_axes: Mapping[str, Any] = field(default_factory=dict)
     """The recipe in the study's vocabulary: fp4_gemms, intervention (canonical, e.g. dht16),
     fp4_format, base_format."""
+    rung: str = ""
+    """In a ladder study (``ablate.spec.ladder``): the cell's (size, budget) as leaf=value parts;
+    "" otherwise."""
+    ladder_config: str = ""
+    """In a ladder study: the configuration across rungs (the label without rung and seed)."""
 
     @property
     def seed(self) -> int:
