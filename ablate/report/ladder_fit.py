@@ -1,70 +1,80 @@
-"""Scaling-ladder fits: what a recipe's token cost will be at a scale no one has run.
+"""Quartet's scaling law and a recipe's efficiencies under it: pure functions over a ladder's tidy
+frame of evaluations.
 
-Pure functions over a tidy frame of evaluations, one row per (run, budget): the columns ``COLUMNS``
-(``config``, ``params`` the non-embedding parameter count N, ``tokens`` the budget D trained,
-``seed``, ``val_loss`` at the end of that budget). They can be called on any ladder built by hand.
+The frame has one row per (run, budget), the columns ``COLUMNS``: ``config``, ``params`` (N, the
+non-embedding parameter count), ``tokens`` (D, the tokens trained to that budget), ``seed`` and
+``val_loss`` (at the end of that budget). Any ladder built by hand can be passed.
 
-- ``fit_law``: Quartet's law (Castro et al. 2025) on the baseline's evaluations,
-  L(N, D) = (A / N^alpha + B / D^beta)^gamma + E, by Huber loss on log L from several starts
-  (L-BFGS in float64, every parameter kept in its bounds by a smooth map).
-- ``fit_efficiency``: with that law held fixed, a configuration's parameter efficiency effN and data
-  efficiency effD: its loss is the law at (N * effN, D * effD).
+- ``fit_law``: L(N, D) = (A / N^alpha + B / D^beta)^gamma + E (Castro et al. 2025, "Quartet") on
+  one configuration's evaluations (the baseline's), by Huber loss on log L from a grid of starts,
+  every parameter inside its bounds (``BOUNDS``, through a smooth map).
+- ``fit_efficiency``: with the law held fixed, a configuration's parameter efficiency effN and data
+  efficiency effD: its loss is the law's at (N * effN, D * effD).
 - ``token_ratio``: the tokens a configuration needs to reach the baseline's loss at (N, D), over D.
-  Under the law a recipe that lowers only effD costs 1/effD - 1 more tokens at every scale; one
-  that lowers effN cannot reach the baseline's loss once B / D^beta is small enough, and then the
-  ratio is ``inf`` (never a finite number).
-- ``rung_ratios``: the model-free form, per configuration and rung N: the log token ratio at equal
-  loss, the baseline's tokens to the configuration's final loss read off the baseline's own
-  budgets at that N (log-log interpolation); ``trend`` fits it against log N.
+  A recipe that lowers only effD costs 1/effD - 1 more tokens at every scale; one that lowers effN
+  cannot reach the baseline's loss once B / D^beta is small enough: the ratio is then ``inf``.
 
-Intervals for a prediction are not here yet: a bootstrap over seeds alone came out far too narrow
-in a first simulated ladder (it does not carry the fit's trade-off between effN and effD), and an
-interval is kept only once simulation shows that it covers.
+``fit_laws`` and ``fit_efficiencies`` are the same fits for K weighted copies of the data at once
+(one per bootstrap replicate: ``ablate.report.ladder_predict``), with ``LawArrays`` of K laws.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 from numpy.typing import ArrayLike
 
+from ablate.report.lm import solve, squash, unsquash
+
 COLUMNS = ("config", "params", "tokens", "seed", "val_loss")
+NAMES = ("log_a", "alpha", "log_b", "beta", "gamma", "log_e")
 BOUNDS = {
+    "log_a": (-10.0, 40.0),
     "alpha": (0.05, 1.5),
+    "log_b": (-10.0, 40.0),
     "beta": (0.05, 1.5),
     "gamma": (0.25, 4.0),
-    "log_a": (-10.0, 40.0),
-    "log_b": (-10.0, 40.0),
     "log_e": (-8.0, 3.0),
 }
 """The law's parameters and their bounds (A, B and E through their logarithms)."""
-EFF_BOUNDS = (0.05, 4.0)
+EFF_BOUNDS = (0.02, 4.0)
+"""Bounds of effN and effD."""
+DELTA = 1e-3
+"""Huber's delta on log L (Quartet's and Chinchilla's choice)."""
 
 
 @dataclass(frozen=True)
 class Law:
-    """L(N, D) = (A / N^alpha + B / D^beta)^gamma + E."""
+    """L(N, D) = (A / N^alpha + B / D^beta)^gamma + E. The fields are floats, or arrays of K laws
+    (``LawArrays``)."""
 
-    a: float
-    alpha: float
-    b: float
-    beta: float
-    gamma: float
-    e: float
+    a: Any
+    alpha: Any
+    b: Any
+    beta: Any
+    gamma: Any
+    e: Any
 
     def loss(
-        self, params: ArrayLike, tokens: ArrayLike, eff_n: float = 1.0, eff_d: float = 1.0
+        self, params: ArrayLike, tokens: ArrayLike, eff_n: ArrayLike = 1.0, eff_d: ArrayLike = 1.0
     ) -> np.ndarray:
-        """The law's loss at ``params`` and ``tokens`` (numbers or arrays), scaled by the
-        efficiencies."""
+        """The law's loss at ``params`` and ``tokens``, scaled by the efficiencies."""
         n = np.asarray(params, dtype=float) * eff_n
         d = np.asarray(tokens, dtype=float) * eff_d
         return (self.a / n**self.alpha + self.b / d**self.beta) ** self.gamma + self.e
+
+    def take(self, i: int) -> Law:
+        """Law ``i`` of arrays of laws."""
+        return Law(*(float(np.asarray(getattr(self, f))[i]) for f in _FIELDS))
+
+
+_FIELDS = ("a", "alpha", "b", "beta", "gamma", "e")
+LawArrays = Law
+"""A ``Law`` whose fields are arrays of shape (K,)."""
 
 
 @dataclass(frozen=True)
@@ -83,206 +93,231 @@ def check_frame(frame: pd.DataFrame) -> pd.DataFrame:
     if missing:
         raise ValueError(f"ladder frame: missing columns {missing}; needs {list(COLUMNS)}")
     for c in ("params", "tokens", "val_loss"):
-        v = frame[c].to_numpy(dtype=float)
+        v = pd.to_numeric(frame[c], errors="coerce").to_numpy(dtype=float)
         if not np.all(np.isfinite(v) & (v > 0)):
             raise ValueError(f"ladder frame: column {c} must be finite and positive")
     return frame
 
 
-def _squash(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
-    return lo + (hi - lo) * torch.sigmoid(x)
+def _law_of(x: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Parameters (K,) per name from the unbounded ``x`` (K, 6), and d parameter / d x."""
+    vals, ders = {}, {}
+    for i, name in enumerate(NAMES):
+        vals[name], ders[name] = squash(x[:, i], *BOUNDS[name])
+    return vals, ders
 
 
-def _unsquash(v: float, lo: float, hi: float) -> float:
-    p = min(max((v - lo) / (hi - lo), 1e-6), 1 - 1e-6)
-    return math.log(p / (1 - p))
+def _law_model(logn: np.ndarray, logd: np.ndarray):
+    """log L and its Jacobian in the unbounded parameters, at the design (log N, log D) (M,)."""
+
+    def model(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        p, dp = _law_of(x)
+        u = np.exp(p["log_a"][:, None] - p["alpha"][:, None] * logn)  # A / N^alpha   (K, M)
+        v = np.exp(p["log_b"][:, None] - p["beta"][:, None] * logd)  # B / D^beta    (K, M)
+        s = u + v
+        g = p["gamma"][:, None]
+        pw = s**g
+        e = np.exp(p["log_e"])[:, None]
+        loss = pw + e
+        common = g * pw / s / loss  # d log L / d s
+        jac = np.stack(
+            [
+                common * u,
+                common * u * -logn,
+                common * v,
+                common * v * -logd,
+                pw * np.log(s) / loss,
+                e / loss,
+            ],
+            axis=-1,
+        )
+        jac = jac * np.stack([dp[n] for n in NAMES], axis=-1)[:, None, :]
+        return np.log(loss), jac
+
+    return model
 
 
-def _huber(r: torch.Tensor, delta: float) -> torch.Tensor:
-    a = r.abs()
-    return torch.where(a <= delta, 0.5 * r**2, delta * (a - 0.5 * delta)).sum()
-
-
-def _minimize(
-    loss_fn: Callable[[torch.Tensor], torch.Tensor], x0: torch.Tensor, steps: int = 200
-) -> tuple[torch.Tensor, float]:
-    x = x0.clone().requires_grad_(True)
-    opt = torch.optim.LBFGS(
-        [x], lr=1.0, max_iter=steps, line_search_fn="strong_wolfe", tolerance_grad=1e-12
+def start_grid(min_loss: float) -> np.ndarray:
+    """The fit's starts, unbounded (S, 6): a grid over A, alpha, B and beta with gamma 1 and E
+    half the lowest loss seen, and the same with gamma 0.5 and 2."""
+    rows = []
+    for log_a in (2.0, 6.0, 12.0):
+        for alpha in (0.2, 0.45):
+            for log_b in (2.0, 6.0, 12.0):
+                for beta in (0.2, 0.45):
+                    for gamma in (0.5, 1.0, 2.0):
+                        e = max(min_loss * 0.5, 1e-3)
+                        rows.append((log_a, alpha, log_b, beta, gamma, math.log(e)))
+    return np.array(
+        [[unsquash(v, *BOUNDS[n]) for n, v in zip(NAMES, r, strict=True)] for r in rows]
     )
 
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        v = loss_fn(x)
-        v.backward()
-        return v
 
-    opt.step(closure)
-    with torch.no_grad():
-        v = float(loss_fn(x))
-    return x.detach(), v if math.isfinite(v) else math.inf
-
-
-_NAMES = ("log_a", "alpha", "log_b", "beta", "gamma", "log_e")
-
-
-def _law_of(x: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {n: _squash(x[i], *BOUNDS[n]) for i, n in enumerate(_NAMES)}
-
-
-def _pred(p: dict[str, torch.Tensor], n: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    inner = torch.exp(p["log_a"] - p["alpha"] * torch.log(n)) + torch.exp(
-        p["log_b"] - p["beta"] * torch.log(d)
+def laws_from_x(x: np.ndarray) -> Law:
+    """Laws (arrays of K) from unbounded parameters (K, 6)."""
+    p, _ = _law_of(np.atleast_2d(x))
+    return Law(
+        a=np.exp(p["log_a"]),
+        alpha=p["alpha"],
+        b=np.exp(p["log_b"]),
+        beta=p["beta"],
+        gamma=p["gamma"],
+        e=np.exp(p["log_e"]),
     )
-    return inner ** p["gamma"] + torch.exp(p["log_e"])
 
 
-def fit_law(
-    frame: pd.DataFrame, config: str, *, delta: float = 1e-3, starts: int = 24, seed: int = 0
-) -> Law:
-    """Quartet's law fitted on ``config``'s evaluations (Huber loss of log L with ``delta``; the best
-    of ``starts`` L-BFGS runs from a fixed grid plus random starts drawn from ``seed``)."""
+def fit_laws(
+    params: np.ndarray,
+    tokens: np.ndarray,
+    loss: np.ndarray,
+    weights: ArrayLike,
+    starts: np.ndarray,
+    *,
+    delta: float = DELTA,
+) -> tuple[np.ndarray, np.ndarray]:
+    """K fits of the law at once: observations ``params``, ``tokens`` (M,), ``loss`` and
+    ``weights`` (K, M) (a bootstrap replicate's weights count how often each observation was
+    drawn), each from every start of ``starts`` (S, 6) or (K, S, 6). Returns the best unbounded
+    parameters (K, 6) and their Huber loss (K,)."""
+    loss = np.atleast_2d(loss)
+    weights = np.broadcast_to(np.atleast_2d(weights), loss.shape)
+    k, m = loss.shape
+    starts = np.broadcast_to(starts, (k, *starts.shape[-2:]))
+    s = starts.shape[1]
+    model = _law_model(np.log(params), np.log(tokens))
+    y = np.repeat(np.log(loss), s, axis=0)
+    w = np.repeat(weights, s, axis=0)
+    x, obj = solve(model, starts.reshape(k * s, 6), y, w, delta=delta)
+    obj = obj.reshape(k, s)
+    best = np.argmin(np.where(np.isfinite(obj), obj, np.inf), axis=1)
+    return x.reshape(k, s, 6)[np.arange(k), best], obj[np.arange(k), best]
+
+
+def _rows(frame: pd.DataFrame, config: str) -> pd.DataFrame:
     rows = check_frame(frame)[frame["config"] == config]
+    if rows.empty:
+        raise ValueError(f"ladder: no evaluations of {config!r}")
+    return rows
+
+
+def fit_law(frame: pd.DataFrame, config: str, *, delta: float = DELTA) -> Law:
+    """Quartet's law fitted on ``config``'s evaluations (Huber loss of log L with ``delta``; the
+    best of ``start_grid``'s starts)."""
+    rows = _rows(frame, config)
     if rows["params"].nunique() < 2 or rows["tokens"].nunique() < 2:
         raise ValueError(
             f"ladder: {config!r} needs at least two sizes and two budgets to fit a law "
             f"(has {rows['params'].nunique()} and {rows['tokens'].nunique()})"
         )
-    n = torch.tensor(rows["params"].to_numpy(float), dtype=torch.float64)
-    d = torch.tensor(rows["tokens"].to_numpy(float), dtype=torch.float64)
-    y = torch.log(torch.tensor(rows["val_loss"].to_numpy(float), dtype=torch.float64))
-
-    def objective(x: torch.Tensor) -> torch.Tensor:
-        return _huber(torch.log(_pred(_law_of(x), n, d)) - y, delta)
-
-    gen = np.random.default_rng(seed)
-    e0 = float(rows["val_loss"].min()) * 0.5
-    best: tuple[float, torch.Tensor] | None = None
-    for i in range(starts):
-        guess = {
-            "log_a": [2.0, 6.0, 10.0][i % 3],
-            "alpha": [0.3, 0.5][(i // 3) % 2],
-            "log_b": [2.0, 6.0, 10.0][(i // 6) % 3],
-            "beta": [0.3, 0.5][(i // 18) % 2],
-            "gamma": 1.0,
-            "log_e": math.log(max(e0, 1e-3)),
-        }
-        if i >= 18:  # random starts beyond the grid
-            guess = {k: float(gen.uniform(*BOUNDS[k])) for k in _NAMES}
-        x0 = torch.tensor([_unsquash(guess[k], *BOUNDS[k]) for k in _NAMES], dtype=torch.float64)
-        x, v = _minimize(objective, x0)
-        if best is None or v < best[0]:
-            best = (v, x)
-    assert best is not None
-    p = {k: float(t) for k, t in _law_of(best[1]).items()}
-    return Law(
-        a=math.exp(p["log_a"]),
-        alpha=p["alpha"],
-        b=math.exp(p["log_b"]),
-        beta=p["beta"],
-        gamma=p["gamma"],
-        e=math.exp(p["log_e"]),
+    y = rows["val_loss"].to_numpy(float)
+    x, _ = fit_laws(
+        rows["params"].to_numpy(float),
+        rows["tokens"].to_numpy(float),
+        y[None],
+        np.ones((1, len(y))),
+        start_grid(float(y.min())),
+        delta=delta,
     )
+    return laws_from_x(x).take(0)
+
+
+EFF_STARTS = ((1.0, 1.0), (0.5, 1.0), (1.0, 0.5), (0.5, 0.5), (2.0, 2.0), (0.1, 1.0))
+
+
+class _EffModel:
+    """log L of laws (arrays of K) at (N effN, D effD) and its Jacobian in the unbounded
+    efficiencies (K, 2); ``subset`` the same for some of the K problems."""
+
+    def __init__(self, cols: dict[str, np.ndarray], logn: np.ndarray, logd: np.ndarray):
+        self.cols, self.logn, self.logd = cols, logn, logd
+
+    def subset(self, rows: np.ndarray) -> _EffModel:
+        return _EffModel({f: v[rows] for f, v in self.cols.items()}, self.logn, self.logd)
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        col = self.cols
+        en, den = squash(x[:, 0], *EFF_BOUNDS)
+        ed, ded = squash(x[:, 1], *EFF_BOUNDS)
+        u = col["a"] * np.exp(-col["alpha"] * (self.logn + np.log(en)[:, None]))
+        v = col["b"] * np.exp(-col["beta"] * (self.logd + np.log(ed)[:, None]))
+        s = u + v
+        pw = s ** col["gamma"]
+        loss = pw + col["e"]
+        common = col["gamma"] * pw / s / loss
+        jac = np.stack(
+            [
+                common * u * -col["alpha"] * (den / en)[:, None],
+                common * v * -col["beta"] * (ded / ed)[:, None],
+            ],
+            axis=-1,
+        )
+        return np.log(loss), jac
+
+
+def fit_efficiencies(
+    law: Law,
+    params: np.ndarray,
+    tokens: np.ndarray,
+    loss: np.ndarray,
+    weights: ArrayLike,
+    *,
+    delta: float = DELTA,
+) -> np.ndarray:
+    """K fits of (effN, effD) at once, fit k under law k (``law``'s fields arrays of K, or one
+    law for all): observations as ``fit_laws``'. Returns (K, 2)."""
+    loss = np.atleast_2d(loss)
+    weights = np.broadcast_to(np.atleast_2d(weights), loss.shape)
+    k = loss.shape[0]
+    s = len(EFF_STARTS)
+    cols = {
+        f: np.repeat(np.broadcast_to(np.asarray(getattr(law, f), float), (k,)), s)[:, None]
+        for f in _FIELDS
+    }
+    model = _EffModel(cols, np.log(params), np.log(tokens))
+    x0 = np.array([[unsquash(a, *EFF_BOUNDS), unsquash(b, *EFF_BOUNDS)] for a, b in EFF_STARTS])
+    x, obj = solve(
+        model,
+        np.tile(x0, (k, 1)),
+        np.repeat(np.log(loss), s, axis=0),
+        np.repeat(weights, s, axis=0),
+        delta=delta,
+    )
+    obj = obj.reshape(k, s)
+    best = np.argmin(np.where(np.isfinite(obj), obj, np.inf), axis=1)
+    x = x.reshape(k, s, 2)[np.arange(k), best]
+    return np.stack([squash(x[:, 0], *EFF_BOUNDS)[0], squash(x[:, 1], *EFF_BOUNDS)[0]], axis=1)
 
 
 def fit_efficiency(
-    frame: pd.DataFrame, law: Law, config: str, *, delta: float = 1e-3
+    frame: pd.DataFrame, law: Law, config: str, *, delta: float = DELTA
 ) -> Efficiency:
     """``config``'s effN and effD with ``law`` held fixed (Huber loss of log L, several starts)."""
-    rows = check_frame(frame)[frame["config"] == config]
-    if rows.empty:
-        raise ValueError(f"ladder: no evaluations of {config!r}")
-    n = torch.tensor(rows["params"].to_numpy(float), dtype=torch.float64)
-    d = torch.tensor(rows["tokens"].to_numpy(float), dtype=torch.float64)
-    y = torch.log(torch.tensor(rows["val_loss"].to_numpy(float), dtype=torch.float64))
-    fixed = {
-        "log_a": torch.tensor(math.log(law.a), dtype=torch.float64),
-        "alpha": torch.tensor(law.alpha, dtype=torch.float64),
-        "log_b": torch.tensor(math.log(law.b), dtype=torch.float64),
-        "beta": torch.tensor(law.beta, dtype=torch.float64),
-        "gamma": torch.tensor(law.gamma, dtype=torch.float64),
-        "log_e": torch.tensor(math.log(law.e), dtype=torch.float64),
-    }
+    rows = _rows(frame, config)
+    y = rows["val_loss"].to_numpy(float)
+    eff = fit_efficiencies(
+        law,
+        rows["params"].to_numpy(float),
+        rows["tokens"].to_numpy(float),
+        y[None],
+        np.ones((1, len(y))),
+        delta=delta,
+    )
+    return Efficiency(config, float(eff[0, 0]), float(eff[0, 1]))
 
-    def objective(x: torch.Tensor) -> torch.Tensor:
-        eff = _squash(x, *EFF_BOUNDS)
-        return _huber(torch.log(_pred(fixed, n * eff[0], d * eff[1])) - y, delta)
 
-    best: tuple[float, torch.Tensor] | None = None
-    for en, ed in ((1.0, 1.0), (0.5, 1.0), (1.0, 0.5), (0.5, 0.5), (2.0, 2.0)):
-        x0 = torch.tensor(
-            [_unsquash(en, *EFF_BOUNDS), _unsquash(ed, *EFF_BOUNDS)], dtype=torch.float64
-        )
-        x, v = _minimize(objective, x0)
-        if best is None or v < best[0]:
-            best = (v, x)
-    assert best is not None
-    eff = _squash(best[1], *EFF_BOUNDS)
-    return Efficiency(config, float(eff[0]), float(eff[1]))
+def token_ratios(
+    law: Law, eff_n: ArrayLike, eff_d: ArrayLike, params: float, tokens: float
+) -> np.ndarray:
+    """``token_ratio`` for arrays of laws and efficiencies (elementwise)."""
+    have = law.a / params**law.alpha + law.b / tokens**law.beta
+    left = np.asarray(have - law.a / (params * np.asarray(eff_n)) ** law.alpha, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        need = (law.b / left) ** (1 / np.asarray(law.beta)) / np.asarray(eff_d)
+    return np.where(left > 0, need / tokens, np.inf)
 
 
 def token_ratio(law: Law, eff: Efficiency, params: float, tokens: float) -> float:
     """The tokens ``eff``'s configuration needs to reach the baseline's loss at (``params``,
     ``tokens``), over ``tokens``; ``inf`` when no budget reaches it (its effN leaves a loss floor
     above the baseline's)."""
-    have = law.a / params**law.alpha + law.b / tokens**law.beta
-    left = have - law.a / (params * eff.eff_n) ** law.alpha
-    if left <= 0:
-        return math.inf
-    need = (law.b / left) ** (1 / law.beta) / eff.eff_d
-    return need / tokens
-
-
-def rung_ratios(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Model-free: per configuration, rung N and seed, the configuration's largest budget D and the
-    baseline's tokens to reach its loss there, read off the baseline's budgets at that N (log-log
-    interpolation of its seed-mean curve); ``ratio`` = D / those tokens. ``censored``: the loss
-    lies outside what the baseline's budgets at that N cover (the ratio is then a bound: ``ratio``
-    holds the bound, ``side`` says which)."""
-    f = check_frame(frame)
-    out = []
-    for (cfg, n, seed), runs in f[f["config"] != baseline].groupby(["config", "params", "seed"]):
-        base = f[(f["config"] == baseline) & (f["params"] == n)]
-        if base.empty:
-            continue
-        curve = base.groupby("tokens")["val_loss"].mean().sort_index()
-        last = runs.loc[runs["tokens"].idxmax()]
-        logd, logl = np.log(curve.index.to_numpy(float)), np.log(curve.to_numpy(float))
-        target = math.log(float(last["val_loss"]))
-        side = ""
-        if target > logl.max():  # worse than the baseline's smallest budget: a cost above
-            at, side = logd.min(), "at least"
-        elif target < logl.min():  # better than its largest: a cost below
-            at, side = logd.max(), "at most"
-        else:
-            order = np.argsort(logl)
-            at = float(np.interp(target, logl[order], logd[order]))
-        ratio = float(last["tokens"]) / math.exp(at)
-        out.append(
-            {
-                "config": cfg,
-                "params": n,
-                "seed": seed,
-                "tokens": float(last["tokens"]),
-                "ratio": ratio,
-                "censored": bool(side),
-                "side": side,
-            }
-        )
-    return pd.DataFrame(
-        out, columns=["config", "params", "seed", "tokens", "ratio", "censored", "side"]
-    )
-
-
-def trend(ratios: pd.DataFrame, config: str) -> tuple[float, float]:
-    """(slope, its standard error) of log ratio against log N for ``config``'s uncensored rungs:
-    a cost that changes with scale has a slope away from 0."""
-    r = ratios[(ratios["config"] == config) & ~ratios["censored"]]
-    if r["params"].nunique() < 3:
-        return math.nan, math.nan
-    x, y = np.log(r["params"].to_numpy(float)), np.log(r["ratio"].to_numpy(float))
-    xm = x - x.mean()
-    slope = float((xm * (y - y.mean())).sum() / (xm**2).sum())
-    resid = y - y.mean() - slope * xm
-    se = math.sqrt(float((resid**2).sum()) / max(len(x) - 2, 1) / float((xm**2).sum()))
-    return slope, se
+    return float(token_ratios(law, eff.eff_n, eff.eff_d, params, tokens))
