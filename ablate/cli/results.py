@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -60,6 +61,7 @@ def report(
         ablate report studies/quickstart.yaml            # -> reports/quickstart/
         ablate report --tracking-uri http://mlflow:5000 --study mxfp4_wgrad -o out/
     """
+    from ablate.report.ladder import LadderResult
     from ablate.report.study import report_study
     from ablate.report.verdict import cost_and_speedup, verdict
     from ablate.spec import parse_study
@@ -86,6 +88,9 @@ def report(
     except AblateError as e:
         raise click.ClickException(str(e)) from None
     click.echo(rep.report_md)
+    if isinstance(rep, LadderResult):
+        _echo_ladder(rep)
+        return
     t = rep.config_table
     click.echo(f"target: val ppl {rep.target_ppl:.4g}", err=True)
     for r in t.to_dict("records"):
@@ -97,6 +102,21 @@ def report(
         click.echo(
             f"  {r['config']:40s} {reached:12s} {verdict(r)[0]:17s} tokens {cost:28s} "
             f"speedup {speed}",
+            err=True,
+        )
+
+
+def _echo_ladder(rep: Any) -> None:
+    """A ladder's prediction, one line per configuration (stderr)."""
+    rows = rep.table[rep.table["method"] == "quartet+trend"]
+    if rows.empty:
+        click.echo("ladder: no prediction (no ladder.predict, or no fit)", err=True)
+    for r in rows.to_dict("records"):
+        click.echo(
+            f"  {r['config']:40s} token ratio {r['token_ratio']:.3g} "
+            f"[{r['ratio_lo']:.3g}, {r['ratio_hi']:.3g}] at N*={r['target_params']:.3g}, "
+            f"D*={r['target_tokens']:.3g}; reachable: {r['reachable']}; "
+            f"back-test covered: {r['backtest_covered']}",
             err=True,
         )
 

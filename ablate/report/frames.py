@@ -49,6 +49,20 @@ def cell_row(
         "schedule_steps": c.config.train.schedule_end if c.extra_steps else math.nan,
         "tokens_per_s": tokens_per_s,
         **{k: env.get(k, "") for k in PROVENANCE},
+        **(_ladder(c) if c.rung else {}),
+    }
+
+
+def _ladder(cell: Cell) -> dict[str, Any]:
+    """A ladder cell's rung, its configuration across rungs, and its (N, D) for the fits."""
+    from ablate.model import non_embedding_params
+
+    t = cell.config.train
+    return {
+        "rung": cell.rung,
+        "ladder_config": cell.ladder_config,
+        "params": float(non_embedding_params(cell.config.model)),
+        "budget_tokens": float(t.schedule_end * t.tokens_per_step),
     }
 
 

@@ -85,11 +85,13 @@ def build_report(
     probe_settings: Mapping[str, Any] | None = None,
     titles: bool = True,
     mix_numerics: bool = False,
+    figures: Sequence[str] | None = None,
 ) -> ReportResult:
     """Compute tokens to target per cell and configuration, draw the figures and write the report.
 
     ``notes`` are the caller's own lines (e.g. runs still in progress), shown under the target;
-    ``titles`` False leaves the figures' titles out (a paper's captions carry them).
+    ``titles`` False leaves the figures' titles out (a paper's captions carry them); ``figures``
+    names the ones to draw (default: every one of ``FIGURES``).
     ``probes`` (the contract of ``report.probes``), when it has rows, adds the probe section.
     Runs of two numerics versions are refused (``provenance.check_numerics``) unless
     ``mix_numerics``, which notes them instead.
@@ -112,16 +114,21 @@ def build_report(
 
     data = plots.curves(cell_table, ev)
     t: dict[str, Any] = {"title": study, "titles": titles}
-    figures = {
-        "convergence": plots.plot_convergence(config_table, cell_table, data, target_ppl, **t),
-        "convergence_late": plots.plot_convergence(
+    draw = {
+        "convergence": lambda: plots.plot_convergence(
+            config_table, cell_table, data, target_ppl, **t
+        ),
+        "convergence_late": lambda: plots.plot_convergence(
             config_table, cell_table, data, target_ppl, late=LATE_FRACTION, **t
         ),
-        "token_cost": bars.plot_token_cost(config_table, **t),
-        "speedup": bars.plot_speedup(config_table, **t),
-        "equal_loss": plots.plot_equal_loss(config_table, equal_loss_curves(cell_table, ev), **t),
+        "token_cost": lambda: bars.plot_token_cost(config_table, **t),
+        "speedup": lambda: bars.plot_speedup(config_table, **t),
+        "equal_loss": lambda: plots.plot_equal_loss(
+            config_table, equal_loss_curves(cell_table, ev), **t
+        ),
     }
-    paths = {name: plots.save(fig, out, name) for name, fig in figures.items()}
+    wanted = FIGURES if figures is None else figures
+    paths = {name: plots.save(draw[name](), out, name) for name in FIGURES if name in wanted}
 
     summary_csv = out / "summary.csv"
     summary = config_table.assign(target_ppl=target_ppl)
@@ -360,7 +367,8 @@ def _blocks(
         ("h2", "Figures"),
     ]
     for name, caption in FIGURES.items():
-        blocks.append(("figure", (caption, paths[name]["png"], paths[name]["png"].name)))
+        if name in paths:
+            blocks.append(("figure", (caption, paths[name]["png"], paths[name]["png"].name)))
     blocks += [
         ("h2", "Runs"),
         ("table", _cell_rows(cell_table, config_table)),

@@ -15,6 +15,7 @@ import pandas as pd
 
 from ablate.errors import ReportError, TrackingError
 from ablate.report.frames import cell_row, cells_frame
+from ablate.report.ladder import LadderResult, build_ladder_report, ladder_metrics
 from ablate.report.render import ReportResult, build_report
 from ablate.report.run_metrics import config_summaries
 from ablate.tracking import StudyTracker, read_histories, study_status
@@ -82,7 +83,7 @@ def report_study(
     attach: bool = True,
     titles: bool = True,
     mix_numerics: bool = False,
-) -> ReportResult:
+) -> ReportResult | LadderResult:
     """Write the study's report (default ``reports/<study>/``) and attach it to the parent run;
     ``titles`` False leaves the figures' titles out; ``mix_numerics`` compares runs of two
     numerics versions (``build_report``)."""
@@ -110,6 +111,8 @@ def report_study(
         from ablate.tune.storage import tune_summary
 
         tuning = tune_summary(study)
+    if study.spec.ladder is not None:
+        return _report_ladder(study, cells, evals, out, notes, attach, titles, mix_numerics)
     probes = probe_frame(study, cells)
     result = build_report(
         cells,
@@ -133,6 +136,46 @@ def report_study(
             tracker.log_artifacts(parent, out, "report")
             names = {c.config_label: short_name(c, seed=False) for c in study.cells}
             tracker.log_metrics(parent, config_summaries(result.config_table, names), step=0)
+    return result
+
+
+def _report_ladder(
+    study: Study,
+    cells: pd.DataFrame,
+    evals: pd.DataFrame,
+    out: Path,
+    notes: list[str],
+    attach: bool,
+    titles: bool,
+    mix_numerics: bool,
+) -> LadderResult:
+    """A ladder study's report (``ablate.report.ladder``), attached to the parent run with the
+    prediction's figures as its metrics."""
+    ladder = study.spec.ladder
+    assert ladder is not None
+    predict = (ladder.predict.params, ladder.predict.tokens) if ladder.predict else None
+    result = build_ladder_report(
+        cells,
+        evals,
+        study.target,
+        study.spec.speedup,
+        out,
+        study=study.name,
+        predict=predict,
+        boot=ladder.boot,
+        seed=ladder.seed,
+        notes=notes,
+        titles=titles,
+        mix_numerics=mix_numerics,
+    )
+    if attach:
+        tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
+        for res in result.rungs.values():
+            _log_summaries(tracker, study, res)
+        parent = tracker.parent_run(study.text) if study.text else None
+        if parent is not None:
+            tracker.log_artifacts(parent, out, "report")
+            tracker.log_metrics(parent, ladder_metrics(result), step=0)
     return result
 
 

@@ -1,0 +1,115 @@
+"""A ladder study end to end, small but real: three explicit model sizes x two wsd budgets (each
+size's smaller budget a decay branch of its larger one), FP8 against MXFP4 wgrad, two seeds, on
+the in-process executor and a real MLflow store; ``ablate report`` then writes each rung's
+report, the ladder's prediction, back-test and figure, ``ladder.csv`` and the parent run's
+metrics; every run records the N the fits read. And what ``validate`` refuses of a ladder."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
+
+from ablate.cli import main
+from ablate.driver.runner import run_study
+from ablate.errors import SpecError
+from ablate.model import ModelConfig, non_embedding_params
+from ablate.report.ladder_predict import LADDER_COLUMNS
+from ablate.report.study import report_study
+from ablate.spec import parse_study
+
+SHAPES = {"model.dim": [32, 48, 64], "model.n_layers": [1, 2, 2], "model.ffn_dim": [64, 128, 192]}
+
+
+def raw(tmp_path: Path, **over) -> dict:
+    return {
+        "name": "mini-ladder",
+        "base": {
+            "device": "cpu",
+            "model": {"preset": "tiny", "n_heads": 2, "n_kv_heads": 1},
+            "data": {"val_tokens": 2048},
+            "train": {
+                "batch_size": 4, "seq_len": 32, "warmup_steps": 2, "eval_every": 4,
+                "eval_batches": 1, "schedule": "wsd", "decay_fraction": 0.25, "lr": 3e-3,
+            },
+            "base_format": "fp8",
+        },
+        "grid": {
+            "zip": SHAPES, "train.steps": [8, 16], "fp4_gemms": [[], ["wgrad"]], "seed": [0, 1],
+        },
+        "baseline": {"fp4_gemms": []},
+        "ladder": {"predict": {"params": 5e5, "tokens": 1e5}, "boot": 200},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        **over,
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_ladder_study_runs_and_reports_per_rung_with_a_prediction(tmp_path):
+    study = parse_study(raw(tmp_path), output=tmp_path / "out", text="# a ladder\n")
+    assert {c.rung for c in study.cells} == {
+        f"dim={d}/n_layers={n}/ffn_dim={f}/steps={s}"
+        for d, n, f in zip(*SHAPES.values(), strict=True)
+        for s in (8, 16)
+    }
+    assert {c.ladder_config for c in study.cells} == {"fp8", "mxfp4[wgrad]/fp8"}
+    res = run_study(study, executor="local", progress=False, stream=io.StringIO())
+    assert not res.failed and len(res.outcomes) == len(study.cells) == 24
+    # every run records the N the fits read
+    client = MlflowClient(study.tracking_uri)
+    for c in study.cells[:3]:
+        run = next(r for r in client.search_runs(
+            [client.get_experiment_by_name(study.experiment).experiment_id],
+            filter_string=f"tags.`ablate.key` = '{c.key}'",
+        ))  # fmt: skip
+        want = non_embedding_params(ModelConfig(**c.config.model.to_dict()))
+        assert int(run.data.params["model.n_params_non_embedding"]) == want
+    rep = report_study(study, tmp_path / "report")
+    assert len(rep.rungs) == 6
+    table = pd.read_csv(rep.ladder_csv)
+    assert list(table.columns) == list(LADDER_COLUMNS)
+    assert set(table["config"]) == {"mxfp4[wgrad]/fp8"}
+    assert set(table["method"]) >= {"quartet+trend", "quartet"}
+    md = rep.report_md.read_text()
+    assert "## Prediction at N* = 500k, D* = 100k" in md and "## Back-test" in md
+    assert (tmp_path / "report" / "token_ratio.png").is_file()
+    parent = client.search_runs(
+        [client.get_experiment_by_name(study.experiment).experiment_id],
+        filter_string="tags.`ablate.role` = 'study'",
+    )
+    assert parent and any(k.startswith("ladder.") for k in parent[0].data.metrics)
+
+
+@pytest.mark.parametrize(
+    ("over", "said"),
+    [
+        (
+            {"ladder": {"size": "model.heads"}},
+            "ladder.size: model.heads is not an axis of the grid",
+        ),
+        ({"baseline": None}, "ladder: compares each rung's configurations with its baseline"),
+        ({"ladder": {"budget": "train.lr"}}, "ladder.budget: train.lr is not an axis"),
+        ({"ladder": {"boot": 10}}, "ladder.boot"),
+        ({"ladder": {"predict": {"params": -1, "tokens": 1e9}}}, "ladder.predict.params"),
+        ({"baseline_extend": 0.5}, "ladder: a ladder reads each budget as trained to it"),
+    ],
+)
+def test_a_ladder_that_cannot_be_compared_is_refused_naming_the_field(tmp_path, over, said):
+    spec = raw(tmp_path, **over)
+    with pytest.raises(SpecError, match=r"(?s).*" + said.replace("(", r"\(").replace("*", r"\*")):
+        parse_study(spec, output=tmp_path / "out", check_files=False)
+
+
+def test_validate_refuses_a_ladder_with_one_size_exit_2(tmp_path):
+    spec = raw(tmp_path)
+    spec["grid"]["zip"] = {k: v[:1] for k, v in SHAPES.items()}
+    p = tmp_path / "one.yaml"
+    import yaml
+
+    p.write_text(yaml.safe_dump(spec))
+    out = CliRunner().invoke(main, ["validate", str(p)])
+    assert out.exit_code == 2 and "a ladder needs two sizes" in out.output
