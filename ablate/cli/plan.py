@@ -57,6 +57,14 @@ def _device_memory(ctx: click.Context, param: click.Parameter, value: str | None
     help="Memory of the device each cell trains on, e.g. 80GiB, 24GB, 512MiB (default: the "
     "visible GPU's, for cells that train on CUDA).",
 )
+@click.option(
+    "--gpu-tflops",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="TFLOPS",
+    help="Sustained TFLOP/s per GPU for the GPU-hours estimate (default 400: an H100's dense "
+    "BF16 at 40%).",
+)
 def plan(
     study_file: str,
     output: str | None,
@@ -67,6 +75,7 @@ def plan(
     tracking_uri: str | None,
     as_json: bool,
     device_memory: int | None,
+    gpu_tflops: float | None,
 ) -> None:
     """Show the expanded cells and what `run` would do to each: run, resume, skip, failed.
 
@@ -75,14 +84,17 @@ def plan(
     gradient buckets or FSDP's unsharded working set, +10% allowance; see ablate.train.memory),
     with a warning for those that exceed the device's memory: --device-memory, else the visible
     GPU's for cells that train on CUDA. Reads the study's MLflow store if there is one; creates
-    nothing.
+    nothing. And the compute of the cells to run: the FLOPs of the steps they train (decay
+    branches from their branch points) and the GPU-hours at --gpu-tflops sustained per GPU.
 
     \b
     Example:
         ablate plan studies/mxfp4_wgrad.yaml
         ablate plan study.yaml --device-memory 80GiB
+        ablate plan studies/ladder_8b.yaml --gpu-tflops 400
     """
     from ablate.driver import branching
+    from ablate.driver.compute import SUSTAINED_TFLOPS, compute
     from ablate.driver.planning import plan as plan_study
     from ablate.driver.planning import summarize
 
@@ -93,6 +105,8 @@ def plan(
     members, notes = branching.members(study), branching.notes(study, planned)
     by_key = {p.cell.key: p for p in planned}
     trained, budgets = branching.cost(study, planned)
+    cost = compute(study, planned)
+    tflops = gpu_tflops if gpu_tflops is not None else SUSTAINED_TFLOPS
     if as_json:
         rows = [
             {
@@ -115,7 +129,16 @@ def plan(
             }
             for p in planned
         ]
-        totals = {"steps_to_train": trained, "budget_steps": budgets}
+        totals = {
+            "steps_to_train": trained,
+            "budget_steps": budgets,
+            "compute": {
+                "tokens": cost.tokens,
+                "flops": cost.flops,
+                "gpu_tflops": tflops,
+                "gpu_hours": cost.gpu_hours(tflops),
+            },
+        }
         doc = {"study": study.name, "cells": rows, **totals}
         click.echo(json.dumps(doc, indent=2, default=str))
         _memory_warnings(mem, planned)
@@ -137,6 +160,11 @@ def plan(
             f"train {trained:,} steps (trunks, then each branch's decay), {budgets:,} without "
             "branches"
         )
+    click.echo(
+        f"compute: {cost.tokens:.3g} tokens, {cost.flops:.3g} FLOPs to train; "
+        f"{cost.gpu_hours(tflops):,.0f} GPU-hours at {tflops:g} TFLOP/s sustained per GPU "
+        "(--gpu-tflops; training only, as native GEMMs run it)"
+    )
     from ablate.train.memory import format_bytes
 
     click.echo("memory per device (estimate):")
