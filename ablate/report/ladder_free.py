@@ -49,30 +49,54 @@ def tokens_to_loss(tokens: np.ndarray, losses: np.ndarray, target: float) -> tup
     through the two budgets around the crossing and a third beside them (a parabola: a loss curve
     bends, and a straight line between budgets 2x apart errs by about 1%, by an amount that
     drifts with N), or straight where there are only two."""
+    need, side = tokens_to_loss_many(tokens, np.asarray(losses, float)[None], np.array([target]))
+    return float(need[0]), SIDES[int(side[0])]
+
+
+SIDES = {0: "", 1: "at least", -1: "at most"}
+"""``tokens_to_loss_many``'s sides: 0 measured, 1 at least, -1 at most."""
+
+
+def tokens_to_loss_many(
+    tokens: np.ndarray, losses: np.ndarray, targets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``tokens_to_loss`` for K curves over the same budgets at once: ``losses`` (K, B),
+    ``targets`` (K,) -> (tokens (K,), side (K,): 0 measured, 1 at least, -1 at most)."""
     order = np.argsort(tokens)
     raw = np.asarray(tokens, float)[order]
-    d, loss = np.log(raw), np.log(np.asarray(losses, float)[order])
-    t = math.log(target)
-    if loss[0] <= t:
-        return float(raw[0]), "at most"
-    for i in range(1, len(d)):
-        if loss[i] <= t:
-            f = (loss[i - 1] - t) / (loss[i - 1] - loss[i])
-            straight = d[i - 1] + f * (d[i] - d[i - 1])
-            return math.exp(_through_three(d, loss, i, t, straight)), ""
-    return float(raw[-1]), "at least"
-
-
-def _through_three(d: np.ndarray, loss: np.ndarray, i: int, t: float, straight: float) -> float:
-    """Where the parabola through the budgets i-1, i and a neighbour crosses ``t`` inside
-    [d[i-1], d[i]]; ``straight`` when there is no third budget or no such crossing (noise)."""
-    if len(d) < 3:
-        return straight
-    j = slice(i - 1, i + 2) if i + 1 < len(d) else slice(i - 2, i + 1)
-    c = np.polyfit(d[j], loss[j], 2)
-    roots = np.roots([c[0], c[1], c[2] - t])
-    inside = [float(r.real) for r in roots if abs(r.imag) < 1e-12 and d[i - 1] <= r.real <= d[i]]
-    return inside[0] if len(inside) == 1 else straight
+    d = np.log(raw)
+    y = np.log(np.asarray(losses, float)[:, order])
+    t = np.log(np.asarray(targets, float))
+    k, b = y.shape
+    below = y <= t[:, None]
+    first = np.where(below.any(axis=1), below.argmax(axis=1), b)  # first budget at or below
+    side = np.where(first == 0, -1, np.where(first == b, 1, 0))
+    need = np.where(first == 0, raw[0], raw[-1]).astype(float)
+    rows = np.flatnonzero(side == 0)
+    if rows.size:
+        i = first[rows]
+        y0, y1 = y[rows, i - 1], y[rows, i]
+        straight = d[i - 1] + (y0 - t[rows]) / (y0 - y1) * (d[i] - d[i - 1])
+        at = straight
+        if b >= 3:  # the parabola through i-1, i and a neighbour
+            lo = np.where(i + 1 < b, i - 1, i - 2)
+            x = np.stack([d[lo], d[lo + 1], d[lo + 2]], axis=1)
+            v = np.stack([y[rows, lo], y[rows, lo + 1], y[rows, lo + 2]], axis=1)
+            s01 = (v[:, 1] - v[:, 0]) / (x[:, 1] - x[:, 0])
+            s12 = (v[:, 2] - v[:, 1]) / (x[:, 2] - x[:, 1])
+            a2 = (s12 - s01) / (x[:, 2] - x[:, 0])
+            a1 = s01 - a2 * (x[:, 0] + x[:, 1])
+            a0 = v[:, 0] - a2 * x[:, 0] ** 2 - a1 * x[:, 0] - t[rows]
+            disc = a1**2 - 4 * a2 * a0
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r1 = (-a1 + np.sqrt(disc)) / (2 * a2)
+                r2 = (-a1 - np.sqrt(disc)) / (2 * a2)
+            left, right = d[i - 1], d[i]
+            in1 = np.isfinite(r1) & (r1 >= left) & (r1 <= right)
+            in2 = np.isfinite(r2) & (r2 >= left) & (r2 <= right)
+            at = np.where(in1 ^ in2, np.where(in1, r1, r2), straight)
+        need[rows] = np.exp(at)
+    return need, side
 
 
 def pair_ratios(

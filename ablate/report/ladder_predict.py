@@ -46,7 +46,7 @@ from ablate.report.ladder_fit import (
     start_grid,
     token_ratios,
 )
-from ablate.report.ladder_free import fit_trend, pair_ratios, reference_tokens, tokens_to_loss
+from ablate.report.ladder_free import fit_trend, pair_ratios, reference_tokens, tokens_to_loss_many
 from ablate.report.stats import t975
 
 BOOT = 1000
@@ -357,12 +357,9 @@ def _measured(
     for _, v in units:
         b = v[0][d.tokens[v[0]] == ref]
         c = v[g]
-        for k in range(log_y.shape[0]):
-            need, s = tokens_to_loss(
-                d.tokens[c], np.exp(log_y[k, c]), float(np.exp(log_y[k, b][0]))
-            )
-            logs[k] += math.log(need / ref)
-            side[k] = side[k] or (1 if s == "at least" else -1 if s == "at most" else 0)
+        need, s = tokens_to_loss_many(d.tokens[c], np.exp(log_y[:, c]), np.exp(log_y[:, b[0]]))
+        logs += np.log(need / ref)
+        side = np.where(side != 0, side, s)
     return np.exp(logs / max(len(units), 1)), side
 
 
