@@ -4,9 +4,12 @@ process), collect results as they finish, show progress. ``run_study`` is those 
 checks of ``ablate.driver.preflight``: ``plan_cells``, ``_launch``, ``_collect``.
 
 Ctrl-C cancels the cells in flight, marks them ``interrupted`` and leaves a study that the next
-``ablate run`` resumes. One driver per study at a time: a lock file in the output folder
-(``study_lock``) and, for drivers with other output folders on the same tracking store, the
-study's lock in the store (``open_study``, ``ablate.tracking.lock``).
+``ablate run`` resumes. A ``drain`` request (``ablate.slurm``: a job about to be requeued) stops
+them more gently: nothing more starts, the running cells checkpoint after their current step and
+end ``interrupted``, and the study returns ``interrupted`` once all have. One driver per study at
+a time: a lock file in the output folder (``study_lock``) and, for drivers with other output
+folders on the same tracking store, the study's lock in the store (``open_study``,
+``ablate.tracking.lock``).
 """
 
 from __future__ import annotations
@@ -212,12 +215,15 @@ def run_study(
     stop_after: int | None = None,
     on_outcome: Callable[[Cell, Outcome], None] | None = None,
     wait_warning_s: float = WAIT_WARN_S,
+    drain: Callable[[], str] | None = None,
 ) -> StudyResult:
-    """Run every cell that needs it (see the module docstring); returns when all have ended or on
-    Ctrl-C (``interrupted``). Nothing finished is ever rerun or overwritten. On Ray, a cell that
-    the cluster has not started ``wait_warning_s`` after it was submitted, and that the study's
-    own running cells do not hold up, is reported, again every five times that long (at most every
-    ``WAIT_REPEAT_S``) while it waits (0: never; ``progress.WaitWatch``)."""
+    """Run every cell that needs it (see the module docstring); returns when all have ended, on
+    Ctrl-C (``interrupted``), or once the cells in flight have stopped after ``drain`` (asked every
+    second) said why they must (``interrupted``, unless every cell ended anyway). Nothing finished
+    is ever rerun or overwritten. On Ray, a cell that the cluster has not started
+    ``wait_warning_s`` after it was submitted, and that the study's own running cells do not hold
+    up, is reported, again every five times that long (at most every ``WAIT_REPEAT_S``) while it
+    waits (0: never; ``progress.WaitWatch``)."""
     out = stream or sys.stderr
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
     prepare_study(study, out=out)  # tokenizes each data configuration once, records nothing
@@ -248,7 +254,7 @@ def run_study(
             _launch(study, tracker, parent, ex, result, stop_after)
             _collect(
                 study, tracker, ex, result, out, progress=progress, on_outcome=on_outcome,
-                wait_warning_s=wait_warning_s,
+                wait_warning_s=wait_warning_s, drain=drain,
             )  # fmt: skip
             ended = (
                 "interrupted" if result.interrupted else "failed" if result.failed else "finished"
@@ -311,10 +317,11 @@ def _collect(
     progress: bool,
     on_outcome: Callable[[Cell, Outcome], None] | None,
     wait_warning_s: float = 0,
+    drain: Callable[[], str] | None = None,
 ) -> None:
     """Record each outcome as it arrives, with a live progress line and a line about cells that
     wait longer than ``wait_warning_s`` for resources that the study's own cells do not hold
-    (``wait_watch``); Ctrl-C cancels the rest."""
+    (``wait_watch``); Ctrl-C cancels the rest, ``drain`` stops them (``_Drain``)."""
     by_key = {c.key: c for c in study.cells}
     cells = {k: CellProgress(by_key[k].label, by_key[k].config.train.steps) for k in result.run_ids}
     prog = Progress(tracker, cells, result.run_ids, stream=out)
@@ -324,8 +331,9 @@ def _collect(
     watch = wait_watch(study, ex, wait_warning_s)
     with _ctrl_c_noted() as ctrl_c:
         _collect_outcomes(
-            ex, tracker, result, prog, out, by_key, progress, on_outcome, ctrl_c, watch
-        )
+            ex, tracker, result, prog, out, by_key, progress, on_outcome, ctrl_c, watch,
+            _Drain(drain, ex, out),
+        )  # fmt: skip
 
 
 def wait_watch(study: Study, ex: Executor, after_s: float) -> WaitWatch | None:
@@ -340,6 +348,22 @@ def wait_watch(study: Study, ex: Executor, after_s: float) -> WaitWatch | None:
     labels = {c.key: c.label for c in study.cells}
     every = min(WAIT_REPEAT_S, 5 * after_s)
     return WaitWatch(ex.dispatched, labels, ex.started, ex.resources, ask, asks, after_s, every)
+
+
+class _Drain:
+    """Asks ``request`` (after each wait) whether the cells must stop; the first reason it gives
+    stops them (``Executor.stop_running``) and is kept."""
+
+    def __init__(self, request: Callable[[], str] | None, ex: Executor, out: IO[str]) -> None:
+        self.request, self.ex, self.out = request, ex, out
+        self.why = ""
+
+    def check(self) -> None:
+        if self.why or self.request is None or not (why := self.request()):
+            return
+        self.why = why
+        print(f"\nstopping: {why}: the running cells checkpoint and stop", file=self.out)
+        self.ex.stop_running()
 
 
 @contextlib.contextmanager
@@ -379,12 +403,14 @@ def _collect_outcomes(
     on_outcome: Callable[[Cell, Outcome], None] | None,
     ctrl_c: list[bool],
     watch: WaitWatch | None,
+    drain: _Drain,
 ) -> None:
     live = progress and bool(result.run_ids)
     try:
         while len(ex):
             if ctrl_c:
                 raise KeyboardInterrupt
+            drain.check()
             if watch is not None and (line := watch.check(result.outcomes)):
                 print(line, file=out)
             for o in ex.wait(1.0):
@@ -395,6 +421,19 @@ def _collect_outcomes(
                     print(_outcome_line(by_key[o.key], o, prog), file=out)
                 if on_outcome is not None:
                     on_outcome(by_key[o.key], o)
+        if drain.why:
+            for key, rid in result.run_ids.items():  # queued, never handed out
+                if key not in result.outcomes:
+                    tracker.set_status(rid, "interrupted", {"by": drain.why})
+            result.interrupted = any(
+                key not in result.outcomes or result.outcomes[key].status == "interrupted"
+                for key in result.run_ids
+            )
+            print(
+                f"stopped ({drain.why}): {len(result.outcomes)} cells ended this time; the rest "
+                "resume from their checkpoints when the study runs again",
+                file=out,
+            )
     except KeyboardInterrupt:
         result.interrupted = True
         ex.cancel_all()

@@ -67,6 +67,11 @@ class CellRun:
         """Training throughput recorded when the run ended (NaN before)."""
         return vocab.number(self.tags, vocab.TOKENS_PER_S)
 
+    @property
+    def node(self) -> str:
+        """The SLURM node that trained it last ("" outside SLURM)."""
+        return self.tags.get(vocab.NODE, "")
+
 
 def latest_points(run: Run) -> dict[str, tuple[int, float]]:
     """metric -> (step, value) of its latest point. MLflow keeps each metric's value at its highest

@@ -13,7 +13,8 @@ A study's experiment holds three roles of run, told apart by the tag ``ablate.ro
 
 Every run has ``ablate.status`` (``STATUSES``) and, once it ends, details as ``ablate.<detail>``:
 ``steps``, ``wall_time_s``, ``tokens_per_s``, ``reason``, ``diverged_at``, ``traceback``, ``host``,
-``pid``, ``resumed_from``; a trial also ``tune_state`` and ``value``; the parent ``cells``, ``failed``,
+``pid``, ``resumed_from``, on SLURM ``node`` and ``slurm_job`` (the node and job of the attempt that
+trained it last); a trial also ``tune_state`` and ``value``; the parent ``cells``, ``failed``,
 ``tune_status`` and ``tune_trials``. Readers get these through ``CellRun``'s typed fields, never by
 spelling a tag.
 
@@ -45,6 +46,7 @@ STATUS = PREFIX + "status"
 REASON = PREFIX + "reason"
 DIVERGED_AT = PREFIX + "diverged_at"
 TOKENS_PER_S = PREFIX + "tokens_per_s"
+NODE = PREFIX + "node"  # the SLURM node that trained the run last (``slurm_place`` in the worker)
 DRIVER = PREFIX + "driver."  # experiment tags: ablate.driver.<lock>.<holder id> (driver_tag)
 ENV = "env."  # provenance: env.<name> (ablate.train.provenance), and env.<name>.resumed
 PARENT = "mlflow.parentRunId"  # MLflow's own: the UI nests child runs under it
