@@ -129,7 +129,7 @@ class SlurmRun:
 
 
 def _say(out: IO[str], msg: str) -> None:
-    print(f"slurm: {time.strftime('%H:%M:%S')} {msg}", file=out, flush=True)
+    print(f"slurm: {time.strftime('%Y-%m-%dT%H:%M:%S')} {msg}", file=out, flush=True)
 
 
 @contextlib.contextmanager
@@ -169,26 +169,34 @@ def _sqlite(study: Study) -> Path | None:
 @contextlib.contextmanager
 def _serve(study: Study, job_dir: Path, host: str, port: int) -> Iterator[TrackingServer]:
     """The study's SQLite store served by the job's own MLflow server on this node, for cells on
-    several nodes: created here first, with its experiment and the artifacts in the output folder,
-    then served under ``supervise`` (so that it outlives SLURM's SIGTERM until the cells have
-    checkpointed, and none of its processes outlives the job)."""
-    from ablate.tracking import StudyTracker, prepare_store
+    several nodes, under ``supervise`` (so that it outlives SLURM's SIGTERM until the cells have
+    checkpointed, and none of its processes outlives the job). The server creates a new store
+    itself; ``_experiment`` then creates the study's experiment through it."""
     from ablate.tracking.server import TrackingServer
 
-    uri = study.tracking_uri
-    prepare_store(uri, study.output_dir)  # the driver, before the server and any worker
-    artifacts = study.output_dir / "artifacts"
-    StudyTracker(uri, study.name, experiment=study.experiment, artifact_root=artifacts)
     server = TrackingServer(
-        uri, host=host, port=port, artifacts_destination=artifacts,
-        log=job_dir / "mlflow-server.log", preexec=shielded,
+        study.tracking_uri, host=host, port=port,
+        artifacts_destination=study.output_dir / "artifacts", log=job_dir / "mlflow-server.log",
+        preexec=shielded,
         wrap=[sys.executable, "-m", "ablate.slurm.supervise", "--grace", "5", "--"],
     )  # fmt: skip
+    study.output_dir.mkdir(parents=True, exist_ok=True)
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+def _experiment(study: Study, server: TrackingServer) -> None:
+    """The study's experiment, created through the server if new, with its artifacts in the output
+    folder (a file location every node reaches), not the server's ``mlflow-artifacts:/``: so that
+    ``ablate report`` and ``ablate ui`` read the same store from the login node afterwards, with no
+    server."""
+    from ablate.tracking import StudyTracker
+
+    artifacts = study.output_dir / "artifacts"
+    StudyTracker(server.url, study.name, experiment=study.experiment, artifact_root=artifacts)
 
 
 def run_on_allocation(
@@ -269,6 +277,7 @@ def run_on_allocation(
         )
         if server is not None:
             server.wait(start_timeout)
+            _experiment(study, server)
             study.spec.tracking.uri = server.url
             _say(
                 out, f"MLflow server {server.url} on {server.store} ({time.monotonic() - t0:.1f} s)"
