@@ -6,6 +6,8 @@ by hand, would collide) and refuses with exit status ``REFUSED`` naming them; th
 start --block`` with the job's ports, temporary folder, token and this node's CPUs and GPUs under
 ``supervise`` (SIGTERM blocked, so that the cells outlive SLURM's signal until the driver has let
 them checkpoint; SIGINT, from the driver, stops it), and removes the temporary folder at the end.
+A worker node also stops once the head's Ray is gone, and starts its Ray again (``STARTS``) when
+it fails while the head is there.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from pathlib import Path
 from ablate.slurm.allocation import SlurmError, read_allocation
 from ablate.slurm.ports import REFUSED, JobPorts, ports_taken, temp_dir
 from ablate.slurm.supervise import supervise
+
+STARTS = 3
+"""How often a worker node starts its Ray before it gives up."""
 
 
 def ray_command(
@@ -121,10 +126,17 @@ def main(argv: list[str] | None = None) -> int:
         # other effect (a worker node refuses to start) does not concern the head.
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     try:
-        return supervise(
-            cmd, env=env, grace=0, say=lambda m: _say(node, m),
-            until=_head_gone(args.head) if args.role == "worker" else None,
-        )  # fmt: skip
+        for attempt in range(1, STARTS + 1):
+            until = _head_gone(args.head) if args.role == "worker" else None
+            code = supervise(cmd, env=env, grace=0, say=lambda m: _say(node, m), until=until)
+            # a worker node whose Ray gave up (``ray start`` allows a node 30 s to register,
+            # which a loaded machine can miss) starts again while the head is there; the head's
+            # failure is the driver's to report
+            if code == 0 or args.role == "head" or attempt == STARTS or (until and until()):
+                return code
+            _say(node, f"Ray ended with status {code}; starting it again ({attempt + 1}/{STARTS})")
+            shutil.rmtree(temp, ignore_errors=True)
+        return code
     finally:
         shutil.rmtree(temp, ignore_errors=True)
         _say(node, "Ray stopped")

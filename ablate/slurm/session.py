@@ -1,16 +1,17 @@
 """``ablate slurm run``: a study on the allocation this process runs in, from the first node.
 
-In order, each step refusing (``SlurmError``, exit status 2) before anything starts:
+In order, the first two refusing (``SlurmError``, exit status 2) before anything starts:
 
 1. the allocation (``allocation.read_allocation``) must fit the study: a cell's ``resources.cpus``
    and ``resources.gpus`` on some node (its workers on the nodes together), and the study's own
    checks (``driver.preflight``: GPUs, devices, memory, the hub);
 2. the job's ports must be free on this node (another job's Ray or MLflow would collide), and the
    study's SQLite store must not be in use by another job (``StoreLock``);
-3. then it starts: on several nodes the study's SQLite store is created here and served by the
-   job's own MLflow server on this node (``tracking.server``; ``_serve``), Ray's head here
-   and a Ray node on every other node (``ray_nodes``) with a token made for the job, the study runs
-   on them (``driver.runner``), and everything stops at the end, on a failure and on a signal.
+3. the study planned against its store: with nothing left to run it starts nothing (the report);
+4. ``_start``: on several nodes the study's SQLite store served by the job's own MLflow server on
+   this node (``tracking.server``; ``_serve``), Ray's head here and a Ray node on every other node
+   (``ray_nodes``) with a token made for the job; the study runs on them (``driver.runner``), and
+   everything stops at the end, on a failure and on a signal.
 
 On SIGUSR1 (the time limit nears) or SIGTERM (requeue, preemption, scancel) the running cells
 checkpoint after their current step and end ``interrupted`` (``signals``); the study returns
@@ -199,6 +200,74 @@ def _experiment(study: Study, server: TrackingServer) -> None:
     StudyTracker(server.url, study.name, experiment=study.experiment, artifact_root=artifacts)
 
 
+def _refuse_early(study: Study, alloc: Allocation) -> JobPorts:
+    """Steps 1 and 2 of the module docstring but the store's lock; the job's ports."""
+    if alloc.this_node != alloc.head:
+        raise SlurmError(
+            f"this process runs on {alloc.this_node or 'no node of the job'}, not on the job's "
+            f"first node {alloc.head}, where Ray's head and the driver go (run it from the batch "
+            "script, or in salloc through `ablate slurm run`, which moves itself there)"
+        )
+    check_fits(study, alloc)
+    check_study(study, alloc)
+    ports = JobPorts(alloc.job_id)
+    taken = ports_taken(ports.named(head=True, mlflow=len(alloc.nodes) > 1))  # 1 node: no server
+    if taken:
+        raise SlurmError(
+            f"node {alloc.head}: {'; '.join(taken[:4])}: another job's Ray or MLflow on this node "
+            f"(or one started by hand) uses job {alloc.job_id}'s {ports.describe()}; stop it, or "
+            "run the study in another job"
+        )
+    return ports
+
+
+def _start(
+    stack: contextlib.ExitStack,
+    study: Study,
+    alloc: Allocation,
+    ray: JobRay,
+    signals: StopSignals,
+    *,
+    serve: bool,
+    object_store_mb: int,
+    start_timeout: float,
+    out: IO[str],
+) -> None:
+    """Ray on every node and, with ``serve``, the job's MLflow server (the study's URI pointed at
+    it), connected; each stopped by ``stack`` when it unwinds."""
+    from ablate.executor.cluster import connect, disconnect, wait_for_nodes
+
+    t0 = time.monotonic()
+    job_dir = ray.job_dir
+    stack.callback(_say, out, "Ray and the job's processes stopped")
+    stack.enter_context(_job_token(job_dir))
+    stack.callback(ray.stop)
+    ray.start_head()  # it takes a while: the store's server meanwhile
+    server = None
+    if serve:  # several nodes on a SQLite store: the job's own server (_serve says why)
+        server = stack.enter_context(
+            _serve(study, job_dir, ray.addresses[alloc.head], ray.ports.mlflow)
+        )
+    ray.start_nodes()
+
+    def check() -> None:
+        ray.check()
+        if signals.reason():
+            raise Stopped(f"stopped while starting: {signals.reason()}")
+
+    stack.callback(disconnect)
+    connect(ray.address, num_cpus=None, object_store_mb=object_store_mb, dashboard=False)
+    signals.install()  # over the SIGTERM handler ray.init put in place
+    wait_for_nodes(len(alloc.nodes), start_timeout, check)
+    _say(out, f"Ray on {len(alloc.nodes)} node(s) at {ray.address} ({time.monotonic() - t0:.1f} s)")
+    if server is not None:
+        server.wait(start_timeout)
+        _experiment(study, server)
+        study.spec.tracking.uri = server.url
+        _say(out, f"MLflow server {server.url} on {server.store} ({time.monotonic() - t0:.1f} s)")
+    check()
+
+
 def run_on_allocation(
     study: Study,
     alloc: Allocation,
@@ -214,75 +283,33 @@ def run_on_allocation(
     """Run ``study`` on the allocation (see the module docstring); raises ``SlurmError`` (or
     another ``CannotRunError``) before anything starts, ``AblateError`` for a failure after."""
     from ablate.driver.runner import run_study
-    from ablate.executor.cluster import connect, disconnect, wait_for_nodes
 
     out = out or sys.stderr
     t0 = time.monotonic()
-    if alloc.this_node != alloc.head:
-        raise SlurmError(
-            f"this process runs on {alloc.this_node or 'no node of the job'}, not on the job's "
-            f"first node {alloc.head}, where Ray's head and the driver go (run it from the batch "
-            "script, or in salloc through `ablate slurm run`, which moves itself there)"
-        )
-    check_fits(study, alloc)
-    check_study(study, alloc)
-    ports = JobPorts(alloc.job_id)
+    _refuse_early(study, alloc)
     multi = len(alloc.nodes) > 1
-    taken = ports_taken(ports.named(head=True, mlflow=multi))  # one node: no server
-    if taken:
-        raise SlurmError(
-            f"node {alloc.head}: {'; '.join(taken[:4])}: another job's Ray or MLflow on this node "
-            f"(or one started by hand) uses job {alloc.job_id}'s {ports.describe()}; stop it, or "
-            "run the study in another job"
-        )
-    _say(out, f"{alloc.describe()}; {ports.describe()}")
+    _say(out, f"{alloc.describe()}; {JobPorts(alloc.job_id).describe()}")
     job_dir = study.output_dir / "slurm" / f"job-{alloc.job_id}"
     job_dir.mkdir(parents=True, exist_ok=True)
     os.environ.pop("RAY_ADDRESS", None)  # the job's Ray, named explicitly below
-    ray = JobRay(
-        alloc, job_dir, object_store_mb=object_store_mb, dashboard=study.spec.resources.workers > 1
-    )
     result = SlurmRun()
     given = study.spec.tracking.uri
     with contextlib.ExitStack() as stack, StopSignals() as signals:
         stack.callback(setattr, study.spec.tracking, "uri", given)
-        stack.callback(_say, out, "Ray and the job's processes stopped")
         db = _sqlite(study)
         if db is not None:  # one job at a time on a SQLite store, however many nodes it has
-            stack.enter_context(
-                StoreLock(db, f"job {alloc.job_id} on {alloc.head} ({socket.gethostname()})")
-            )
-        stack.enter_context(_job_token(job_dir))
-        stack.callback(ray.stop)
-        ray.start_head()  # it takes a while: the store and its server meanwhile
-        server = None
-        if db is not None and multi:  # several nodes: the job's own server (_serve says why)
-            server = stack.enter_context(
-                _serve(study, job_dir, ray.addresses[alloc.head], ports.mlflow)
-            )
-        ray.start_nodes()
-
-        def check() -> None:
-            ray.check()
-            if signals.reason():
-                raise Stopped(f"stopped while starting: {signals.reason()}")
-
-        stack.callback(disconnect)
-        connect(ray.address, num_cpus=None, object_store_mb=object_store_mb, dashboard=False)
-        signals.install()  # over the SIGTERM handler ray.init put in place
-        wait_for_nodes(len(alloc.nodes), start_timeout, check)
-        _say(
-            out,
-            f"Ray on {len(alloc.nodes)} node(s) at {ray.address} ({time.monotonic() - t0:.1f} s)",
-        )
-        if server is not None:
-            server.wait(start_timeout)
-            _experiment(study, server)
-            study.spec.tracking.uri = server.url
-            _say(
-                out, f"MLflow server {server.url} on {server.store} ({time.monotonic() - t0:.1f} s)"
-            )
-        check()
+            holder = f"job {alloc.job_id} on {alloc.head} ({socket.gethostname()})"
+            stack.enter_context(StoreLock(db, holder))
+        if not _anything_to_run(study, rerun_failed, result, out):
+            if report:
+                result.report = _report(study, out)
+            return result
+        workers = study.spec.resources.workers
+        ray = JobRay(alloc, job_dir, object_store_mb=object_store_mb, dashboard=workers > 1)
+        _start(
+            stack, study, alloc, ray, signals, serve=db is not None and multi,
+            object_store_mb=object_store_mb, start_timeout=start_timeout, out=out,
+        )  # fmt: skip
         result.ready_s = time.monotonic() - t0
         # on one node the study runs as on one machine (this process is connected to the job's
         # Ray already): its checks of this machine's CPUs, devices and memory, a SQLite store
@@ -304,6 +331,19 @@ def run_on_allocation(
         if report and not res.interrupted:
             result.report = _report(study, out)
     return result
+
+
+def _anything_to_run(study: Study, rerun_failed: bool, result: SlurmRun, out: IO[str]) -> bool:
+    """Whether any cell needs to run (planned against the store, read only: this job holds it);
+    a job with nothing left (a requeued one whose study ended) starts no Ray at all."""
+    from ablate.driver.planning import TO_RUN, plan
+
+    planned = plan(study, rerun_failed=rerun_failed)
+    if any(p.action in TO_RUN for p in planned):
+        return True
+    result.left_failed = sum(p.action == "failed" for p in planned)
+    _say(out, f"nothing to run: the study's {len(planned)} cells have ended; Ray not started")
+    return False
 
 
 def _report(study: Study, out: IO[str]) -> str:

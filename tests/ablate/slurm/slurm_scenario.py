@@ -134,7 +134,8 @@ def _reference(root: Path, study_file: Path) -> dict[str, Any]:
 
 
 def _refusals(root: Path, env: dict[str, str]) -> dict[str, subprocess.Popen[str]]:
-    """The refusals, started at once (each its own small SLURM job on n1)."""
+    """The refusals, started at once (each its own small SLURM job on n1), and a job with nothing
+    left to run (after ``_reference``)."""
     big = root / "big.yaml"
     big.write_text(STUDY.replace("device: cpu", "device: cpu\nresources: {cpus: 5}"))
     small = root / "study.yaml"
@@ -153,6 +154,9 @@ def _refusals(root: Path, env: dict[str, str]) -> dict[str, subprocess.Popen[str
         # salloc's shell runs here, outside the nodes: the command moves to n1 (srun) and refuses
         "from salloc": ["salloc", "-N1", "-w", "n1", *py.split(), "slurm", "run", str(big), "-o",
                         str(root / "refused-c")],
+        # not a refusal: the reference's store, every cell finished: no Ray is started
+        "nothing to run": ["srun", "-N1", "-w", "n1", *py.split(), "slurm", "run", str(small),
+                           "-o", str(root / "reference"), "--no-report"],
     }  # fmt: skip
     return {
         name: subprocess.Popen(

@@ -156,3 +156,10 @@ def test_the_two_node_job_ends_with_the_report(scenario):
 def test_slurm_run_refuses_before_anything_starts(scenario, case, says):
     code, out = scenario.refusals[case]
     assert code == 2 and says in out, out[-3000:]
+
+
+def test_a_job_with_nothing_left_to_run_starts_no_ray(scenario):
+    code, out = scenario.refusals["nothing to run"]
+    assert code == 0, out[-3000:]
+    assert "nothing to run: the study's 2 cells have ended; Ray not started" in out
+    assert "Ray on" not in out
