@@ -31,6 +31,12 @@ if TYPE_CHECKING:
 
 INTERRUPTED = 130
 """``ablate slurm run``'s exit status when its cells stopped at a checkpoint to resume later."""
+EARLY_S = 60
+"""How early SLURM may send ``--signal`` (its timer looks every 30 s; its manual says 60)."""
+WORK_S = 300
+"""The least time a job must have between its start and the earliest signal: its start-up (Ray,
+the server, the cells' own start: one to two minutes on a loaded 2-core machine) and some
+training. A shorter one requeues forever, a step at a time (seen with --time 3, lead 100)."""
 
 _TIME = re.compile(
     r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
@@ -89,10 +95,14 @@ def check_submission(study: Study, sub: Submission) -> int:
     """Refuse a submission whose shape cannot run the study (``SlurmError`` naming the option);
     returns the CPUs per node it asks for."""
     limit = parse_time(sub.time)
-    if limit is not None and sub.signal_lead >= limit:
+    if limit is not None and limit - sub.signal_lead - EARLY_S < WORK_S:
         raise SlurmError(
-            f"--signal-lead {sub.signal_lead}: the signal to checkpoint would come before the job "
-            f"starts (--time {sub.time} is {limit} s); lower --signal-lead or raise --time"
+            f"--time {sub.time} ({limit} s) with --signal-lead {sub.signal_lead}: SLURM may send "
+            f"the signal {EARLY_S} s early, {max(0, limit - sub.signal_lead - EARLY_S)} s after "
+            f"the job starts, and every attempt would stop before its cells have trained (a job "
+            f"takes a minute or two to start Ray and its cells) and be requeued again; give it at "
+            f"least {WORK_S} s: --time {math.ceil((sub.signal_lead + EARLY_S + WORK_S) / 60)} "
+            "(minutes) or more, or a shorter --signal-lead"
         )
     cpus = sub.cpus_per_node or default_cpus(study, sub.gpus_per_node)
     nodes = tuple(f"node{i}" for i in range(sub.nodes))

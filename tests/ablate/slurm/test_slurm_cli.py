@@ -88,7 +88,8 @@ def test_the_cpus_per_node_follow_the_cells_and_gpus(tmp_path):
     "extra, says",
     [
         (["--time", "forever"], "--time 'forever': not a SLURM time limit"),
-        (["--time", "5", "--signal-lead", "300"], "--signal-lead 300: the signal to checkpoint"),
+        (["--time", "5", "--signal-lead", "300"], "--time 5 (300 s) with --signal-lead 300"),
+        (["--time", "3", "--signal-lead", "100"], "every attempt would stop before its cells"),
         (["--time", "30", "--cpus-per-node", "1", "--sbatch-arg=-c"], None),
     ],
 )
