@@ -14,7 +14,10 @@
   concept goes into a new module;
 - no module imports another module's underscore names, nor reads them through the module
   (``from m import _x``, ``m._x``): what two modules share is public in one of them;
-- ``ablate/``'s root holds at most ``MAX_ROOT_MODULES`` modules: the rest live in the rooms.
+- ``ablate/``'s root holds at most ``MAX_ROOT_MODULES`` modules: the rest live in the rooms;
+- what ``ablate.slurm`` runs on every node of a job (``on_node``, ``supervise``) imports only its
+  light neighbours: it starts in milliseconds, and neither Ray nor MLflow is imported by
+  ``ablate.slurm`` at all (they run there as programs).
 
 Every check reads the source with ``ast``: a deferred import inside a function counts the same.
 """
@@ -348,3 +351,34 @@ def test_the_private_name_check_finds_both_forms(tmp_path):
 def test_the_root_of_ablate_holds_a_handful_of_modules():
     root = sorted(p.name for p in (ROOT / "ablate").glob("*.py") if p.name != "__init__.py")
     assert len(root) <= MAX_ROOT_MODULES, f"ablate/ holds {root}: move them into their rooms"
+
+
+# what runs on each node of a SLURM job: the modules its import may load
+SLURM_NODE_ENTRY = ("ablate.slurm.on_node", "ablate.slurm.supervise")
+SLURM_NODE_LIGHT = {
+    "ablate",
+    "ablate.errors",
+    "ablate.slurm",
+    "ablate.slurm.allocation",
+    "ablate.slurm.ports",
+    "ablate.slurm.supervise",
+    "ablate.slurm.on_node",
+}
+
+
+def test_what_runs_on_each_slurm_node_imports_only_light_modules():
+    graph = import_graph(type_checking=False)
+    seen: set[str] = set()
+    todo = list(SLURM_NODE_ENTRY)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph[m])
+    assert seen <= SLURM_NODE_LIGHT, (
+        f"a node's supervisor imports {sorted(seen - SLURM_NODE_LIGHT)}"
+    )
+    for path in (ROOT / "ablate" / "slurm").rglob("*.py"):
+        libs = _imports(path) & {"ray", "mlflow", "torch"}
+        heavy = {"ray", "mlflow"} | ({"torch"} if _module_name(path) in SLURM_NODE_LIGHT else set())
+        assert not libs & heavy, f"{path.relative_to(ROOT)} imports {sorted(libs & heavy)}"

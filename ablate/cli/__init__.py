@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from ablate import __version__
-from ablate.cli import data, export, plan, probe, recipe, results, study
+from ablate.cli import data, export, plan, probe, recipe, results, slurm, study
 
 
 @click.group()
@@ -33,5 +33,6 @@ for command in (
     results.tune,
     probe.probe,
     export.export,
+    slurm.slurm,
 ):
     main.add_command(command)

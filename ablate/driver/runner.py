@@ -6,9 +6,12 @@ budgets (``ablate.driver.branching``) runs its trunk first; each decay branch st
 trunk has saved its branch checkpoint (or ended), families in parallel with each other.
 
 Ctrl-C cancels the cells in flight, marks them ``interrupted`` and leaves a study that the next
-``ablate run`` resumes. One driver per study at a time: a lock file in the output folder
-(``study_lock``) and, for drivers with other output folders on the same tracking store, the
-study's lock in the store (``open_study``, ``ablate.tracking.lock``).
+``ablate run`` resumes. A ``drain`` request (``ablate.slurm``: a job about to be requeued) stops
+them more gently: nothing more starts, the running cells checkpoint after their current step and
+end ``interrupted``, and the study returns ``interrupted`` once all have. One driver per study at
+a time: a lock file in the output folder (``study_lock``) and, for drivers with other output
+folders on the same tracking store, the study's lock in the store (``open_study``,
+``ablate.tracking.lock``).
 """
 
 from __future__ import annotations
@@ -223,14 +226,16 @@ def run_study(
     on_outcome: Callable[[Cell, Outcome], None] | None = None,
     wait_warning_s: float = WAIT_WARN_S,
     branches: bool = True,
+    drain: Callable[[], str] | None = None,
 ) -> StudyResult:
-    """Run every cell that needs it (see the module docstring); returns when all have ended or on
-    Ctrl-C (``interrupted``). Nothing finished is ever rerun or overwritten. On Ray, a cell that
-    the cluster has not started ``wait_warning_s`` after it was submitted, and that the study's
-    own running cells do not hold up, is reported, again every five times that long (at most every
-    ``WAIT_REPEAT_S``) while it waits (0: never; ``progress.WaitWatch``). ``branches=False``
-    trains every budget of a family of wsd budgets from step 0, none waiting for a trunk (the
-    same numbers: ``driver.branching``)."""
+    """Run every cell that needs it (see the module docstring); returns when all have ended, on
+    Ctrl-C (``interrupted``), or once the cells in flight have stopped after ``drain`` (asked every
+    second) said why they must (``interrupted``, unless every cell ended anyway). Nothing finished
+    is ever rerun or overwritten. On Ray, a cell that the cluster has not started
+    ``wait_warning_s`` after it was submitted, and that the study's own running cells do not hold
+    up, is reported, again every five times that long (at most every ``WAIT_REPEAT_S``) while it
+    waits (0: never; ``progress.WaitWatch``). ``branches=False`` trains every budget of a family
+    of wsd budgets from step 0, none waiting for a trunk (the same numbers: ``driver.branching``)."""
     out = stream or sys.stderr
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
     prepare_study(study, out=out)  # tokenizes each data configuration once, records nothing
@@ -261,7 +266,7 @@ def run_study(
             gate = _launch(study, tracker, parent, ex, result, stop_after, branches=branches)
             _collect(
                 study, tracker, ex, result, out, progress=progress, on_outcome=on_outcome,
-                wait_warning_s=wait_warning_s, gate=gate,
+                wait_warning_s=wait_warning_s, gate=gate, drain=drain,
             )  # fmt: skip
             ended = (
                 "interrupted" if result.interrupted else "failed" if result.failed else "finished"
@@ -378,11 +383,12 @@ def _collect(
     on_outcome: Callable[[Cell, Outcome], None] | None,
     wait_warning_s: float = 0,
     gate: BranchGate | None = None,
+    drain: Callable[[], str] | None = None,
 ) -> None:
     """Record each outcome as it arrives, with a live progress line and a line about cells that
     wait longer than ``wait_warning_s`` for resources that the study's own cells do not hold
     (``wait_watch``), and submit the decay branches that ``gate`` releases; Ctrl-C cancels the
-    rest."""
+    rest, ``drain`` stops them (``_Drain``)."""
     by_key = {c.key: c for c in study.cells}
     cells = {k: CellProgress(by_key[k].label, by_key[k].config.train.steps) for k in result.run_ids}
     prog = Progress(tracker, cells, result.run_ids, stream=out)
@@ -394,6 +400,7 @@ def _collect(
         _collect_outcomes(
             ex, tracker, result, prog, out, by_key, progress, on_outcome, ctrl_c, watch,
             gate if gate is not None else BranchGate(),
+            _Drain(drain, ex, out),
         )  # fmt: skip
 
 
@@ -409,6 +416,22 @@ def wait_watch(study: Study, ex: Executor, after_s: float) -> WaitWatch | None:
     labels = {c.key: c.label for c in study.cells}
     every = min(WAIT_REPEAT_S, 5 * after_s)
     return WaitWatch(ex.dispatched, labels, ex.started, ex.resources, ask, asks, after_s, every)
+
+
+class _Drain:
+    """Asks ``request`` (after each wait) whether the cells must stop; the first reason it gives
+    stops them (``Executor.stop_running``) and is kept."""
+
+    def __init__(self, request: Callable[[], str] | None, ex: Executor, out: IO[str]) -> None:
+        self.request, self.ex, self.out = request, ex, out
+        self.why = ""
+
+    def check(self) -> None:
+        if self.why or self.request is None or not (why := self.request()):
+            return
+        self.why = why
+        print(f"\nstopping: {why}: the running cells checkpoint and stop", file=self.out)
+        self.ex.stop_running()
 
 
 @contextlib.contextmanager
@@ -449,16 +472,20 @@ def _collect_outcomes(
     ctrl_c: list[bool],
     watch: WaitWatch | None,
     gate: BranchGate,
+    drain: _Drain,
 ) -> None:
     live = progress and bool(result.run_ids)
     try:
         while len(ex) or len(gate):
+            if ctrl_c:
+                raise KeyboardInterrupt
+            drain.check()
+            if drain.why:  # nothing more starts: the held branches stay queued (interrupted)
+                gate.clear()
             # a held branch goes once its trunk saved its checkpoint or ended (all of them when
             # nothing else is left to run: nothing could release them then)
             for task in gate.release(result.outcomes, everything=not len(ex)):
                 ex.submit(task)
-            if ctrl_c:
-                raise KeyboardInterrupt
             if watch is not None and (line := watch.check(result.outcomes)):
                 print(line, file=out)
             for o in ex.wait(1.0):
@@ -470,6 +497,19 @@ def _collect_outcomes(
                     print(_outcome_line(by_key[o.key], o, prog), file=out)
                 if on_outcome is not None:
                     on_outcome(by_key[o.key], o)
+        if drain.why:
+            for key, rid in result.run_ids.items():  # queued, never handed out
+                if key not in result.outcomes:
+                    tracker.set_status(rid, "interrupted", {"by": drain.why})
+            result.interrupted = any(
+                key not in result.outcomes or result.outcomes[key].status == "interrupted"
+                for key in result.run_ids
+            )
+            print(
+                f"stopped ({drain.why}): {len(result.outcomes)} cells ended this time; the rest "
+                "resume from their checkpoints when the study runs again",
+                file=out,
+            )
     except KeyboardInterrupt:
         result.interrupted = True
         gate.clear()

@@ -1,11 +1,15 @@
 """Reaching a Ray cluster: which one a study's cells run on (``--address``, ``RAY_ADDRESS``, or a Ray
 that ablate starts on this machine), whether it is remote, and connecting to it with a clear
-message when its token authentication refuses this process (``connect``)."""
+message when its token authentication refuses this process (``connect``); waiting for a cluster's
+nodes to join (``wait_for_nodes``, after ``ablate.slurm`` started them) and leaving it
+(``disconnect``)."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ablate.errors import RunnerError
@@ -142,3 +146,31 @@ def connect(
                 f"authentication ({_AUTH_FIX})"
             ) from e
         raise RunnerError(f"--address {address}: cannot reach a Ray cluster ({e})") from e
+
+
+def wait_for_nodes(count: int, timeout: float, check: Callable[[], None] = lambda: None) -> None:
+    """After ``connect``: return once the cluster has ``count`` live nodes; ``check`` is called
+    every half second and may raise (a node that refused to start). ``RunnerError`` naming the
+    nodes that joined when the rest do not join within ``timeout`` seconds."""
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while True:
+        check()
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        if len(alive) >= count:
+            return
+        if time.monotonic() > deadline:
+            seen = ", ".join(sorted(str(n.get("NodeManagerAddress")) for n in alive)) or "none"
+            raise RunnerError(
+                f"only {len(alive)} of {count} Ray nodes joined within {timeout:g} s (joined: "
+                f"{seen})"
+            )
+        time.sleep(0.5)
+
+
+def disconnect() -> None:
+    """``ray.shutdown`` of this process's connection (the cluster keeps running)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()

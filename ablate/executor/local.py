@@ -31,6 +31,11 @@ class Executor(Protocol):
 
     def cancel(self, key: str) -> None: ...
 
+    def stop_running(self) -> None:
+        """Hand out nothing more; ask the tasks in flight to checkpoint after their current step
+        and end ``interrupted`` (their outcomes come through ``wait``)."""
+        ...
+
     def cancel_all(self) -> None: ...
 
     def close(self) -> None: ...
@@ -77,6 +82,9 @@ class LocalExecutor:
 
     def cancel(self, key: str) -> None:
         self._queue = deque(t for t in self._queue if t.key != key)
+
+    def stop_running(self) -> None:
+        self._queue.clear()  # a task runs only inside ``wait``: none is in flight between calls
 
     def cancel_all(self) -> None:
         self._queue.clear()

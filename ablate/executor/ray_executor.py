@@ -5,7 +5,9 @@ resources of its own that runs ``worker.run_distributed``, whose Ray Train worke
 
 Each task tells a small actor of the executor's (``_Starts``, no resources) when it starts to run,
 so that the driver knows which of its cells hold resources now and which wait for them
-(``started``; the runner's wait watch, ``progress.WaitWatch``, reads it)."""
+(``started``; the runner's wait watch, ``progress.WaitWatch``, reads it). The same actor carries
+the driver's request that the running cells checkpoint and stop (``stop_running``), which each
+task watches (``worker.StopWatch``)."""
 
 from __future__ import annotations
 
@@ -31,16 +33,24 @@ def _slots(resources: dict[str, float], cpus: float, gpus: float) -> int:
 
 class _Starts:
     """A Ray actor (holding no resources) that each task of one executor tells when it starts to
-    run: from then on the task holds what it asked for (a retried task tells it again)."""
+    run: from then on the task holds what it asked for (a retried task tells it again). It also
+    holds the driver's stop flag, which the tasks poll."""
 
     def __init__(self) -> None:
         self.keys: set[str] = set()
+        self.stop = False
 
     def add(self, key: str) -> None:
         self.keys.add(key)
 
     def get(self) -> set[str]:
         return self.keys
+
+    def request_stop(self) -> None:
+        self.stop = True
+
+    def stopping(self) -> bool:
+        return self.stop
 
 
 class RayExecutor:
@@ -160,6 +170,13 @@ class RayExecutor:
                 with contextlib.suppress(Exception):
                     self._ray.cancel(ref, force=True)
                 del self._inflight[ref]
+
+    def stop_running(self) -> None:
+        """Hand out nothing more, and ask the tasks in flight to checkpoint after their current
+        step and end ``interrupted`` (those not started yet end as they start); their outcomes
+        come through ``wait`` as usual."""
+        self._queue.clear()
+        self._ray.get(self._starts.request_stop.remote(), timeout=30)
 
     def cancel_all(self) -> None:
         self._queue.clear()

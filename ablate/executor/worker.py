@@ -4,6 +4,10 @@ its MLflow run; ``run_distributed`` does the same for a multi-worker cell throug
 executors (``local``, ``ray_executor``) only decide where to run; both check the worker first
 (``ablate.executor.worker_checks``) and never raise for a failing run: the failure is the outcome, recorded
 on the run, so one bad cell does not stop a study.
+
+A cell on Ray also watches its executor's stop flag (``StopWatch``): once the driver raises it (a
+SLURM job about to be requeued, ``ablate.slurm``), the cell checkpoints after its current step and
+ends ``interrupted``, to resume there in the next job; one that has not started yet does not start.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ import contextlib
 import os
 import re
 import socket
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from ablate.executor.task import Outcome, Task
@@ -28,10 +34,11 @@ def error_line(e: BaseException, limit: int) -> str:
     return f"{type(e).__name__}: {lines[-1].strip()[:limit] if lines else repr(e)}"
 
 
-def run_one(task: Task) -> Outcome:
+def run_one(task: Task, stop: Callable[[], bool] | None = None) -> Outcome:
     """Train one cell, logging into its MLflow run; never raises for a failing run (the failure is
     the outcome, recorded on the run) so one bad cell does not stop a study. A ddp or fsdp cell
-    of one worker trains in a process group of one (``train.parallel.process_group``)."""
+    of one worker trains in a process group of one (``train.parallel.process_group``). ``stop``
+    (asked after every step): checkpoint and end ``interrupted`` once it says True."""
     from ablate.executor.worker_checks import check_worker
     from ablate.tracking import MlflowLogger
     from ablate.train import RunConfig
@@ -42,7 +49,7 @@ def run_one(task: Task) -> Outcome:
     try:
         check_worker(task)  # the driver's code and paths, before anything is logged as running
         cfg = RunConfig.from_dict(task.config)
-        return _train_cell(task, cfg, logger)
+        return _train_cell(task, cfg, logger, stop=stop)
     except Exception as e:  # a failed cell is a result, not a crash of the study
         _log_failure(logger, e)
         reason = f"{type(e).__name__}: {e}"
@@ -54,9 +61,48 @@ def run_one(task: Task) -> Outcome:
 
 def run_one_on_ray(task: Task, starts: Any) -> Outcome:
     """``run_one`` as a Ray task: it first tells ``starts`` (its executor's actor) that it runs on
-    a worker, and so holds the resources it asked for, then trains the cell."""
+    a worker, and so holds the resources it asked for, then trains the cell, stopping it when the
+    actor's stop flag goes up (``StopWatch``); a task that starts after that ends at once."""
     starts.add.remote(task.key)
-    return run_one(task)
+    with StopWatch(starts) as watch:
+        if watch.stopping():
+            return Outcome(task.key, "interrupted", reason="stopped before it started")
+        return run_one(task, stop=watch.stopping)
+
+
+class StopWatch:
+    """Polls an executor's actor (``ray_executor._Starts``) for its stop flag every ``every``
+    seconds in a thread of its own, so that the trainer's check after each step costs nothing."""
+
+    def __init__(self, starts: Any, every: float = 1.0) -> None:
+        self._starts, self._every = starts, every
+        self._flag, self._done = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True, name="ablate-stop-watch")
+
+    def _poll(self) -> None:
+        import ray
+
+        while not self._done.is_set():
+            with contextlib.suppress(Exception):
+                if ray.get(self._starts.stopping.remote(), timeout=10):
+                    self._flag.set()
+                    return
+            self._done.wait(self._every)
+
+    def stopping(self) -> bool:
+        return self._flag.is_set()
+
+    def __enter__(self) -> StopWatch:
+        import ray
+
+        with contextlib.suppress(Exception):  # the first answer before anything starts
+            if ray.get(self._starts.stopping.remote(), timeout=10):
+                self._flag.set()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
 
 
 def _enter(task: Task) -> None:
@@ -75,10 +121,17 @@ def _log_failure(logger: Any, e: BaseException, reason: str = "") -> None:
         logger.log_status("failed", {"reason": reason[:500], "traceback": tb[-4000:]})
 
 
-def _train_cell(task: Task, cfg: Any, logger: Any, extra: dict[str, Any] | None = None) -> Outcome:
+def _train_cell(
+    task: Task,
+    cfg: Any,
+    logger: Any,
+    extra: dict[str, Any] | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> Outcome:
     """Check the device, record where the cell runs and that it is running, train it (in a
     process group of one where its parallel mode needs a group and none exists) and return its
-    outcome. ``logger`` is rank 0's (the others pass a ``NullLogger``)."""
+    outcome. ``logger`` is rank 0's (the others pass a ``NullLogger``). Where the cell runs
+    includes the SLURM node and job (``SLURMD_NODENAME``, ``SLURM_JOB_ID``) when there are."""
     from ablate.executor.devices import check_worker_device, placement
     from ablate.tracking import MlflowLogger
     from ablate.train import train
@@ -92,7 +145,7 @@ def _train_cell(task: Task, cfg: Any, logger: Any, extra: dict[str, Any] | None 
     branches = Branches.from_dict(task.branches) if task.branches else None
     if isinstance(logger, MlflowLogger):  # rank 0's, or a one-process cell's
         ckpt = checkpoint_info(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
-        where = {"host": socket.gethostname(), "pid": os.getpid(), **(extra or {})}
+        where = {"host": socket.gethostname(), "pid": os.getpid(), **slurm_place(), **(extra or {})}
         logger.log_environment({**environment(cfg), **placement(cfg.device)})
         if not ckpt:
             logger.mark_started()  # the run's start: now, not when the driver queued it
@@ -103,7 +156,7 @@ def _train_cell(task: Task, cfg: Any, logger: Any, extra: dict[str, Any] | None 
         if start is not None and task.trunk_run:
             logger.copy_curve(task.trunk_run, step=start, tokens=start * cfg.train.tokens_per_step)
     with process_group(cfg, resolve_device(cfg.device)):
-        res = train(cfg, logger, stop_after=task.stop_after, branches=branches)
+        res = train(cfg, logger, stop_after=task.stop_after, branches=branches, stop=stop)
     status = "interrupted" if res.status == "stopped" else res.status
     return Outcome(
         task.key,
@@ -116,6 +169,17 @@ def _train_cell(task: Task, cfg: Any, logger: Any, extra: dict[str, Any] | None 
         reason=res.reason,
         wall_time_s=res.wall_time_s,
     )
+
+
+def slurm_place() -> dict[str, str]:
+    """The SLURM node and job this process runs in (nodes of one machine share a hostname), as the
+    status details ``node`` and ``slurm_job``; empty outside SLURM."""
+    out = {}
+    if node := os.environ.get("SLURMD_NODENAME"):
+        out["node"] = node
+    if job := os.environ.get("SLURM_JOB_ID"):
+        out["slurm_job"] = job
+    return out
 
 
 class _OutcomeBox:

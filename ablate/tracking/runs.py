@@ -90,6 +90,11 @@ class CellRun:
         step = vocab.number(self.tags, vocab.BRANCH_STEP)
         return None if math.isnan(step) else int(step)
 
+    @property
+    def node(self) -> str:
+        """The SLURM node that trained it last ("" outside SLURM)."""
+        return self.tags.get(vocab.NODE, "")
+
 
 def latest_points(run: Run) -> dict[str, tuple[int, float]]:
     """metric -> (step, value) of its latest point. MLflow keeps each metric's value at its highest

@@ -15,10 +15,12 @@ A study's experiment holds three roles of run, told apart by the tag ``ablate.ro
 
 Every run has ``ablate.status`` (``STATUSES``) and, once it ends, details as ``ablate.<detail>``:
 ``steps``, ``wall_time_s``, ``tokens_per_s``, ``reason``, ``diverged_at``, ``traceback``, ``host``,
-``pid``, ``resumed_from``; a trial also ``tune_state`` and ``value``; the parent ``cells``, ``failed``,
+``pid``, ``resumed_from``, on SLURM ``node`` and ``slurm_job`` (the node and job of the attempt that
+trained it last); a trial also ``tune_state`` and ``value``; the parent ``cells``, ``failed``,
 ``tune_status`` and ``tune_trials``. A branch that started from its trunk's checkpoint has its
 trunk's metrics up to the branch point copied into it, and says so as ``branch_of`` (the trunk's
-run id) and ``branch_step`` (the last step copied); a branch without them trained from step 0. Readers get these through ``CellRun``'s typed fields, never by
+run id) and ``branch_step`` (the last step copied); a branch without them trained from step 0.
+Readers get these through ``CellRun``'s typed fields, never by
 spelling a tag.
 
 The experiment holds the study's driver lock (``ablate.tracking.lock``): one tag per driver that
@@ -54,6 +56,7 @@ TRUNK = PREFIX + "trunk"
 BRANCH_POINT = PREFIX + "branch_point"
 BRANCH_OF = PREFIX + "branch_of"
 BRANCH_STEP = PREFIX + "branch_step"
+NODE = PREFIX + "node"  # the SLURM node that trained the run last (``slurm_place`` in the worker)
 DRIVER = PREFIX + "driver."  # experiment tags: ablate.driver.<lock>.<holder id> (driver_tag)
 ENV = "env."  # provenance: env.<name> (ablate.train.provenance), and env.<name>.resumed
 PARENT = "mlflow.parentRunId"  # MLflow's own: the UI nests child runs under it

@@ -93,10 +93,14 @@ def train(
     *,
     stop_after: int | None = None,
     branches: Branches | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> RunResult:
     """Train one configuration; ``stop_after`` ends the run (status ``stopped``, checkpointed) once
     that many steps are done, as an interruption would. ``branches``: as a family's trunk, save
-    branch checkpoints on the way; as a branch, start from one (``ablate.train.branch``)."""
+    branch checkpoints on the way; as a branch, start from one (``ablate.train.branch``). ``stop``
+    is asked after every step: when it says True (a job about to be preempted) the run logs the
+    steps done, checkpoints and ends ``stopped`` there, so that a resumed run recomputes nothing
+    and logs no step twice."""
     run = build_run(config, logger if logger is not None else NullLogger(), stop_after, branches)
     log, tc = run.log, config.train
     state = run.maybe_resume()
@@ -137,8 +141,10 @@ def train(
             return run.result(state)
         pending.append(run.optimizer_step(state))
         step = state.step
+        stopping = stop is not None and step < tc.steps and stop()
         read_now = (
-            step % log_every == 0
+            stopping
+            or step % log_every == 0
             or tc.eval_due(step)
             or step == tc.steps
             or (prober is not None and prober.due(step))
@@ -178,8 +184,11 @@ def train(
         if step == tc.steps:
             state.status = "finished"
             run.checkpoint(state)
-        elif tc.checkpoint_every and step % tc.checkpoint_every == 0:
+        elif stopping or (tc.checkpoint_every and step % tc.checkpoint_every == 0):
             run.checkpoint(state)
+        if stopping:
+            log.log_status("stopped", {"step": state.step})
+            return run.result(state)
     state.status = "finished"
     res = run.result(state)
     log.log_status(
