@@ -167,3 +167,10 @@ def to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Cast keeping the strides (a transposed view stays a transposed view), clamped to range."""
     fmax = torch.finfo(dtype).max
     return torch.where(torch.isfinite(x), x.clamp(-fmax, fmax), x).to(dtype)
+
+
+def spacing(v: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Grid spacing of the element format at element-unit values ``v`` (that of the binade of |v|)."""
+    elem = FORMATS[fmt].elem
+    e = torch.floor(torch.log2(v.abs().clamp(min=2.0**-200)))
+    return torch.exp2(e.clamp(min=elem.emin) - elem.mbits)

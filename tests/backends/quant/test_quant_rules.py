@@ -21,6 +21,7 @@ from quant_cases import (
     heavy,
     one_thread,
     same_qtensor,
+    spacing,
     to_dtype,
 )
 
@@ -66,13 +67,6 @@ def _decode_factor(q: QTensor) -> torch.Tensor:
     return d.repeat_interleave(q.spec.block, -1)[..., :K]
 
 
-def _spacing(v: torch.Tensor, fmt: str) -> torch.Tensor:
-    """Grid spacing of the element format at element-unit values ``v`` (that of the binade of |v|)."""
-    elem = FORMATS[fmt].elem
-    e = torch.floor(torch.log2(v.abs().clamp(min=2.0**-200)))
-    return torch.exp2(e.clamp(min=elem.emin) - elem.mbits)
-
-
 SR_FORMATS = ["mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp8_e5m2", "fp8_e4m3"]
 
 
@@ -90,8 +84,8 @@ def test_sr_is_unbiased(fmt):
         acc += fake_quantize(x, spec, key=derive_key(1, 0, 1, 1, step)).double()
     mean = acc / n
     d = _decode_factor(quantize(x, spec))
-    spacing = _spacing(0.75 * x.double() / d, fmt) * d  # in the units of x
-    bound = 5 * spacing / (2 * math.sqrt(n)) + 1e-6 * x.double().abs()  # + fp32 dequant round-off
+    step = spacing(0.75 * x.double() / d, fmt) * d  # in the units of x
+    bound = 5 * step / (2 * math.sqrt(n)) + 1e-6 * x.double().abs()  # + fp32 dequant round-off
     err = (mean - 0.75 * x.double()).abs()
     assert bool((err <= bound).all()), f"worst: {float((err / bound).max()):.2f} bounds"
     # and not vacuously: most elements are not on the grid, so single draws do differ
@@ -200,7 +194,7 @@ def test_prescale_dequantizes_to_three_quarters_of_x_within_half_a_step(impl):
     v = 0.75 * x.double() / d  # element units before rounding
     assert float(v.abs().max()) < 6.0  # nothing reaches the saturation point
     err = (q.dequantize().double() - 0.75 * x.double()).abs()
-    assert bool((err <= _spacing(v, "mxfp4") * d / 2).all())
+    assert bool((err <= spacing(v, "mxfp4") * d / 2).all())
     # without the prescale FLOOR clips the 7.5 * 2^k maxima to 6 * 2^k: error 1.5 * 2^k > D/2 = 2^k
     plain = QUANTIZERS[impl](x, QuantSpec(format="mxfp4"))
     assert bool((plain.dequantize()[:, 3] == 6.0 * 2.0 ** torch.arange(-3.0, 3.0)).all())

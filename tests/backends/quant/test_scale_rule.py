@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from quant_cases import spacing
 
 from backends.quant import QuantSpec, fake_quantize, fake_quantize_fused, quantize, quantize_fused
 from backends.quant.four_over_six import DEQ
@@ -359,7 +360,6 @@ def test_scale_pick_nearest_is_unbiased_and_the_recipes_rounded_pick_is_not():
     # on the draws (the same for every key), so D is fixed, and each element's mean over n = 1000
     # keys must lie within 5 such bounds of x * 16/17. Compared as they round (the recipe's
     # rounded), the scale follows the draws and the mean is off by many bounds for some elements.
-    from test_quant import _spacing
 
     n = 1000
     x = torch.randn(16, 64, generator=torch.Generator().manual_seed(11))
@@ -371,7 +371,7 @@ def test_scale_pick_nearest_is_unbiased_and_the_recipes_rounded_pick_is_not():
     assert torch.equal(q.scales, quantize(x, nearest, key=2).scales)  # no draw moves the scale
     d = q.nv_block_decode().double().repeat_interleave(16, -1)  # per element, float64
     target = x.double() * (16 / 17)
-    bound = 5 * _spacing(target / d, "nvfp4") * d / (2 * n**0.5) + 1e-6 * x.double().abs()
+    bound = 5 * spacing(target / d, "nvfp4") * d / (2 * n**0.5) + 1e-6 * x.double().abs()
 
     def mean(spec: QuantSpec) -> torch.Tensor:
         acc = torch.zeros_like(target)
