@@ -207,6 +207,7 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
     # 1. every axis value, checked on its own against the base: factor = list of options, an
     #    option = ((axis, canonical value), ...) (several axes when zipped)
     axes: list[str] = []
+    followers: set[str] = set()  # zipped axes after the first of their group (it names them)
     per_grid: list[list[list[tuple[tuple[str, Any], ...]]]] = []
     for g, gpath in zip(grids, grid_paths, strict=True):
         factors: list[list[tuple[tuple[str, Any], ...]]] = []
@@ -216,6 +217,7 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
                 for k, group in enumerate(groups):
                     zpath = f"{gpath}.zip" + (f"[{k}]" if isinstance(values, list) else "")
                     factors.append(_zip_factor(group, zpath, base, errors, axes))
+                    followers.update(list(group)[1:])
             else:
                 factors.append(
                     [(o,) for o in _axis_options(name, values, f"{gpath}.{name}", base, errors)]
@@ -345,7 +347,9 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
                 cells[seen[key]] = dataclasses.replace(prev, baseline=True)
             continue
         seen[key] = len(cells)
-        cells.append(Cell(key, label, config_label, vals, rc, is_base, recipe_axes))
+        cells.append(
+            Cell(key, label, config_label, vals, rc, is_base, recipe_axes, frozenset(followers))
+        )
     label_counts = Counter(c.label for c in cells)
     dup_labels = sorted(x for x, n in label_counts.items() if n > 1)
     if dup_labels:

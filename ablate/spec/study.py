@@ -27,6 +27,8 @@ class Cell:
     recipe_axes: Mapping[str, Any] = field(default_factory=dict)
     """The recipe in the study's vocabulary: fp4_gemms, intervention (canonical, e.g. dht16),
     fp4_format, base_format."""
+    zipped: frozenset[str] = frozenset()
+    """Axes zipped with an earlier axis of their group, which names them in a run's short name."""
     rung: str = ""
     """In a ladder study (``ablate.spec.ladder``): the cell's (size, budget) as leaf=value parts;
     "" otherwise."""

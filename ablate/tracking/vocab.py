@@ -170,7 +170,8 @@ def short_name(cell: Cell, *, seed: bool = True) -> str:
     """The run's name in the MLflow UI: short, and leading with what tells cells apart, e.g.
     ``dht16·fdw/fp8·s1`` (intervention, FP4 GEMMs by initial, base format, seed), ``fp8·s0`` for a
     baseline, ``nvfp4:fdw/fp8·s0`` for another FP4 format, a named recipe by its name
-    (``nvidia_nvfp4·s0``) and a variant of one by its label, other axes as ``lr=0.003``. The full
+    (``nvidia_nvfp4·s0``) and a variant of one by its label, other axes as ``lr=0.003`` (zipped axes
+    by the first of their group: ``dim=64`` for a size whose depth and width move together). The full
     label stays in the tag ``ablate.label``. Without ``seed``: the configuration's short name."""
     r, ax = cell.config.recipe, cell.recipe_axes
     fp4 = "".join(_GEMM_LETTER[g] for g in GEMMS if r.gemm(g).is_fp4)
@@ -191,7 +192,7 @@ def short_name(cell: Cell, *, seed: bool = True) -> str:
     else:
         parts.append(base)
     for axis, v in cell.values.items():
-        if axis not in (*_RECIPE_AXES, "recipe", "seed") and v is not None:
+        if axis not in (*_RECIPE_AXES, "recipe", "seed", *cell.zipped) and v is not None:
             parts.append(f"{axis.rsplit('.', 1)[-1]}={fmt_value(v)}")
     if seed:
         parts.append(f"s{cell.seed}")
