@@ -329,6 +329,7 @@ class Backtest:
     params: float
     ref_tokens: float
     predicted: float
+    """The median of what the refit says the held-out size would measure (inside ``lo``-``hi``)."""
     lo: float
     hi: float
     measured: float
@@ -369,17 +370,17 @@ def _pool(d: _Design, train: np.ndarray) -> list[tuple[float, object]]:
     return [k for k, v in d.units.items() if train[v[0]].all() and len(v) == len(d.groups)]
 
 
-def _widened(err: np.ndarray, runs: int) -> tuple[float, float]:
-    """The 2.5% and 97.5% quantiles of ``err`` about its median, widened by Student's t at
+def _widened(err: np.ndarray, runs: int) -> tuple[float, float, float]:
+    """The median of ``err`` and its 2.5% and 97.5% quantiles about it, widened by Student's t at
     ``runs`` - 1 degrees of freedom over the normal's: the noise's scale comes from a handful of
     runs, and a percentile interval of so few undercovers (simulated: 90% for a 95% interval with
     six runs; 93-95% widened)."""
     if len(err) == 0:
-        return -math.inf, math.inf
+        return 0.0, -math.inf, math.inf
     med = float(np.median(err))
     lo, hi = np.quantile(err, [0.025, 0.975])
     k = t975(max(runs - 1, 1)) / 1.959964
-    return med + k * (float(lo) - med), med + k * (float(hi) - med)
+    return med, med + k * (float(lo) - med), med + k * (float(hi) - med)
 
 
 def backtest(
@@ -408,14 +409,17 @@ def backtest(
         pred0, pred = fit.ratios(cfg, top, ref)
         sim, _ = _measured(d, fit.log_reps, g, top, ref)
         err = np.log(sim) - np.log(pred)
-        lo_e, hi_e = _widened(err[np.isfinite(err)], len(_pool(d, train)))
+        # the interval is for what the held-out size's measurement gives (its seed noise and the
+        # interpolation between its budgets included), so its centre is the prediction's median
+        # measurement, not Quartet's ratio itself
+        mid_e, lo_e, hi_e = _widened(err[np.isfinite(err)], len(_pool(d, train)))
         got, side = _measured(d, np.log(d.loss)[None], g, top, ref)
         out.append(
             Backtest(
                 config=d.groups[g],
                 params=top,
                 ref_tokens=ref,
-                predicted=pred0,
+                predicted=pred0 * math.exp(mid_e) if math.isfinite(pred0) else math.inf,
                 lo=pred0 * math.exp(lo_e) if math.isfinite(pred0) else math.inf,
                 hi=pred0 * math.exp(hi_e) if math.isfinite(pred0) else math.inf,
                 measured=float(got[0]),

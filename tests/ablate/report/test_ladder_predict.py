@@ -124,3 +124,5 @@ def test_the_pure_prediction_runs_on_a_frame_built_by_hand():
     frame = pd.DataFrame(rows, columns=["config", "params", "tokens", "seed", "val_loss"])
     (p,) = predict(frame, "fp8", 8e9, 1e12, boot=BOOT)
     assert p.config == "mxfp4_wgrad" and p.lo <= 1.25 <= p.hi and p.reachable == "yes"
+    (bt,) = backtest(frame, "fp8", tokens_per_param=20, boot=BOOT)
+    assert bt.lo <= bt.predicted <= bt.hi and bt.covered
