@@ -234,7 +234,8 @@ def _figure(
     titles: bool,
 ) -> Any:
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig = Figure(figsize=(7.5, 4.6), layout="constrained")
     ax = fig.add_subplot()
@@ -276,20 +277,28 @@ def _figure(
     if predict is not None:
         ax.axvline(predict[0], color="0.3", lw=0.8, ls="--")
         ax.annotate(
-            f"target N* = {markup.tokens(predict[0])}", (predict[0], 1.0), rotation=90,
-            va="bottom", ha="right", fontsize=8, color="0.3",
+            f"target N* = {markup.tokens(predict[0])}", (predict[0], 0.98), rotation=90,
+            xycoords=("data", "axes fraction"), va="top", ha="right", fontsize=8, color="0.3",
         )  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
     plain = FuncFormatter(lambda y, _pos: f"{y:.3g}")
     ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
+    lo_y, hi_y = ax.get_ylim()
+    # minor ticks labelled only within a decade or so: across several they collide
+    ax.yaxis.set_minor_formatter(plain if hi_y / lo_y < 12 else NullFormatter())
     ax.set_xlabel("non-embedding parameters N")
     ax.set_ylabel("token ratio to the baseline's loss")
     if titles:
         ax.set_title(f"{study}: token ratio against N")
     if configs:
-        ax.legend(fontsize=8, loc="best")
+        handles, _ = ax.get_legend_handles_labels()
+        keys = [
+            Line2D([], [], color="0.3", lw=1.5, label="Quartet's fit (band: 95%)"),
+            Line2D([], [], color="0.3", lw=1, ls="--", label="trend in log N"),
+            Line2D([], [], color="0.3", marker="D", ls="", label="prediction (combined 95%)"),
+        ]
+        ax.legend(handles=[*handles, *keys], fontsize=7, loc="upper left")
     return fig
 
 

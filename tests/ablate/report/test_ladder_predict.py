@@ -126,3 +126,17 @@ def test_the_pure_prediction_runs_on_a_frame_built_by_hand():
     assert p.config == "mxfp4_wgrad" and p.lo <= 1.25 <= p.hi and p.reachable == "yes"
     (bt,) = backtest(frame, "fp8", tokens_per_param=20, boot=BOOT)
     assert bt.lo <= bt.predicted <= bt.hi and bt.covered
+
+
+def test_the_docs_python_example_runs_and_says_what_it_claims(capsys):
+    # docs/ladders.md "From Python": the fits called on a frame built by hand, as documented
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[3] / "docs" / "ladders.md"
+    (block,) = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    exec(compile(block, str(page), "exec"), {"__name__": "ladders_example"})
+    first, second, *_ = capsys.readouterr().out.splitlines()
+    assert abs(float(first) - 1.25) < 0.01  # the token ratio of effD 0.8 is 1 / 0.8
+    ratio, lo, hi, reachable = re.findall(r"[\d.]+|yes|no|uncertain", second)
+    assert float(lo) <= 1.25 <= float(hi) and reachable == "yes"
