@@ -79,12 +79,16 @@ class StopWatch:
         self._flag, self._done = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True, name="ablate-stop-watch")
 
-    def _poll(self) -> None:
-        import ray
+    def _ask(self) -> bool:
+        # through the reference's future, never ray.get: a task blocked in ray.get (or ray.wait)
+        # hands its CPUs back to Ray, which then starts another task on them, so that a study's
+        # cells would run more at once than its resources allow
+        return bool(self._starts.stopping.remote().future().result(timeout=10))
 
+    def _poll(self) -> None:
         while not self._done.is_set():
             with contextlib.suppress(Exception):
-                if ray.get(self._starts.stopping.remote(), timeout=10):
+                if self._ask():
                     self._flag.set()
                     return
             self._done.wait(self._every)
@@ -93,10 +97,8 @@ class StopWatch:
         return self._flag.is_set()
 
     def __enter__(self) -> StopWatch:
-        import ray
-
         with contextlib.suppress(Exception):  # the first answer before anything starts
-            if ray.get(self._starts.stopping.remote(), timeout=10):
+            if self._ask():
                 self._flag.set()
         self._thread.start()
         return self
