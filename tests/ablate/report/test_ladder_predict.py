@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ablate.bench import ladder as ladder_bench
 from ablate.report.ladder_free import fit_trend, pair_ratios, tokens_to_loss
 from ablate.report.ladder_predict import backtest, predict, predict_many
 from ablate.report.ladder_sim import (
@@ -25,8 +26,8 @@ from ablate.report.ladder_sim import (
     true_ratio,
 )
 
-SIZES = (2e6, 4.6e6, 1e7, 2e7)
-TPP = (10.0, 20.0, 40.0)
+# the ladders of the benchmark whose table docs/ladders.md shows: 4 sizes over 10x, 3 budgets
+SIZES, TPP = ladder_bench.SIZES, ladder_bench.TOKENS_PER_PARAM
 NOISE = {"sigma_run": 0.01, "sigma_eval": 0.003}
 """Seed noise of the order a CPU ladder measures (docs/ladders.md)."""
 LADDERS = 24
