@@ -2,7 +2,7 @@
 
 Every error that ``ablate`` raises on purpose is an ``AblateError``: a plain sentence that says what
 was wrong, where (the YAML path, the argument, the file) and what would be right. The CLI turns an
-``AblateError`` into a ``click.ClickException`` (exit status 1; ``SpecError`` and
+``AblateError`` into a ``click.ClickException`` (exit status 1; ``StudyError`` and
 ``CannotRunError``, refusals before anything starts: 2); nothing below the CLI prints or exits.
 
 This module imports nothing but the standard library, so any layer may raise these errors.
@@ -17,7 +17,7 @@ class AblateError(Exception):
     """Base of the library's own errors."""
 
 
-class SpecError(AblateError, ValueError):
+class StudyError(AblateError, ValueError):
     """A study that cannot run; ``errors`` holds one ``"yaml.path: what is wrong"`` line each."""
 
     def __init__(self, errors: Sequence[str], source: str | None = None) -> None:

@@ -111,9 +111,9 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def yaml_problems(text: str, where: str, tmp: Path) -> list[str]:
     """Each ```yaml block: marked, and valid as what its marker says."""
-    from ablate.errors import SpecError
-    from ablate.spec import load_study, parse_study
-    from ablate.spec.loader import parse_yaml
+    from ablate.errors import StudyError
+    from ablate.study import load_study, parse_study
+    from ablate.study.loader import parse_yaml
 
     out = []
     for b in blocks(text):
@@ -142,7 +142,7 @@ def yaml_problems(text: str, where: str, tmp: Path) -> list[str]:
             if isinstance(model, dict) and model.get("hf") is not None:
                 model.pop("preset", None)  # the minimal study's preset gives way to an hf model
             parse_study(merged, output=tmp / "out", check_files=False)
-        except SpecError as e:
+        except StudyError as e:
             out.append(f"{at}: the {b.marker} does not validate: {e}")
     return out
 

@@ -219,7 +219,7 @@ def test_the_graph_counts_imports_under_type_checking_and_in_functions(tmp_path)
 def test_the_spec_imports_neither_the_training_loop_nor_the_report_nor_tune():
     graph = import_graph(type_checking=False)  # what loading a study runs
     seen: set[str] = set()
-    todo = [m for m in graph if m.startswith("ablate.spec")]
+    todo = [m for m in graph if m.startswith("ablate.study")]
     while todo:
         m = todo.pop()
         if m not in seen:

@@ -391,7 +391,7 @@ def run_study(
     from ablate.report.frames import results_frames
     from ablate.report.render import build_report
     from ablate.report.verdict import verdict_lines
-    from ablate.spec import load_study
+    from ablate.study import load_study
     from ablate.train import MemoryLogger, train
     from ablate.train.provenance import environment
 
@@ -422,7 +422,7 @@ def run_study(
         )
         results.append((dataclasses.replace(cell, config=cfg), res, environment(cfg)))
     cells, evals = results_frames(results)
-    result = build_report(cells, evals, study.target, study.spec.speedup, out, study=study.name)
+    result = build_report(cells, evals, study.target, study.file.speedup, out, study=study.name)
     lead, items = verdict_lines(result.config_table)
     return {
         "study": study.name,

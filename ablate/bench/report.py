@@ -22,7 +22,7 @@ from typing import Any
 
 from ablate.report.render import build_report
 from ablate.report.synthetic import synthetic_study
-from ablate.spec.speedup import SpeedupSpec
+from ablate.study.speedup import SpeedupSection
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.repeat):
             out = args.out if args.out is not None else Path(tmp) / f"run{i}"
             start = time.perf_counter()
-            build_report(cells, evals, target, SpeedupSpec(), out, study="bench")
+            build_report(cells, evals, target, SpeedupSection(), out, study="bench")
             times.append(time.perf_counter() - start)
             print(f"  run {i + 1}: {times[-1]:.2f} s", file=sys.stderr)
     print(f"median {statistics.median(times):.2f} s over {args.repeat} runs")

@@ -1,7 +1,7 @@
 """The ``ablate`` command line: a thin click layer over the library.
 
 Status goes to stderr, results to stdout, ``--json`` where a machine reads the output. The library
-raises ``ablate.errors.AblateError``s; here a ``SpecError`` exits with status 2 (a usage error,
+raises ``ablate.errors.AblateError``s; here a ``StudyError`` exits with status 2 (a usage error,
 before anything starts) and any other with status 1, its message printed as it is.
 """
 

@@ -8,9 +8,9 @@ from typing import Any, TypeVar
 
 import click
 
-from ablate.errors import AblateError, CannotRunError, SpecError
-from ablate.spec import Study, load_study
-from ablate.spec.expand import MAX_CELLS
+from ablate.errors import AblateError, CannotRunError, StudyError
+from ablate.study import Study, load_study
+from ablate.study.expand import MAX_CELLS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -23,7 +23,7 @@ class SpecProblem(click.ClickException):
 
 def refuse(e: AblateError) -> click.ClickException:
     """The CLI's form of a library error: a refusal before anything started exits 2, the rest 1."""
-    if isinstance(e, SpecError | CannotRunError):
+    if isinstance(e, StudyError | CannotRunError):
         return SpecProblem(str(e))
     return click.ClickException(str(e))
 
@@ -37,10 +37,10 @@ def load(
     """The study at ``path``; ``tracking_uri`` (``--tracking-uri``) overrides its tracking.uri."""
     try:
         study = load_study(path, output=output, max_cells=max_cells)
-    except SpecError as e:
+    except StudyError as e:
         raise SpecProblem(str(e)) from None
     if tracking_uri:
-        study.spec.tracking.uri = tracking_uri
+        study.file.tracking.uri = tracking_uri
     for note in study.notes:
         click.echo(f"note: {note}", err=True)
     return study

@@ -21,7 +21,7 @@ from ablate.cli.common import (
     tracking_uri_opt,
 )
 from ablate.errors import AblateError
-from ablate.spec import Study
+from ablate.study import Study
 
 if TYPE_CHECKING:
     from ablate.driver.branching import Member
@@ -208,7 +208,7 @@ def _checks(study: Study, address: str | None, *, memory: bool = True) -> None:
     from ablate.tracking import check_store
     from ablate.train.config import device_kind
 
-    res = study.spec.resources
+    res = study.file.resources
     need, have = res.gpus * res.workers, torch.cuda.device_count()
     if address or need <= have:
         preflight_or_exit(study, address, memory=memory)
@@ -306,7 +306,7 @@ def validate(
 ) -> None:
     """Check a study without running anything (exit status 2 and every problem when invalid).
 
-    Runs every check `ablate run` makes before it starts: the spec, the data (found, and large
+    Runs every check `ablate run` makes before it starts: the study file, the data (found, and large
     enough for a training and a validation batch), the tracking store, and (without --address)
     whether this machine's device and cores can run every cell.
 
@@ -332,6 +332,6 @@ def schema() -> None:
     Example:
         ablate schema > study.schema.json
     """
-    from ablate.spec import json_schema
+    from ablate.study import json_schema
 
     click.echo(json.dumps(json_schema(), indent=2))

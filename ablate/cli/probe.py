@@ -13,7 +13,7 @@ import click
 
 from ablate.cli.common import load, max_cells_opt, output_opt, study_arg, tracking_uri_opt
 from ablate.errors import AblateError, CheckpointError
-from ablate.spec import Cell, Study
+from ablate.study import Cell, Study
 from backends.recipes import GEMMS
 
 _SUMMARY = ("cos", "align", "rel_err", "sqnr_db", "bias_ratio", "step_cos", "sum_ratio")
@@ -85,7 +85,7 @@ def probe(
             f"study {study.name}: no checkpoint to probe in {study.output_dir / 'cells'}; run the "
             "study first, or pass --checkpoint"
         )
-    cfg = study.spec.probe or ProbeConfig()
+    cfg = study.file.probe or ProbeConfig()
     run_ids = _run_ids(study) if log_runs else {}
     out = Path(csv_path) if csv_path else Path("reports") / study.name / "probes_posthoc.csv"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,8 @@ from typing import Any
 import click
 import yaml
 
-from ablate.spec.override import RecipeOverride
-from ablate.spec.recipe import select
+from ablate.study.override import RecipeOverride
+from ablate.study.recipe import select
 from backends.recipes import GEMMS, OPERANDS, Recipe, named_recipe
 
 

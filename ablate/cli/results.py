@@ -64,8 +64,8 @@ def report(
     from ablate.report.ladder import LadderResult
     from ablate.report.study import report_study
     from ablate.report.verdict import cost_and_speedup, verdict
-    from ablate.spec import parse_study
-    from ablate.spec.loader import parse_yaml
+    from ablate.study import parse_study
+    from ablate.study.loader import parse_yaml
     from ablate.tracking import read_study_text
 
     if study_file is not None:
@@ -78,7 +78,7 @@ def report(
             )
         except AblateError as e:
             raise click.ClickException(str(e)) from None
-        study.spec.tracking.uri = tracking_uri
+        study.file.tracking.uri = tracking_uri
     else:
         raise click.UsageError("give a STUDY.yaml, or --tracking-uri and --study")
     try:

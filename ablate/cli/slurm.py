@@ -19,7 +19,7 @@ from ablate.cli.common import (
     tracking_uri_opt,
 )
 from ablate.errors import AblateError
-from ablate.spec.expand import MAX_CELLS
+from ablate.study.expand import MAX_CELLS
 
 
 @click.group()

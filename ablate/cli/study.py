@@ -22,7 +22,7 @@ from ablate.cli.common import (
     tracking_uri_opt,
 )
 from ablate.errors import AblateError
-from ablate.spec import Study
+from ablate.study import Study
 
 
 @click.command()

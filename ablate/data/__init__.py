@@ -16,7 +16,7 @@ The way through, in the order a study takes it:
   them for a run (``TokenData``);
 - ``batches``: the seeded, resumable order of training windows and the fixed validation batches.
 
-It imports torch and numpy only; the trainer, the spec and the driver import it.
+It imports torch and numpy only; the trainer, the study and the driver import it.
 """
 
 from ablate.data.batches import BatchSampler, val_batches

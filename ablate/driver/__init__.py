@@ -6,5 +6,5 @@
 - ``preparing``: each distinct data configuration prepared once, before the cells start;
 - ``progress``: the progress display while cells run.
 
-It imports the spec, the executor and tracking; the trainer runs in the executor's workers.
+It imports the study, the executor and tracking; the trainer runs in the executor's workers.
 """

@@ -1,4 +1,4 @@
-"""Decay branches in ``ablate run`` and ``ablate plan`` (``ablate.spec.families``,
+"""Decay branches in ``ablate run`` and ``ablate plan`` (``ablate.study.families``,
 ``ablate.train.branch``): what each member of a family gets (``members``), where each cell to run
 starts and what the study costs in steps trained (``start_step``, ``cost``, ``notes``), and the
 runner's ``BranchGate``, which holds a branch until its trunk has saved the branch's checkpoint or
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from ablate.driver.planning import TO_RUN, PlannedCell
 from ablate.executor.task import Task
-from ablate.spec import Cell, Study
-from ablate.spec.families import Family, families
+from ablate.study import Cell, Study
+from ablate.study.families import Family, families
 from ablate.train.branch import Branches
 from ablate.train.checkpoint import checkpoint_info, remove_checkpoint
 

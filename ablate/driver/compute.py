@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ablate.driver import branching
 from ablate.driver.planning import TO_RUN, PlannedCell
 from ablate.model import flops_per_token, num_params
-from ablate.spec import Study
+from ablate.study import Study
 
 SUSTAINED_TFLOPS = 400.0
 """The default sustained throughput per GPU: an H100's 989 dense BF16 TFLOP/s at 40% utilization."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ablate.errors import TrackingError
-from ablate.spec import Cell, Study
+from ablate.study import Cell, Study
 from ablate.targets import headroom_warning, reached_fraction, schedule_fraction, target_ppl_of
 from ablate.tracking import CellRun, CellStatus, join_runs, study_status
 from ablate.tracking.status import baseline_curves, count

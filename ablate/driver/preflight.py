@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from ablate.errors import CannotRunError, TrackingError
 from ablate.executor import ExecutorName, cluster_address, remote_cluster
 from ablate.executor.devices import cuda_index
-from ablate.spec import Cell, Study
+from ablate.study import Cell, Study
 from ablate.tracking import check_cluster_uri, check_store
 from ablate.train.config import device_kind
 
@@ -49,7 +49,7 @@ def check_resources(study: Study, *, num_cpus: int | None = None) -> None:
     the cells forever. On a cluster the executor checks its nodes once Ray is up."""
     import torch
 
-    res = study.spec.resources
+    res = study.file.resources
     cpus = num_cpus or os.cpu_count() or 1
     gpus = torch.cuda.device_count()
     problems = []
@@ -134,7 +134,7 @@ def check_memory(study: Study) -> None:
 
 def _device(study: Study, cell: Cell) -> str:
     """The device a cell's study asked for (``auto`` included), before expansion resolved it."""
-    return str(cell.values.get("device", study.spec.base.device))
+    return str(cell.values.get("device", study.file.base.device))
 
 
 def needs_gpu(study: Study, cell: Cell) -> str:
@@ -163,7 +163,7 @@ def check_gpus(study: Study, *, gpus_seen: float = 0, where: str = "this machine
     cells (pinned to cpu at expansion when ``resources.gpus`` is 0) when ``where`` has
     ``gpus_seen`` GPUs: a GPU study that forgot ``resources.gpus`` must not silently train on CPUs,
     and a CPU study says ``device: cpu``. Raises ``CannotRunError`` naming the cells and the fix."""
-    res = study.spec.resources
+    res = study.file.resources
     if res.gpus > 0:
         return
     reasons: dict[str, list[str]] = {}
@@ -203,7 +203,7 @@ def check_gpus(study: Study, *, gpus_seen: float = 0, where: str = "this machine
 def auto_cpu_cells(study: Study) -> list[str]:
     """Labels of the cells that ``device: auto`` pinned to cpu (``resources.gpus`` 0): what a
     cluster with GPUs refuses (``check_gpus``), which ``validate --address`` cannot see."""
-    if study.spec.resources.gpus > 0:
+    if study.file.resources.gpus > 0:
         return []
     return [c.label for c in study.cells if _device(study, c) == "auto" and not needs_gpu(study, c)]
 
@@ -211,7 +211,7 @@ def auto_cpu_cells(study: Study) -> list[str]:
 def check_ray_devices(study: Study) -> None:
     """A Ray task sees only the GPUs it asks for, numbered from 0: ``cuda:N`` needs N <
     ``resources.gpus`` (rounded up)."""
-    seen = math.ceil(study.spec.resources.gpus)
+    seen = math.ceil(study.file.resources.gpus)
     bad: dict[str, list[str]] = {}
     for c in study.cells:
         index = cuda_index(c.config.device)
@@ -220,7 +220,7 @@ def check_ray_devices(study: Study) -> None:
     if bad:
         lines = [f"  device: {d} ({_cells(labels)})" for d, labels in bad.items()]
         raise CannotRunError(
-            f"a Ray task sees only the resources.gpus: {study.spec.resources.gpus:g} GPU(s) it "
+            f"a Ray task sees only the resources.gpus: {study.file.resources.gpus:g} GPU(s) it "
             "asks for, numbered from 0 (Ray sets CUDA_VISIBLE_DEVICES), so these devices do not "
             "exist in it:\n"
             + "\n".join(lines)
@@ -252,7 +252,7 @@ def preflight(
         check_store(study.tracking_uri)
     except TrackingError as e:
         raise CannotRunError(str(e)) from None
-    workers = study.spec.resources.workers
+    workers = study.file.resources.workers
     if executor == "local" and workers > 1:
         raise CannotRunError(
             f"resources.workers: {workers} workers per cell run through Ray Train; the local "

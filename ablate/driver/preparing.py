@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from ablate.data import DataConfig, Prepared, already_prepared, check_counts, data_key, prepare
-from ablate.errors import SpecError
-from ablate.spec import Cell, Study
+from ablate.errors import StudyError
+from ablate.study import Cell, Study
 
 
 @dataclass
@@ -47,7 +47,7 @@ def prepare_study(
     out: IO[str] | None = None,
 ) -> list[DataSet]:
     """Prepare (or verify) every data configuration of ``cells`` (default: all the study's) and
-    check each cell's counts; raises ``SpecError`` listing every problem, naming its field."""
+    check each cell's counts; raises ``StudyError`` listing every problem, naming its field."""
     out = out or sys.stderr
     errors: list[str] = []
     sets = study_data(study, cells)
@@ -79,5 +79,5 @@ def prepare_study(
             )
             errors.append(f"{e} (cells {cells_of})")
     if errors:
-        raise SpecError(errors, study.source)
+        raise StudyError(errors, study.source)
     return sets

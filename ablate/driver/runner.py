@@ -45,7 +45,7 @@ from ablate.driver.progress import (
 from ablate.errors import AblateError, CannotRunError, RunnerError, TrackingError
 from ablate.executor import Executor, ExecutorName, LocalExecutor, RayExecutor
 from ablate.executor.task import Outcome, Task
-from ablate.spec import Cell, Study
+from ablate.study import Cell, Study
 from ablate.tracking import StudyTracker, check_uri, is_local_store, join_runs, prepare_store
 from ablate.tracking.vocab import (
     cell_params,
@@ -129,7 +129,7 @@ def study_executor(
     Ray, or the cluster at ``address`` / ``RAY_ADDRESS``), with the study's per-cell resources."""
     if executor == "local":
         return LocalExecutor()
-    res = study.spec.resources
+    res = study.file.resources
     ex = RayExecutor(
         address=address,
         cpus=res.cpus,
@@ -186,14 +186,14 @@ def open_study(
         error=error,
         note=lambda msg: print(msg, file=out or sys.stderr),
     ):
-        base = flatten(study.spec.base.model_dump(mode="json", exclude_none=True), "base.")
-        parent = tracker.parent_run(study.text, description=study.spec.description, params=base)
+        base = flatten(study.file.base.model_dump(mode="json", exclude_none=True), "base.")
+        parent = tracker.parent_run(study.text, description=study.file.description, params=base)
         yield tracker, parent
 
 
 def task_threads(study: Study) -> int:
     """torch threads of one cell: its CPU cores, rounded down, at least 1."""
-    return max(1, int(study.spec.resources.cpus))
+    return max(1, int(study.file.resources.cpus))
 
 
 @dataclass
@@ -409,7 +409,7 @@ def wait_watch(study: Study, ex: Executor, after_s: float) -> WaitWatch | None:
     starts when the previous one ends)."""
     if not isinstance(ex, RayExecutor) or after_s <= 0:
         return None
-    res = study.spec.resources
+    res = study.file.resources
     each = f" for each of its {res.workers} workers" if res.workers > 1 else ""
     asks = f"a cell asks for {res.cpus:g} CPU(s) and {res.gpus:g} GPU(s){each} (resources)"
     ask = {"CPU": res.cpus * res.workers, "GPU": res.gpus * res.workers}

@@ -31,7 +31,7 @@ from ablate.export.mapping import DEPARTURES, QUANT_BUFFERS, hf_checkpoint
 from ablate.export.weights import ExportError, RunWeights, read_checkpoint, safetensors_torch
 
 if TYPE_CHECKING:
-    from ablate.spec import Cell, Study
+    from ablate.study import Cell, Study
     from ablate.train.config import RunConfig
 
 METADATA = "ablate_export.json"
@@ -66,7 +66,7 @@ def export_cell(
     ``out_dir``; ``study`` is a loaded ``Study`` or a study file (``output``: its output folder
     when not the default). A finished cell keeps its final weights; an interrupted one its last
     checkpoint (every ``train.checkpoint_every`` steps). Returns ``out_dir``."""
-    from ablate.spec import load_study
+    from ablate.study import load_study
 
     if not isinstance(study, str | Path):
         s = study

@@ -6,7 +6,7 @@ layer's job; this package only computes and renders.
 
 Modules, by concept:
 
-    speedup    the step-time model over the device table of ``ablate.spec.speedup`` (pure Python)
+    speedup    the step-time model over the device table of ``ablate.study.speedup`` (pure Python)
     inputs     the DataFrame contract: check_inputs, clean_evals (pandas)
     stats      Student-t quantiles (incomplete beta, no SciPy)
     censored   the censored log-normal estimate of tokens to target and relative cost, intervals

@@ -14,7 +14,7 @@ import pandas as pd
 from ablate.report.provenance import PROVENANCE
 
 if TYPE_CHECKING:
-    from ablate.spec import Cell
+    from ablate.study import Cell
     from ablate.train import RunResult
 
 STATUSES = {"finished", "diverged", "failed", "running", "interrupted", "pending"}

@@ -42,7 +42,7 @@ from ablate.report.ladder_predict import (
 from ablate.report.markup import Block
 from ablate.report.render import ReportResult, build_report
 from ablate.report.verdict import cost_and_speedup, verdict
-from ablate.spec.speedup import SpeedupSpec
+from ablate.study.speedup import SpeedupSection
 
 LADDER_CELL_COLUMNS = ("rung", "ladder_config", "params", "budget_tokens")
 RUNG_FIGURES = ("convergence", "token_cost")
@@ -94,7 +94,7 @@ def build_ladder_report(
     cells: pd.DataFrame,
     evals: pd.DataFrame,
     target: Any,
-    speedup: SpeedupSpec | None,
+    speedup: SpeedupSection | None,
     out_dir: str | Path,
     *,
     study: str,

@@ -41,7 +41,7 @@ from ablate.report.speedup import (
     role_interventions,
     throughput_gain,
 )
-from ablate.spec.speedup import ROLES, SpeedupSpec
+from ablate.study.speedup import ROLES, SpeedupSection
 from ablate.targets import (
     DEFAULT_AT,
     TARGET_FIELDS,
@@ -238,7 +238,7 @@ def seeds_of(sub: Any) -> Seeds:
     return Seeds.of(reached, censored)
 
 
-def _gain(sub: Any, base: Any, spec: SpeedupSpec) -> tuple[float, str, str]:
+def _gain(sub: Any, base: Any, spec: SpeedupSection) -> tuple[float, str, str]:
     """(step-throughput gain over the baseline, source, note): measured when both ran native GEMMs
     with measured tokens/s, else the model with each side's interventions."""
     base_native = (base["backend"] == "native").all() and math.isfinite(_mean_tps(base))
@@ -259,7 +259,7 @@ def _gain(sub: Any, base: Any, spec: SpeedupSpec) -> tuple[float, str, str]:
 
 
 def per_config(
-    cell_table: Any, speedup: SpeedupSpec | None = None, evals: Any | None = None
+    cell_table: Any, speedup: SpeedupSection | None = None, evals: Any | None = None
 ) -> Any:
     """One row per configuration (cells differing only by seed), baseline first.
 
@@ -275,7 +275,7 @@ def per_config(
     speedup_source ("measured" or "model:<device>"), projected_speedup with _lo/_hi (gain / (1 +
     cost) over the cost's interval; no point for a bounded cost, only the upper end); note.
     """
-    spec = speedup if speedup is not None else SpeedupSpec()
+    spec = speedup if speedup is not None else SpeedupSection()
     groups = {cfg: sub for cfg, sub in cell_table.groupby("config", sort=False)}
     (base_cfg,) = cell_table.loc[cell_table["baseline"].astype(bool), "config"].unique()
     base = groups[base_cfg]

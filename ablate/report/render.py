@@ -40,7 +40,7 @@ from ablate.report.metrics import (
 from ablate.report.probes import probe_blocks
 from ablate.report.run_metrics import run_summaries
 from ablate.report.verdict import cost_and_speedup, ratio_text, verdict, verdict_lines
-from ablate.spec.speedup import SpeedupSpec
+from ablate.study.speedup import SpeedupSection
 
 LATE_FRACTION = 0.5
 FIGURES = {
@@ -74,7 +74,7 @@ def build_report(
     cells: Any,
     evals: Any,
     target: Any,
-    speedup: SpeedupSpec | None,
+    speedup: SpeedupSection | None,
     out_dir: str | Path,
     *,
     study: str,
@@ -101,7 +101,7 @@ def build_report(
     check_inputs(cells, evals)
     mixed = provenance.check_numerics(cells, mixed=mix_numerics)
     notes = [*notes, mixed] if mixed else notes
-    spec = speedup if speedup is not None else SpeedupSpec()
+    spec = speedup if speedup is not None else SpeedupSection()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     title = title or f"{study}: tokens to target"
@@ -267,7 +267,7 @@ def _cell_rows(cell_table: Any, config_table: Any) -> tuple[list[str], list[list
     return headers, rows
 
 
-def _method(spec: SpeedupSpec, config_table: Any, cell_table: Any) -> list[str]:
+def _method(spec: SpeedupSection, config_table: Any, cell_table: Any) -> list[str]:
     measured = int((config_table["speedup_source"] == "measured").sum())
     longer = cell_table[cell_table["extended_tokens"].notna()]
     extension = (
@@ -345,7 +345,7 @@ def _blocks(
     notes: Sequence[str],
     config_table: Any,
     cell_table: Any,
-    spec: SpeedupSpec,
+    spec: SpeedupSection,
     paths: dict[str, dict[str, Path]],
 ) -> list[Block]:
     n_cells = len(cell_table)

@@ -41,7 +41,7 @@ already contains the quantization cost, which is why ``quant_overhead`` is 0 by 
 projection, not a measurement: the report always says which one it used ("measured" or
 "model:<device>").
 
-The ``speedup:`` section and the device table live in ``ablate.spec.speedup``; this module is the
+The ``speedup:`` section and the device table live in ``ablate.study.speedup``; this module is the
 model. Pure Python: no pandas, no matplotlib.
 """
 
@@ -53,7 +53,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from ablate.errors import ReportError
-from ablate.spec.speedup import BASE_FORMATS, FP4_FORMATS, ROLES, SpeedupSpec, format_name
+from ablate.study.speedup import BASE_FORMATS, FP4_FORMATS, ROLES, SpeedupSection, format_name
 
 
 def role_formats(fp4_gemms: str, fp4_format: str, base_format: str) -> dict[str, str]:
@@ -111,7 +111,7 @@ def intervention_costs(intervention: str) -> Costs:
 
 def step_time(
     formats: Mapping[str, str],
-    spec: SpeedupSpec,
+    spec: SpeedupSection,
     interventions: Mapping[str, Costs] | None = None,
 ) -> float:
     """Modelled step time of a recipe (per-role formats, and per role the cost terms of
@@ -158,7 +158,7 @@ def role_interventions(fp4_gemms: str, intervention: str) -> dict[str, Costs]:
 def throughput_gain(
     cell_formats: Mapping[str, str],
     baseline_formats: Mapping[str, str],
-    spec: SpeedupSpec,
+    spec: SpeedupSection,
     cell_interventions: Mapping[str, Costs] | None = None,
     baseline_interventions: Mapping[str, Costs] | None = None,
 ) -> float:

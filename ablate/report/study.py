@@ -1,4 +1,4 @@
-"""A study's report from its MLflow store: the cells come from the study spec (labels, baseline,
+"""A study's report from its MLflow store: the cells come from the study (labels, baseline,
 recipe), their state and validation curves from MLflow (read by ``ablate.tracking``), and
 ``build_report`` does the rest. The report is also attached to the study's parent run.
 
@@ -22,7 +22,7 @@ from ablate.tracking import StudyTracker, read_histories, study_status
 from ablate.tracking.vocab import env_of, short_name
 
 if TYPE_CHECKING:
-    from ablate.spec import Study
+    from ablate.study import Study
 
 
 def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -107,24 +107,24 @@ def report_study(
         )
     out = Path(out_dir) if out_dir is not None else Path("reports") / study.name
     tuning: list[dict[str, Any]] = []
-    if study.spec.tune is not None:
+    if study.file.tune is not None:
         from ablate.tune.storage import tune_summary
 
         tuning = tune_summary(study)
-    if study.spec.ladder is not None:
+    if study.file.ladder is not None:
         return _report_ladder(study, cells, evals, out, notes, attach, titles, mix_numerics)
     probes = probe_frame(study, cells)
     result = build_report(
         cells,
         evals,
         target,
-        study.spec.speedup,
+        study.file.speedup,
         out,
         study=study.name,
         notes=notes,
         tuning=tuning,
         probes=probes,
-        probe_settings=study.spec.probe.to_dict() if study.spec.probe is not None else None,
+        probe_settings=study.file.probe.to_dict() if study.file.probe is not None else None,
         titles=titles,
         mix_numerics=mix_numerics,
     )
@@ -151,14 +151,14 @@ def _report_ladder(
 ) -> LadderResult:
     """A ladder study's report (``ablate.report.ladder``), attached to the parent run with the
     prediction's figures as its metrics."""
-    ladder = study.spec.ladder
+    ladder = study.file.ladder
     assert ladder is not None
     predict = (ladder.predict.params, ladder.predict.tokens) if ladder.predict else None
     result = build_ladder_report(
         cells,
         evals,
         study.target,
-        study.spec.speedup,
+        study.file.speedup,
         out,
         study=study.name,
         predict=predict,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ablate.errors import CannotRunError
 
 if TYPE_CHECKING:
-    from ablate.spec import Study
+    from ablate.study import Study
 
 T = TypeVar("T")
 
@@ -205,7 +205,7 @@ def check_fits(study: Study, alloc: Allocation, *, asked: str = "") -> None:
     """A cell's worker must fit one node's CPUs and GPUs, and a cell's ``resources.workers`` the
     nodes together; ``SlurmError`` naming the fields, what the nodes hold and the fix. ``asked``:
     the ``ablate slurm submit`` options that gave this shape (the message names them)."""
-    res = study.spec.resources
+    res = study.file.resources
     each = [
         min(int(c // res.cpus), int(alloc.gpus_per_node // res.gpus) if res.gpus else c)
         for c in alloc.cpus

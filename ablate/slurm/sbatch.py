@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from ablate.slurm.allocation import Allocation, SlurmError, check_fits
 
 if TYPE_CHECKING:
-    from ablate.spec import Study
+    from ablate.study import Study
 
 INTERRUPTED = 130
 """``ablate slurm run``'s exit status when its cells stopped at a checkpoint to resume later."""
@@ -86,7 +86,7 @@ class Submission:
 def default_cpus(study: Study, gpus_per_node: int) -> int:
     """CPUs per node when ``--cpus-per-node`` is not given: a cell's ``resources.cpus`` (rounded up)
     times the cells a node's GPUs hold (one cell per node for a CPU study)."""
-    res = study.spec.resources
+    res = study.file.resources
     cells = int(gpus_per_node // res.gpus) if res.gpus > 0 else 1
     return math.ceil(res.cpus) * max(1, cells)
 

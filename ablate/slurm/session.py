@@ -39,7 +39,7 @@ from ablate.slurm.ray_nodes import JobRay, shielded
 from ablate.slurm.signals import Stopped, StopSignals
 
 if TYPE_CHECKING:
-    from ablate.spec import Study
+    from ablate.study import Study
     from ablate.tracking.server import TrackingServer
 
 START_TIMEOUT_S = 180.0
@@ -263,7 +263,7 @@ def _start(
     if server is not None:
         server.wait(start_timeout)
         _experiment(study, server)
-        study.spec.tracking.uri = server.url
+        study.file.tracking.uri = server.url
         _say(out, f"MLflow server {server.url} on {server.store} ({time.monotonic() - t0:.1f} s)")
     check()
 
@@ -293,9 +293,9 @@ def run_on_allocation(
     job_dir.mkdir(parents=True, exist_ok=True)
     os.environ.pop("RAY_ADDRESS", None)  # the job's Ray, named explicitly below
     result = SlurmRun()
-    given = study.spec.tracking.uri
+    given = study.file.tracking.uri
     with contextlib.ExitStack() as stack, StopSignals() as signals:
-        stack.callback(setattr, study.spec.tracking, "uri", given)
+        stack.callback(setattr, study.file.tracking, "uri", given)
         db = _sqlite(study)
         if db is not None:  # one job at a time on a SQLite store, however many nodes it has
             holder = f"job {alloc.job_id} on {alloc.head} ({socket.gethostname()})"
@@ -304,7 +304,7 @@ def run_on_allocation(
             if report:
                 result.report = _report(study, out)
             return result
-        workers = study.spec.resources.workers
+        workers = study.file.resources.workers
         ray = JobRay(alloc, job_dir, object_store_mb=object_store_mb, dashboard=workers > 1)
         _start(
             stack, study, alloc, ray, signals, serve=db is not None and multi,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ablate.key import digest
 from ablate.numerics import NUMERICS_VERSION
-from ablate.spec.study import Cell, Study
+from ablate.study.cells import Cell, Study
 from ablate.tracking import vocab
 from ablate.tracking.runs import StudyTracker
 from ablate.train.checkpoint import rekey_checkpoint

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ablate.spec.study import Cell, Study
+from ablate.study.cells import Cell, Study
 from ablate.targets import Curve
 from ablate.tracking.history import read_histories
 from ablate.tracking.runs import CellRun, read_cells

@@ -7,7 +7,7 @@ A study's experiment holds three roles of run, told apart by the tag ``ablate.ro
   ``ablate.baseline``, the recipe as ``ablate.recipe`` / ``ablate.fp4_gemms`` / ``ablate.intervention``
   / ``ablate.fp4_format`` / ``ablate.base_format``, ``ablate.backend``, ``ablate.tokens_per_step``,
   and every axis value as ``ablate.axis.<axis>``; a member of a family of decay branches
-  (``ablate.spec.families``) also ``ablate.family``, and a branch ``ablate.trunk`` (its trunk's
+  (``ablate.study.families``) also ``ablate.family``, and a branch ``ablate.trunk`` (its trunk's
   key) and ``ablate.branch_point`` (the step its decay starts));
 - ``trial``: one per ``ablate tune`` trial (``ablate.search``, ``ablate.trial``,
   ``ablate.optuna_study``, ``ablate.param.<path>``, and the cell tags ``key``, ``label``, ``recipe``,
@@ -37,8 +37,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
-from ablate.spec.axes import fmt_value
-from ablate.spec.study import Cell
+from ablate.study.axes import fmt_value
+from ablate.study.cells import Cell
 from backends.recipes import GEMMS
 from backends.recipes.recipe import selection_label
 

@@ -16,7 +16,7 @@ Modules, one concept each:
 - ``memory``: the memory estimate of a cell; ``probe``: gradient-fidelity probes during training
 - ``provenance``: the code, device and precision a run records; ``logger``: the ``Logger`` protocol
 
-This ``__init__`` loads its modules on first attribute access, so that the study spec, which needs
+This ``__init__`` loads its modules on first attribute access, so that the study, which needs
 the configs, does not import the training loop.
 """
 

@@ -4,7 +4,7 @@
 and declares how it enters a cell's key (``ablate.key``: ``config_hash`` builds the key from those
 declarations); ``__post_init__`` validation raises ``ValueError`` naming the field (as its dotted
 path in a study, e.g. ``train.grad_accum``) and what would be right. ``to_dict``/``from_dict`` give
-the plain nested form that the study spec resolves into and MLflow records as params (``flatten``).
+the plain nested form that the study resolves into and MLflow records as params (``flatten``).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class TrainConfig:
     or ``wsd`` (warmup-stable-decay: lr held, then a linear decay to min_lr_ratio * lr over the
     schedule's last ``decay_steps``; ``ablate.train.schedule``). Up to its decay a wsd run does
     not depend on ``steps``, so the budgets of a study share it (decay branches,
-    ``ablate.spec.families``). In the key when wsd."""
+    ``ablate.study.families``). In the key when wsd."""
     decay_fraction: float = field(default=0.2, metadata=always(omit=_not_wsd))
     """With ``schedule: wsd``, the fraction of the schedule's steps spent decaying, in (0, 1]:
     ``decay_steps`` = max(1, round(decay_fraction * steps)), of ``schedule_steps`` when set (round

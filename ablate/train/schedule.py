@@ -8,7 +8,7 @@ exponentially, and Hägele et al. 2024 find 1-sqrt a little better): the plaines
 same two ends as the cosine, so that a study comparing the two changes one thing. Before its
 decay a wsd schedule does not read ``steps``: runs of one config with different budgets share
 that stretch step for step, which is what lets one run branch each budget's decay off
-(``ablate.spec.families``).
+(``ablate.study.families``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Modules, by concept:
              and what the searches found (tune_summary, best.yaml); imports neither Ray nor MLflow
     driver   run_tune: asks Optuna for trials, runs them as tasks, prunes, tells Optuna the result
 
-The ``tune:`` section itself (schema, searches, checks) is part of the study spec (``ablate.spec``).
+The ``tune:`` section itself (schema, searches, checks) is part of the study (``ablate.study``).
 """
 
 from __future__ import annotations

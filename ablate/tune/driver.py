@@ -2,14 +2,14 @@
 executor (``ablate.executor``, as ``ablate run`` runs cells) and logged to the study's MLflow
 experiment.
 
-The ``tune:`` section (schema: ``ablate.spec.schema``; searches and checks: ``ablate.spec.tune``)
+The ``tune:`` section (schema: ``ablate.study.schema``; searches and checks: ``ablate.study.tune``)
 splits the study's cells into
 searches (``per``), each an independent Optuna study named ``<study>/<search label>`` that starts
 from one cell and varies only the ``space`` paths. Different searches are never compared: each has
 its own sampler state and its own pruner.
 
 **Trials are runs.** The driver asks Optuna for a trial, resolves and validates its config (the
-search's cell plus the suggested values, through the spec's ``CellConfig``), creates an MLflow
+search's cell plus the suggested values, through the study's ``CellConfig``), creates an MLflow
 child run under the study's parent run (role ``trial``, labelled ``<search>/trial<N>``, with the
 search, trial number and parameters as tags: ``ablate.tracking.vocab``; ``ablate run`` plans only
 ``cell`` runs, so it never sees them) and hands a ``Task`` to the executor, ``parallelism`` trials per search at a time (ask-and-tell). Each
@@ -82,10 +82,10 @@ from ablate.driver.runner import (
 from ablate.errors import TrackingError, TuneError
 from ablate.executor import Executor, ExecutorName
 from ablate.executor.task import Outcome, Task
-from ablate.spec.axes import fmt_value
-from ablate.spec.schema import TuneSpec
-from ablate.spec.study import Study
-from ablate.spec.tune import Search, plan_searches, trial_config
+from ablate.study.axes import fmt_value
+from ablate.study.cells import Study
+from ablate.study.schema import TuneSection
+from ablate.study.tune import Search, plan_searches, trial_config
 from ablate.targets import Curve, target_ppl_of, tokens_to_target
 from ablate.tracking import StudyTracker, baseline_curves, read_histories
 from ablate.tracking.vocab import recipe_tags, trial_tags
@@ -146,7 +146,7 @@ class _Driver:
     def __init__(
         self,
         study: Study,
-        tune: TuneSpec,
+        tune: TuneSection,
         tracker: StudyTracker,
         parent: str,
         pool: Executor,
@@ -180,7 +180,7 @@ class _Driver:
         if problems := continuation_problems(ostudy, self.tune, start):
             raise TuneError(
                 f"search {search.label} cannot continue its {len(ostudy.trials)} earlier trials: "
-                f"{'; '.join(problems)}. Restore the spec, or start afresh in a new output folder "
+                f"{'; '.join(problems)}. Restore the study file, or start afresh in a new output folder "
                 f"or after `optuna delete-study --storage {storage_url(self.study)} --study-name "
                 f"'{name}'`"
             )
@@ -385,7 +385,7 @@ def run_tune(
     prepare_study(study, cells=[s.cell for s in searches], out=out)  # records nothing
     lock = study_lock(study.output_dir / "tune", command="ablate tune", error=TuneError)
     with clean_failed_start(study.output_dir) as launched, lock, contextlib.ExitStack() as held:
-        res = study.spec.resources
+        res = study.file.resources
         pool = study_executor(study, executor, address=address, num_cpus=num_cpus)
         limit = 1 if pool.in_process else res.max_concurrent or 1 << 30
         interrupted = False

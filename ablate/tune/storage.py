@@ -24,10 +24,10 @@ import yaml
 from optuna.trial import Trial, TrialState
 
 from ablate.errors import TuneError
-from ablate.spec.axes import fmt_value, with_values
-from ablate.spec.schema import ParamSpec, TuneSpec
-from ablate.spec.study import Study
-from ablate.spec.tune import Search, param_kind, plan_searches
+from ablate.study.axes import fmt_value, with_values
+from ablate.study.cells import Study
+from ablate.study.schema import SearchParam, TuneSection
+from ablate.study.tune import Search, param_kind, plan_searches
 
 STORAGE = "optuna.db"
 IMPORTANCE_MIN_TRIALS = 4
@@ -41,26 +41,26 @@ def optuna_name(study: Study, search: Search) -> str:
     return f"{study.name}/{search.label}"
 
 
-def start_fingerprint(tune: TuneSpec, study: Study, search: Search) -> str:
+def start_fingerprint(tune: TuneSection, study: Study, search: Search) -> str:
     """Identity of what a search's trials start from: its cell's config without the searched
     paths (a search that continues must start from the same place)."""
-    d = with_values(study.spec.base.model_dump(mode="json"), dict(search.cell.values))
+    d = with_values(study.file.base.model_dump(mode="json"), dict(search.cell.values))
     for path in [*tune.space, "device"]:
         section, _, name = path.rpartition(".")
         (d.get(section, {}) if section else d).pop(name, None)
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def tune_spec(study: Study) -> TuneSpec:
-    if study.spec.tune is None:
+def tune_spec(study: Study) -> TuneSection:
+    if study.file.tune is None:
         raise TuneError(
             f"study {study.name} has no tune: section; add one, e.g. tune: {{per: [base_format], "
             "trials: 8, space: {train.lr: {low: 1.0e-4, high: 1.0e-2, log: true}}}"
         )
-    return study.spec.tune
+    return study.file.tune
 
 
-def suggest(trial: Trial, path: str, p: ParamSpec) -> Any:
+def suggest(trial: Trial, path: str, p: SearchParam) -> Any:
     """The trial's value of one searched path (its Optuna parameter is named by the path)."""
     kind = param_kind(path, p)
     if kind == "categorical":
@@ -72,7 +72,7 @@ def suggest(trial: Trial, path: str, p: ParamSpec) -> Any:
     return trial.suggest_float(path, p.low, p.high, step=p.step, log=p.log)
 
 
-def distribution(path: str, p: ParamSpec) -> optuna.distributions.BaseDistribution:
+def distribution(path: str, p: SearchParam) -> optuna.distributions.BaseDistribution:
     """The Optuna distribution that ``suggest`` draws ``path`` from."""
     kind = param_kind(path, p)
     if kind == "categorical":
@@ -84,7 +84,7 @@ def distribution(path: str, p: ParamSpec) -> optuna.distributions.BaseDistributi
     return optuna.distributions.FloatDistribution(p.low, p.high, log=p.log, step=p.step)
 
 
-def continuation_problems(ostudy: optuna.Study, tune: TuneSpec, start: str) -> list[str]:
+def continuation_problems(ostudy: optuna.Study, tune: TuneSection, start: str) -> list[str]:
     """Why an existing search cannot go on under this spec: another objective, another start
     config (``start_fingerprint``), or a parameter whose kind, log scale or choices changed."""
     attrs = ostudy.user_attrs
@@ -107,7 +107,7 @@ def continuation_problems(ostudy: optuna.Study, tune: TuneSpec, start: str) -> l
     return problems
 
 
-def make_sampler(tune: TuneSpec, n_before: int) -> optuna.samplers.BaseSampler:
+def make_sampler(tune: TuneSection, n_before: int) -> optuna.samplers.BaseSampler:
     seed = tune.sampler.seed + n_before
     if tune.sampler.kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
@@ -118,7 +118,7 @@ def make_sampler(tune: TuneSpec, n_before: int) -> optuna.samplers.BaseSampler:
     )
 
 
-def make_pruner(tune: TuneSpec) -> optuna.pruners.BasePruner:
+def make_pruner(tune: TuneSection) -> optuna.pruners.BasePruner:
     p = tune.pruner
     if p is None:
         return optuna.pruners.NopPruner()
@@ -147,9 +147,9 @@ def tune_summary(study: Study) -> list[dict[str, Any]]:
     pruned, failed, best_value, best_trial, best_params, importance (None below 4 complete trials
     or with one parameter), values (of the ``per`` axes), start_cell. Reads only; [] before any
     ``ablate tune``."""
-    if study.spec.tune is None or not (study.output_dir / STORAGE).is_file():
+    if study.file.tune is None or not (study.output_dir / STORAGE).is_file():
         return []
-    tune = study.spec.tune
+    tune = study.file.tune
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = optuna.storages.RDBStorage(storage_url(study))
     names = set(optuna.get_all_study_names(storage))

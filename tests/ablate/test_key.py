@@ -15,7 +15,7 @@ from ablate.data import DataConfig, ValData
 from ablate.key import always, key_fields, never, rule_of, unless_default
 from ablate.model import ModelConfig
 from ablate.numerics import NUMERICS_VERSION
-from ablate.spec import load_study
+from ablate.study import load_study
 from ablate.tracking.adopt import legacy_config_hash
 from ablate.train.config import ProbeConfig, RunConfig, TrainConfig, config_hash
 from backends.recipes import GEMMS, Recipe, named_recipe

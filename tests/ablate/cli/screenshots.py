@@ -19,7 +19,7 @@ VIEW = {"width": 1440, "height": 900}
 def main(study_file: str, out: str) -> None:
     from playwright.sync_api import sync_playwright
 
-    from ablate.spec import load_study
+    from ablate.study import load_study
 
     study = load_study(study_file)
     out_dir = Path(out)

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ablate.cli import main
-from ablate.spec import load_study, parse_study
-from ablate.spec.axes import fmt_value
+from ablate.study import load_study, parse_study
+from ablate.study.axes import fmt_value
 from ablate.tracking import StudyTracker, prepare_store
 
 HANG_GUARD_S = 30  # far above the seconds these take; only a hang or a blow-up crosses it

@@ -162,7 +162,7 @@ def test_validate_plan_and_schema(tmp_path):
     assert [c["action"] for c in d["cells"]] == ["run", "run"]
     assert [c["baseline"] for c in d["cells"]] == [True, False]
     res = CliRunner().invoke(main, ["schema"])
-    assert json.loads(res.stdout)["title"] == "StudySpec"
+    assert json.loads(res.stdout)["title"] == "StudyFile"
     # a baseline trained past the budget: plan says so, for the study and on its cells
     longer = _write(tmp_path, STUDY + "baseline_extend: 0.5\n")
     res = CliRunner().invoke(main, ["plan", str(longer), "-o", str(out)])
@@ -226,7 +226,7 @@ def test_a_baseline_trained_longer_is_recorded_so_and_read_up_to_the_budget(tmp_
     )
     assert res.exit_code == 0, res.output
     from ablate.report.study import study_frames
-    from ablate.spec import load_study
+    from ablate.study import load_study
     from ablate.tracking import baseline_curves, read_histories, study_status
 
     study = load_study(p, output=out)
@@ -281,7 +281,7 @@ def test_report_without_a_store_or_runs_says_so_and_fails(tmp_path):
     assert not (tmp_path / "none.db").exists()
     # a store with the study's runs created but none finished
     from ablate.driver.runner import run_study
-    from ablate.spec import load_study
+    from ablate.study import load_study
 
     s = load_study(p, output=tmp_path / "out")
     run_study(s, executor="local", progress=False, stop_after=1)

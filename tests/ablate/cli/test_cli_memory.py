@@ -163,7 +163,7 @@ def test_the_8b_study_plans_here_with_its_fsdp_estimate_per_device(tmp_path):
     8192-token sequence, and FSDP's unsharded working set."""
     import torch
 
-    from ablate.spec import load_study
+    from ablate.study import load_study
     from ablate.train.memory import GIB, estimate, estimate_run
 
     out = tmp_path / "out"

@@ -1,4 +1,4 @@
-"""Decay branches in a study (``ablate.spec.families``, ``ablate.driver.branching``): budgets 8, 12
+"""Decay branches in a study (``ablate.study.families``, ``ablate.driver.branching``): budgets 8, 12
 and 16 of one wsd configuration run as one trunk and two decays, on real MLflow (SQLite under
 tmp_path) and the in-process executor; every recorded number and the final weights equal those of
 each budget trained from step 0 (the trunk's: those of a run that saves no branch checkpoint),
@@ -22,8 +22,8 @@ from ablate.driver import branching
 from ablate.driver.planning import PlannedCell, plan
 from ablate.driver.runner import run_study
 from ablate.executor.task import Task
-from ablate.spec import Study, parse_study
-from ablate.spec.families import branch_root, families
+from ablate.study import Study, parse_study
+from ablate.study.families import branch_root, families
 from ablate.train.checkpoint import CHECKPOINT, load_file
 
 BUDGETS = [8, 12, 16]  # decays of 2, 2, 3 steps: branch points 6 (an evaluation) and 10

@@ -14,7 +14,7 @@ from ablate.cli import main
 from ablate.driver.compute import compute
 from ablate.driver.planning import plan
 from ablate.model import flops_per_token
-from ablate.spec import load_study, parse_study
+from ablate.study import load_study, parse_study
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -66,4 +66,4 @@ def test_the_8b_ladder_costs_a_third_of_the_8b_ablation():
     # one GPU a cell, as the study says: every cell's estimate fits an 80 GB H100 (79.6 GiB)
     peak = max(c["memory"]["total"] for c in ladder["cells"])
     assert peak < 0.9 * 79.6 * 2**30, f"{peak / 2**30:.1f} GiB"
-    assert load_study(ROOT / "studies" / "ladder_8b.yaml", check_files=False).spec.ladder
+    assert load_study(ROOT / "studies" / "ladder_8b.yaml", check_files=False).file.ladder

@@ -196,7 +196,7 @@ def test_status_calls_no_cell_abandoned_while_a_driver_elsewhere_holds_the_study
     from test_bad_input import _recorded
 
     from ablate.cli import main
-    from ablate.spec import load_study
+    from ablate.study import load_study
 
     p, out = _recorded(tmp_path, "running")
     (out / ".lock").write_text("pid 1 on gone")  # run from here before; that driver is gone

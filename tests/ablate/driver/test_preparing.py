@@ -121,7 +121,7 @@ grid:
 
 
 def test_the_c4_studies_validate_offline_with_the_llama_tokenizer_and_c4_validation() -> None:
-    from ablate.spec import load_study
+    from ablate.study import load_study
 
     for name in ("mxfp4_wgrad_8b", "recipes_gpu"):
         study = load_study(ROOT / "studies" / f"{name}.yaml")
@@ -141,7 +141,7 @@ def test_the_heldout_study_runs_and_reports_against_its_loss_target(
 
     from ablate.driver.runner import run_study
     from ablate.report.study import report_study
-    from ablate.spec import parse_study
+    from ablate.study import parse_study
 
     monkeypatch.chdir(ROOT)  # the study reads docs/*.md from the repository's root
     raw = yaml.safe_load((ROOT / "studies" / "heldout.yaml").read_text())

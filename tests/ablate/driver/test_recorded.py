@@ -16,7 +16,7 @@ from test_key import STUDY_KEYS
 from ablate.cli import main
 from ablate.driver.planning import plan
 from ablate.driver.runner import run_study
-from ablate.spec import load_study
+from ablate.study import load_study
 from ablate.tracking import StudyTracker
 from ablate.train.config import config_hash
 

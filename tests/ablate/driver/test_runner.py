@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 from ablate.driver.planning import plan, plan_cell
 from ablate.driver.runner import run_study, study_lock
 from ablate.errors import RunnerError
-from ablate.spec import Study, parse_study
+from ablate.study import Study, parse_study
 from ablate.tracking import CellRun
 
 METRICS = ("train_loss", "lr", "grad_norm", "tokens_per_s")  # every step from 1; tokens from 0
@@ -186,7 +186,7 @@ def test_a_local_cell_leaves_the_drivers_threads_and_directory_as_they_were(tmp_
 def test_a_device_that_cannot_run_the_study_fails_before_anything_is_written(tmp_path):
     s = tiny_study(tmp_path)
     s.cells[1].config.device = "cuda:7"
-    s.spec.resources.gpus = 1  # with none, the cell is refused for that (test_devices.py)
+    s.file.resources.gpus = 1  # with none, the cell is refused for that (test_devices.py)
     with pytest.raises(
         RunnerError, match=r"cannot run the study:\n  cells mxfp4.*:\n    device: 'cuda:7'"
     ):
@@ -338,7 +338,7 @@ grid: {{seed: [0, 1, 2]}}
     rest = proc.communicate(timeout=60)[1]
     assert proc.returncode == 130, "".join(lines) + rest
     assert "interrupted" in rest
-    from ablate.spec import load_study
+    from ablate.study import load_study
 
     s = load_study(study_file)
     actions = [p.action for p in plan(s)]

@@ -19,7 +19,7 @@ from ablate.driver.runner import run_study
 from ablate.errors import CannotRunError
 from ablate.executor import LocalExecutor, run_one
 from ablate.executor.task import Task
-from ablate.spec import load_study, parse_study
+from ablate.study import load_study, parse_study
 from ablate.tracking import StudyTracker, default_uri, prepare_store
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a process without CUDA")

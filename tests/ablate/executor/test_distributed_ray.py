@@ -20,7 +20,7 @@ from test_distributed import two_ranks
 from ablate.driver.preflight import preflight
 from ablate.driver.runner import run_study
 from ablate.errors import CannotRunError
-from ablate.spec import Study, parse_study
+from ablate.study import Study, parse_study
 
 METRICS = ("train_loss", "lr", "grad_norm", "tokens_per_s")
 

@@ -20,7 +20,7 @@ from ablate.data import load_data, val_batches
 from ablate.driver.runner import run_study
 from ablate.export import ExportError, export_cell, export_checkpoint, export_model
 from ablate.model import build_model
-from ablate.spec import load_study
+from ablate.study import load_study
 from ablate.tracking import read_histories, study_status
 from ablate.train import RunConfig, train
 from ablate.train.parallel import process_group

@@ -219,7 +219,7 @@ def study_over(tmp_path: Path, axis: str, values: list[str], **train: Any) -> li
     from mlflow.tracking import MlflowClient
 
     from ablate.driver.runner import run_study
-    from ablate.spec import parse_study
+    from ablate.study import parse_study
 
     raw = {
         "name": "grid",

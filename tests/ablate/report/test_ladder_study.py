@@ -16,11 +16,11 @@ from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
 from ablate.driver.runner import run_study
-from ablate.errors import SpecError
+from ablate.errors import StudyError
 from ablate.model import ModelConfig, non_embedding_params
 from ablate.report.ladder_predict import LADDER_COLUMNS
 from ablate.report.study import report_study
-from ablate.spec import parse_study
+from ablate.study import parse_study
 
 SHAPES = {"model.dim": [32, 48, 64], "model.n_layers": [1, 2, 2], "model.ffn_dim": [64, 128, 192]}
 
@@ -100,7 +100,7 @@ def test_a_ladder_study_runs_and_reports_per_rung_with_a_prediction(tmp_path):
 )
 def test_a_ladder_that_cannot_be_compared_is_refused_naming_the_field(tmp_path, over, said):
     spec = raw(tmp_path, **over)
-    with pytest.raises(SpecError, match=r"(?s).*" + said.replace("(", r"\(").replace("*", r"\*")):
+    with pytest.raises(StudyError, match=r"(?s).*" + said.replace("(", r"\(").replace("*", r"\*")):
         parse_study(spec, output=tmp_path / "out", check_files=False)
 
 

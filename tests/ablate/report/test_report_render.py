@@ -13,7 +13,7 @@ from ablate.report.markup import markdown_table, tokens
 from ablate.report.plots import styles
 from ablate.report.render import build_report
 from ablate.report.synthetic import synthetic_study
-from ablate.spec.speedup import SpeedupSpec
+from ablate.study.speedup import SpeedupSection
 
 FILES = [
     "report.md",
@@ -37,7 +37,7 @@ def report(tmp_path_factory):
         cells,
         evals,
         {"val_ppl": target},
-        SpeedupSpec(),
+        SpeedupSection(),
         out,
         study="demo",
         notes=["2 runs still pending."],
@@ -220,7 +220,9 @@ def test_tuning_section_lists_best_value_and_parameters_per_search(tmp_path):
 def test_provenance_is_reported_per_configuration_and_mixed_code_is_called_out(tmp_path):
     cells, evals, target = synthetic_study(2, 2, 20)
     # synthetic frames carry no provenance: the report says so instead of failing
-    bare = build_report(cells, evals, {"val_ppl": target}, SpeedupSpec(), tmp_path / "a", study="d")
+    bare = build_report(
+        cells, evals, {"val_ppl": target}, SpeedupSection(), tmp_path / "a", study="d"
+    )
     assert any("4 of 4 runs recorded no provenance" in n for n in bare.notes)
     assert set(pd.read_csv(bare.summary_csv)["code_hash"]) == {"unknown"}
     # one run produced by other training code, on the same device and precision
@@ -235,7 +237,7 @@ def test_provenance_is_reported_per_configuration_and_mixed_code_is_called_out(t
         ablate_version="0.1.0",
     )
     result = build_report(
-        cells, evals, {"val_ppl": target}, SpeedupSpec(), tmp_path / "b", study="d"
+        cells, evals, {"val_ppl": target}, SpeedupSection(), tmp_path / "b", study="d"
     )
     (mixed,) = [n for n in result.notes if "versions of the training code" in n]
     assert "2 versions" in mixed and "aaaa, bbbb" in mixed and "--rerun-stale" in mixed
@@ -260,11 +262,11 @@ def test_runs_of_two_numerics_versions_are_compared_only_when_told(tmp_path):
     with pytest.raises(
         ReportError, match=r"2 numerics versions \(numerics 1: `.+`; numerics 2"
     ) as e:
-        build_report(cells, evals, {"val_ppl": target}, SpeedupSpec(), tmp_path / "a", study="d")
+        build_report(cells, evals, {"val_ppl": target}, SpeedupSection(), tmp_path / "a", study="d")
     assert "--mix-numerics" in str(e.value) and "--rerun-stale" in str(e.value)
     assert not (tmp_path / "a" / "report.md").exists()
     res = build_report(
-        cells, evals, {"val_ppl": target}, SpeedupSpec(), tmp_path / "b", study="d",
+        cells, evals, {"val_ppl": target}, SpeedupSection(), tmp_path / "b", study="d",
         mix_numerics=True,
     )  # fmt: skip
     (note,) = [n for n in res.notes if "numerics versions" in n]
@@ -273,7 +275,7 @@ def test_runs_of_two_numerics_versions_are_compared_only_when_told(tmp_path):
     # a run that recorded no version is version 1: beside version 2 it is refused likewise
     cells = cells.assign(numerics=["" if c == first else "2" for c in cells["config"]])
     with pytest.raises(ReportError, match="numerics 1"):
-        build_report(cells, evals, {"val_ppl": target}, SpeedupSpec(), tmp_path / "c", study="d")
+        build_report(cells, evals, {"val_ppl": target}, SpeedupSection(), tmp_path / "c", study="d")
 
 
 def test_figures_drop_titles_on_request_draw_censored_costs_hollow_and_label_tokens(report):
@@ -296,7 +298,7 @@ def test_figures_drop_titles_on_request_draw_censored_costs_hollow_and_label_tok
 def test_a_report_with_a_baseline_trained_longer_marks_only_true_bounds(tmp_path):
     # equal budgets at cost ~0 censor many pairs; the baseline 1.5x longer covers them
     cells, evals, target = synthetic_study(3, 2, 40, baseline_extend=0.5, seed=3)
-    result = build_report(cells, evals, {"from_baseline": "slowest"}, SpeedupSpec(), tmp_path,
+    result = build_report(cells, evals, {"from_baseline": "slowest"}, SpeedupSection(), tmp_path,
                           study="longer")  # fmt: skip
     md = result.report_md.read_text()
     assert "**Baseline trained longer**" in md and "trained 1.50x the budget" in md
@@ -306,7 +308,7 @@ def test_a_report_with_a_baseline_trained_longer_marks_only_true_bounds(tmp_path
     budget = cells.set_index("key")["schedule_steps"]
     plain_cells = cells.assign(schedule_steps=math.nan)
     plain_evals = evals[~(evals["step"] > evals["key"].map(budget))]
-    plain = build_report(plain_cells, plain_evals, {"from_baseline": "slowest"}, SpeedupSpec(),
+    plain = build_report(plain_cells, plain_evals, {"from_baseline": "slowest"}, SpeedupSection(),
                          tmp_path / "plain", study="plain")  # fmt: skip
     assert result.target_ppl == plain.target_ppl
     for col in ("tokens_to_target", "rel_token_cost", "rel_token_cost_lo", "final_ppl_mean"):

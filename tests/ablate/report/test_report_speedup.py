@@ -13,7 +13,7 @@ from ablate.errors import ReportError
 from ablate.report.metrics import per_cell, per_config
 from ablate.report.speedup import projected_speedup, role_formats, step_time, throughput_gain
 from ablate.report.stats import t975
-from ablate.spec.speedup import DEVICES, SpeedupSpec
+from ablate.study.speedup import DEVICES, SpeedupSection
 
 FULL_MXFP4 = role_formats("fprop+dgrad+wgrad", "mxfp4", "fp8")
 ALL_FP8 = role_formats("", "mxfp4", "fp8")
@@ -32,7 +32,7 @@ def test_role_formats_put_the_named_gemms_in_fp4_and_the_rest_in_the_base_format
 
 def test_default_model_gives_full_mxfp4_on_mi355x_the_papers_20_percent_over_fp8():
     # FP8 step 0.5 + 0.5/2 = 0.75, MXFP4 step 0.5 + 0.5/4 = 0.625 (in BF16 steps): 0.75/0.625 = 1.2
-    spec = SpeedupSpec()
+    spec = SpeedupSection()
     assert spec.device == "mi355x"
     assert step_time(ALL_FP8, spec) == pytest.approx(0.75)
     assert step_time(FULL_MXFP4, spec) == pytest.approx(0.625)
@@ -50,7 +50,7 @@ def test_role_share_and_overrides_change_the_model_as_documented():
     # wgrad alone takes 0.3 of a BF16 step; fprop/dgrad 0.1 each; mxfp4 overridden to 3x BF16 and a
     # 10% quantization overhead: all-FP8 = 0.5 + 0.5 * (1/2 + 0.1) = 0.8; full MXFP4 = 0.5 + 0.5 *
     # (1/3 + 0.1) = 0.716667 -> gain 1.116279
-    spec = SpeedupSpec(
+    spec = SpeedupSection(
         role_share={"fprop": 0.1, "dgrad": 0.1, "wgrad": 0.3},
         throughput={"mxfp4": 3.0},
         quant_overhead=0.1,
@@ -65,9 +65,9 @@ def test_role_share_and_overrides_change_the_model_as_documented():
 
 def test_a_format_the_device_cannot_run_is_a_plain_error_naming_both():
     with pytest.raises(ReportError, match="device 'mi355x' has no native nvfp4 GEMM"):
-        step_time(role_formats("fprop", "nvfp4", "fp8"), SpeedupSpec())
+        step_time(role_formats("fprop", "nvfp4", "fp8"), SpeedupSection())
     assert throughput_gain(
-        role_formats("fprop+dgrad+wgrad", "nvfp4", "fp8"), ALL_FP8, SpeedupSpec(device="b200")
+        role_formats("fprop+dgrad+wgrad", "nvfp4", "fp8"), ALL_FP8, SpeedupSection(device="b200")
     ) == pytest.approx(1.2)
     assert "nvfp4" not in DEVICES["h100"].throughput and "mxfp4" not in DEVICES["h100"].throughput
 
@@ -76,15 +76,15 @@ def test_speedup_spec_rejects_bad_input_with_what_is_allowed():
     with pytest.raises(
         pydantic.ValidationError, match="unknown device 'tpu'; allowed: mi355x, b200"
     ):
-        SpeedupSpec(device="tpu")
+        SpeedupSection(device="tpu")
     with pytest.raises(pydantic.ValidationError, match="gemm_share or role_share, not both"):
-        SpeedupSpec(gemm_share=0.5, role_share={"fprop": 0.1, "dgrad": 0.1, "wgrad": 0.1})
+        SpeedupSection(gemm_share=0.5, role_share={"fprop": 0.1, "dgrad": 0.1, "wgrad": 0.1})
     with pytest.raises(pydantic.ValidationError, match="missing wgrad"):
-        SpeedupSpec(role_share={"fprop": 0.1, "dgrad": 0.1})
+        SpeedupSection(role_share={"fprop": 0.1, "dgrad": 0.1})
     with pytest.raises(pydantic.ValidationError, match="unknown format 'int4'"):
-        SpeedupSpec(throughput={"int4": 8})
+        SpeedupSection(throughput={"int4": 8})
     with pytest.raises(pydantic.ValidationError, match="Extra inputs are not permitted"):
-        SpeedupSpec(devices="b200")
+        SpeedupSection(devices="b200")
 
 
 def test_measured_throughput_is_used_only_when_both_ran_native(study):
@@ -111,7 +111,7 @@ def test_measured_throughput_is_used_only_when_both_ran_native(study):
     assert x["speedup_source"] == "measured" and x["throughput_gain"] == pytest.approx(1.3)
     cells, evals = study(runs("emulated"))
     x = (
-        per_config(per_cell(cells, evals, 4.0), SpeedupSpec(device="b200"))
+        per_config(per_cell(cells, evals, 4.0), SpeedupSection(device="b200"))
         .set_index("config")
         .loc["x"]
     )
@@ -153,7 +153,7 @@ def test_t_quantiles_agree_with_scipy_at_fractional_degrees_of_freedom():
 def test_interventions_cost_throughput_in_the_model():
     from ablate.report.speedup import intervention_costs, role_interventions
 
-    spec = SpeedupSpec()  # hadamard 1% per 16 points, SR 1%, of the GEMM's BF16 time
+    spec = SpeedupSection()  # hadamard 1% per 16 points, SR 1%, of the GEMM's BF16 time
     full = role_formats("fprop+dgrad+wgrad", "mxfp4", "fp8")
     base = role_formats("", "mxfp4", "fp8")
 
@@ -186,7 +186,7 @@ def test_a_per_gemm_intervention_is_charged_gemm_by_gemm():
         "dgrad": (0, True, False, False),
         "wgrad": (16, True, False, False),
     }
-    spec = SpeedupSpec(device="b200")  # runs NVFP4
+    spec = SpeedupSection(device="b200")  # runs NVFP4
     full = role_formats("fprop+dgrad+wgrad", "nvfp4", "fp8")
     base = role_formats("", "nvfp4", "fp8")
     uniform = role_interventions("fprop+dgrad+wgrad", "sr+fht16")
@@ -200,7 +200,7 @@ def test_four_over_six_and_ms_eden_are_charged_on_the_gemms_that_use_them():
 
     assert intervention_costs("sr+4over6+fht16") == Costs(16, True, True, False)
     assert intervention_costs("eden+rht128") == Costs(128, False, False, True)
-    spec = SpeedupSpec(device="b200")  # 4/6 and MS-EDEN 1% each by default
+    spec = SpeedupSection(device="b200")  # 4/6 and MS-EDEN 1% each by default
     full = role_formats("fprop+dgrad+wgrad", "nvfp4", "fp8")
     base = role_formats("", "nvfp4", "fp8")
     plain = throughput_gain(full, base, spec, role_interventions("fprop+dgrad+wgrad", "none"))
@@ -213,7 +213,7 @@ def test_four_over_six_and_ms_eden_are_charged_on_the_gemms_that_use_them():
     )
     want = 0.625 + (0.01 + 2 * (0.01 * 128 / 16 + 0.01)) / 6
     assert throughput_gain(full, base, spec, qii) == pytest.approx(0.75 / want)
-    free = SpeedupSpec(device="b200", scale_rule_overhead=0, eden_overhead=0)
+    free = SpeedupSection(device="b200", scale_rule_overhead=0, eden_overhead=0)
     assert throughput_gain(full, base, free, role_interventions("fprop+dgrad+wgrad", "4over6")) == (
         pytest.approx(plain)
     )
@@ -221,7 +221,7 @@ def test_four_over_six_and_ms_eden_are_charged_on_the_gemms_that_use_them():
 
 
 def test_the_speedup_models_gemms_are_the_recipes():
-    from ablate.spec.speedup import ROLES
+    from ablate.study.speedup import ROLES
     from backends.recipes import GEMMS
 
     assert ROLES == GEMMS

@@ -126,7 +126,7 @@ def _checkpoint_steps(out: Path) -> dict[str, int]:
 def _reference(root: Path, study_file: Path) -> dict[str, Any]:
     """The study's cells trained in this process, uninterrupted."""
     from ablate.driver.runner import run_study
-    from ablate.spec import load_study
+    from ablate.study import load_study
 
     study = load_study(study_file, output=root / "reference")
     run_study(study, executor="local", progress=False, stream=io.StringIO())

@@ -16,7 +16,7 @@ from ablate.slurm.allocation import (
     read_allocation,
 )
 from ablate.slurm.ports import BLOCK, SLOTS, JobPorts, ports_taken, temp_dir
-from ablate.spec import parse_study
+from ablate.study import parse_study
 
 JOB = {
     "SLURM_JOB_ID": "4242",

@@ -79,7 +79,7 @@ def test_artifacts_of_a_server_tracked_study_land_in_the_servers_destination(
     uri, served = server
     monkeypatch.chdir(tmp_path)  # nothing may land in the working directory either
     study = tiny_study(tmp_path, steps=2, seed=[0])
-    study.spec.tracking.uri = uri
+    study.file.tracking.uri = uri
     res = run_study(study, executor="local", progress=False)
     assert [o.status for o in res.outcomes.values()] == ["finished"]
 

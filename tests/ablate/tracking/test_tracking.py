@@ -446,7 +446,7 @@ def test_a_worker_killed_between_checkpoints_loses_no_step_on_resume(uri, tmp_pa
 
 
 def test_run_names_are_short_lead_with_what_differs_and_tell_every_cell_apart(monkeypatch):
-    from ablate.spec import load_study
+    from ablate.study import load_study
     from ablate.tracking.vocab import cell_params, short_name
 
     root = Path(__file__).resolve().parents[3] / "studies"

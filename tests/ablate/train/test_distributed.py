@@ -241,8 +241,8 @@ def _spec(**over: Any) -> dict[str, Any]:
 
 
 def test_resources_workers_reaches_the_runs_and_bad_combinations_name_their_field(tmp_path):
-    from ablate.errors import SpecError
-    from ablate.spec import parse_study
+    from ablate.errors import StudyError
+    from ablate.study import parse_study
 
     s = parse_study(_spec(), output=tmp_path)
     tc = s.cells[0].config.train
@@ -261,5 +261,5 @@ def test_resources_workers_reaches_the_runs_and_bad_combinations_name_their_fiel
         ({"probe": {"every": 5}}, "probe: probes run in one process"),
     ]
     for over, says in bad:
-        with pytest.raises(SpecError, match=says.replace("(", r"\(")):
+        with pytest.raises(StudyError, match=says.replace("(", r"\(")):
             parse_study(_spec(**over), output=tmp_path)

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from ablate.cli import main
-from ablate.spec import load_study
+from ablate.study import load_study
 from ablate.tracking import read_histories, read_metric_keys, study_status
 
 STUDY = """

@@ -17,7 +17,7 @@ from test_runner import tiny_study
 from ablate.cli import main
 from ablate.driver.planning import plan, target_headroom
 from ablate.driver.runner import run_study
-from ablate.spec import load_study, parse_study
+from ablate.study import load_study, parse_study
 from ablate.targets import Curve, headroom_warning, reached_fraction
 from ablate.tracking import StudyTracker
 from ablate.tracking.adopt import adoptable, legacy_config_hash
@@ -102,12 +102,12 @@ def test_a_moved_output_folder_and_a_new_checkpoint_frequency_keep_the_results(f
 def test_the_key_counts_device_kind_and_precision_from_the_study_not_the_machine(tmp_path):
     cpu = tiny_study(tmp_path / "a")
     bf16 = tiny_study(tmp_path / "b")
-    raw = bf16.spec.model_dump(mode="python")
+    raw = bf16.file.model_dump(mode="python")
     raw["base"]["train"]["precision"] = "bf16"
     bf16 = parse_study(raw, output=tmp_path / "b")
     assert {c.config.device for c in cpu.cells} == {"cpu"}  # auto, resources.gpus 0
     assert not {c.key for c in cpu.cells} & {c.key for c in bf16.cells}
-    raw = cpu.spec.model_dump(mode="python")
+    raw = cpu.file.model_dump(mode="python")
     raw["resources"]["gpus"] = 1
     gpu = parse_study(raw, output=tmp_path / "c")
     assert {c.config.device for c in gpu.cells} == {"cuda"}
@@ -185,7 +185,7 @@ def test_validate_warns_from_the_schedule_when_the_baseline_reaches_the_target_a
     tmp_path,
 ):
     study = tiny_study(tmp_path, steps=3)
-    raw = study.spec.model_dump(mode="python")
+    raw = study.file.model_dump(mode="python")
     raw["baseline"] = {"fp4_gemms": []}
     raw["target"] = {"from_baseline": "final", "tolerance": 0.05}
     path = tmp_path / "s.yaml"
@@ -204,7 +204,7 @@ def test_validate_warns_from_the_schedule_when_the_baseline_reaches_the_target_a
 
 
 def test_with_results_the_warning_comes_from_the_baselines_curves(finished):
-    raw = finished.spec.model_dump(mode="python")
+    raw = finished.file.model_dump(mode="python")
     raw["baseline"] = {"fp4_gemms": []}
     raw["target"] = {"from_baseline": "final"}
     study = parse_study(raw, output=finished.output_dir)

@@ -228,7 +228,7 @@ def test_export_of_a_poisoned_checkpoint_exits_2_without_running_it(trained, tmp
         "name: poisoned\nbase:\n  model: {preset: tiny, n_layers: 1}\n  data: {val_tokens: 2048}\n"
         "  train: {steps: 2, batch_size: 2, seq_len: 16, eval_every: 2}\ngrid:\n  - seed: [0]\n"
     )
-    from ablate.spec import load_study
+    from ablate.study import load_study
 
     s = load_study(study, output=tmp_path / "out")
     cell = s.cells[0]

@@ -19,9 +19,9 @@ from optuna.trial import TrialState
 
 from ablate.cli import main
 from ablate.driver.planning import plan
-from ablate.errors import SpecError, TuneError
-from ablate.spec import Study, parse_study
-from ablate.spec.tune import plan_searches
+from ablate.errors import StudyError, TuneError
+from ablate.study import Study, parse_study
+from ablate.study.tune import plan_searches
 from ablate.tune import optuna_name, run_tune, storage_url, tune_summary
 
 TRAIN = {
@@ -60,7 +60,7 @@ def optuna_studies(study: Study) -> dict[str, optuna.Study]:
     storage = storage_url(study)
     return {
         s.label: optuna.load_study(study_name=optuna_name(study, s), storage=storage)
-        for s in plan_searches(study.spec.tune, study)  # type: ignore[arg-type]
+        for s in plan_searches(study.file.tune, study)  # type: ignore[arg-type]
     }
 
 
@@ -111,7 +111,7 @@ def final_val_loss(study: Study, run_id: str) -> float:
 def test_a_bad_search_space_is_refused_naming_its_yaml_path(tmp_path, space, where):
     raw = raw_study()
     raw["tune"]["space"] = space
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(StudyError) as e:
         parse_study(raw, output=tmp_path / "out")
     assert where in str(e.value)
     assert not (tmp_path / "out").exists()
@@ -124,19 +124,19 @@ def test_the_rest_of_a_bad_tune_section_is_refused_naming_its_yaml_path(tmp_path
         pruner={"kind": "threshold"},
         enqueue=[{"train.lr": 1.0}],
     )
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(StudyError) as e:
         parse_study(raw, output=tmp_path / "out")
     msg = str(e.value)
     assert "tune.per[0]: 'fp4_gemm' is not an axis of this study" in msg
     assert "tune.objective: tokens_to_target needs the study's target" in msg
     assert "tune.pruner.max_val_loss: the threshold pruner needs a positive ceiling" in msg
     raw = raw_study(enqueue=[{"train.lr": 1.0, "train.wd": 0.1}], trials=0)
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(StudyError) as e:
         parse_study(raw, output=tmp_path / "out")
     msg = str(e.value)
     assert "tune.trials: Input should be greater than or equal to 1" in msg
     raw = raw_study(enqueue=[{"train.lr": 1.0, "train.wd": 0.1}])
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(StudyError) as e:
         parse_study(raw, output=tmp_path / "out")
     assert "tune.enqueue[0].train.lr: 1.0 is outside [0.001, 0.01]" in str(e.value)
     assert "tune.enqueue[0].train.wd: not in tune.space" in str(e.value)
@@ -160,12 +160,12 @@ def test_cli_refuses_a_bad_tune_section_with_status_2_before_writing(tmp_path):
 
 def test_searches_split_the_cells_per_axis_and_start_from_the_lowest_seed(tmp_path):
     s = parse_study(raw_study(), output=tmp_path)
-    searches = plan_searches(s.spec.tune, s)  # type: ignore[arg-type]
+    searches = plan_searches(s.file.tune, s)  # type: ignore[arg-type]
     assert [x.label for x in searches] == ["bf16", "mxfp4[fprop,dgrad,wgrad]/bf16"]
     assert [x.cell.seed for x in searches] == [0, 0]
     assert searches[1].slug == "mxfp4-fprop-dgrad-wgrad-bf16"
     one = parse_study(raw_study(per=[]), output=tmp_path)
-    assert [x.label for x in plan_searches(one.spec.tune, one)] == ["all"]  # type: ignore[arg-type]
+    assert [x.label for x in plan_searches(one.file.tune, one)] == ["all"]  # type: ignore[arg-type]
 
 
 # --- a tiny search, end to end -------------------------------------------------------------------------
@@ -409,5 +409,5 @@ def test_the_study_file_tune_lr_is_valid():
     path = Path(__file__).resolve().parents[3] / "studies" / "tune_lr.yaml"
     raw = yaml.safe_load(path.read_text())
     study = parse_study(copy.deepcopy(raw), check_files=False)
-    searches = plan_searches(study.spec.tune, study)  # type: ignore[arg-type]
+    searches = plan_searches(study.file.tune, study)  # type: ignore[arg-type]
     assert len(searches) == 2

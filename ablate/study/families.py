@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ablate.spec.study import Cell
+from ablate.study.cells import Cell
 from ablate.train.branch import Branches, branch_point, family_hash
 
 

@@ -11,7 +11,7 @@ of writing the whole ``gemms:`` form, a study names the recipe and what differs:
       wgrad: {hadamard: {signs: random}}                           # one key of the transform
       label: fos-rne-dy                                            # optional: the cell's name
 
-The keys are those of ``gemms:`` (``ablate.spec.recipe``): under a GEMM, keys for both of its
+The keys are those of ``gemms:`` (``ablate.study.recipe``): under a GEMM, keys for both of its
 operands (format, rounding, prescale, scale_mode, block, scale_rule, outer_block), an operand's
 own under its tensor name (fprop: x, w; dgrad: dy, w; wgrad: dy, x), and ``hadamard``. The
 override is applied to the named recipe written out in that form (``Recipe.explicit``):
@@ -41,12 +41,12 @@ from pydantic import (
     model_serializer,
 )
 
-from ablate.spec.messages import pydantic_errors
-from ablate.spec.recipe import GemmsSpec, OperandSpec, check_recipe_name
+from ablate.study.messages import pydantic_errors
+from ablate.study.recipe import ExplicitRecipe, OperandOptions, check_recipe_name
 from backends.quant.operand import FORMAT_OPTIONS
 from backends.recipes import GEMMS, OPERANDS, Recipe, named_recipe
 
-OPERAND_KEYS = tuple(OperandSpec.model_fields)
+OPERAND_KEYS = tuple(OperandOptions.model_fields)
 FORMAT_KEYS = FORMAT_OPTIONS
 """What belongs to an operand's format and goes when the format changes (``QuantSpec``'s options
 declared ``of_format``)."""
@@ -64,8 +64,8 @@ class _SetOnly(BaseModel):
         return {k: v for k, v in d.items() if k in self.model_fields_set}
 
 
-class OperandPatch(OperandSpec, _SetOnly):
-    """Changes to one operand (keys as ``OperandSpec``; null: back to the default)."""
+class OperandPatch(OperandOptions, _SetOnly):
+    """Changes to one operand (keys as ``OperandOptions``; null: back to the default)."""
 
 
 class HadamardPatch(_SetOnly):
@@ -137,9 +137,9 @@ class RecipeOverride(_SetOnly):
             if patch is not None:
                 _apply(explicit[g], patch, g)
         try:
-            r = GemmsSpec.model_validate(explicit).build(base)
+            r = ExplicitRecipe.model_validate(explicit).build(base)
         except ValidationError as e:
-            raise ValueError(_under_recipe(pydantic_errors(e, GemmsSpec)[0])) from None
+            raise ValueError(_under_recipe(pydantic_errors(e, ExplicitRecipe)[0])) from None
         return replace(r, label=self.label or variant_label(named.short(), self))
 
     def changes(self) -> list[tuple[str, Any]]:

@@ -1,4 +1,4 @@
-"""Error messages of the study spec: pydantic's errors translated into ``SpecError`` lines (one per
+"""Error messages of the study: pydantic's errors translated into ``StudyError`` lines (one per
 problem, each starting with its YAML path): unknown keys with the allowed ones and a did-you-mean,
 the trainer's own ``field: message`` texts placed at their path."""
 

@@ -1,6 +1,6 @@
-"""Expanding a study: YAML -> ``StudySpec`` -> ``Study`` with one ``Cell`` per grid point (product per
+"""Expanding a study: YAML -> ``StudyFile`` -> ``Study`` with one ``Cell`` per grid point (product per
 grid, union over grids, zipped axes, exclusions, baseline), each resolved into a ``RunConfig`` with
-its key and label. Every problem is collected and raised as one ``SpecError``."""
+its key and label. Every problem is collected and raised as one ``StudyError``."""
 
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from ablate.data import already_prepared, check_counts, check_sources
-from ablate.errors import SpecError
-from ablate.spec.axes import check_axis_name, fmt_value, get_path, with_values
-from ablate.spec.loader import parse_yaml, read_study_text
-from ablate.spec.messages import pydantic_errors
-from ablate.spec.recipe import recipe_axes as derived_recipe_axes
-from ablate.spec.rungs import ladder_cells
-from ablate.spec.schema import LIST_AXES, RECIPE_AXES, CellConfig, StudySpec
-from ablate.spec.study import Cell, Study
-from ablate.spec.tune import check_tune
+from ablate.errors import StudyError
+from ablate.study.axes import check_axis_name, fmt_value, get_path, with_values
+from ablate.study.cells import Cell, Study
+from ablate.study.loader import parse_yaml, read_study_text
+from ablate.study.messages import pydantic_errors
+from ablate.study.recipe import recipe_axes as derived_recipe_axes
+from ablate.study.rungs import ladder_cells
+from ablate.study.schema import LIST_AXES, RECIPE_AXES, CellConfig, StudyFile
+from ablate.study.tune import check_tune
 from ablate.train.config import RunConfig, TrainConfig, config_hash
 from backends.recipes import GEMMS, parse_intervention
 from backends.recipes.recipe import intervention_label
@@ -44,7 +44,7 @@ def load_study(
     check_files: bool = True,
     max_cells: int = MAX_CELLS,
 ) -> Study:
-    """Read, validate and expand a study file; raises ``SpecError`` listing every problem."""
+    """Read, validate and expand a study file; raises ``StudyError`` listing every problem."""
     text = read_study_text(path)
     raw = parse_yaml(text, str(path))
     return parse_study(
@@ -69,22 +69,22 @@ def parse_study(
     """Validate and expand an already-parsed study (a mapping, as from YAML); a grid of more than
     ``max_cells`` cells is refused before it is expanded."""
     if not isinstance(raw, dict):
-        raise SpecError(
+        raise StudyError(
             [f"the study must be a mapping (name:, base:, grid:, ...), got {type(raw).__name__}"],
             source,
         )
     try:
-        spec = StudySpec.model_validate(raw)
+        spec = StudyFile.model_validate(raw)
     except ValidationError as e:
-        raise SpecError(pydantic_errors(e, StudySpec), source) from None
+        raise StudyError(pydantic_errors(e, StudyFile), source) from None
     if preset_beside_hf := _preset_beside_hf(raw):
-        raise SpecError(preset_beside_hf, source)
+        raise StudyError(preset_beside_hf, source)
     out = Path(output) if output is not None else Path(spec.output or f"runs/{spec.name}")
     study = _expand(spec, raw, source, max_cells)
     study.output_dir = out
     study.text = text
     if spec.tune is not None and (tune_errors := check_tune(spec.tune, study)):
-        raise SpecError(tune_errors, source)
+        raise StudyError(tune_errors, source)
     if check_files:
         errors = []
         if (problem := _cache_problem(study)) is not None:
@@ -111,7 +111,7 @@ def parse_study(
                 varied = any(a.startswith(("data.", "model.")) for a in study.axes)
                 errors.append(f"cell {c.label}: {msg}" if varied else f"base.{msg}")
         if errors:
-            raise SpecError(errors, source)
+            raise StudyError(errors, source)
     return study
 
 
@@ -152,7 +152,7 @@ def _cache_problem(study: Study) -> str | None:
     from ablate.data.prepared import CACHE_ENV
 
     cache = study.data_cache()
-    field = "data_cache" if study.spec.data_cache else f"${CACHE_ENV} (the prepared-data cache)"
+    field = "data_cache" if study.file.data_cache else f"${CACHE_ENV} (the prepared-data cache)"
     there = next((p for p in (cache, *cache.parents) if p.exists()), None)
     if there is None:
         return None
@@ -194,7 +194,7 @@ def _model_fits_tokenizer(rc: RunConfig) -> str | None:
     return None
 
 
-def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells: int) -> Study:
+def _expand(spec: StudyFile, raw: dict[str, Any], source: str | None, max_cells: int) -> Study:
     errors: list[str] = []
     base = spec.base.model_dump(mode="python")
     raw_base = raw.get("base") or {}
@@ -226,11 +226,11 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
                     axes.append(name)
         per_grid.append(factors)
     if errors:
-        raise SpecError(errors, source)
+        raise StudyError(errors, source)
     sizes = [math.prod(len(f) for f in factors) for factors in per_grid]
     if sum(sizes) > max_cells:
         shape = " + ".join("x".join(str(len(f)) for f in factors) or "1" for factors in per_grid)
-        raise SpecError(
+        raise StudyError(
             [
                 f"grid: {sum(sizes):,} cells ({shape}) is more than the {max_cells:,} allowed; "
                 "narrow an axis, or raise the cap with --max-cells if you mean it"
@@ -253,7 +253,7 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
         _match_spec(spec.baseline, "baseline", axes, errors) if spec.baseline is not None else None
     )
     if errors:
-        raise SpecError(errors, source)
+        raise StudyError(errors, source)
     used = [False] * len(exclude)
     kept: list[dict[str, Any]] = []
     for vals in combos:
@@ -268,7 +268,7 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
     if combos and not kept:
         errors.append("exclude: removes every cell; the study has nothing to run")
     if errors:
-        raise SpecError(errors, source)
+        raise StudyError(errors, source)
 
     # 4. resolve every cell into a RunConfig (combinations can be impossible)
     resolved: list[tuple[dict[str, Any], RunConfig, dict[str, Any]]] = []
@@ -330,7 +330,7 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
         errors[:0] = [f"cell {{{w}}}: {m}{hint}" for w, ms in failed for m in ms]
     if errors:
         more = [f"... and {len(errors) - 20} more"] if len(errors) > 20 else []
-        raise SpecError(errors[:20] + more, source)
+        raise StudyError(errors[:20] + more, source)
 
     varying = [a for a in axes if len({fmt_value(v[a]) for v, _, _ in resolved}) > 1]
     cells: list[Cell] = []
@@ -376,9 +376,9 @@ def _expand(spec: StudySpec, raw: dict[str, Any], source: str | None, max_cells:
                 "add axes to select exactly one (its seeds are the baseline)"
             )
     if errors:
-        raise SpecError(errors, source)
+        raise StudyError(errors, source)
     return Study(
-        spec=spec, cells=cells, axes=axes, output_dir=Path("."), source=source, notes=notes
+        file=spec, cells=cells, axes=axes, output_dir=Path("."), source=source, notes=notes
     )
 
 

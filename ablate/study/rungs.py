@@ -1,4 +1,4 @@
-"""A ladder study's rungs (``ablate.spec.ladder``): every cell's rung and configuration across
+"""A ladder study's rungs (``ablate.study.ladder``): every cell's rung and configuration across
 rungs, and what makes a ladder that cannot be compared or fitted, each problem naming its field."""
 
 from __future__ import annotations
@@ -7,18 +7,18 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from ablate.spec.axes import fmt_value
-from ablate.spec.ladder import LadderSpec
-from ablate.spec.study import Cell
+from ablate.study.axes import fmt_value
+from ablate.study.cells import Cell
+from ablate.study.ladder import LadderSection
 
 
-def _rung_axes(ladder: LadderSpec, axes: Sequence[str]) -> tuple[list[str], list[str]]:
+def _rung_axes(ladder: LadderSection, axes: Sequence[str]) -> tuple[list[str], list[str]]:
     size = ladder.size if ladder.size is not None else [a for a in axes if a.startswith("model.")]
     return list(size), list(ladder.budget)
 
 
 def ladder_cells(
-    ladder: LadderSpec, cells: list[Cell], axes: Sequence[str]
+    ladder: LadderSection, cells: list[Cell], axes: Sequence[str]
 ) -> tuple[list[Cell], list[str]]:
     """``cells`` with their rung and ladder configuration set, and the ladder's problems (empty
     when it can be compared and fitted)."""

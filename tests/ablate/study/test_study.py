@@ -1,12 +1,12 @@
-"""The study spec: expansion, keys, labels, and errors that name the YAML path and the allowed values."""
+"""The study: expansion, keys, labels, and errors that name the YAML path and the allowed values."""
 
 from pathlib import Path
 
 import pytest
 import yaml
 
-from ablate.errors import SpecError
-from ablate.spec import json_schema, load_study, parse_study
+from ablate.errors import StudyError
+from ablate.study import json_schema, load_study, parse_study
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -18,7 +18,7 @@ def study(**kw):
 
 
 def errors_of(**kw) -> list[str]:
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(StudyError) as e:
         parse_study({**BASE, **kw})
     return e.value.errors
 
@@ -197,7 +197,7 @@ def test_bad_specs_name_the_yaml_path_and_what_is_allowed(kw, path, words):
 
 
 def test_base_errors_name_the_base_path():
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(StudyError) as e:
         parse_study(
             {"name": "t", "base": {"train": {"stepz": 3, "grad_accum": 3}}, "grid": {"seed": [0]}}
         )
@@ -205,7 +205,7 @@ def test_base_errors_name_the_base_path():
         x.startswith("base.train.stepz: unknown key (did you mean 'steps'?)")
         for x in e.value.errors
     )
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(StudyError) as e:
         parse_study({"name": "t", "base": {"train": {"grad_accum": 3}}, "grid": {"seed": [0]}})
     assert e.value.errors[0].startswith("base.train.grad_accum: 3 does not divide")
 
@@ -226,14 +226,14 @@ def test_missing_data_file_is_an_error_before_anything_runs(tmp_path):
 
 
 def test_yaml_syntax_errors_and_missing_files(tmp_path):
-    with pytest.raises(SpecError, match="no such study file"):
+    with pytest.raises(StudyError, match="no such study file"):
         load_study(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ngrid: {seed: [0\n")
-    with pytest.raises(SpecError, match="not valid YAML"):
+    with pytest.raises(StudyError, match="not valid YAML"):
         load_study(bad)
     bad.write_text("- just\n- a list\n")
-    with pytest.raises(SpecError, match="must be a mapping"):
+    with pytest.raises(StudyError, match="must be a mapping"):
         load_study(bad)
 
 
@@ -350,14 +350,14 @@ def test_baseline_extend_trains_the_baseline_on_past_the_budget_under_its_own_ke
 def test_an_error_in_every_cell_is_said_once_and_a_combinations_error_names_its_cell(tmp_path):
     base = {"device": "cpu", "model": {"preset": "tiny"}, "data": {"val_tokens": 4096}}
     every = {"name": "s", "base": base | {"train": {"seq_len": 512}}, "grid": {"seed": [0, 1]}}
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(StudyError) as e:
         parse_study(every, output=tmp_path)
     assert e.value.errors == [
         "train.seq_len: 512 is longer than the model supports (model.max_seq_len = 256); shorten "
         "it or raise model.max_seq_len (in every cell)"
     ]
     some = {"name": "s", "base": base, "grid": {"train.seq_len": [128, 512]}}
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(StudyError) as e:
         parse_study(some, output=tmp_path)
     assert len(e.value.errors) == 1
     assert e.value.errors[0].startswith("cell {train.seq_len: 512}: train.seq_len: 512 is longer")

@@ -1,11 +1,11 @@
-"""The study spec: YAML -> typed ``StudySpec`` (pydantic) -> ``Study`` with its expanded cells.
+"""The study: YAML -> typed ``StudyFile`` (pydantic) -> ``Study`` with its expanded cells.
 
 Modules, by concept:
 
-    schema    pydantic models of a study file: StudySpec, CellConfig, Target, Resources, TuneSpec
+    schema    pydantic models of a study file: StudyFile, CellConfig, Target, Resources, TuneSection
     speedup   the ``speedup:`` section and the named device table it points at
     axes      axis names and dotted config paths (check_axis_name, with_values, fmt_value)
-    study     the expanded Study and its Cells
+    cells     the expanded Study and its Cells
     expand    load_study / parse_study: validation, grid expansion, keys and labels
     families  cells that differ only in their wsd budget: a trunk and its decay branches
     tune      the ``tune:`` section's searches and checks (plan_searches, trial_config, check_tune)
@@ -25,10 +25,10 @@ produced it do not matter, and a changed config gets a new key. Its **label** re
 
 Everything is checked here, before Ray starts or anything is written: unknown keys and axes, wrong
 types, misspelled interventions, impossible combinations, an empty grid, a baseline or exclusion that
-matches no cell, missing data files. ``SpecError`` carries one message per problem, each starting
+matches no cell, missing data files. ``StudyError`` carries one message per problem, each starting
 with the YAML path (``grid.intervention[2]``) and naming the allowed values.
 
-This ``__init__`` loads its modules on first attribute access, so ``ablate.spec.speedup`` (which the
+This ``__init__`` loads its modules on first attribute access, so ``ablate.study.speedup`` (which the
 report imports) stays cheap: it does not pull in torch through the trainer's configs.
 """
 
@@ -38,33 +38,33 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ablate.errors import SpecError
-    from ablate.spec.axes import check_axis_name, fmt_value, with_values
-    from ablate.spec.expand import load_study, parse_study
-    from ablate.spec.messages import did_you_mean, pydantic_errors
-    from ablate.spec.schema import (
+    from ablate.errors import StudyError
+    from ablate.study.axes import check_axis_name, fmt_value, with_values
+    from ablate.study.cells import Cell, Study
+    from ablate.study.expand import load_study, parse_study
+    from ablate.study.messages import did_you_mean, pydantic_errors
+    from ablate.study.schema import (
         LIST_AXES,
         RECIPE_AXES,
         SECTIONS,
         TOP_AXES,
         CellConfig,
         Resources,
-        StudySpec,
+        StudyFile,
         Target,
         Tracking,
-        TuneSpec,
+        TuneSection,
         json_schema,
     )
-    from ablate.spec.speedup import SpeedupSpec
-    from ablate.spec.study import Cell, Study
-    from ablate.spec.tune import Search, plan_searches, trial_config
+    from ablate.study.speedup import SpeedupSection
+    from ablate.study.tune import Search, plan_searches, trial_config
 
 _LAZY = {
-    "SpecError": "..errors",
+    "StudyError": "..errors",
     "did_you_mean": ".messages",
     "pydantic_errors": ".messages",
-    "Cell": ".study",
-    "Study": ".study",
+    "Cell": ".cells",
+    "Study": ".cells",
     "check_axis_name": ".axes",
     "fmt_value": ".axes",
     "with_values": ".axes",
@@ -76,12 +76,12 @@ _LAZY = {
     "TOP_AXES": ".schema",
     "CellConfig": ".schema",
     "Resources": ".schema",
-    "StudySpec": ".schema",
+    "StudyFile": ".schema",
     "Target": ".schema",
     "Tracking": ".schema",
-    "TuneSpec": ".schema",
+    "TuneSection": ".schema",
     "json_schema": ".schema",
-    "SpeedupSpec": ".speedup",
+    "SpeedupSection": ".speedup",
     "Search": ".tune",
     "plan_searches": ".tune",
     "trial_config": ".tune",
@@ -95,14 +95,14 @@ __all__ = [
     "Resources",
     "SECTIONS",
     "Search",
-    "SpecError",
-    "SpeedupSpec",
+    "StudyError",
+    "SpeedupSection",
     "Study",
-    "StudySpec",
+    "StudyFile",
     "TOP_AXES",
     "Target",
     "Tracking",
-    "TuneSpec",
+    "TuneSection",
     "check_axis_name",
     "did_you_mean",
     "fmt_value",

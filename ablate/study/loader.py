@@ -1,6 +1,6 @@
 """Reading a study file safely: bytes -> strict UTF-8 -> YAML with limits -> plain Python data.
 
-A study file is small and hand-written; anything else is refused with one ``SpecError`` line that
+A study file is small and hand-written; anything else is refused with one ``StudyError`` line that
 names the file and what is wrong, before any of it is expanded:
 
 - not UTF-8 (a binary file, UTF-16, a stray Latin-1 byte): the byte offset of the first bad byte;
@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from ablate.errors import SpecError
+from ablate.errors import StudyError
 
 MAX_BYTES = 1 << 20  # 1 MiB: a study is a few KB
 MAX_DEPTH = 64
@@ -105,18 +105,18 @@ def _check_events(text: str) -> None:
 
 
 def read_study_text(path: str | Path) -> str:
-    """The study file as text; ``SpecError`` if it is missing, too large or not UTF-8."""
+    """The study file as text; ``StudyError`` if it is missing, too large or not UTF-8."""
     p = Path(path)
     if not p.is_file():
-        raise SpecError([f"{path}: no such study file"])
+        raise StudyError([f"{path}: no such study file"])
     size = p.stat().st_size
     if size > MAX_BYTES:
-        raise SpecError([f"{path}: {size:,} bytes; a study file is at most {MAX_BYTES:,}"])
+        raise StudyError([f"{path}: {size:,} bytes; a study file is at most {MAX_BYTES:,}"])
     data = p.read_bytes()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SpecError(
+        raise StudyError(
             [
                 f"{path}: not UTF-8 text (byte {e.start}: {data[e.start : e.start + 1]!r}); save "
                 "the study as UTF-8 YAML"
@@ -125,13 +125,13 @@ def read_study_text(path: str | Path) -> str:
 
 
 def parse_yaml(text: str, source: str | None = None) -> Any:
-    """The YAML document in ``text`` as plain data; ``SpecError`` naming what is wrong."""
+    """The YAML document in ``text`` as plain data; ``StudyError`` naming what is wrong."""
     try:
         _check_events(text)
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except ValueError as e:  # the limits above
-        raise SpecError([str(e)], source) from None
+        raise StudyError([str(e)], source) from None
     except yaml.YAMLError as e:
-        raise SpecError([f"not valid YAML: {e}"], source) from None
+        raise StudyError([f"not valid YAML: {e}"], source) from None
     except RecursionError:  # a limit above should have caught it; never a 3,000-line traceback
-        raise SpecError(["nested too deeply to read"], source) from None
+        raise StudyError(["nested too deeply to read"], source) from None

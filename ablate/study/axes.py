@@ -7,8 +7,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ablate.spec.messages import did_you_mean
-from ablate.spec.schema import SECTIONS, TOP_AXES
+from ablate.study.messages import did_you_mean
+from ablate.study.schema import SECTIONS, TOP_AXES
 
 
 def check_axis_name(name: str) -> str | None:

@@ -3,7 +3,7 @@ rung, and its fits predict each configuration's token ratio at the user's scale.
 
 A rung is one (size, budget): the cells whose size axes and budget axes hold the same values. Each
 rung has its own baseline cells and its own target; a configuration is the cell's label without
-its rung and seed (``Cell.ladder_config``; ``ablate.spec.rungs`` sets both).
+its rung and seed (``Cell.ladder_config``; ``ablate.study.rungs`` sets both).
 
     ladder:
       size: model.preset            # the axes that set the model's size (default: every model. axis)
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 MIN_BOOT, MAX_BOOT = 200, 20_000
 
 
-class PredictSpec(BaseModel):
+class PredictAt(BaseModel):
     """The scale at which the ladder predicts each configuration's token ratio."""
 
     model_config = ConfigDict(extra="forbid")
@@ -31,7 +31,7 @@ class PredictSpec(BaseModel):
     """Tokens D* that model trains on (e.g. 1.0e12)."""
 
 
-class LadderSpec(BaseModel):
+class LadderSection(BaseModel):
     """Compare rung by rung; fit and predict (``ablate.report.ladder_predict``)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -40,7 +40,7 @@ class LadderSpec(BaseModel):
     """Grid axes that set the model's size (default: every grid axis under ``model.``)."""
     budget: list[str] = Field(default_factory=lambda: ["train.steps"])
     """Grid axes that set the token budget (default: ``train.steps``)."""
-    predict: PredictSpec | None = None
+    predict: PredictAt | None = None
     """Where to predict (no prediction without it: the rungs, the trend and the back-test)."""
     boot: int = Field(default=1000, ge=MIN_BOOT, le=MAX_BOOT)
     """Bootstrap replicates of the prediction's interval."""

@@ -1,6 +1,6 @@
 """The ``tune:`` section of a study: what Optuna searches, for which cells, and how.
 
-The schema (``TuneSpec`` in ``spec.schema``) and these checks are part of the study spec, validated
+The schema (``TuneSection`` in ``study.schema``) and these checks are part of the study, validated
 with the rest of the study before anything runs; the Optuna driver is ``ablate.tune``. Example::
 
     tune:
@@ -44,18 +44,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ablate.spec.axes import check_axis_name, fmt_value, with_values
-from ablate.spec.messages import pydantic_errors
-from ablate.spec.schema import (
+from ablate.study.axes import check_axis_name, fmt_value, with_values
+from ablate.study.cells import Cell, Study
+from ablate.study.messages import pydantic_errors
+from ablate.study.schema import (
     RECIPE_AXES,
     SECTIONS,
     CellConfig,
     ParamKind,
-    ParamSpec,
-    PrunerSpec,
-    TuneSpec,
+    PrunerOptions,
+    SearchParam,
+    TuneSection,
 )
-from ablate.spec.study import Cell, Study
 from ablate.train.config import RunConfig
 
 # --- searches --------------------------------------------------------------------------------------
@@ -74,7 +74,7 @@ class Search:
     """Value of each ``per`` axis."""
 
 
-def plan_searches(tune: TuneSpec, study: Study) -> list[Search]:
+def plan_searches(tune: TuneSection, study: Study) -> list[Search]:
     """The searches of a study, in order of their first cell."""
     groups: dict[tuple[str, ...], list[Cell]] = {}
     for c in study.cells:
@@ -115,14 +115,14 @@ def plan_searches(tune: TuneSpec, study: Study) -> list[Search]:
 def trial_config(study: Study, cell: Cell, params: dict[str, Any]) -> RunConfig:
     """``cell``'s config with ``params`` (config path -> value) applied; raises pydantic's
     ValidationError or ValueError for a config the trainer would refuse."""
-    base = with_values(study.spec.base.model_dump(mode="python"), dict(cell.values))
+    base = with_values(study.file.base.model_dump(mode="python"), dict(cell.values))
     rc = CellConfig.model_validate(with_values(base, params)).run_config()
     if "train.checkpoint_every" not in params:  # the study's default (resumable cells) applies
         rc.train.checkpoint_every = cell.config.train.checkpoint_every
     return rc
 
 
-def param_kind(path: str, p: ParamSpec) -> ParamKind:
+def param_kind(path: str, p: SearchParam) -> ParamKind:
     if p.choices is not None:
         return "categorical"
     if p.type is not None:
@@ -143,7 +143,7 @@ def _field_type(path: str) -> Any:
 # --- checks ------------------------------------------------------------------------------------------
 
 
-def check_tune(tune: TuneSpec, study: Study) -> list[str]:
+def check_tune(tune: TuneSection, study: Study) -> list[str]:
     """Every problem of a study's ``tune`` section, as ``"tune.path: what is wrong"`` lines."""
     errors: list[str] = []
     for i, a in enumerate(tune.per):
@@ -197,7 +197,7 @@ def check_tune(tune: TuneSpec, study: Study) -> list[str]:
     return errors
 
 
-def _check_pruner(p: PrunerSpec) -> list[str]:
+def _check_pruner(p: PrunerOptions) -> list[str]:
     used = {"threshold": {"max_val_loss"}, "median": {"startup_trials"}}.get(p.kind, set())
     used |= {"patience", "min_delta"} if p.kind == "patient" else set()
     errors = [
@@ -213,7 +213,7 @@ def _check_pruner(p: PrunerSpec) -> list[str]:
     return errors
 
 
-def _check_shape(path: str, p: ParamSpec, where: str) -> list[str]:
+def _check_shape(path: str, p: SearchParam, where: str) -> list[str]:
     kind = param_kind(path, p)
     if p.choices is not None:
         if p.type not in (None, "categorical"):
@@ -280,7 +280,7 @@ def _check_value(
     return []
 
 
-def _check_enqueued(tune: TuneSpec, entry: dict[str, Any], where: str) -> list[str]:
+def _check_enqueued(tune: TuneSection, entry: dict[str, Any], where: str) -> list[str]:
     errors: list[str] = []
     for path, v in entry.items():
         p = tune.space.get(path)

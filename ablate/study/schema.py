@@ -1,7 +1,7 @@
-"""The study schema: pydantic models of a study file (``StudySpec``), of one cell's configuration in
+"""The study schema: pydantic models of a study file (``StudyFile``), of one cell's configuration in
 the study's vocabulary (``CellConfig``: the trainer's sections plus the recipe: the shorthands, a
 named recipe or the explicit per-GEMM form of ``spec.recipe``) and of the ``tune:`` section
-(``TuneSpec``: what ``ablate tune`` searches; its checks are in ``spec.tune``)."""
+(``TuneSection``: what ``ablate tune`` searches; its checks are in ``spec.tune``)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ablate.data import DataConfig
 from ablate.model import ModelConfig
-from ablate.spec.ladder import LadderSpec
-from ablate.spec.override import RecipeOverride
-from ablate.spec.recipe import GemmsSpec, LayersSpec, check_recipe_name, explicit_recipe, select
-from ablate.spec.speedup import SpeedupSpec
+from ablate.study.ladder import LadderSection
+from ablate.study.override import RecipeOverride
+from ablate.study.recipe import (
+    ExplicitRecipe,
+    LayerSelection,
+    check_recipe_name,
+    explicit_recipe,
+    select,
+)
+from ablate.study.speedup import SpeedupSection
 from ablate.train.config import ProbeConfig, RunConfig, TrainConfig
 from backends.gemm import available_backends
 from backends.recipes import GEMMS, Gemm, Recipe, parse_intervention
@@ -78,11 +84,11 @@ class CellConfig(BaseModel):
     """A named recipe instead of the shorthands: nvidia_nvfp4, tseng_mxfp4, amd_mxfp4_h16,
     quartet, four_over_six, nvidia_nvfp4_4over6, quartet_ii, tetrajet_v2 (backends.recipes.named;
     ``ablate recipe NAME`` shows one); or a variant of one, {name: NAME, fprop|dgrad|wgrad:
-    {changed keys}} (ablate.spec.override)."""
-    gemms: GemmsSpec | None = None
+    {changed keys}} (ablate.study.override)."""
+    gemms: ExplicitRecipe | None = None
     """The explicit recipe instead of the shorthands: per GEMM (fprop, dgrad, wgrad) and operand
-    (x, w, dy) format, rounding, prescale, block, and a Hadamard transform (ablate.spec.recipe)."""
-    layers: LayersSpec | None = None
+    (x, w, dy) format, rounding, prescale, block, and a Hadamard transform (ablate.study.recipe)."""
+    layers: LayerSelection | None = None
     """Which block linears follow the recipe: types (attention, mlp) and block indices (negative:
     from the end); default all. The rest stay in high precision, as keep_first/keep_last blocks."""
 
@@ -194,7 +200,7 @@ Objective = Literal["final_val_loss", "tokens_to_target"]
 ParamKind = Literal["float", "int", "categorical"]
 
 
-class ParamSpec(BaseModel):
+class SearchParam(BaseModel):
     """One searched config path: a range (low, high, log/step) or a list of choices."""
 
     model_config = ConfigDict(extra="forbid")
@@ -210,7 +216,7 @@ class ParamSpec(BaseModel):
     choices: list[Any] | None = None
 
 
-class SamplerSpec(BaseModel):
+class SamplerOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["tpe", "random"] = "tpe"
@@ -220,7 +226,7 @@ class SamplerSpec(BaseModel):
     """TPE: random trials before the model of good and bad parameters takes over."""
 
 
-class PrunerSpec(BaseModel):
+class PrunerOptions(BaseModel):
     """Stops trials that are clearly failing, judged on validation loss within one search only."""
 
     model_config = ConfigDict(extra="forbid")
@@ -240,12 +246,12 @@ class PrunerSpec(BaseModel):
     """Never prune before this training step."""
 
 
-class TuneSpec(BaseModel):
+class TuneSection(BaseModel):
     """An Optuna search over the study's search space (``ablate tune``)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    space: dict[str, ParamSpec]
+    space: dict[str, SearchParam]
     """Config path -> range or choices."""
     per: list[str] = Field(default_factory=list)
     """Axes (or ``config``) whose value combinations get one search each."""
@@ -257,8 +263,8 @@ class TuneSpec(BaseModel):
     """Trials per search, counting those done by earlier invocations."""
     parallelism: int = Field(default=1, ge=1)
     """Trials in flight per search (the local executor runs one at a time)."""
-    sampler: SamplerSpec = Field(default_factory=SamplerSpec)
-    pruner: PrunerSpec | None = None
+    sampler: SamplerOptions = Field(default_factory=SamplerOptions)
+    pruner: PrunerOptions | None = None
     enqueue: list[dict[str, Any]] = Field(default_factory=list)
     """Parameter sets each new search tries first (e.g. the current defaults)."""
 
@@ -332,7 +338,7 @@ class Tracking(BaseModel):
     """MLflow experiment name; default: the study's name."""
 
 
-class StudySpec(BaseModel):
+class StudyFile(BaseModel):
     """A study as written in YAML."""
 
     model_config = ConfigDict(extra="forbid")
@@ -366,13 +372,13 @@ class StudySpec(BaseModel):
     """Folder of prepared data (each data configuration tokenized once, memory-mapped by every
     cell): default $ABLATE_DATA_CACHE, else ~/.cache/ablate/data. On a cluster, a folder that
     every node sees (else each node prepares its own copy once)."""
-    speedup: SpeedupSpec = Field(default_factory=SpeedupSpec)
+    speedup: SpeedupSection = Field(default_factory=SpeedupSection)
     """How the report projects step throughput where it was not measured on native GEMMs."""
-    tune: TuneSpec | None = None
-    """Optuna search over config paths, per group of cells (``ablate tune``; see ablate.spec.tune)."""
-    ladder: LadderSpec | None = None
+    tune: TuneSection | None = None
+    """Optuna search over config paths, per group of cells (``ablate tune``; see ablate.study.tune)."""
+    ladder: LadderSection | None = None
     """A scaling ladder: compare rung by rung (size x budget), fit Quartet's law and predict each
-    configuration's token ratio at ``predict`` (``ablate.spec.ladder``; docs/ladders.md)."""
+    configuration's token ratio at ``predict`` (``ablate.study.ladder``; docs/ladders.md)."""
     probe: ProbeConfig | None = None
     """Gradient-fidelity probes of every cell during training (off when absent; see
     ablate.train.probe): every, batches, gemms, layers, repeats, window. Not part of a cell's key:
@@ -414,7 +420,7 @@ class StudySpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _ladder_needs_a_baseline(self) -> StudySpec:
+    def _ladder_needs_a_baseline(self) -> StudyFile:
         if self.ladder is not None and self.baseline is None:
             raise ValueError(
                 "ladder: compares each rung's configurations with its baseline, but the study "
@@ -428,7 +434,7 @@ class StudySpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _extend_needs_a_baseline(self) -> StudySpec:
+    def _extend_needs_a_baseline(self) -> StudyFile:
         if self.baseline_extend is not None and self.baseline is None:
             raise ValueError(
                 "baseline_extend: extends the baseline's cells, but the study has no baseline; "
@@ -476,4 +482,4 @@ class StudySpec(BaseModel):
 
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a study file, for editors."""
-    return StudySpec.model_json_schema()
+    return StudyFile.model_json_schema()

@@ -1,4 +1,4 @@
-"""The recipe vocabulary of a study beyond the shorthands (``ablate.spec.recipe``): named recipes in
+"""The recipe vocabulary of a study beyond the shorthands (``ablate.study.recipe``): named recipes in
 ``base`` and as an axis, the explicit per-GEMM form, layer selection, the shorthands expanded into the
 explicit form, and an error naming the YAML path and the allowed values for each new field."""
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ablate.errors import SpecError
-from ablate.spec import parse_study
-from ablate.spec.recipe import GemmsSpec
+from ablate.errors import StudyError
+from ablate.study import parse_study
+from ablate.study.recipe import ExplicitRecipe
 from backends.recipes import GEMMS, NAMED_RECIPES, Recipe, named_recipe
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,7 +22,7 @@ def study(**kw):
 
 
 def errors_of(**kw) -> list[str]:
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(StudyError) as e:
         parse_study({**BASE, **kw})
     return e.value.errors
 
@@ -30,11 +30,11 @@ def errors_of(**kw) -> list[str]:
 def test_the_vocabulary_lists_what_the_numerics_have():
     from typing import get_args
 
-    from ablate.spec.recipe import FormatName, HadamardModel
+    from ablate.study.recipe import FormatName, HadamardOptions
     from backends.quant import FORMATS, SIZES
 
     assert set(get_args(FormatName)) == {"bf16", *FORMATS}
-    assert get_args(HadamardModel.model_fields["size"].annotation) == SIZES
+    assert get_args(HadamardOptions.model_fields["size"].annotation) == SIZES
 
 
 def test_named_recipes_as_an_axis_next_to_shorthand_baselines():
@@ -128,14 +128,14 @@ def test_explicit_gemms_build_the_named_recipe_and_the_shorthands():
 def test_the_shorthands_expand_into_the_explicit_form(shorthand):
     fp4, intervention, fmt, base, apply_to = shorthand
     r = Recipe.from_shorthand(fp4, intervention, fp4_format=fmt, base=base, apply_to=apply_to)
-    built = GemmsSpec.model_validate(r.explicit()).build(base)
+    built = ExplicitRecipe.model_validate(r.explicit()).build(base)
     assert (built.fprop, built.dgrad, built.wgrad) == (r.fprop, r.dgrad, r.wgrad)
 
 
 @pytest.mark.parametrize("name", list(NAMED_RECIPES))
 def test_named_recipes_written_out_build_back(name):
     r = named_recipe(name)
-    built = GemmsSpec.model_validate(r.explicit()).build("bf16")
+    built = ExplicitRecipe.model_validate(r.explicit()).build("bf16")
     assert (built.fprop, built.dgrad, built.wgrad) == (r.fprop, r.dgrad, r.wgrad)
 
 
@@ -237,7 +237,7 @@ def test_every_gemm_of_an_explicit_recipe_is_checked_at_once():
 
 @pytest.mark.parametrize("name", ["recipes", "recipes_gpu"])
 def test_shipped_recipe_studies_compare_every_named_recipe_with_baselines(name):
-    from ablate.spec import load_study
+    from ablate.study import load_study
 
     s = load_study(ROOT / "studies" / f"{name}.yaml", check_files=False)
     configs = {c.config_label for c in s.cells}

@@ -28,7 +28,7 @@ w; dgrad: dy, w; wgrad: dy, x), override them. The NVFP4 variants of ``backends.
 ``scale_rule: mse|mae|abs_max`` (Four Over Six), ``rounding: eden`` (MS-EDEN; its GEMM needs a
 ``hadamard``), ``outer_block: 128`` (TetraJet-v2's FP32 scale per 128 elements). A named recipe
 with some of these keys changed is a partial override (``recipe: {name: ..., wgrad: {...}}``,
-``ablate.spec.override``). ``format`` is a ``backends.quant.FORMATS`` name or ``bf16`` (high precision);
+``ablate.study.override``). ``format`` is a ``backends.quant.FORMATS`` name or ``bf16`` (high precision);
 ``block`` is ``[rows, cols]``: ``[1, N]`` for blocks of N along the reduction dimension, ``[N, N]``
 for 2-D tiles, which only the weight ``w`` takes (fprop and dgrad then share one quantization of W
 when they give it the same spec). ``prescale`` (the 3/4 clip-free scale, undone on the output) is
@@ -44,7 +44,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from ablate.spec.messages import did_you_mean
+from ablate.study.messages import did_you_mean
 from backends.quant import BLOCK_SIZES, FORMATS, QuantSpec
 from backends.quant.operand import OPTION_NAMES, option_choices
 from backends.recipes import (
@@ -80,7 +80,7 @@ def _option_types() -> dict[str, Any]:
     return out
 
 
-class OperandSpec(BaseModel):
+class OperandOptions(BaseModel):
     """How one operand is quantized; unset keys take the GEMM's, then the defaults (rne, no
     prescale, floor, the format's own block). The keys are ``QuantSpec``'s operand options
     (``backends.quant.operand``: what each means and allows), generated from its fields: format
@@ -126,7 +126,7 @@ class OperandSpec(BaseModel):
         return v
 
 
-class HadamardModel(BaseModel):
+class HadamardOptions(BaseModel):
     """A Hadamard transform of both operands along the GEMM's reduction dimension."""
 
     model_config = ConfigDict(extra="forbid")
@@ -146,28 +146,28 @@ class HadamardModel(BaseModel):
         )
 
 
-class _GemmSpec(OperandSpec):
+class _GemmOptions(OperandOptions):
     """One GEMM: keys for both operands, per-operand overrides, an optional Hadamard transform."""
 
     gemm: ClassVar[str]
-    hadamard: HadamardModel | None = None
+    hadamard: HadamardOptions | None = None
 
-    def operand(self, name: str) -> OperandSpec | None:
-        o: OperandSpec | None = getattr(self, name)
+    def operand(self, name: str) -> OperandOptions | None:
+        o: OperandOptions | None = getattr(self, name)
         return o
 
     def build(self) -> GemmRecipe:
         """The ``GemmRecipe``; ValueError starting with the dotted path of what is wrong."""
         specs: list[QuantSpec | None] = []
         for op in OPERANDS[self.gemm]:
-            own = self.operand(op) or OperandSpec()
+            own = self.operand(op) or OperandOptions()
             given = {
                 k: getattr(own, k) if getattr(own, k) is not None else getattr(self, k)
-                for k in OperandSpec.model_fields
+                for k in OperandOptions.model_fields
             }
             given = {k: v for k, v in given.items() if v is not None}
 
-            def at(key: str, own: OperandSpec = own, op: str = op) -> str:
+            def at(key: str, own: OperandOptions = own, op: str = op) -> str:
                 """The YAML path (below the GEMM) of the key that set ``key`` for this operand."""
                 return f"{op}.{key}" if getattr(own, key) is not None else key
 
@@ -196,7 +196,7 @@ class _GemmSpec(OperandSpec):
                 specs.append(QuantSpec.from_options(given))
             except ValueError as e:  # "<option>: ..." -> the YAML key that set it
                 key, _, rest = str(e).partition(": ")
-                key = key if key in OperandSpec.model_fields else "format"
+                key = key if key in OperandOptions.model_fields else "format"
                 raise ValueError(f"{at(key)}: {rest}") from None
         h = None if self.hadamard is None else self.hadamard.spec()
         if h is not None and None in specs:
@@ -207,7 +207,7 @@ class _GemmSpec(OperandSpec):
         return GemmRecipe(a=specs[0], b=specs[1], hadamard=h)
 
     @model_validator(mode="after")
-    def _builds(self) -> _GemmSpec:
+    def _builds(self) -> _GemmOptions:
         # messages start with their path below the GEMM (x.block: ...); the GEMM's name in front
         # places them at their YAML path (gemms.fprop.x.block)
         if self.hadamard is not None:
@@ -222,45 +222,45 @@ class _GemmSpec(OperandSpec):
         return self
 
 
-class FpropSpec(_GemmSpec):
+class FpropOptions(_GemmOptions):
     """fprop, Y = X W^T: operands x (activations) and w (weights), reduced over in_features."""
 
     gemm: ClassVar[str] = "fprop"
-    x: OperandSpec | None = None
-    w: OperandSpec | None = None
+    x: OperandOptions | None = None
+    w: OperandOptions | None = None
 
 
-class DgradSpec(_GemmSpec):
+class DgradOptions(_GemmOptions):
     """dgrad, dX = dY W: operands dy (output gradient) and w (weights), reduced over out_features."""
 
     gemm: ClassVar[str] = "dgrad"
-    dy: OperandSpec | None = None
-    w: OperandSpec | None = None
+    dy: OperandOptions | None = None
+    w: OperandOptions | None = None
 
 
-class WgradSpec(_GemmSpec):
+class WgradOptions(_GemmOptions):
     """wgrad, dW = dY^T X: operands dy (output gradient) and x (activations), reduced over tokens."""
 
     gemm: ClassVar[str] = "wgrad"
-    dy: OperandSpec | None = None
-    x: OperandSpec | None = None
+    dy: OperandOptions | None = None
+    x: OperandOptions | None = None
 
 
-class GemmsSpec(BaseModel):
+class ExplicitRecipe(BaseModel):
     """The explicit recipe: each GEMM's operands; a GEMM not given runs in the base format."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = None
     """How cells and the report name this recipe (default: derived from the GEMMs)."""
-    fprop: FpropSpec | None = None
-    dgrad: DgradSpec | None = None
-    wgrad: WgradSpec | None = None
+    fprop: FpropOptions | None = None
+    dgrad: DgradOptions | None = None
+    wgrad: WgradOptions | None = None
 
     def build(self, base: str) -> Recipe:
         gemms = {}
         for g in GEMMS:
-            spec: _GemmSpec | None = getattr(self, g)
+            spec: _GemmOptions | None = getattr(self, g)
             gemms[g] = base_gemm(g, base) if spec is None else spec.build()
         r = Recipe(fprop=gemms["fprop"], dgrad=gemms["dgrad"], wgrad=gemms["wgrad"])
         label = self.name
@@ -269,7 +269,7 @@ class GemmsSpec(BaseModel):
         return replace(r, label=label)
 
 
-class LayersSpec(BaseModel):
+class LayerSelection(BaseModel):
     """Which linears of the transformer blocks follow the recipe (the rest: high precision)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -297,12 +297,12 @@ def check_recipe_name(v: str) -> str:
 
 def explicit_recipe(
     recipe: str | None,
-    gemms: GemmsSpec | None,
+    gemms: ExplicitRecipe | None,
     base: str,
     *,
     keep_first: int,
     keep_last: int,
-    layers: LayersSpec | None,
+    layers: LayerSelection | None,
 ) -> Recipe:
     """The ``Recipe`` of a named recipe or an explicit ``gemms`` over ``base``, on the selected
     layers."""
@@ -314,7 +314,7 @@ def explicit_recipe(
     return select(r, keep_first=keep_first, keep_last=keep_last, layers=layers)
 
 
-def select(r: Recipe, *, keep_first: int, keep_last: int, layers: LayersSpec | None) -> Recipe:
+def select(r: Recipe, *, keep_first: int, keep_last: int, layers: LayerSelection | None) -> Recipe:
     """``r`` with the selection; the very recipe when nothing is selected (keys stay as they were)."""
     types = None if layers is None else layers.types
     blocks = None if layers is None else layers.blocks
@@ -355,7 +355,7 @@ def recipe_axes(r: Recipe, base_format: str) -> dict[str, str]:
     }
 
 
-def uses_base(recipe: str | None, gemms: GemmsSpec | None) -> bool:
+def uses_base(recipe: str | None, gemms: ExplicitRecipe | None) -> bool:
     """Whether the base format decides any GEMM of a named or explicit recipe."""
     if recipe is not None:
         return recipe in USES_BASE
@@ -363,14 +363,14 @@ def uses_base(recipe: str | None, gemms: GemmsSpec | None) -> bool:
 
 
 __all__ = [
-    "DgradSpec",
-    "FpropSpec",
-    "GemmsSpec",
-    "HadamardModel",
-    "LayersSpec",
-    "OperandSpec",
+    "DgradOptions",
+    "FpropOptions",
+    "ExplicitRecipe",
+    "HadamardOptions",
+    "LayerSelection",
+    "OperandOptions",
     "check_recipe_name",
-    "WgradSpec",
+    "WgradOptions",
     "explicit_recipe",
     "recipe_axes",
     "select",

@@ -1,9 +1,9 @@
-"""The study's ``speedup:`` section (``SpeedupSpec``) and the named devices it can point at.
+"""The study's ``speedup:`` section (``SpeedupSection``) and the named devices it can point at.
 
 A device profile is the dense GEMM throughput of each format relative to BF16, from the vendors'
 data sheets. The section says which profile the report's step-time model uses and how a BF16 step
 splits between the linear layers' GEMMs and everything else; the model itself (and why its defaults
-are what they are) is in ``ablate.report.speedup``. Only pydantic here: the spec must stay cheap.
+are what they are) is in ``ablate.report.speedup``. Only pydantic here: the report imports it, so it must stay cheap.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def format_name(fmt: str) -> str:
     return name
 
 
-class SpeedupSpec(BaseModel):
+class SpeedupSection(BaseModel):
     """How the report projects step throughput when it was not measured on native GEMMs."""
 
     model_config = ConfigDict(extra="forbid")
@@ -184,7 +184,7 @@ class SpeedupSpec(BaseModel):
         return out
 
     @model_validator(mode="after")
-    def _shares(self) -> SpeedupSpec:
+    def _shares(self) -> SpeedupSection:
         if self.role_share is not None:
             if self.gemm_share is not None:
                 raise ValueError("give gemm_share or role_share, not both")

@@ -1,4 +1,4 @@
-"""Partial overrides of a named recipe (``ablate.spec.override``): each kind of change lands on the
+"""Partial overrides of a named recipe (``ablate.study.override``): each kind of change lands on the
 GEMM or operand it names and nowhere else, a variant's cells say they are one, and every problem
 names its path below ``recipe`` and what is allowed."""
 
@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from ablate.errors import SpecError
-from ablate.spec import parse_study
-from ablate.spec.override import RecipeOverride
+from ablate.errors import StudyError
+from ablate.study import parse_study
+from ablate.study.override import RecipeOverride
 from backends.recipes import GEMMS, HadamardSpec, named_recipe
 from backends.recipes.named import TE_WGRAD_SIGNS
 
@@ -140,7 +140,7 @@ def test_variants_are_an_axis_next_to_their_recipe_and_a_baseline():
     ],
 )  # fmt: skip
 def test_each_problem_names_its_path_below_recipe_and_what_is_allowed(rec, path, words):
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(StudyError) as e:
         parse_study({**BASE, "grid": {"recipe": [rec]}})
     errs = e.value.errors
     hit = [m for m in errs if m.startswith(f"grid.{path.replace('recipe', 'recipe[0]', 1)}:")]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ablate.spec.schema import StudySpec, Target
+from ablate.study.schema import StudyFile, Target
 from ablate.train.config import RunConfig
 
 
@@ -30,7 +30,7 @@ class Cell:
     zipped: frozenset[str] = frozenset()
     """Axes zipped with an earlier axis of their group, which names them in a run's short name."""
     rung: str = ""
-    """In a ladder study (``ablate.spec.ladder``): the cell's (size, budget) as leaf=value parts;
+    """In a ladder study (``ablate.study.ladder``): the cell's (size, budget) as leaf=value parts;
     "" otherwise."""
     ladder_config: str = ""
     """In a ladder study: the configuration across rungs (the label without rung and seed)."""
@@ -59,7 +59,8 @@ class Cell:
 
 @dataclass
 class Study:
-    spec: StudySpec
+    file: StudyFile
+    """The study file as written and validated."""
     cells: list[Cell]
     axes: list[str]
     """Every axis of the study, in order of first appearance."""
@@ -72,17 +73,17 @@ class Study:
 
     @property
     def name(self) -> str:
-        return self.spec.name
+        return self.file.name
 
     @property
     def tracking_uri(self) -> str:
-        if self.spec.tracking.uri:
-            return self.spec.tracking.uri
+        if self.file.tracking.uri:
+            return self.file.tracking.uri
         return "sqlite:///" + str((self.output_dir / "mlflow.db").resolve())
 
     @property
     def experiment(self) -> str:
-        return self.spec.tracking.experiment or self.spec.name
+        return self.file.tracking.experiment or self.file.name
 
     @property
     def baseline_cells(self) -> list[Cell]:
@@ -96,7 +97,7 @@ class Study:
             return None
         t = longer[0].config.train
         return (
-            f"baseline_extend: {self.spec.baseline_extend:g}: each baseline seed trains "
+            f"baseline_extend: {self.file.baseline_extend:g}: each baseline seed trains "
             f"{t.steps} steps, {t.steps / t.schedule_end:.2f}x the budget of "
             f"{t.schedule_end} (the same schedule up to it, then its final learning rate), so "
             "that the equal-loss ratio finds every configuration's final loss on their curves"
@@ -104,9 +105,9 @@ class Study:
 
     @property
     def target(self) -> Target | None:
-        if self.spec.target is not None:
-            return self.spec.target
-        if self.spec.baseline is not None:
+        if self.file.target is not None:
+            return self.file.target
+        if self.file.baseline is not None:
             return Target(from_baseline="slowest")
         return None
 
@@ -115,7 +116,7 @@ class Study:
         absolute: cells on other nodes get this path."""
         from ablate.data import default_cache
 
-        given = self.spec.data_cache
+        given = self.file.data_cache
         return (Path(given) if given else default_cache()).expanduser().resolve()
 
     def checkpoint_dir(self, cell: Cell) -> Path:
