@@ -1,12 +1,12 @@
 """How often the ladder's 95% intervals hold: ``python -m ablate.bench.ladder``.
 
-It draws synthetic ladders (``ablate.report.ladder_sim``: 4 sizes spanning 10x in N, 3 budgets of
-10, 20 and 40 tokens per parameter, seed noise of a run's whole curve plus each evaluation's), fits
-each as ``ablate report`` does, and counts how often the prediction's interval holds the true token
-ratio at 10x and 30x the largest size (20 tokens per parameter), for Quartet's own law and for laws
-of another form, at several seed counts and noise levels; and how often the back-test says its
-interval covered what the held-out size measured (a 95% interval: about 95% of the time when the
-law holds). The table it prints is docs/ladders.md's; ``--json`` for a machine.
+It draws synthetic ladders (``ablate.report.ladder.simulate``: 4 sizes spanning 10x in N, 3
+budgets of 10, 20 and 40 tokens per parameter, seed noise of a run's whole curve plus each
+evaluation's), fits each as ``ablate report`` does, and counts how often the prediction's interval
+holds the true token ratio at 10x and 30x the largest size (20 tokens per parameter), for Quartet's
+own law and for laws of another form, at several seed counts and noise levels; and how often the
+back-test says its interval covered what the held-out size measured (a 95% interval: about 95% of
+the time when the law holds). The table it prints is docs/ladders.md's; ``--json`` for a machine.
 
     python -m ablate.bench.ladder --ladders 200 --boot 400
 """
@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ablate.report.ladder_predict import backtest, predict_many
-from ablate.report.ladder_sim import (
+from ablate.report.ladder.predict import backtest, predict_many
+from ablate.report.ladder.simulate import (
     CHINCHILLA,
     Truth,
     additive_truth,

@@ -61,7 +61,7 @@ def report(
         ablate report studies/quickstart.yaml            # -> reports/quickstart/
         ablate report --tracking-uri http://mlflow:5000 --study mxfp4_wgrad -o out/
     """
-    from ablate.report.ladder import LadderResult
+    from ablate.report.ladder.render import LadderResult
     from ablate.report.study import report_study
     from ablate.report.verdict import cost_and_speedup, verdict
     from ablate.study import parse_study

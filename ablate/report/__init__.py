@@ -1,28 +1,36 @@
 """``ablate report``: tokens to a target perplexity, relative token cost, projected speedup, figures.
 
-Errors are ``ablate.errors.ReportError``. The library takes two tidy DataFrames (the contract is in ``ablate.report.metrics``): ``cells``, one
-row per cell, and ``evals``, one row per (cell, evaluation). Reading them from MLflow is the tracking
-layer's job; this package only computes and renders.
+Errors are ``ablate.errors.ReportError``. The library takes two tidy DataFrames (the contract is
+in ``ablate.report.inputs``): ``cells``, one row per cell, and ``evals``, one row per (cell,
+evaluation). Reading them from MLflow is the tracking layer's job; this package only computes and
+renders.
 
 Modules, by concept:
 
-    speedup    the step-time model over the device table of ``ablate.study.speedup`` (pure Python)
-    inputs     the DataFrame contract: check_inputs, clean_evals (pandas)
-    stats      Student-t quantiles (incomplete beta, no SciPy)
-    censored   the censored log-normal estimate of tokens to target and relative cost, intervals
-    equal_loss the equal-loss token ratio against the baseline's curves, censored pairs included
-    verdict    better / indistinguishable / worse / undetermined, and the power note
-    metrics    resolve_target, per_cell, per_config, report_notes (pandas; the tokens-to-target
-               crossing itself is ``ablate.targets``, shared with ``ablate tune``)
-    notes      the words beside the numbers: per-configuration and study-level notes
-    study      a study's report from its MLflow store (``report_study``)
-    plots      convergence curves, late-stage zoom, equal-loss ratio (matplotlib, no pyplot)
-    bars       token-cost and projected-speedup bars with their intervals
-    markup     number formatting, Markdown and self-contained HTML
-    provenance which code, commit, device and precision produced the runs (pandas)
-    render     build_report: report.md, report.html, summary.csv, PNG + SVG figures
-    synthetic  studies with known token costs (benchmark, tests, demos)
-    bench      ``python -m ablate.bench.report``: 200 runs x 2,000 evaluations, timed
+    speedup      the step-time model over the device table of ``ablate.study.speedup`` (pure Python)
+    inputs       the DataFrame contract: check_inputs, clean_evals (pandas)
+    frames       a study's cells and what their runs recorded, as the contract's ``cells`` rows
+    stats        Student-t quantiles (incomplete beta, no SciPy)
+    censored     the censored log-normal estimate of tokens to target and relative cost, intervals
+    equal_loss   the equal-loss token ratio against the baseline's curves, censored pairs included
+    verdict      better / indistinguishable / worse / undetermined, and the power note
+    metrics      resolve_target, per_cell, per_config, report_notes (pandas; the tokens-to-target
+                 crossing itself is ``ablate.targets``, shared with ``ablate tune``)
+    notes        the words beside the numbers: per-configuration and study-level notes
+    probes       the probe section: gradient-fidelity metrics per configuration, with figures
+    plots        convergence curves, late-stage zoom, equal-loss ratio (matplotlib, no pyplot)
+    bars         token-cost and projected-speedup bars with their intervals
+    markup       number formatting, Markdown and self-contained HTML
+    provenance   which code, commit, device and precision produced the runs (pandas)
+    render       build_report: report.md, report.html, summary.csv, PNG + SVG figures
+    run_metrics  the report's numbers as MLflow metrics of each child run and the parent run
+    study        a study's report from its MLflow store (``report_study``), a ladder's included
+    synthetic    studies with known token costs (benchmark, tests, demos)
+    ladder       the scaling ladder, a room of its own: Quartet's law and the model-free trend
+                 fitted over a ladder's rungs, the prediction at the user's scale and its
+                 back-test, the simulation that calibrates them, the ladder's report section
+
+The benchmark of a 200-run report is ``python -m ablate.bench.report``.
 
 This ``__init__`` imports neither pandas nor matplotlib: heavy names load on first attribute access.
 """

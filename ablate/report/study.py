@@ -15,7 +15,7 @@ import pandas as pd
 
 from ablate.errors import ReportError, TrackingError
 from ablate.report.frames import cell_row, cells_frame
-from ablate.report.ladder import LadderResult, build_ladder_report, ladder_metrics
+from ablate.report.ladder.render import LadderResult, build_ladder_report, ladder_metrics
 from ablate.report.render import ReportResult, build_report
 from ablate.report.run_metrics import config_summaries
 from ablate.tracking import StudyTracker, read_histories, study_status
@@ -149,8 +149,8 @@ def _report_ladder(
     titles: bool,
     mix_numerics: bool,
 ) -> LadderResult:
-    """A ladder study's report (``ablate.report.ladder``), attached to the parent run with the
-    prediction's figures as its metrics."""
+    """A ladder study's report (``ablate.report.ladder.render``), attached to the parent run with
+    the prediction's figures as its metrics."""
     ladder = study.file.ladder
     assert ladder is not None
     predict = (ladder.predict.params, ladder.predict.tokens) if ladder.predict else None

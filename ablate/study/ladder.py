@@ -32,7 +32,7 @@ class PredictAt(BaseModel):
 
 
 class LadderSection(BaseModel):
-    """Compare rung by rung; fit and predict (``ablate.report.ladder_predict``)."""
+    """Compare rung by rung; fit and predict (``ablate.report.ladder.predict``)."""
 
     model_config = ConfigDict(extra="forbid")
 

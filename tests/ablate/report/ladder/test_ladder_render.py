@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from ablate.report.ladder import build_ladder_report, ladder_frame, ladder_metrics, slug
-from ablate.report.ladder_predict import LADDER_COLUMNS
-from ablate.report.ladder_sim import CHINCHILLA
+from ablate.report.ladder.predict import LADDER_COLUMNS
+from ablate.report.ladder.render import build_ladder_report, ladder_frame, ladder_metrics, slug
+from ablate.report.ladder.simulate import CHINCHILLA
 
 SIZES = (2e6, 6e6, 2e7)
 BUDGETS = (10.0, 40.0)

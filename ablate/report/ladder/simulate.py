@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ablate.report.ladder_fit import COLUMNS, Law
+from ablate.report.ladder.law import COLUMNS, Law
 
 LossFn = Callable[[Any, Any], Any]
 """(N, D) -> loss."""
@@ -98,7 +98,7 @@ def draw_ladder(
     rho: float = 0.5,
     rng: np.random.Generator,
 ) -> pd.DataFrame:
-    """One ladder's tidy frame (``ablate.report.ladder_fit.COLUMNS``); the baseline is named
+    """One ladder's tidy frame (``ablate.report.ladder.law.COLUMNS``); the baseline is named
     "baseline"."""
     rows = []
     for n in sizes:

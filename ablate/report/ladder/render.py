@@ -3,7 +3,7 @@ scale, its back-test, the trend and the figure of token ratio against N.
 
     report.md / .html     the prediction table (method, 95% interval, back-test, reachable), the
                           efficiencies and trends, every rung's verdicts, the figure, provenance
-    ladder.csv            ``ablate.report.ladder_predict.LADDER_COLUMNS``
+    ladder.csv            ``ablate.report.ladder.predict.LADDER_COLUMNS``
     ladder_points.csv     the tidy frame the fits read (config, params, tokens, seed, val_loss)
     token_ratio.png/.svg  each configuration's measured ratio per rung (95% interval over seed
                           pairs) and Quartet's fit with its band, carried to the target N
@@ -28,8 +28,7 @@ import pandas as pd
 
 from ablate.errors import ReportError
 from ablate.report import markup, plots, provenance
-from ablate.report.ladder_free import fit_trend, pair_ratios
-from ablate.report.ladder_predict import (
+from ablate.report.ladder.predict import (
     LADDER_COLUMNS,
     METHODS,
     Backtest,
@@ -39,6 +38,7 @@ from ablate.report.ladder_predict import (
     fit_ladder,
     predictions,
 )
+from ablate.report.ladder.trend import fit_trend, pair_ratios
 from ablate.report.markup import Block
 from ablate.report.render import ReportResult, build_report
 from ablate.report.verdict import cost_and_speedup, verdict

@@ -2,7 +2,7 @@
 with a 95% interval, a back-test, and the trend in N.
 
 ``predict`` fits Quartet's law on the baseline and each configuration's efficiencies
-(``ablate.report.ladder_fit``), and reads the token ratio at (N*, D*): the tokens the configuration
+(``ablate.report.ladder.law``), and reads the token ratio at (N*, D*): the tokens the configuration
 needs to reach the baseline's loss there, over D*. Its interval comes from a bootstrap over whole
 runs, paired by seed: a run (one size and seed, every budget of it) of the baseline and the runs
 of every configuration with the same size and seed move together. The bootstrap resamples runs'
@@ -13,7 +13,7 @@ thousand times at once. Resampling residual units from the whole ladder rather t
 three seeds of one size is what lets two seeds give an interval that covers (a case bootstrap of
 two seeds has three distinct outcomes per size); the simulation tests measure the coverage.
 
-The model-free reading (``ablate.report.ladder_free``) carries the measured ratios' line in log N
+The model-free reading (``ablate.report.ladder.trend``) carries the measured ratios' line in log N
 to N* with its own interval. The prediction reported is Quartet's; its interval is the hull of the
 two intervals, so that it holds when either reading's assumptions do (``method`` "quartet+trend";
 the two are also given alone).
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ablate.report.ladder_fit import (
+from ablate.report.ladder.law import (
     Law,
     check_frame,
     fit_efficiencies,
@@ -46,7 +46,7 @@ from ablate.report.ladder_fit import (
     start_grid,
     token_ratios,
 )
-from ablate.report.ladder_free import fit_trend, pair_ratios, reference_tokens, tokens_to_loss_many
+from ablate.report.ladder.trend import fit_trend, pair_ratios, reference_tokens, tokens_to_loss_many
 from ablate.report.stats import t975
 
 BOOT = 1000

@@ -15,7 +15,7 @@ non-embedding parameter count), ``tokens`` (D, the tokens trained to that budget
   cannot reach the baseline's loss once B / D^beta is small enough: the ratio is then ``inf``.
 
 ``fit_laws`` and ``fit_efficiencies`` are the same fits for K weighted copies of the data at once
-(one per bootstrap replicate: ``ablate.report.ladder_predict``), with ``LawArrays`` of K laws.
+(one per bootstrap replicate: ``ablate.report.ladder.predict``), with ``LawArrays`` of K laws.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
-from ablate.report.lm import solve, squash, unsquash
+from ablate.report.ladder.solver import solve, squash, unsquash
 
 COLUMNS = ("config", "params", "tokens", "seed", "val_loss")
 NAMES = ("log_a", "alpha", "log_b", "beta", "gamma", "log_e")

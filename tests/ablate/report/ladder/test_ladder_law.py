@@ -1,8 +1,8 @@
-"""The ladder fits (``ablate.report.ladder_fit``) on a ladder drawn from a known law: the law fitted
+"""The ladder fits (``ablate.report.ladder.law``) on a ladder drawn from a known law: the law fitted
 on the baseline predicts its loss at 10x the largest rung; a configuration's effD and effN are
 recovered with the law held fixed; the token ratio follows Quartet's algebra (1/effD at every scale
 for a data-efficiency loss, ``inf`` where a parameter-efficiency loss leaves a floor above the
-baseline's loss); the model-free ratios per rung and their trend (``ablate.report.ladder_free``)
+baseline's loss); the model-free ratios per rung and their trend (``ablate.report.ladder.trend``)
 say the same without the law."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ablate.report.ladder_fit import (
+from ablate.report.ladder.law import (
     COLUMNS,
     Efficiency,
     Law,
@@ -22,7 +22,7 @@ from ablate.report.ladder_fit import (
     fit_law,
     token_ratio,
 )
-from ablate.report.ladder_free import fit_trend, pair_ratios
+from ablate.report.ladder.trend import fit_trend, pair_ratios
 
 TRUE = Law(a=400.0, alpha=0.34, b=410.0, beta=0.28, gamma=1.0, e=1.7)
 """Chinchilla's published fit (Hoffmann et al. 2022, approach 3), gamma = 1."""

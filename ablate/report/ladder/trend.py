@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ablate.report.ladder_fit import check_frame
+from ablate.report.ladder.law import check_frame
 from ablate.report.stats import t975
 
 PAIR_COLUMNS = ("config", "params", "seed", "ref_tokens", "ratio", "side")

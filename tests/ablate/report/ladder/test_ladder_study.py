@@ -18,7 +18,7 @@ from ablate.cli import main
 from ablate.driver.runner import run_study
 from ablate.errors import StudyError
 from ablate.model import ModelConfig, non_embedding_params
-from ablate.report.ladder_predict import LADDER_COLUMNS
+from ablate.report.ladder.predict import LADDER_COLUMNS
 from ablate.report.study import report_study
 from ablate.study import parse_study
 

@@ -16,15 +16,15 @@ import pandas as pd
 import pytest
 
 from ablate.bench import ladder as ladder_bench
-from ablate.report.ladder_free import fit_trend, pair_ratios, tokens_to_loss
-from ablate.report.ladder_predict import backtest, predict, predict_many
-from ablate.report.ladder_sim import (
+from ablate.report.ladder.predict import backtest, predict, predict_many
+from ablate.report.ladder.simulate import (
     CHINCHILLA,
     additive_truth,
     draw_ladder,
     quartet_truth,
     true_ratio,
 )
+from ablate.report.ladder.trend import fit_trend, pair_ratios, tokens_to_loss
 
 # the ladders of the benchmark whose table docs/ladders.md shows: 4 sizes over 10x, 3 budgets
 SIZES, TPP = ladder_bench.SIZES, ladder_bench.TOKENS_PER_PARAM
@@ -134,7 +134,7 @@ def test_the_docs_python_example_runs_and_says_what_it_claims(capsys):
     import re
     from pathlib import Path
 
-    page = Path(__file__).resolve().parents[3] / "docs" / "ladders.md"
+    page = Path(__file__).resolve().parents[4] / "docs" / "ladders.md"
     (block,) = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
     exec(compile(block, str(page), "exec"), {"__name__": "ladders_example"})
     first, second, *_ = capsys.readouterr().out.splitlines()
