@@ -10,6 +10,7 @@ command that runs it:
 - ``probe``: a probe step's cost relative to a training step;
 - ``bias``: how biased a random quantizer is, element by element (Four Over Six under SR);
 - ``report``: ``ablate report`` on a large synthetic study;
+- ``ladder``: how often a ladder's 95% intervals hold, on synthetic ladders of known laws;
 - ``ui``: the MLflow UI's start-up time and memory, MLflow's own against ``ablate ui``;
 - ``gpu``: the GPU benchmark (step times, quantizer bandwidth, a profile) into ``reports/gpu/``;
 - ``gpu_check``: ``make gpu-check``, a GPU machine checked end to end.

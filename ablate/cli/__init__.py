@@ -3,6 +3,18 @@
 Status goes to stderr, results to stdout, ``--json`` where a machine reads the output. The library
 raises ``ablate.errors.AblateError``s; here a ``StudyError`` exits with status 2 (a usage error,
 before anything starts) and any other with status 1, its message printed as it is.
+
+Modules, one per group of commands (``main`` gathers them):
+
+    common   what every command shares: loading a study, the options, exit statuses
+    plan     ``validate``, ``plan`` and ``schema``: a study looked at before it runs
+    study    ``run``, ``status``, ``adopt`` and ``ui``: running a study, looking at its runs
+    recipe   ``recipe``: what a recipe resolves to, operand by operand
+    data     ``data prepare`` and ``data show``: a study's data prepared before it runs
+    results  ``report`` and ``tune``
+    probe    ``probe``: gradient-fidelity probes on saved checkpoints
+    export   ``export``: a cell's weights as a Hugging Face checkpoint
+    slurm    ``slurm run`` and ``slurm submit``
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@
 - ``planning``: what happens to each cell, planned against what MLflow holds (``ablate plan``);
 - ``preflight``: every check made before anything is written (``validate``, ``plan``, ``tune``);
 - ``preparing``: each distinct data configuration prepared once, before the cells start;
-- ``progress``: the progress display while cells run.
+- ``progress``: the progress display while cells run;
+- ``branching``: decay branches in ``run`` and ``plan`` (where each cell starts, the steps the
+  study costs, the gate that holds a branch until its trunk has passed it);
+- ``compute``: the FLOPs and GPU-hours of a study's cells to run (``ablate plan``).
 
 It imports the study, the executor and tracking; the trainer runs in the executor's workers.
 """

@@ -17,10 +17,13 @@ bad cell does not stop a study. This package is the only one that imports Ray.
 
 Modules, one concept each:
 
-    worker        run_one and run_distributed: what runs in a worker
-    local         the Executor interface and LocalExecutor
-    ray_executor  RayExecutor
-    cluster       which Ray cluster, whether it is remote, connecting (token authentication)
+    task           Task and Outcome: what travels between the driver and a worker
+    worker         run_one and run_distributed: what runs in a worker
+    worker_checks  what a worker checks about itself: the driver's code, the paths it resolved
+    devices        what a worker process sees of CUDA, and the device check before a cell trains
+    local          the Executor interface and LocalExecutor
+    ray_executor   RayExecutor
+    cluster        which Ray cluster, whether it is remote, connecting (token authentication)
 """
 
 from ablate.executor.cluster import check_ray_auth, cluster_address, remote_cluster

@@ -5,6 +5,12 @@
 ``hf_checkpoint`` is the mapping from the trainer's model to ``transformers``' (the built-in decoder
 as ``LlamaForCausalLM``), ``read_checkpoint`` reads a run's weights from either checkpoint form.
 ``transformers`` and ``safetensors`` are optional: ``pip install 'ablate[hf]'``.
+
+Modules, by concept:
+
+    mapping  the trainer's model to ``transformers``' names and config (``hf_checkpoint``)
+    weights  a run's weights read from its checkpoint, one-process or sharded (``read_checkpoint``)
+    writer   the checkpoint folder, its tokenizer and ``ablate_export.json`` (``export_cell``)
 """
 
 from ablate.errors import ExportError

@@ -12,6 +12,7 @@ Modules, by concept:
                 whether the study's cells fit its nodes
     ports       the job's ports and Ray folder, derived from its id; whether they are free
     on_node     ``python -m ablate.slurm.on_node``: a node's Ray, started, supervised and stopped
+    supervise   the supervisor of a job's long-running programs, the one that meets SLURM's signals
     ray_nodes   the driver's side: Ray's head here, the other nodes through one ``srun``
     signals     SIGUSR1 (time limit) and SIGTERM (requeue, preemption) as a request to stop
     session     ``run_on_allocation``: ``ablate slurm run`` from the checks to the report

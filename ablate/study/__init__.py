@@ -2,12 +2,17 @@
 
 Modules, by concept:
 
+    loader    a study file read safely: strict UTF-8, YAML with limits, duplicate keys refused
     schema    pydantic models of a study file: StudyFile, CellConfig, Target, Resources, TuneSection
+    recipe    the recipe vocabulary beyond the shorthands: named, explicit per-GEMM, layer selection
+    override  partial overrides of a named recipe, by GEMM and operand
     speedup   the ``speedup:`` section and the named device table it points at
     axes      axis names and dotted config paths (check_axis_name, with_values, fmt_value)
     cells     the expanded Study and its Cells
     expand    load_study / parse_study: validation, grid expansion, keys and labels
     families  cells that differ only in their wsd budget: a trunk and its decay branches
+    ladder    the ``ladder:`` section: sizes and budgets compared rung by rung, where to predict
+    rungs     each cell's rung and configuration across rungs; what makes a ladder unfittable
     tune      the ``tune:`` section's searches and checks (plan_searches, trial_config, check_tune)
     messages  pydantic's errors turned into ``yaml.path: what is wrong`` lines
 

@@ -10,8 +10,9 @@ Modules, by concept:
     logger   MlflowLogger: the trainer's Logger into one run, batched and duplicate-free
     history  read_histories: metric curves for the report and tune
     status   study_status: the study's cells joined with their recorded runs; baseline_curves
+    adopt    ``ablate adopt``: runs recorded under an older key, taken over knowingly
     ui       ``ablate ui``: the MLflow server on a study's store, opened at ablate's runs view
-    uibench  ``python -m ablate.bench.ui``: the UI's start-up time and memory, measured
+    server   a study's own MLflow server, for cells on several nodes (``ablate slurm run``)
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ Modules, one concept each:
 - ``parallel``: DDP and FSDP2 over ``torch.distributed``; ``compiling``: ``torch.compile``
 - ``memory``: the memory estimate of a cell; ``probe``: gradient-fidelity probes during training
 - ``provenance``: the code, device and precision a run records; ``logger``: the ``Logger`` protocol
+- ``branch``: decay branches, the shorter budgets of a wsd run trained from its checkpoints
 
 This ``__init__`` loads its modules on first attribute access, so that the study, which needs
 the configs, does not import the training loop.
