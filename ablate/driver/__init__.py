@@ -1,10 +1,14 @@
 """The driver of ``ablate run``: what happens on the machine the user typed the command on.
 
 - ``runner``: ``run_study``, the study from its file to finished cells (skip, resume, create);
+- ``setup``: what a driver (``ablate run``, ``ablate tune``) sets up around a study: the output
+  folder's lock, the executor, the store with the study's lock in it and the parent run;
 - ``planning``: what happens to each cell, planned against what MLflow holds (``ablate plan``);
 - ``preflight``: every check made before anything is written (``validate``, ``plan``, ``tune``);
 - ``preparing``: each distinct data configuration prepared once, before the cells start;
-- ``progress``: the progress display while cells run.
+- ``progress``: the progress display while cells run;
+- ``branching``: a family of wsd budgets, its trunk before its decay branches;
+- ``compute``: a study's FLOPs and GPU-hours (``ablate plan``).
 
 It imports the study, the executor and tracking; the trainer runs in the executor's workers.
 """

@@ -1,16 +1,17 @@
 """Running a study: plan each cell against what MLflow already holds (``ablate.driver.planning``), launch
 the cells that need it on an executor (``ablate.executor``: Ray tasks by default, or in this
 process), collect results as they finish, show progress. ``run_study`` is those steps, after the
-checks of ``ablate.driver.preflight``: ``plan_cells``, ``_launch``, ``_collect``. A family of wsd
-budgets (``ablate.driver.branching``) runs its trunk first; each decay branch starts once the
-trunk has saved its branch checkpoint (or ended), families in parallel with each other.
+checks of ``ablate.driver.preflight`` and within the set-up of ``ablate.driver.setup``:
+``plan_cells``, ``_launch``, ``_collect``. A family of wsd budgets (``ablate.driver.branching``)
+runs its trunk first; each decay branch starts once the trunk has saved its branch checkpoint (or
+ended), families in parallel with each other.
 
 Ctrl-C cancels the cells in flight, marks them ``interrupted`` and leaves a study that the next
 ``ablate run`` resumes. A ``drain`` request (``ablate.slurm``: a job about to be requeued) stops
 them more gently: nothing more starts, the running cells checkpoint after their current step and
 end ``interrupted``, and the study returns ``interrupted`` once all have. One driver per study at
-a time: a lock file in the output folder (``study_lock``) and, for drivers with other output
-folders on the same tracking store, the study's lock in the store (``open_study``,
+a time: a lock file in the output folder (``setup.study_lock``) and, for drivers with other output
+folders on the same tracking store, the study's lock in the store (``setup.open_study``,
 ``ablate.tracking.lock``).
 """
 
@@ -18,21 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import os
 import shutil
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 from ablate.driver.branching import BranchGate, Member, members, own_step, trunk_passes
 from ablate.driver.planning import TO_RUN, PlannedCell, plan_cells, summarize
-from ablate.driver.preflight import check_gpus, preflight
+from ablate.driver.preflight import preflight
 from ablate.driver.preparing import prepare_study
 from ablate.driver.progress import (
     WAIT_REPEAT_S,
@@ -42,11 +40,17 @@ from ablate.driver.progress import (
     WaitWatch,
     fmt_s,
 )
-from ablate.errors import AblateError, CannotRunError, RunnerError, TrackingError
-from ablate.executor import Executor, ExecutorName, LocalExecutor, RayExecutor
+from ablate.driver.setup import (
+    clean_failed_start,
+    open_study,
+    study_executor,
+    study_lock,
+    task_threads,
+)
+from ablate.executor import Executor, ExecutorName, RayExecutor
 from ablate.executor.task import Outcome, Task
 from ablate.study import Cell, Study
-from ablate.tracking import StudyTracker, check_uri, is_local_store, join_runs, prepare_store
+from ablate.tracking import StudyTracker, join_runs
 from ablate.tracking.vocab import (
     cell_params,
     cell_tags,
@@ -54,146 +58,6 @@ from ablate.tracking.vocab import (
     outcome_details,
     short_name,
 )
-from ablate.train.config import flatten
-
-
-@contextlib.contextmanager
-def study_lock(
-    output_dir: Path, command: str = "ablate run", error: type[AblateError] = RunnerError
-) -> Iterator[None]:
-    """One driver per study: an exclusive lock on <output>/.lock (released when the process dies);
-    a held lock raises ``error`` naming ``command``."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    path = output_dir / ".lock"
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise error(
-                f"{output_dir}: another `{command}` is running this study ({holder}); wait for "
-                "it or stop it first"
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}")
-        f.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
-def clean_failed_start(output_dir: Path) -> Iterator[list[bool]]:
-    """Remove ``output_dir`` again when the block fails before anything was launched (the caller
-    appends to the yielded list when it launches) and the folder did not exist before: a refused
-    start leaves nothing behind, and a study that had written there keeps all of it."""
-    import shutil
-
-    existed = output_dir.exists()
-    launched: list[bool] = []
-    try:
-        yield launched
-    except BaseException:
-        if not existed and not launched:
-            shutil.rmtree(output_dir, ignore_errors=True)
-        raise
-
-
-def driver_running(output_dir: Path) -> bool | None:
-    """Whether an ``ablate run`` holds the study's lock now: True, False (its driver stopped or
-    was killed: the kernel released the lock), or None (never run from this output folder)."""
-    path = output_dir / ".lock"
-    if not path.is_file():
-        return None
-    with open(path) as f:  # read only: never creates the file
-        try:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-        return False
-
-
-def study_executor(
-    study: Study,
-    executor: ExecutorName,
-    *,
-    address: str | None = None,
-    max_concurrent: int | None = None,
-    num_cpus: int | None = None,
-) -> Executor:
-    """The executor for a study's cells or trials: ``local`` (in this process) or ``ray`` (a local
-    Ray, or the cluster at ``address`` / ``RAY_ADDRESS``), with the study's per-cell resources."""
-    if executor == "local":
-        return LocalExecutor()
-    res = study.file.resources
-    ex = RayExecutor(
-        address=address,
-        cpus=res.cpus,
-        gpus=res.gpus,  # > 0 for cells that need a GPU (check_gpus): Ray sets CUDA_VISIBLE_DEVICES
-        max_retries=res.max_retries,
-        max_concurrent=max_concurrent or res.max_concurrent,
-        num_cpus=num_cpus,
-        workers=res.workers,
-    )
-    try:  # device: auto with resources.gpus: 0 on a cluster that has GPUs
-        check_gpus(study, gpus_seen=ex.cluster_gpus, where="the Ray cluster")
-    except CannotRunError:
-        ex.close()
-        raise
-    return ex
-
-
-def artifact_root(study: Study) -> Path | None:
-    """Where a new experiment of the study keeps its artifacts: beside a SQLite store, in the
-    output folder; None for a tracking server, which chooses (its ``--artifacts-destination``,
-    served as ``mlflow-artifacts:/``), so that artifacts go through the server and not into a
-    folder on the driver that only the driver sees."""
-    return study.output_dir / "artifacts" if is_local_store(study.tracking_uri) else None
-
-
-@contextlib.contextmanager
-def open_study(
-    study: Study,
-    ex: Executor,
-    *,
-    lock: str = "run",
-    command: str = "ablate run",
-    error: type[AblateError] = RunnerError,
-    out: IO[str] | None = None,
-) -> Iterator[tuple[StudyTracker, str]]:
-    """Create the study's store and experiment, take the study's lock ``lock`` in the store (one
-    driver at a time whatever its output folder: ``ablate.tracking.lock``; a refusal raises
-    ``error`` naming the holder), then find or create the parent run (driver only, before any
-    worker starts); yields the tracker and the parent run's id, holding the lock until the block
-    ends."""
-    uri = study.tracking_uri
-    try:
-        check_uri(uri, multi_node=ex.multi_node)
-    except TrackingError as e:
-        raise CannotRunError(str(e)) from None
-    prepare_store(uri, study.output_dir)
-    tracker = StudyTracker(
-        uri, study.name, experiment=study.experiment, artifact_root=artifact_root(study)
-    )
-    with tracker.driver_lock(
-        lock,
-        command=command,
-        output=study.output_dir.resolve(),
-        error=error,
-        note=lambda msg: print(msg, file=out or sys.stderr),
-    ):
-        base = flatten(study.file.base.model_dump(mode="json", exclude_none=True), "base.")
-        parent = tracker.parent_run(study.text, description=study.file.description, params=base)
-        yield tracker, parent
-
-
-def task_threads(study: Study) -> int:
-    """torch threads of one cell: its CPU cores, rounded down, at least 1."""
-    return max(1, int(study.file.resources.cpus))
 
 
 @dataclass
