@@ -143,7 +143,7 @@ def adopt(
     Example:
         ablate adopt studies/quickstart.yaml
     """
-    from ablate.driver.runner import study_lock
+    from ablate.driver.setup import study_lock
     from ablate.errors import TrackingError
     from ablate.numerics import NUMERICS_VERSION
     from ablate.tracking import StudyTracker
@@ -222,7 +222,7 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
             click.echo(f"{study.name}: nothing recorded yet ({e})")
         return
     from ablate.driver.planning import stale
-    from ablate.driver.runner import driver_running
+    from ablate.driver.setup import driver_running
 
     tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
     latest = tracker.latest_metrics([cs.run.run_id for cs in statuses if cs.run])

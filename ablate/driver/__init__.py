@@ -1,6 +1,9 @@
 """The driver of ``ablate run``: what happens on the machine the user typed the command on.
 
-- ``runner``: ``run_study``, the study from its file to finished cells (skip, resume, create);
+- ``runner``: ``run_study``, the study from its file to finished cells (skip, resume, create),
+  one run of it an object (``_StudyRun``) whose steps launch the cells and collect their outcomes;
+- ``setup``: what a driver (``ablate run``, ``ablate tune``) sets up around a study: the output
+  folder's lock, the executor, the store with the study's lock in it and the parent run;
 - ``planning``: what happens to each cell, planned against what MLflow holds (``ablate plan``);
 - ``preflight``: every check made before anything is written (``validate``, ``plan``, ``tune``);
 - ``preparing``: each distinct data configuration prepared once, before the cells start;

@@ -1,16 +1,18 @@
 """Running a study: plan each cell against what MLflow already holds (``ablate.driver.planning``), launch
 the cells that need it on an executor (``ablate.executor``: Ray tasks by default, or in this
 process), collect results as they finish, show progress. ``run_study`` is those steps, after the
-checks of ``ablate.driver.preflight``: ``plan_cells``, ``_launch``, ``_collect``. A family of wsd
-budgets (``ablate.driver.branching``) runs its trunk first; each decay branch starts once the
-trunk has saved its branch checkpoint (or ended), families in parallel with each other.
+checks of ``ablate.driver.preflight`` and within the set-up of ``ablate.driver.setup`` (the
+study's locks, its executor, its store and parent run): ``plan_cells``, then one ``_StudyRun``
+that holds the run's state, launches its cells and collects their outcomes. A family of wsd budgets
+(``ablate.driver.branching``) runs its trunk first; each decay branch starts once the trunk has
+saved its branch checkpoint (or ended), families in parallel with each other.
 
 Ctrl-C cancels the cells in flight, marks them ``interrupted`` and leaves a study that the next
 ``ablate run`` resumes. A ``drain`` request (``ablate.slurm``: a job about to be requeued) stops
 them more gently: nothing more starts, the running cells checkpoint after their current step and
 end ``interrupted``, and the study returns ``interrupted`` once all have. One driver per study at
-a time: a lock file in the output folder (``study_lock``) and, for drivers with other output
-folders on the same tracking store, the study's lock in the store (``open_study``,
+a time: a lock file in the output folder (``setup.study_lock``) and, for drivers with other output
+folders on the same tracking store, the study's lock in the store (``setup.open_study``,
 ``ablate.tracking.lock``).
 """
 
@@ -18,21 +20,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import os
 import shutil
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 from ablate.driver.branching import BranchGate, Member, members, own_step, trunk_passes
 from ablate.driver.planning import TO_RUN, PlannedCell, plan_cells, summarize
-from ablate.driver.preflight import check_gpus, preflight
+from ablate.driver.preflight import preflight
 from ablate.driver.preparing import prepare_study
 from ablate.driver.progress import (
     WAIT_REPEAT_S,
@@ -42,11 +41,17 @@ from ablate.driver.progress import (
     WaitWatch,
     fmt_s,
 )
-from ablate.errors import AblateError, CannotRunError, RunnerError, TrackingError
-from ablate.executor import Executor, ExecutorName, LocalExecutor, RayExecutor
+from ablate.driver.setup import (
+    clean_failed_start,
+    open_study,
+    study_executor,
+    study_lock,
+    task_threads,
+)
+from ablate.executor import Executor, ExecutorName, RayExecutor
 from ablate.executor.task import Outcome, Task
 from ablate.study import Cell, Study
-from ablate.tracking import StudyTracker, check_uri, is_local_store, join_runs, prepare_store
+from ablate.tracking import StudyTracker, join_runs
 from ablate.tracking.vocab import (
     cell_params,
     cell_tags,
@@ -54,146 +59,6 @@ from ablate.tracking.vocab import (
     outcome_details,
     short_name,
 )
-from ablate.train.config import flatten
-
-
-@contextlib.contextmanager
-def study_lock(
-    output_dir: Path, command: str = "ablate run", error: type[AblateError] = RunnerError
-) -> Iterator[None]:
-    """One driver per study: an exclusive lock on <output>/.lock (released when the process dies);
-    a held lock raises ``error`` naming ``command``."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    path = output_dir / ".lock"
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise error(
-                f"{output_dir}: another `{command}` is running this study ({holder}); wait for "
-                "it or stop it first"
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}")
-        f.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
-def clean_failed_start(output_dir: Path) -> Iterator[list[bool]]:
-    """Remove ``output_dir`` again when the block fails before anything was launched (the caller
-    appends to the yielded list when it launches) and the folder did not exist before: a refused
-    start leaves nothing behind, and a study that had written there keeps all of it."""
-    import shutil
-
-    existed = output_dir.exists()
-    launched: list[bool] = []
-    try:
-        yield launched
-    except BaseException:
-        if not existed and not launched:
-            shutil.rmtree(output_dir, ignore_errors=True)
-        raise
-
-
-def driver_running(output_dir: Path) -> bool | None:
-    """Whether an ``ablate run`` holds the study's lock now: True, False (its driver stopped or
-    was killed: the kernel released the lock), or None (never run from this output folder)."""
-    path = output_dir / ".lock"
-    if not path.is_file():
-        return None
-    with open(path) as f:  # read only: never creates the file
-        try:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(f, fcntl.LOCK_UN)
-        return False
-
-
-def study_executor(
-    study: Study,
-    executor: ExecutorName,
-    *,
-    address: str | None = None,
-    max_concurrent: int | None = None,
-    num_cpus: int | None = None,
-) -> Executor:
-    """The executor for a study's cells or trials: ``local`` (in this process) or ``ray`` (a local
-    Ray, or the cluster at ``address`` / ``RAY_ADDRESS``), with the study's per-cell resources."""
-    if executor == "local":
-        return LocalExecutor()
-    res = study.file.resources
-    ex = RayExecutor(
-        address=address,
-        cpus=res.cpus,
-        gpus=res.gpus,  # > 0 for cells that need a GPU (check_gpus): Ray sets CUDA_VISIBLE_DEVICES
-        max_retries=res.max_retries,
-        max_concurrent=max_concurrent or res.max_concurrent,
-        num_cpus=num_cpus,
-        workers=res.workers,
-    )
-    try:  # device: auto with resources.gpus: 0 on a cluster that has GPUs
-        check_gpus(study, gpus_seen=ex.cluster_gpus, where="the Ray cluster")
-    except CannotRunError:
-        ex.close()
-        raise
-    return ex
-
-
-def artifact_root(study: Study) -> Path | None:
-    """Where a new experiment of the study keeps its artifacts: beside a SQLite store, in the
-    output folder; None for a tracking server, which chooses (its ``--artifacts-destination``,
-    served as ``mlflow-artifacts:/``), so that artifacts go through the server and not into a
-    folder on the driver that only the driver sees."""
-    return study.output_dir / "artifacts" if is_local_store(study.tracking_uri) else None
-
-
-@contextlib.contextmanager
-def open_study(
-    study: Study,
-    ex: Executor,
-    *,
-    lock: str = "run",
-    command: str = "ablate run",
-    error: type[AblateError] = RunnerError,
-    out: IO[str] | None = None,
-) -> Iterator[tuple[StudyTracker, str]]:
-    """Create the study's store and experiment, take the study's lock ``lock`` in the store (one
-    driver at a time whatever its output folder: ``ablate.tracking.lock``; a refusal raises
-    ``error`` naming the holder), then find or create the parent run (driver only, before any
-    worker starts); yields the tracker and the parent run's id, holding the lock until the block
-    ends."""
-    uri = study.tracking_uri
-    try:
-        check_uri(uri, multi_node=ex.multi_node)
-    except TrackingError as e:
-        raise CannotRunError(str(e)) from None
-    prepare_store(uri, study.output_dir)
-    tracker = StudyTracker(
-        uri, study.name, experiment=study.experiment, artifact_root=artifact_root(study)
-    )
-    with tracker.driver_lock(
-        lock,
-        command=command,
-        output=study.output_dir.resolve(),
-        error=error,
-        note=lambda msg: print(msg, file=out or sys.stderr),
-    ):
-        base = flatten(study.file.base.model_dump(mode="json", exclude_none=True), "base.")
-        parent = tracker.parent_run(study.text, description=study.file.description, params=base)
-        yield tracker, parent
-
-
-def task_threads(study: Study) -> int:
-    """torch threads of one cell: its CPU cores, rounded down, at least 1."""
-    return max(1, int(study.file.resources.cpus))
 
 
 @dataclass
@@ -263,145 +128,253 @@ def run_study(
             )
             result = StudyResult({}, planned, parent_run_id=parent)
             launched.append(True)
-            gate = _launch(study, tracker, parent, ex, result, stop_after, branches=branches)
-            _collect(
-                study, tracker, ex, result, out, progress=progress, on_outcome=on_outcome,
-                wait_warning_s=wait_warning_s, gate=gate, drain=drain,
-            )  # fmt: skip
-            ended = (
-                "interrupted" if result.interrupted else "failed" if result.failed else "finished"
+            run = _StudyRun(
+                study,
+                tracker,
+                ex,
+                result,
+                out,
+                members=members(study) if branches else {},
+                stop_after=stop_after,
+                progress=progress,
+                on_outcome=on_outcome,
+                wait_warning_s=wait_warning_s,
+                drain=drain,
             )
-            tracker.set_status(parent, ended, {"cells": len(planned), "failed": len(result.failed)})
+            run.launch()
+            run.collect()
+            run.end()
             return result
         finally:
             ex.close()
 
 
-def _launch(
-    study: Study,
-    tracker: StudyTracker,
-    parent: str,
-    ex: Executor,
-    result: StudyResult,
-    stop_after: int | None,
-    *,
-    branches: bool = True,
-) -> BranchGate:
-    """Create (or reuse) each planned cell's run, mark it pending and submit its task; a family's
-    trunk before its decay branches, and a branch whose trunk passes its branch point now held in
-    the returned gate until the trunk has saved its checkpoint or ended (``driver.branching``)."""
-    ms = members(study) if branches else {}
-    done = [p.cell.key for p in result.planned if p.run is not None and p.action == "skip"]
-    gate = BranchGate(ms, done)
-    planned = {p.cell.key: p for p in result.planned}
-    # trunks (and every other cell) first: a branch's task names its trunk's run
-    order = sorted(
-        result.planned, key=lambda p: p.cell.key in ms and ms[p.cell.key].point is not None
-    )
-    for p in order:
-        if p.action not in TO_RUN:
-            continue
+@dataclass
+class _StudyRun:
+    """One run of a study in the driver, from its first launch to its last outcome: the parts it
+    works with, what the user asked of it, and the state that its steps share (the branches held
+    back, why the cells were asked to stop). ``run_study`` makes it once the cells are planned;
+    ``launch`` hands every cell to run to the executor, ``collect`` records them as they end and
+    ``end`` records how the study ended."""
+
+    study: Study
+    tracker: StudyTracker
+    ex: Executor
+    result: StudyResult
+    """What ``run_study`` returns: the plan, and filled in here, each run id and outcome."""
+    out: IO[str]
+    members: dict[str, Member] = field(default_factory=dict)
+    """The members of the study's families of wsd budgets, by key (none: every cell from step 0)."""
+    stop_after: int | None = None
+    """Each task stops after this many steps (None: at the end of its schedule)."""
+    progress: bool = True
+    """A live progress line, and a line for each outcome."""
+    on_outcome: Callable[[Cell, Outcome], None] | None = None
+    wait_warning_s: float = 0
+    """Report a cell that Ray holds this long without starting it (0: never; ``wait_watch``)."""
+    drain: Callable[[], str] | None = None
+    """Asked after each wait whether the cells must stop: why, or "" (None: never asked)."""
+    drained: str = field(default="", init=False)
+    """The first reason ``drain`` gave ("": none yet)."""
+    gate: BranchGate = field(init=False)
+    """The decay branches held until their trunk has saved its checkpoint or ended."""
+    planned: dict[str, PlannedCell] = field(init=False)
+    cells: dict[str, Cell] = field(init=False)
+
+    def __post_init__(self) -> None:
+        planned = self.result.planned
+        done = [p.cell.key for p in planned if p.run is not None and p.action == "skip"]
+        self.gate = BranchGate(self.members, done)
+        self.planned = {p.cell.key: p for p in planned}
+        self.cells = {c.key: c for c in self.study.cells}
+
+    def launch(self) -> None:
+        """Create (or reuse) each planned cell's run, mark it pending and submit its task; a
+        family's trunk before its decay branches, and a branch whose trunk passes its branch point
+        now held in ``gate`` until the trunk has saved its checkpoint or ended
+        (``driver.branching``)."""
+        ms = self.members
+        # trunks (and every other cell) first: a branch's task names its trunk's run
+        order = sorted(
+            self.result.planned,
+            key=lambda p: p.cell.key in ms and ms[p.cell.key].point is not None,
+        )
+        for p in order:
+            if p.action not in TO_RUN:
+                continue
+            run_id = self.result.run_ids[p.cell.key] = self.run_of(p)
+            task = self.task(p.cell, run_id)
+            self.tracker.set_status(run_id, "pending")
+            self.submit(p, task)
+
+    def run_of(self, p: PlannedCell) -> str:
+        """The run a cell to run logs into: its recorded run when it resumes, a new one otherwise
+        (a stale result's checkpoint is kept aside, renamed after its run)."""
         c = p.cell
         if p.fresh and p.run is not None:  # keep the stale run and its checkpoint, start anew
-            ckpt = study.checkpoint_dir(c)
+            ckpt = self.study.checkpoint_dir(c)
             if ckpt.exists():
                 ckpt.rename(ckpt.with_name(f"{ckpt.name}.stale-{p.run.run_id[:12]}"))
         if p.run is not None and not p.fresh:
-            rid = p.run.run_id
-        else:
-            rid = tracker.create_run(
-                parent,
-                c.key,
-                c.label,
-                cell_tags(c),
-                c.config.to_dict(),
-                name=short_name(c),
-                params=cell_params(c),
-            )
-        result.run_ids[c.key] = rid
-        ckpt = study.checkpoint_dir(c).resolve()
-        ckpt.parent.mkdir(parents=True, exist_ok=True)  # a worker checks that it sees the folder
-        cfg = dataclasses.replace(
-            c.config, checkpoint_dir=str(ckpt), data_cache=str(study.data_cache())
+            return p.run.run_id
+        return self.tracker.create_run(
+            self.result.parent_run_id,
+            c.key,
+            c.label,
+            cell_tags(c),
+            c.config.to_dict(),
+            name=short_name(c),
+            params=cell_params(c),
         )
-        tracker.set_status(rid, "pending")
-        uri, cwd = study.tracking_uri, os.getcwd()
-        task = Task(c.key, c.label, cfg.to_dict(), uri, rid, cwd, task_threads(study), stop_after)
-        _submit(study, tracker, ex, gate, result, planned, p, ms.get(c.key), task)
-    return gate
 
+    def task(self, cell: Cell, run_id: str) -> Task:
+        """The cell's task, with its checkpoint folder (created here: a worker checks that it sees
+        it) and the study's data cache."""
+        ckpt = self.study.checkpoint_dir(cell).resolve()
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
+        cfg = dataclasses.replace(
+            cell.config, checkpoint_dir=str(ckpt), data_cache=str(self.study.data_cache())
+        )
+        uri, cwd, threads = self.study.tracking_uri, os.getcwd(), task_threads(self.study)
+        return Task(cell.key, cell.label, cfg.to_dict(), uri, run_id, cwd, threads, self.stop_after)
 
-def _submit(
-    study: Study,
-    tracker: StudyTracker,
-    ex: Executor,
-    gate: BranchGate,
-    result: StudyResult,
-    planned: dict[str, PlannedCell],
-    p: PlannedCell,
-    m: Member | None,
-    task: Task,
-) -> None:
-    """Submit one cell's task. A member of a family gets its branches and tags; a trunk that
-    starts from step 0 first removes its family's branch checkpoints (it writes them anew: none
-    of other code stays); a branch gets its trunk's run, and waits in ``gate`` while its trunk
-    has yet to pass its branch point in this run."""
-    if m is None:
-        ex.submit(task)
-        return
-    trunk, point = m.trunk, m.point
-    tracker.set_raw_tags(
-        task.run_id, family_tags(m.family.key, trunk.key if trunk else None, point)
-    )
-    task = dataclasses.replace(task, branches=m.branches.to_dict())
-    if trunk is None or point is None:
-        if not own_step(study, p):
-            shutil.rmtree(m.branches.root, ignore_errors=True)
-        ex.submit(task)
-        return
-    tp = planned[trunk.key]
-    trunk_run = result.run_ids.get(trunk.key) or (tp.run.run_id if tp.run else "")
-    task = dataclasses.replace(task, trunk_run=trunk_run)
-    passes = trunk_passes(study, tp, point)
-    if p.fresh and not passes:  # a stale result rerun: not from a checkpoint of older code
-        fresh = dataclasses.replace(m.branches, start_at=None)
-        task = dataclasses.replace(task, branches=fresh.to_dict())
-    if passes and not m.branches.ready(point) and not own_step(study, p):
-        gate.hold(task, m.branches, trunk.key)
-    else:
-        ex.submit(task)
+    def submit(self, p: PlannedCell, task: Task) -> None:
+        """Submit one cell's task. A member of a family gets its branches and tags; a trunk that
+        starts from step 0 first removes its family's branch checkpoints (it writes them anew: none
+        of other code stays); a branch gets its trunk's run, and waits in ``gate`` while its trunk
+        has yet to pass its branch point in this run."""
+        m = self.members.get(p.cell.key)
+        if m is None:
+            self.ex.submit(task)
+            return
+        trunk, point = m.trunk, m.point
+        self.tracker.set_raw_tags(
+            task.run_id, family_tags(m.family.key, trunk.key if trunk else None, point)
+        )
+        task = dataclasses.replace(task, branches=m.branches.to_dict())
+        if trunk is None or point is None:
+            if not own_step(self.study, p):
+                shutil.rmtree(m.branches.root, ignore_errors=True)
+            self.ex.submit(task)
+            return
+        trunk_plan = self.planned[trunk.key]
+        trunk_run = self.result.run_ids.get(trunk.key) or (
+            trunk_plan.run.run_id if trunk_plan.run else ""
+        )
+        task = dataclasses.replace(task, trunk_run=trunk_run)
+        passes = trunk_passes(self.study, trunk_plan, point)
+        if p.fresh and not passes:  # a stale result rerun: not from a checkpoint of older code
+            fresh = dataclasses.replace(m.branches, start_at=None)
+            task = dataclasses.replace(task, branches=fresh.to_dict())
+        if passes and not m.branches.ready(point) and not own_step(self.study, p):
+            self.gate.hold(task, m.branches, trunk.key)
+        else:
+            self.ex.submit(task)
 
+    def collect(self) -> None:
+        """Record each outcome as it arrives, with a live progress line and a line about cells that
+        wait longer than ``wait_warning_s`` for resources that the study's own cells do not hold
+        (``wait_watch``), and submit the decay branches that ``gate`` releases; Ctrl-C cancels the
+        rest (``interrupt``), ``drain`` stops them (``check_drain``, ``drained_out``)."""
+        run_ids = self.result.run_ids
+        steps = {
+            k: CellProgress(self.cells[k].label, self.cells[k].config.train.steps) for k in run_ids
+        }
+        prog = Progress(self.tracker, steps, run_ids, stream=self.out)
+        live = self.progress and bool(run_ids)
+        if live:
+            prog.start()
+        watch = wait_watch(self.study, self.ex, self.wait_warning_s)
+        with _ctrl_c_noted() as ctrl_c:
+            try:
+                self.collect_outcomes(prog, watch, ctrl_c)
+            except KeyboardInterrupt:
+                self.interrupt()
+            finally:
+                if live:
+                    prog.stop()
 
-def _collect(
-    study: Study,
-    tracker: StudyTracker,
-    ex: Executor,
-    result: StudyResult,
-    out: IO[str],
-    *,
-    progress: bool,
-    on_outcome: Callable[[Cell, Outcome], None] | None,
-    wait_warning_s: float = 0,
-    gate: BranchGate | None = None,
-    drain: Callable[[], str] | None = None,
-) -> None:
-    """Record each outcome as it arrives, with a live progress line and a line about cells that
-    wait longer than ``wait_warning_s`` for resources that the study's own cells do not hold
-    (``wait_watch``), and submit the decay branches that ``gate`` releases; Ctrl-C cancels the
-    rest, ``drain`` stops them (``_Drain``)."""
-    by_key = {c.key: c for c in study.cells}
-    cells = {k: CellProgress(by_key[k].label, by_key[k].config.train.steps) for k in result.run_ids}
-    prog = Progress(tracker, cells, result.run_ids, stream=out)
-    live = progress and bool(result.run_ids)
-    if live:
-        prog.start()
-    watch = wait_watch(study, ex, wait_warning_s)
-    with _ctrl_c_noted() as ctrl_c:
-        _collect_outcomes(
-            ex, tracker, result, prog, out, by_key, progress, on_outcome, ctrl_c, watch,
-            gate if gate is not None else BranchGate(),
-            _Drain(drain, ex, out),
-        )  # fmt: skip
+    def collect_outcomes(self, prog: Progress, watch: WaitWatch | None, ctrl_c: list[bool]) -> None:
+        """Wait for outcomes until no cell is in flight or held, a second at a time; between waits
+        look at Ctrl-C (noted in ``ctrl_c``), the drain, the held branches and the waiting cells."""
+        ex, gate, outcomes = self.ex, self.gate, self.result.outcomes
+        while len(ex) or len(gate):
+            if ctrl_c:
+                raise KeyboardInterrupt
+            self.check_drain()
+            if self.drained:  # nothing more starts: the held branches stay queued (interrupted)
+                gate.clear()
+            # a held branch goes once its trunk saved its checkpoint or ended (all of them when
+            # nothing else is left to run: nothing could release them then)
+            for task in gate.release(outcomes, everything=not len(ex)):
+                ex.submit(task)
+            if watch is not None and (line := watch.check(outcomes)):
+                print(line, file=self.out)
+            for o in ex.wait(1.0):
+                self.record(o, prog)
+        if self.drained:
+            self.drained_out()
+
+    def record(self, o: Outcome, prog: Progress) -> None:
+        """One cell's outcome: into the result, its run, the gate and the progress line."""
+        self.result.outcomes[o.key] = o
+        self.tracker.set_status(self.result.run_ids[o.key], o.status, outcome_details(o))
+        self.gate.ended(o.key, o.status)  # branch checkpoints no branch needs any more
+        prog.finished(o.key, o.status)
+        if self.progress:
+            print(_outcome_line(self.cells[o.key], o, prog), file=self.out)
+        if self.on_outcome is not None:
+            self.on_outcome(self.cells[o.key], o)
+
+    def check_drain(self) -> None:
+        """Ask ``drain`` whether the cells must stop; the first reason it gives stops them
+        (``Executor.stop_running``) and is kept in ``drained``."""
+        if self.drained or self.drain is None or not (why := self.drain()):
+            return
+        self.drained = why
+        print(f"\nstopping: {why}: the running cells checkpoint and stop", file=self.out)
+        self.ex.stop_running()
+
+    def drained_out(self) -> None:
+        """The cells in flight have stopped after a drain: the queued ones that never started end
+        ``interrupted`` too, and so does the study unless every cell ended anyway."""
+        result = self.result
+        for key, rid in result.run_ids.items():  # queued, never handed out
+            if key not in result.outcomes:
+                self.tracker.set_status(rid, "interrupted", {"by": self.drained})
+        result.interrupted = any(
+            key not in result.outcomes or result.outcomes[key].status == "interrupted"
+            for key in result.run_ids
+        )
+        print(
+            f"stopped ({self.drained}): {len(result.outcomes)} cells ended this time; the rest "
+            "resume from their checkpoints when the study runs again",
+            file=self.out,
+        )
+
+    def interrupt(self) -> None:
+        """Ctrl-C: cancel every cell in flight or held and mark those without an outcome
+        ``interrupted``; they resume when the study runs again."""
+        result = self.result
+        result.interrupted = True
+        self.gate.clear()
+        self.ex.cancel_all()
+        for key, rid in result.run_ids.items():
+            if key not in result.outcomes:
+                with contextlib.suppress(Exception):
+                    self.tracker.set_status(rid, "interrupted", {"by": "Ctrl-C"})
+        print(
+            f"\ninterrupted: {len(result.outcomes)} cells ended this time; the rest resume "
+            f"from their checkpoints when you run the study again",
+            file=self.out,
+        )
+
+    def end(self) -> None:
+        """Record on the parent run how the study ended: interrupted, failed or finished."""
+        result = self.result
+        ended = "interrupted" if result.interrupted else "failed" if result.failed else "finished"
+        details = {"cells": len(result.planned), "failed": len(result.failed)}
+        self.tracker.set_status(result.parent_run_id, ended, details)
 
 
 def wait_watch(study: Study, ex: Executor, after_s: float) -> WaitWatch | None:
@@ -416,22 +389,6 @@ def wait_watch(study: Study, ex: Executor, after_s: float) -> WaitWatch | None:
     labels = {c.key: c.label for c in study.cells}
     every = min(WAIT_REPEAT_S, 5 * after_s)
     return WaitWatch(ex.dispatched, labels, ex.started, ex.resources, ask, asks, after_s, every)
-
-
-class _Drain:
-    """Asks ``request`` (after each wait) whether the cells must stop; the first reason it gives
-    stops them (``Executor.stop_running``) and is kept."""
-
-    def __init__(self, request: Callable[[], str] | None, ex: Executor, out: IO[str]) -> None:
-        self.request, self.ex, self.out = request, ex, out
-        self.why = ""
-
-    def check(self) -> None:
-        if self.why or self.request is None or not (why := self.request()):
-            return
-        self.why = why
-        print(f"\nstopping: {why}: the running cells checkpoint and stop", file=self.out)
-        self.ex.stop_running()
 
 
 @contextlib.contextmanager
@@ -458,74 +415,6 @@ def _ctrl_c_noted() -> Iterator[list[bool]]:
         yield noted
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def _collect_outcomes(
-    ex: Executor,
-    tracker: StudyTracker,
-    result: StudyResult,
-    prog: Progress,
-    out: IO[str],
-    by_key: dict[str, Cell],
-    progress: bool,
-    on_outcome: Callable[[Cell, Outcome], None] | None,
-    ctrl_c: list[bool],
-    watch: WaitWatch | None,
-    gate: BranchGate,
-    drain: _Drain,
-) -> None:
-    live = progress and bool(result.run_ids)
-    try:
-        while len(ex) or len(gate):
-            if ctrl_c:
-                raise KeyboardInterrupt
-            drain.check()
-            if drain.why:  # nothing more starts: the held branches stay queued (interrupted)
-                gate.clear()
-            # a held branch goes once its trunk saved its checkpoint or ended (all of them when
-            # nothing else is left to run: nothing could release them then)
-            for task in gate.release(result.outcomes, everything=not len(ex)):
-                ex.submit(task)
-            if watch is not None and (line := watch.check(result.outcomes)):
-                print(line, file=out)
-            for o in ex.wait(1.0):
-                result.outcomes[o.key] = o
-                tracker.set_status(result.run_ids[o.key], o.status, outcome_details(o))
-                gate.ended(o.key, o.status)  # branch checkpoints no branch needs any more
-                prog.finished(o.key, o.status)
-                if progress:
-                    print(_outcome_line(by_key[o.key], o, prog), file=out)
-                if on_outcome is not None:
-                    on_outcome(by_key[o.key], o)
-        if drain.why:
-            for key, rid in result.run_ids.items():  # queued, never handed out
-                if key not in result.outcomes:
-                    tracker.set_status(rid, "interrupted", {"by": drain.why})
-            result.interrupted = any(
-                key not in result.outcomes or result.outcomes[key].status == "interrupted"
-                for key in result.run_ids
-            )
-            print(
-                f"stopped ({drain.why}): {len(result.outcomes)} cells ended this time; the rest "
-                "resume from their checkpoints when the study runs again",
-                file=out,
-            )
-    except KeyboardInterrupt:
-        result.interrupted = True
-        gate.clear()
-        ex.cancel_all()
-        for key, rid in result.run_ids.items():
-            if key not in result.outcomes:
-                with contextlib.suppress(Exception):
-                    tracker.set_status(rid, "interrupted", {"by": "Ctrl-C"})
-        print(
-            f"\ninterrupted: {len(result.outcomes)} cells ended this time; the rest resume "
-            f"from their checkpoints when you run the study again",
-            file=out,
-        )
-    finally:
-        if live:
-            prog.stop()
 
 
 def _outcome_line(cell: Cell, o: Outcome, prog: Progress) -> str:

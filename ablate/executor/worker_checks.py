@@ -6,10 +6,10 @@ trainer (or writes its checkpoint where no retry finds it).
 - the same code: the worker's ``ablate.__version__`` and numerics ``code_hash()`` equal those the
   driver recorded on the ``Task`` (an empty field, a task made without them, is not checked);
 - the same paths: the driver's working directory (when a relative path of the cell needs it), the
-  folder the cell's checkpoint goes in (the driver creates it before it submits the cell: ``_launch``
-  in ``ablate.driver.runner``, the tune driver) as a writable folder, and the data files and tokenizer the
-  config names (``ablate.data.config.check_sources``), read from the driver's working directory as
-  the trainer reads them.
+  folder the cell's checkpoint goes in (the driver creates it before it submits the cell: the
+  study run's ``task`` in ``ablate.driver.runner``, the tune driver) as a writable folder, and the
+  data files and tokenizer the config names (``ablate.data.config.check_sources``), read from the
+  driver's working directory as the trainer reads them.
 
 ``check_worker(task)`` runs both. ``ablate.executor.worker`` calls it after moving into the driver's
 working directory and before it logs anything as running, so a refused cell ends ``failed`` at once

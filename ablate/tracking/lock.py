@@ -1,8 +1,9 @@
 """One driver per study in its tracking store: the study's lock, recorded on its MLflow experiment.
 
-The lock file in the output folder (``runner.study_lock``) keeps apart two drivers that share an
-output folder; two drivers with different output folders on one tracking store (one ``mlflow
-server``, or one SQLite file named by ``tracking.uri``) would plan and mark each other's live cells.
+The lock file in the output folder (``driver.setup.study_lock``) keeps apart two drivers that
+share an output folder; two drivers with different output folders on one tracking store (one
+``mlflow server``, or one SQLite file named by ``tracking.uri``) would plan and mark each other's
+live cells.
 So a driver also claims the study in the store: an experiment tag ``ablate.driver.<lock>.<holder
 id>`` (``vocab.driver_tag``) whose value says who holds it (host, pid, output folder, command,
 start time, state) and a heartbeat that the driver refreshes every ``HEARTBEAT_S`` seconds; the

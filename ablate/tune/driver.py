@@ -72,7 +72,7 @@ from pydantic import ValidationError
 
 from ablate.driver.preflight import preflight
 from ablate.driver.preparing import prepare_study
-from ablate.driver.runner import (
+from ablate.driver.setup import (
     clean_failed_start,
     open_study,
     study_executor,

@@ -16,7 +16,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from ablate.driver.planning import plan, plan_cell
-from ablate.driver.runner import run_study, study_lock
+from ablate.driver.runner import run_study
+from ablate.driver.setup import study_lock
 from ablate.errors import RunnerError
 from ablate.study import Study, parse_study
 from ablate.tracking import CellRun
