@@ -89,6 +89,37 @@ def test_an_architecture_that_cannot_train_is_refused(tmp_path, changes, named):
     _refused(tmp_path, _study({"model": {"hf": hf}}), "model.hf", named)
 
 
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"num_hidden_layers": 100_000}, "num_hidden_layers 100000; allowed: at most 1,024"),
+        (
+            {"num_hidden_layers": 100_000, "hidden_size": 1 << 20, "intermediate_size": 1 << 22},
+            "allowed: at most",
+        ),
+        (
+            {
+                "num_hidden_layers": 1024,
+                "hidden_size": 65_536,
+                "intermediate_size": 262_144,
+                "num_attention_heads": 512,
+                "num_key_value_heads": 512,
+                "head_dim": 128,
+            },
+            "parameters by its shapes",
+        ),
+    ],
+    ids=["layers", "petabytes", "parameters"],
+)
+def test_an_architecture_of_absurd_size_is_refused_from_its_numbers(tmp_path, changes, named):
+    """Refused by the config's numbers before any model is built: built, the second one would
+    need petabytes, and even on the meta device 100,000 layers take minutes (the memory estimate
+    used to build it there, and the refusal then named memory, not the field)."""
+    hf = _hf(tmp_path, "huge", **changes)
+    out = _refused(tmp_path, _study({"model": {"hf": hf}}), "model.hf", named)
+    assert "this machine cannot run" not in out
+
+
 def test_pretrained_weights_missing_or_broken_are_refused(tmp_path):
     bare = _hf(tmp_path, "bare")
     _refused(tmp_path, _study({"model": {"hf": bare, "init": "pretrained"}}), "model.init")
