@@ -319,3 +319,31 @@ def test_a_hub_name_with_no_network_is_refused_at_once(tmp_path, monkeypatch, of
     out = _refused(tmp_path, study, "data.tokenizer")
     assert "the hub cannot be reached" in out
     assert time.monotonic() - t0 < 20  # the hub client alone retried 26-27 s for each
+
+
+@pytest.mark.parametrize("offline", ["closed-port", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"])
+def test_a_hub_validation_set_with_no_network_is_refused_by_validate_and_run(
+    tmp_path, monkeypatch, offline
+):
+    """``data.val`` naming a hub dataset that neither the data cache (prepared) nor the datasets
+    cache holds, the hub unreachable: refused by validate, and by run before it writes anything,
+    naming the field and what would work (it passed validate, and run failed with a
+    ConnectionError traceback after the hub client's retries)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # an empty cache
+    for name in ("HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    if offline == "closed-port":
+        monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    else:
+        monkeypatch.setenv(offline, "1")
+    val = {"corpus": "hf", "hf_dataset": "allenai/c4", "hf_config": "en", "max_documents": 100}
+    study = _study({"data": {"val_tokens": 4096, "val": val}}, data_cache=str(tmp_path / "cache"))
+    named = ("data.val.hf_dataset: 'allenai/c4'", "the hub cannot be reached", "local copy")
+    out = _refused(tmp_path, study, *named, "ablate data prepare")
+    assert (offline if offline != "closed-port" else "127.0.0.1:9") in out
+    runs = tmp_path / "runs"
+    args = ["run", str(tmp_path / "study.yaml"), "-o", str(runs), "--executor", "local"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2, res.output
+    assert all(n in res.output for n in named) and "Traceback" not in res.output
+    assert not runs.exists() and not (tmp_path / "cache").exists()
