@@ -22,7 +22,8 @@ from ablate.errors import AblateError, CheckpointError, ExportError
     "out_dir",
     required=True,
     type=click.Path(file_okay=False),
-    help="The folder to write (refused when it exists and is not empty, unless --force).",
+    help="The folder to write (refused when it exists and is not empty, unless --force, and "
+    "inside the study's output folder, always).",
 )
 @click.option(
     "--output",

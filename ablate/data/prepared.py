@@ -327,7 +327,7 @@ def _token_arrays(
     """``(documents, ids)`` per chunk; the ids of consecutive chunks still need an EOS between."""
     files = source_files(src, field)
     if src.corpus != "tokens":
-        yield from encode_chunks(tok, chunks(documents(src, files)), dtype, workers)
+        yield from encode_chunks(tok, chunks(documents(src, files, field)), dtype, workers)
         return
     stored = _NP[src.token_dtype]
     if stored.itemsize == 2 and tok.vocab_size > 1 << 16:

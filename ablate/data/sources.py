@@ -1,8 +1,9 @@
 """Where a corpus's documents come from: the files it reads (``resolve_files``, checked before
-anything runs by ``check_sources``), its documents in order (``documents``: the built-in corpus,
-text, JSONL, Parquet, Hugging Face datasets), its readable name and what of it decides its tokens
-(``source_identity``, which the prepared set's key holds). Optional packages (``pyarrow``,
-``datasets``) are imported only by the code that reads those formats."""
+anything runs by ``check_sources``), whether a hub dataset can be had here (``hub_dataset_missing``:
+in the ``datasets`` cache, or the hub reachable), its documents in order (``documents``: the
+built-in corpus, text, JSONL, Parquet, Hugging Face datasets), its readable name and what of it
+decides its tokens (``source_identity``, which the prepared set's key holds). Optional packages
+(``pyarrow``, ``datasets``) are imported only by the code that reads those formats."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 
 from ablate.data.config import FILE_EXT, DataConfig, ValData
 from ablate.data.corpus import builtin_documents
-from ablate.data.tokenizer import import_optional, tokenizer_kind
+from ablate.data.tokenizer import hub_unreachable, import_optional, tokenizer_kind
 
 
 def resolve_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]:
@@ -74,6 +75,50 @@ def _parquet_text_column(pq: Any, f: Path, text_field: str, field: str = "data."
     return pf
 
 
+def is_hub_dataset(src: DataConfig | ValData) -> bool:
+    """Whether ``src`` reads a Hugging Face hub dataset: corpus ``hf`` naming no local path."""
+    return src.corpus == "hf" and not os.path.exists(str(src.hf_dataset))
+
+
+def datasets_cache() -> Path:
+    """The ``datasets`` library's cache folder, found as it finds it: ``HF_DATASETS_CACHE``, else
+    ``datasets`` under ``HF_HOME``, else under ``$XDG_CACHE_HOME/huggingface`` (``~/.cache``)."""
+    if given := os.environ.get("HF_DATASETS_CACHE"):
+        return Path(given).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    home = os.environ.get("HF_HOME") or os.path.join(xdg, "huggingface")
+    return Path(home).expanduser() / "datasets"
+
+
+def _in_datasets_cache(name: str) -> bool:
+    """Whether ``datasets`` holds hub dataset ``name`` in its cache (its folder
+    ``<namespace>___<name in snake case>/<config>/<version>/<hash>``), as it looks offline."""
+    naming = import_optional("datasets.naming", "datasets", "data.corpus='hf'")
+    parts = name.split("/")
+    parts[-1] = naming.camelcase_to_snakecase(parts[-1])
+    return any(p.is_dir() for p in (datasets_cache() / "___".join(parts)).glob("*/*/*"))
+
+
+def hub_dataset_missing(src: DataConfig | ValData, field: str) -> str | None:
+    """Why ``src``'s hub dataset cannot be read here, said at once rather than after the hub
+    client's retries: it is not in the ``datasets`` cache and the hub cannot be reached
+    (``HF_DATASETS_OFFLINE``, ``HF_HUB_OFFLINE``, or no connection). None when it can be read, or
+    is no hub dataset. Whether the data is prepared already is the caller's to ask first."""
+    if not is_hub_dataset(src):
+        return None
+    name = str(src.hf_dataset)
+    why = hub_unreachable(datasets=True)
+    if why is None or _in_datasets_cache(name):
+        return None
+    return (
+        f"{field}hf_dataset: {name!r} is a hub dataset, not in the datasets cache "
+        f"({datasets_cache()}), and the hub cannot be reached ({why}); give a local copy "
+        f"({field}corpus: jsonl, parquet or text with {field}path, or the folder "
+        f"Dataset.save_to_disk wrote as {field}hf_dataset), prepare the data where the hub "
+        "answers into the same data_cache (ablate data prepare), or run where the hub answers"
+    )
+
+
 def source_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]:
     """The local files a corpus reads (a local ``save_to_disk`` dataset's files too): their names,
     sizes and modification times are part of the prepared data's fingerprint."""
@@ -126,8 +171,8 @@ def _parquet_documents(files: list[Path], text_field: str) -> Iterator[str]:
             yield from (t for t in batch.column(0).to_pylist() if t is not None)
 
 
-def _hf_documents(cfg: DataConfig | ValData) -> Iterator[str]:
-    datasets = import_optional("datasets", "datasets", "data.corpus='hf'")
+def _hf_documents(cfg: DataConfig | ValData, field: str) -> Iterator[str]:
+    datasets = import_optional("datasets", "datasets", f"{field}corpus='hf'")
     name = str(cfg.hf_dataset)
     local = Path(name)
     if (local / "dataset_dict.json").is_file() or (local / "state.json").is_file():
@@ -135,33 +180,48 @@ def _hf_documents(cfg: DataConfig | ValData) -> Iterator[str]:
         if isinstance(ds, datasets.DatasetDict):
             if cfg.hf_split not in ds:
                 raise ValueError(
-                    f"data.hf_split: {name} has no split {cfg.hf_split!r} (has {sorted(ds)})"
+                    f"{field}hf_split: {name} has no split {cfg.hf_split!r} (has {sorted(ds)})"
                 )
             ds = ds[cfg.hf_split]
     elif cfg.max_documents is not None:
         # stream: a limited read of a hub dataset (C4 is hundreds of GB) fetches only what it uses
-        stream = datasets.load_dataset(name, cfg.hf_config, split=cfg.hf_split, streaming=True)
+        stream = _load_dataset(datasets, cfg, field, streaming=True)
         for row in islice(stream, cfg.max_documents):
             if cfg.text_field not in row:
                 raise ValueError(
-                    f"data.text_field: {name} has no column {cfg.text_field!r} (has {sorted(row)})"
+                    f"{field}text_field: {name} has no column {cfg.text_field!r} (has {sorted(row)})"
                 )
             if row[cfg.text_field] is not None:
                 yield row[cfg.text_field]
         return
     else:
-        ds = datasets.load_dataset(name, cfg.hf_config, split=cfg.hf_split, streaming=False)
+        ds = _load_dataset(datasets, cfg, field, streaming=False)
     if cfg.text_field not in ds.column_names:
         raise ValueError(
-            f"data.text_field: {name} has no column {cfg.text_field!r} (has {ds.column_names})"
+            f"{field}text_field: {name} has no column {cfg.text_field!r} (has {ds.column_names})"
         )
     if cfg.max_documents is not None:
         ds = ds.select(range(min(cfg.max_documents, len(ds))))
     yield from (t for t in ds[cfg.text_field] if t is not None)
 
 
-def documents(cfg: DataConfig | ValData, files: list[Path]) -> Iterator[str]:
-    """The corpus's non-empty documents in order, at most ``max_documents`` (not ``tokens``)."""
+def _load_dataset(datasets: Any, cfg: DataConfig | ValData, field: str, *, streaming: bool) -> Any:
+    """``datasets.load_dataset`` of ``cfg``; a dataset it cannot reach is refused naming the field."""
+    name = str(cfg.hf_dataset)
+    try:
+        return datasets.load_dataset(name, cfg.hf_config, split=cfg.hf_split, streaming=streaming)
+    except OSError as e:  # not on the hub, or the hub not reached (ConnectionError)
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise ValueError(
+            f"{field}hf_dataset: cannot load {name!r} ({type(e).__name__}: {first}); give a "
+            f"local copy ({field}corpus with {field}path, or a save_to_disk folder), or run where "
+            "the hub answers"
+        ) from None
+
+
+def documents(cfg: DataConfig | ValData, files: list[Path], field: str = "data.") -> Iterator[str]:
+    """The corpus's non-empty documents in order, at most ``max_documents`` (not ``tokens``);
+    ``field`` (``data.`` or ``data.val.``) names the corpus in errors."""
     if cfg.corpus == "builtin":
         docs: Iterable[str] = builtin_documents()
     elif cfg.corpus == "text":
@@ -171,7 +231,7 @@ def documents(cfg: DataConfig | ValData, files: list[Path]) -> Iterator[str]:
     elif cfg.corpus == "parquet":
         docs = _parquet_documents(files, cfg.text_field)
     else:
-        docs = _hf_documents(cfg)
+        docs = _hf_documents(cfg, field)
     return islice((d for d in docs if d), cfg.max_documents)
 
 

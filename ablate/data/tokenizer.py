@@ -125,12 +125,17 @@ def tokenizer_identity(spec: str) -> str:
     return "byte" if kind == "byte" else f"hub:{spec}"
 
 
-def hub_unreachable(timeout: float = 2.0) -> str | None:
+def hub_unreachable(timeout: float = 2.0, *, datasets: bool = False) -> str | None:
     """Why the Hugging Face hub cannot be reached from here (``HF_HUB_OFFLINE``, or no TCP connection
     to ``HF_ENDPOINT`` within ``timeout`` seconds), or None when it can: asked once, so that a
-    missing network is said at once instead of after the hub client's retries."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        return "HF_HUB_OFFLINE is set"
+    missing network is said at once instead of after the hub client's retries. ``datasets``: as the
+    ``datasets`` library sees it, for which ``HF_DATASETS_OFFLINE``, where set, decides instead of
+    ``HF_HUB_OFFLINE``."""
+    flag = "HF_HUB_OFFLINE"
+    if datasets and os.environ.get("HF_DATASETS_OFFLINE") is not None:
+        flag = "HF_DATASETS_OFFLINE"
+    if os.environ.get(flag, "").lower() in ("1", "true", "yes", "on"):
+        return f"{flag} is set"
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
     return _unreachable(endpoint, timeout)
 

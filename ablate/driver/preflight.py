@@ -3,8 +3,8 @@
 (``check_gpus``); a Ray task's ``cuda:N`` exists in it (``check_ray_devices``); and, unless a
 cluster's workers decide, this machine's device runs every cell's recipe (``check_devices``) and has
 the cores and GPUs a cell asks for (``check_resources``) and the memory a cell's estimate needs
-(``check_memory``). Each raises ``CannotRunError`` naming the
-cells, the fields and the fix.
+(``check_memory``); what the Hugging Face hub must give can be had (``check_hub``). Each raises
+``CannotRunError`` naming the cells, the fields and the fix.
 """
 
 from __future__ import annotations
@@ -68,8 +68,10 @@ def check_resources(study: Study, *, num_cpus: int | None = None) -> None:
 
 
 def check_hub(study: Study) -> None:
-    """A hub tokenizer that is not in the Hugging Face cache is fetched by ``run`` before anything
-    starts: refused at once, naming ``data.tokenizer``, when the hub cannot be reached from here."""
+    """What ``run`` fetches from the Hugging Face hub, refused at once, naming its field, when the
+    hub cannot be reached from here and no cache holds it: a hub tokenizer (``data.tokenizer``),
+    fetched before anything starts, and a hub dataset (``data.hf_dataset``,
+    ``data.val.hf_dataset``) not yet prepared in the data cache (``preparing.check_hub_data``)."""
     from ablate.data import load_tokenizer
     from ablate.data.tokenizer import hub_unreachable, tokenizer_kind
 
@@ -87,6 +89,9 @@ def check_hub(study: Study) -> None:
                 ) from None
         except (ValueError, ImportError):
             continue  # refused with its field by the study's own checks
+    from ablate.driver.preparing import check_hub_data
+
+    check_hub_data(study)
 
 
 def machine_memory() -> int | None:

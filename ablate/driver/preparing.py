@@ -2,6 +2,8 @@
 distinct data configuration once into the study's data cache (``ablate.data.prepared``), checks
 the checksums of sets prepared before, and checks every cell's token counts. ``ablate run``,
 ``ablate tune`` and ``ablate data prepare`` call it; a refusal comes before anything is recorded.
+``check_hub_data`` refuses at once a hub dataset that neither a cache nor the hub can give
+(``validate`` asks too, through ``preflight.check_hub``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from ablate.data import DataConfig, Prepared, already_prepared, check_counts, data_key, prepare
-from ablate.errors import StudyError
+from ablate.errors import CannotRunError, StudyError
 from ablate.study import Cell, Study
 
 
@@ -39,6 +41,44 @@ def study_data(study: Study, cells: Iterable[Cell] | None = None) -> list[DataSe
     return list(sets.values())
 
 
+def check_hub_data(study: Study, cells: Iterable[Cell] | None = None) -> None:
+    """A hub dataset that ``run`` would read (its data not prepared in the study's data cache yet)
+    must be in the ``datasets`` cache, or the hub reachable (``sources.hub_dataset_missing``):
+    refused otherwise, naming the field and the cells, before anything is tokenized, instead of
+    failing after the hub client's retries (``preflight.check_hub`` and ``prepare_study`` ask)."""
+    from ablate.data.sources import hub_dataset_missing, is_hub_dataset
+
+    hub = [
+        c
+        for c in (study.cells if cells is None else cells)
+        if any(s is not None and is_hub_dataset(s) for s in (c.config.data, c.config.data.val))
+    ]
+    if not hub:
+        return
+    try:
+        sets = study_data(study, hub)
+    except (FileNotFoundError, ValueError, ImportError):
+        return  # refused with its field by the study's own checks, or by preparing
+    problems: dict[str, list[str]] = {}
+    for s in sets:
+        if s.prepared is not None:  # tokenized already: read from the data cache, not the hub
+            continue
+        for src, name in ((s.config, "data."), (s.config.val, "data.val.")):
+            try:
+                why = None if src is None else hub_dataset_missing(src, name)
+            except ImportError:
+                continue  # no datasets package: preparing says so, naming the field
+            if why is not None:
+                problems.setdefault(why, []).extend(c.label for c in s.cells)
+    if problems:
+        raise CannotRunError(
+            "\n".join(
+                f"{why} (cells {', '.join(labels[:3])}{' ...' if len(labels) > 3 else ''})"
+                for why, labels in problems.items()
+            )
+        )
+
+
 def prepare_study(
     study: Study,
     *,
@@ -49,6 +89,7 @@ def prepare_study(
     """Prepare (or verify) every data configuration of ``cells`` (default: all the study's) and
     check each cell's counts; raises ``StudyError`` listing every problem, naming its field."""
     out = out or sys.stderr
+    check_hub_data(study, cells)
     errors: list[str] = []
     sets = study_data(study, cells)
     cache = study.data_cache()

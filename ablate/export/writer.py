@@ -6,7 +6,10 @@ unless asked otherwise), the tokenizer when the run's is a Hugging Face one (``t
 a minimal ``tokenizer_config.json``) and ``ablate_export.json``: where the weights come from (study,
 cell, run, step, recipe, code), the token ids of a byte tokenizer, and where the model departs from
 the architecture it is exported as. An existing folder that is not empty is refused unless
-``force``, which replaces only the files an export writes.
+``force``, which replaces only the files an export writes. A folder inside what a study records
+(``recorded_places``: its output folder, with the MLflow store and the cells' checkpoints, and a
+SQLite store's artifacts elsewhere) is refused, whatever ``force``: no place in there is meant
+for other files, and an export there would sit among, or replace, what the study recorded.
 
 Atomic: the export is written into a hidden folder beside ``out`` and moved into place only once
 complete, so a failure leaves ``out`` as it was (a previous export's files included, and no new
@@ -72,6 +75,7 @@ def export_cell(
         s = study
     else:
         s = load_study(study, output=Path(output) if output else None)
+    refuse_inside(out_dir, recorded_places(s))
     cell = find_cell(s, label)
     ckpt = s.checkpoint_dir(cell)
     try:
@@ -83,6 +87,33 @@ def export_cell(
         ) from None
     meta = {"study": s.name, "cell": cell.label, "key": cell.key, "run_id": _run_id(s, cell)}
     return export_model(cell.config, weights, out_dir, force=force, dtype=dtype, meta=meta)
+
+
+def recorded_places(study: Study) -> dict[str, Path]:
+    """The folders that hold what ``study`` recorded, by what they are: its output folder (the
+    SQLite store by default, its artifacts, the cells' checkpoints) and, for a SQLite store
+    elsewhere (``tracking.uri``), the artifacts folder beside it."""
+    from ablate.tracking.store import sqlite_path
+
+    places = {"the study's output folder (--output)": study.output_dir}
+    db = sqlite_path(study.tracking_uri)
+    if db is not None:
+        places["the artifacts of its MLflow store (tracking.uri)"] = db.parent / "artifacts"
+    return places
+
+
+def refuse_inside(out_dir: str | Path, places: dict[str, Path]) -> None:
+    """``ExportError`` naming ``-o/--out`` when ``out_dir`` is one of ``places`` or inside one,
+    symbolic links and ``..`` resolved on both sides; before anything is read or written."""
+    out = Path(out_dir).expanduser().resolve()
+    for what, place in places.items():
+        root = place.expanduser().resolve()
+        if out == root or root in out.parents:
+            raise ExportError(
+                f"-o/--out: {out_dir} is inside {what}, {root}, which holds what the study "
+                "recorded; an export there would sit among or replace it, so nothing was "
+                "written: give a folder outside it (e.g. exported/<study>-<cell>)"
+            )
 
 
 def find_cell(study: Study, label: str) -> Cell:
@@ -110,6 +141,7 @@ def export_checkpoint(
     where = checkpoint_dir or config.checkpoint_dir
     if where is None:
         raise ExportError("export: no checkpoint_dir given, and the run's config sets none")
+    refuse_inside(out_dir, {"the checkpoint folder it exports": Path(where)})
     weights = read_checkpoint(where)
     if weights.config_hash != config_hash(config):
         raise ExportError(

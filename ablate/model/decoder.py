@@ -34,7 +34,7 @@ from ablate.model.config import (
     resolved_float,
     resolved_int,
 )
-from ablate.model.hf import HFCausalLM, build_hf_model
+from ablate.model.hf import HFCausalLM, build_hf_model, meta_count
 from ablate.model.recompute import CheckpointedBlock
 from backends import Recipe, convert_model
 
@@ -301,10 +301,10 @@ def non_embedding_params(cfg: ModelConfig) -> int:
     blocks' parameters (the linears and two RMSNorm weights each) and the final norm's, neither
     the token embedding nor the LM head, so no vocabulary enters it. A built-in shape by formula;
     a ``model.hf`` architecture built on the meta device and counted by module names
-    (``count_non_embedding``: its q/k norms, where it has them, count)."""
+    (``count_non_embedding``: its q/k norms, where it has them, count; ``hf.meta_count`` builds
+    two of its layers, not all)."""
     if cfg.hf is not None:
-        meta = torch.device("meta")
-        return count_non_embedding(build_hf_model(cfg.hf, cfg.init, vocab_size=None, device=meta))
+        return meta_count(cfg.hf, count_non_embedding, vocab_size=None)
     c = cfg.resolved(1)  # any vocabulary: N has none (an explicit model.vocab_size is kept)
     dim = resolved_int(c.dim)
     return resolved_int(c.n_layers) * (block_linear_params(c) + 2 * dim) + dim
@@ -312,12 +312,10 @@ def non_embedding_params(cfg: ModelConfig) -> int:
 
 def num_params(cfg: ModelConfig, vocab_size: int | None = None) -> int:
     """Parameters of ``cfg`` (tokenizer vocabulary ``vocab_size``, else the config's or preset's),
-    counted on the meta device: nothing is allocated, so the 8B shape counts in milliseconds."""
+    counted on the meta device: nothing is allocated, so the 8B shape counts in milliseconds (a
+    ``model.hf`` architecture: two of its layers built, ``hf.meta_count``)."""
     if cfg.hf is not None:
-        meta = torch.device("meta")
-        return count_parameters(
-            build_hf_model(cfg.hf, cfg.init, vocab_size=vocab_size, device=meta)
-        )
+        return meta_count(cfg.hf, count_parameters, vocab_size=vocab_size)
     with torch.device("meta"):
         return count_parameters(Transformer(cfg.resolved(vocab_size)))
 

@@ -30,6 +30,7 @@ import functools
 import hashlib
 import json
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,20 @@ TRAINABLE = ("llama", "mistral", "olmo2", "qwen2", "qwen3")
 """Families whose model forward is embedding -> decoder layers -> norm -> LM head, nothing else (no
 embedding scale, no logit soft-capping): ``HFCausalLM`` reproduces them exactly."""
 INITS = ("random", "pretrained")
+SIZE_LIMITS = {
+    "num_hidden_layers": 1024,
+    "hidden_size": 65_536,
+    "intermediate_size": 262_144,
+    "vocab_size": 1 << 21,
+}
+"""The largest value of each shape field a ``model.hf`` config may hold: 16x to 32x the presets'
+largest, the Llama 3.1-8B shape of ``llama3_8b`` and the 8B ladder (32 layers, width 4,096, FFN
+14,336, vocabulary 128,256), and still 4x to 8x Llama 3.1-405B's (126 layers, width 16,384, FFN
+53,248). Past them a config is a mistake or hostile: refused from its numbers before any model is
+built (building even on the meta device takes about a millisecond per layer)."""
+MAX_PARAMS = 10**13
+"""The most parameters a ``model.hf`` config may have by its shapes (counted as a Llama-style
+decoder: ``_shape_params``): 1,250x the 8B preset, 25x Llama 3.1-405B."""
 
 
 def transformers_module() -> Any:
@@ -136,6 +151,14 @@ def _shapes(c: Any) -> dict[str, Any]:
     }
 
 
+def _shape_params(f: dict[str, Any]) -> int:
+    """Parameters of a Llama-style decoder of ``_shapes`` ``f`` (q/k norms and biases left out)."""
+    dim, hd, heads, kv = f["dim"], f["head_dim"], f["n_heads"], f["n_kv_heads"]
+    layer = dim * hd * (2 * heads + 2 * kv) + 3 * dim * f["ffn_dim"] + 2 * dim
+    embed = f["vocab_size"] * dim * (1 if f["tie_embeddings"] else 2)
+    return int(f["n_layers"] * layer + embed + dim)
+
+
 def qk_norm_bytes(spec: str, precision: str) -> int:
     """Bytes per token and decoder layer that the architecture's q/k norms save for the backward,
     beyond a Llama-style layer (``memory.activation_parts``; measured in the suite): Qwen3 normalizes
@@ -193,6 +216,7 @@ def _check_parts(spec: str, c: Any) -> None:
             f"model.hf: {spec!r} has num_hidden_layers {layers!r}: the recipe would quantize no "
             "decoder layer; give a config with at least one"
         )
+    _check_size(spec, c)
     act = getattr(c, "hidden_act", None)
     if act is not None and act not in ACT2FN:
         raise ValueError(
@@ -206,6 +230,28 @@ def _check_parts(spec: str, c: Any) -> None:
         raise ValueError(
             f"model.hf: {spec!r} has rope_type {kind!r}, which transformers does not have; "
             f"allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+def _check_size(spec: str, c: Any) -> None:
+    """An absurd size (``SIZE_LIMITS``, ``MAX_PARAMS``), refused from the config's numbers."""
+    for name, limit in SIZE_LIMITS.items():
+        v = getattr(c, name, None)
+        if isinstance(v, int) and v > limit:
+            raise ValueError(
+                f"model.hf: {spec!r} has {name} {v}; allowed: at most {limit:,} (16x to 32x the "
+                "llama3_8b preset's shapes: no model the trainer is meant for comes near it)"
+            )
+    try:
+        n = _shape_params(_shapes(c))
+    except (AttributeError, TypeError, ZeroDivisionError):  # a field left unset: its own checks
+        return
+    if n > MAX_PARAMS:
+        raise ValueError(
+            f"model.hf: {spec!r} has about {n:.3g} parameters by its shapes (hidden_size "
+            f"{c.hidden_size}, num_hidden_layers {c.num_hidden_layers}, intermediate_size "
+            f"{c.intermediate_size}, num_attention_heads {c.num_attention_heads}); allowed: at "
+            f"most {MAX_PARAMS:.0e} (1,250x the llama3_8b preset)"
         )
 
 
@@ -323,6 +369,28 @@ class HFCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
 
+def meta_count(spec: str, count: Callable[[nn.Module], int], *, vocab_size: int | None) -> int:
+    """``count`` (a sum over parameters) of ``spec``'s model, without building all its layers: the
+    model built on the meta device with one decoder layer and with two gives the rest and one
+    layer's share, times ``num_hidden_layers``. Exact for ``TRAINABLE``'s families (their decoder
+    layers are alike), and as quick for a thousand layers as for one."""
+    cfg = check_config(spec, vocab_size=vocab_size, seq_len=None)
+    one, two = (count(_meta_model(cfg, n)) for n in (1, 2))
+    return one + (int(cfg.num_hidden_layers) - 1) * (two - one)
+
+
+def _meta_model(cfg: Any, layers: int) -> HFCausalLM:
+    """The model of the config ``cfg`` cut to ``layers`` decoder layers, on the meta device."""
+    tf = transformers_module()
+    c = copy.deepcopy(cfg)
+    c.num_hidden_layers = layers
+    if isinstance(getattr(c, "layer_types", None), list):
+        c.layer_types = c.layer_types[:layers]
+    with torch.device("meta"):
+        lm = tf.AutoModelForCausalLM.from_config(c, attn_implementation="sdpa", dtype=torch.float32)
+    return HFCausalLM(lm)
+
+
 def build_hf_model(
     spec: str,
     init: str,
@@ -375,6 +443,7 @@ __all__ = [
     "check_config",
     "config_identity",
     "load_config",
+    "meta_count",
     "qk_norm_bytes",
     "shape_fields",
     "transformers_module",

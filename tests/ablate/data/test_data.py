@@ -262,6 +262,41 @@ def test_hf_dataset_saved_to_disk_loads_like_the_same_text(tmp_path: Path) -> No
         load_data(small(corpus="hf", hf_dataset=str(tmp_path / "dd"), hf_split="validation"))
 
 
+@pytest.mark.skipif(not HAS_DATASETS, reason="the optional 'datasets' package is not installed")
+def test_a_hub_dataset_out_of_reach_is_refused_naming_its_field(tmp_path, monkeypatch) -> None:
+    """Offline with an empty datasets cache: ``hub_dataset_missing`` names the field (a local
+    folder is no hub dataset), and reading it in a fresh process raises a ``ValueError`` naming
+    the field instead of the ``datasets`` library's ``ConnectionError``."""
+    from ablate.data import ValData
+    from ablate.data.sources import hub_dataset_missing
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    hub = ValData(corpus="hf", hf_dataset="allenai/c4", hf_config="en", max_documents=5)
+    why = hub_dataset_missing(hub, "data.val.")
+    assert why is not None and why.startswith("data.val.hf_dataset: 'allenai/c4' is a hub dataset")
+    assert "HF_DATASETS_OFFLINE is set" in why and str(tmp_path / "hf-home" / "datasets") in why
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "0")  # datasets is online then, whatever the hub's
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    assert "127.0.0.1:9 unreachable" in str(hub_dataset_missing(hub, "data.val."))
+    (tmp_path / "ds").mkdir()
+    assert hub_dataset_missing(ValData(corpus="hf", hf_dataset=str(tmp_path / "ds")), "x.") is None
+    code = (
+        "from ablate.data import ValData; from ablate.data.sources import documents\n"
+        "v = ValData(corpus='hf', hf_dataset='allenai/c4', hf_config='en', max_documents=5)\n"
+        "try:\n    next(documents(v, [], 'data.val.'))\n"
+        "except ValueError as e:\n    print(e)"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.startswith("data.val.hf_dataset: cannot load 'allenai/c4' (ConnectionError")
+
+
 @pytest.mark.skipif(HAS_DATASETS, reason="checks the message shown when 'datasets' is missing")
 def test_hf_corpus_without_datasets_says_what_to_install() -> None:
     with pytest.raises(ImportError, match="pip install datasets"):

@@ -8,6 +8,7 @@ too; and the export refuses an unknown cell, a cell without a checkpoint, and a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -184,6 +185,47 @@ def test_an_interrupted_cell_exports_its_last_checkpoint(study):
     assert meta["val_loss"] == pytest.approx(logged[2], abs=1e-12)
     batches = _val(s.cells[0].config, s.data_cache())
     assert abs(_hf_loss(_load(early), batches) - logged[2]) <= TOL
+
+
+def _recorded(folder: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in folder.rglob("*") if f.is_file()}
+
+
+def test_an_export_into_what_the_study_recorded_is_refused_and_changes_nothing(tmp_path):
+    """-o inside the study's output folder (its store, its cells' checkpoints), given as it is,
+    through ``..`` or through a symbolic link, is refused naming -o/--out, --force or not, before
+    anything is read; what the study recorded stays byte for byte. So is the artifacts folder of a
+    SQLite store elsewhere, and a checkpoint's own folder for ``export_checkpoint``."""
+    p = tmp_path / "s.yaml"
+    p.write_text(STUDY)
+    out = tmp_path / "runs" / "exporttest"
+    s = load_study(p, output=out)
+    cell = s.cells[0]
+    ckpt = s.checkpoint_dir(cell)
+    config = dataclasses.replace(cell.config, checkpoint_dir=str(ckpt))
+    train(config)
+    before = _recorded(out)
+    (tmp_path / "link").symlink_to(out)
+    inside = [out, out / "cells", ckpt, out / "exports" / "new", tmp_path / "link" / "new"]
+    inside.append(tmp_path / "elsewhere" / ".." / "runs" / "exporttest" / "new")
+    args = ["export", str(p), "--output", str(out), "--cell", cell.key]
+    for target in inside:
+        for force in ([], ["--force"]):
+            res = CliRunner().invoke(main, [*args, "-o", str(target), *force])
+            assert res.exit_code == 2, res.output
+            assert "-o/--out" in res.output and "inside the study's output folder" in res.output
+            assert "give a folder outside it" in res.output and "Traceback" not in res.output
+    assert _recorded(out) == before and not (out / "exports").exists()
+    with pytest.raises(ExportError, match="-o/--out: .* inside the checkpoint folder it exports"):
+        export_checkpoint(config, ckpt, ckpt / "hf")
+    store = tmp_path / "store"
+    elsewhere = STUDY + f"tracking: {{uri: 'sqlite:///{store}/mlflow.db'}}\n"
+    (tmp_path / "t.yaml").write_text(elsewhere)
+    with pytest.raises(ExportError, match="inside the artifacts of its MLflow store"):
+        export_cell(tmp_path / "t.yaml", cell.key, store / "artifacts" / "x", output=out)
+    res = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "exported")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "exported" / "config.json").is_file() and _recorded(out) == before
 
 
 def _cfg(**over) -> dict:

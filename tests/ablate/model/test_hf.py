@@ -26,10 +26,11 @@ from ablate.model import (  # noqa: E402
     ModelConfig,
     build_model,
     count_non_embedding,
+    count_parameters,
     non_embedding_params,
     num_params,
 )
-from ablate.model.hf import TRAINABLE
+from ablate.model.hf import SIZE_LIMITS, TRAINABLE, check_config
 from ablate.train import RunConfig  # noqa: E402
 from ablate.train.config import config_hash  # noqa: E402
 from backends import (  # noqa: E402
@@ -225,6 +226,48 @@ def test_the_non_embedding_count_of_an_architecture_is_its_blocks_and_final_norm
     model = build_model(ModelConfig(hf=QWEN3), 257)
     blocks = sum(p.numel() for p in model.layers.parameters()) + model.model.norm.weight.numel()
     assert count_non_embedding(model) == blocks == 787_840
+
+
+@pytest.mark.parametrize("model_type", TRAINABLE)
+def test_counts_from_two_built_layers_equal_the_whole_models(tmp_path, model_type):
+    """``num_params`` and ``non_embedding_params`` build one and two decoder layers on the meta
+    device (``hf.meta_count``), not all of them: the same counts as the model of five layers."""
+    path = Path(_small(model_type, tmp_path))
+    d = json.loads(path.read_text())
+    d["num_hidden_layers"] = 5
+    if d.get("layer_types"):
+        d["layer_types"] = [d["layer_types"][0]] * 5
+    path.write_text(json.dumps(d))
+    mc = ModelConfig(hf=str(path))
+    model = build_model(mc, 257)
+    assert len(model.layers) == 5
+    assert num_params(mc, 257) == count_parameters(model)
+    assert non_embedding_params(mc) == count_non_embedding(model)
+
+
+LLAMA_405B = {
+    "hidden_size": 16_384,
+    "intermediate_size": 53_248,
+    "num_hidden_layers": 126,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 8,
+    "vocab_size": 128_256,
+}
+
+
+def test_a_config_past_the_size_limits_is_refused_and_the_largest_real_shapes_are_not(tmp_path):
+    def saved(name: str, **shape: int) -> str:
+        AutoConfig.for_model("llama", **shape).save_pretrained(tmp_path / name)
+        return str(tmp_path / name)
+
+    check_config(saved("405b", **LLAMA_405B), vocab_size=None, seq_len=None)
+    for field, limit in SIZE_LIMITS.items():
+        over = saved(field, **(LLAMA_405B | {field: limit + 256}))
+        with pytest.raises(ValueError, match=f"model.hf: .* has {field} {limit + 256}; allowed"):
+            check_config(over, vocab_size=None, seq_len=None)
+    wide = saved("wide", **(LLAMA_405B | {"hidden_size": 65_536, "num_hidden_layers": 1024}))
+    with pytest.raises(ValueError, match="parameters by its shapes .*allowed: at most 1e\\+13"):
+        check_config(wide, vocab_size=None, seq_len=None)
 
 
 def test_a_pretrained_folder_loads_its_weights(tmp_path):

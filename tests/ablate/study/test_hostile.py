@@ -89,6 +89,37 @@ def test_an_architecture_that_cannot_train_is_refused(tmp_path, changes, named):
     _refused(tmp_path, _study({"model": {"hf": hf}}), "model.hf", named)
 
 
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"num_hidden_layers": 100_000}, "num_hidden_layers 100000; allowed: at most 1,024"),
+        (
+            {"num_hidden_layers": 100_000, "hidden_size": 1 << 20, "intermediate_size": 1 << 22},
+            "allowed: at most",
+        ),
+        (
+            {
+                "num_hidden_layers": 1024,
+                "hidden_size": 65_536,
+                "intermediate_size": 262_144,
+                "num_attention_heads": 512,
+                "num_key_value_heads": 512,
+                "head_dim": 128,
+            },
+            "parameters by its shapes",
+        ),
+    ],
+    ids=["layers", "petabytes", "parameters"],
+)
+def test_an_architecture_of_absurd_size_is_refused_from_its_numbers(tmp_path, changes, named):
+    """Refused by the config's numbers before any model is built: built, the second one would
+    need petabytes, and even on the meta device 100,000 layers take minutes (the memory estimate
+    used to build it there, and the refusal then named memory, not the field)."""
+    hf = _hf(tmp_path, "huge", **changes)
+    out = _refused(tmp_path, _study({"model": {"hf": hf}}), "model.hf", named)
+    assert "this machine cannot run" not in out
+
+
 def test_pretrained_weights_missing_or_broken_are_refused(tmp_path):
     bare = _hf(tmp_path, "bare")
     _refused(tmp_path, _study({"model": {"hf": bare, "init": "pretrained"}}), "model.init")
@@ -288,3 +319,31 @@ def test_a_hub_name_with_no_network_is_refused_at_once(tmp_path, monkeypatch, of
     out = _refused(tmp_path, study, "data.tokenizer")
     assert "the hub cannot be reached" in out
     assert time.monotonic() - t0 < 20  # the hub client alone retried 26-27 s for each
+
+
+@pytest.mark.parametrize("offline", ["closed-port", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"])
+def test_a_hub_validation_set_with_no_network_is_refused_by_validate_and_run(
+    tmp_path, monkeypatch, offline
+):
+    """``data.val`` naming a hub dataset that neither the data cache (prepared) nor the datasets
+    cache holds, the hub unreachable: refused by validate, and by run before it writes anything,
+    naming the field and what would work (it passed validate, and run failed with a
+    ConnectionError traceback after the hub client's retries)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # an empty cache
+    for name in ("HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    if offline == "closed-port":
+        monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    else:
+        monkeypatch.setenv(offline, "1")
+    val = {"corpus": "hf", "hf_dataset": "allenai/c4", "hf_config": "en", "max_documents": 100}
+    study = _study({"data": {"val_tokens": 4096, "val": val}}, data_cache=str(tmp_path / "cache"))
+    named = ("data.val.hf_dataset: 'allenai/c4'", "the hub cannot be reached", "local copy")
+    out = _refused(tmp_path, study, *named, "ablate data prepare")
+    assert (offline if offline != "closed-port" else "127.0.0.1:9") in out
+    runs = tmp_path / "runs"
+    args = ["run", str(tmp_path / "study.yaml"), "-o", str(runs), "--executor", "local"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2, res.output
+    assert all(n in res.output for n in named) and "Traceback" not in res.output
+    assert not runs.exists() and not (tmp_path / "cache").exists()
