@@ -27,8 +27,7 @@ from ablate.study.rungs import ladder_cells
 from ablate.study.schema import LIST_AXES, RECIPE_AXES, CellConfig, StudyFile
 from ablate.study.tune import check_tune
 from ablate.train.config import RunConfig, TrainConfig, config_hash
-from backends.recipes import GEMMS, parse_intervention
-from backends.recipes.recipe import intervention_label
+from backends.recipes import GEMMS
 
 # --- loading ---------------------------------------------------------------------------------------
 
@@ -312,15 +311,7 @@ def _expand(spec: StudyFile, raw: dict[str, Any], source: str | None, max_cells:
         if spec.probe is not None:  # the same probes for every cell; not part of its key
             rc.probe = spec.probe
             errors.extend(m for m in spec.probe.problems(rc) if m not in errors)
-        if cc.recipe is not None or cc.gemms is not None:
-            recipe_axes = derived_recipe_axes(rc.recipe, cc.base_format)
-        else:
-            recipe_axes = {
-                "fp4_gemms": "+".join(cc.fp4_gemms),
-                "intervention": intervention_label(*parse_intervention(cc.intervention)),
-                "fp4_format": cc.fp4_format,
-                "base_format": cc.base_format,
-            }
+        recipe_axes = derived_recipe_axes(rc.recipe, cc.base_format)
         resolved.append((vals, rc, recipe_axes))
     shared = {tuple(m) for _, m in failed}
     if len(failed) == len(kept) > 1 and len(shared) == 1:  # the base is wrong, not a combination

@@ -30,6 +30,7 @@ from backends.quant.formats import (
     unpack_fp4,
 )
 from backends.quant.hadamard import (
+    DETERMINISTIC,
     SIGN_POLICIES,
     SIZES,
     SignPolicy,
@@ -53,6 +54,7 @@ from backends.quant.reference import fake_quantize_reference, quantize_reference
 
 __all__ = [
     "BLOCK_SIZES",
+    "DETERMINISTIC",
     "E2M1",
     "E4M3",
     "E5M2",

@@ -1,6 +1,7 @@
 """Every cell of every study in ``studies/`` keeps its key, its label and the recipe in the report's
 terms (``Cell.recipe_axes``), as ``study_cells.json`` records them; and a shorthand cell's written
-``intervention`` means what its resolved recipe says it does."""
+``intervention`` means what its resolved recipe says it does (``recipe_axes`` reads the label from the
+resolved GEMMs; the written word parsed and labelled by the same grammar must agree)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ from ablate.study.axes import with_values
 from ablate.study.recipe import recipe_axes
 from ablate.study.schema import CellConfig
 from ablate.train.config import config_hash
-from backends.recipes import parse_intervention
-from backends.recipes.recipe import intervention_label
+from backends.recipes.intervention import label, parse
 
 ROOT = Path(__file__).resolve().parents[3]
 STUDIES = sorted((ROOT / "studies").glob("*.yaml"))
@@ -50,7 +50,7 @@ def test_a_written_intervention_is_labelled_as_its_resolved_recipe(path, monkeyp
         shorthand += 1
         written = {
             "fp4_gemms": "+".join(cc.fp4_gemms),
-            "intervention": intervention_label(*parse_intervention(cc.intervention)),
+            "intervention": label(parse(cc.intervention.text)),
             "fp4_format": cc.fp4_format,
             "base_format": cc.base_format,
         }
