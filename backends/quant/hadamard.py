@@ -13,14 +13,15 @@ H16 of the MXFP4 paper); ``fixed`` - fht, one seeded sign vector per layer and G
 training (stored as a buffer); ``random`` - rht, signs redrawn at every call from (seed, layer, GEMM,
 step): the random Hadamard transform of Tseng et al.
 
-The transforms below take ``signs=None`` for dht.
+The transforms below take ``signs=None`` for dht. The quantizer takes a transform as a
+``Rotation(size, signs)``, a named tuple that is still the ``(size, signs)`` the custom ops pass.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -33,6 +34,20 @@ SignPolicy = Literal["none", "fixed", "random"]
 DETERMINISTIC: SignPolicy = "none"
 """The intervention dht's sign policy: the deterministic H, no signs (``signs=None`` below). Spelled
 ``none`` in every stored recipe and so in every cell's key."""
+
+
+class Rotation(NamedTuple):
+    """The Hadamard transform a quantizer applies before it quantizes: ``hadamard_transform(x,
+    axis, size, signs)``; ``signs`` None for dht (``DETERMINISTIC``), else the +-1 vector of
+    ``size`` entries (fht's fixed one, or rht's drawn for this call)."""
+
+    size: int
+    signs: torch.Tensor | None
+
+
+def rotation(h: tuple[int, torch.Tensor | None] | None) -> Rotation | None:
+    """``h`` as a ``Rotation``: the quantizer's entry points also take a plain ``(size, signs)``."""
+    return None if h is None else Rotation(*h)
 
 
 def check_size(size: int) -> None:

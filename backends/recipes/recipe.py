@@ -27,11 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from backends.quant import FORMATS, SIGN_POLICIES, QuantSpec, ScaleMode, SignPolicy
-from backends.quant.hadamard import DETERMINISTIC, check_size
+from backends.quant.hadamard import DETERMINISTIC, Rotation, check_size
 from backends.recipes.intervention import GEMMS, Gemm, Hadamard, Intervention, label, parse
+
+if TYPE_CHECKING:
+    import torch
 
 OPERANDS = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("dy", "x")}
 BASE_FORMATS = ("bf16", "fp8", "mxfp8")
@@ -117,6 +120,11 @@ class GemmRecipe:
     @property
     def is_fp4(self) -> bool:
         return any(s is not None and s.fmt.is_fp4 for s in (self.a, self.b))
+
+    def rotation(self, signs: torch.Tensor | None) -> Rotation | None:
+        """What the quantizer applies to both operands before quantizing them, for a call whose
+        sign vector is ``signs`` (None for dht, ``DETERMINISTIC``): None without a transform."""
+        return None if self.hadamard is None else Rotation(self.hadamard.size, signs)
 
     def intervention(self) -> Intervention:
         """What this GEMM does beyond quantizing (its part of the report's label): stochastic
