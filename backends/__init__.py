@@ -15,50 +15,97 @@ Typical use::
     convert(model, Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "dht", base="fp8"))
 
 The benchmark of the quantizers and GEMMs is ``python -m ablate.bench.numerics``.
+
+This ``__init__`` loads its rooms on first attribute access (``from backends import Recipe`` loads
+``backends.recipes`` then), so a torch-free module such as ``backends.recipes.intervention`` (the
+grammar the report reads labels with) imports without torch.
 """
 
-from backends.gemm import (
-    GemmBackend,
-    UnsupportedFormatError,
-    available_backends,
-    get_backend,
-    register_backend,
-)
-from backends.layer import (
-    ARCHITECTURES,
-    QuantLinear,
-    UnknownArchitectureError,
-    convert,
-    convert_model,
-)
-from backends.quant import (
-    E2M1,
-    E4M3,
-    E5M2,
-    FORMATS,
-    ElementFormat,
-    QTensor,
-    QuantSpec,
-    ScaleMode,
-    fake_quantize,
-    fake_quantize_reference,
-    hadamard_matrix,
-    hadamard_transform,
-    pack_fp4,
-    quantize,
-    quantize_reference,
-    sign_vector,
-    unpack_fp4,
-)
-from backends.recipes import (
-    GEMMS,
-    NAMED_RECIPES,
-    GemmRecipe,
-    HadamardSpec,
-    Recipe,
-    named_recipe,
-    parse_intervention,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from backends.gemm import (
+        GemmBackend,
+        UnsupportedFormatError,
+        available_backends,
+        get_backend,
+        register_backend,
+    )
+    from backends.layer import (
+        ARCHITECTURES,
+        QuantLinear,
+        UnknownArchitectureError,
+        convert,
+        convert_model,
+    )
+    from backends.quant import (
+        E2M1,
+        E4M3,
+        E5M2,
+        FORMATS,
+        ElementFormat,
+        QTensor,
+        QuantSpec,
+        ScaleMode,
+        fake_quantize,
+        fake_quantize_reference,
+        hadamard_matrix,
+        hadamard_transform,
+        pack_fp4,
+        quantize,
+        quantize_reference,
+        sign_vector,
+        unpack_fp4,
+    )
+    from backends.recipes import (
+        GEMMS,
+        NAMED_RECIPES,
+        GemmRecipe,
+        HadamardSpec,
+        Intervention,
+        Recipe,
+        named_recipe,
+    )
+
+_LAZY = {
+    "GemmBackend": "backends.gemm",
+    "UnsupportedFormatError": "backends.gemm",
+    "available_backends": "backends.gemm",
+    "get_backend": "backends.gemm",
+    "register_backend": "backends.gemm",
+    "ARCHITECTURES": "backends.layer",
+    "QuantLinear": "backends.layer",
+    "UnknownArchitectureError": "backends.layer",
+    "convert": "backends.layer",
+    "convert_model": "backends.layer",
+    "E2M1": "backends.quant",
+    "E4M3": "backends.quant",
+    "E5M2": "backends.quant",
+    "FORMATS": "backends.quant",
+    "ElementFormat": "backends.quant",
+    "QTensor": "backends.quant",
+    "QuantSpec": "backends.quant",
+    "ScaleMode": "backends.quant",
+    "fake_quantize": "backends.quant",
+    "fake_quantize_reference": "backends.quant",
+    "hadamard_matrix": "backends.quant",
+    "hadamard_transform": "backends.quant",
+    "pack_fp4": "backends.quant",
+    "quantize": "backends.quant",
+    "quantize_reference": "backends.quant",
+    "sign_vector": "backends.quant",
+    "unpack_fp4": "backends.quant",
+    "GEMMS": "backends.recipes",
+    "NAMED_RECIPES": "backends.recipes",
+    "GemmRecipe": "backends.recipes",
+    "HadamardSpec": "backends.recipes",
+    "Recipe": "backends.recipes",
+    "named_recipe": "backends.recipes",
+    "Intervention": "backends.recipes",
+}
 
 __all__ = [
     "ARCHITECTURES",
@@ -72,6 +119,7 @@ __all__ = [
     "GemmBackend",
     "GemmRecipe",
     "HadamardSpec",
+    "Intervention",
     "QTensor",
     "QuantLinear",
     "QuantSpec",
@@ -89,10 +137,21 @@ __all__ = [
     "hadamard_transform",
     "named_recipe",
     "pack_fp4",
-    "parse_intervention",
     "quantize",
     "quantize_reference",
     "register_backend",
     "sign_vector",
     "unpack_fp4",
 ]
+
+
+ROOMS = ("gemm", "layer", "quant", "recipes")
+
+
+def __getattr__(name: str) -> Any:
+    if name in ROOMS:  # ``import backends; backends.quant``, as when this file imported them
+        return importlib.import_module(f"{__name__}.{name}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -72,6 +72,7 @@ from backends.gemm.native import (
 )
 from backends.quant import (
     QuantSpec,
+    Rotation,
     ckernel,
     fake_quantize,
     fake_quantize_fused,
@@ -81,7 +82,6 @@ from backends.quant import (
 from backends.recipes import GemmRecipe
 
 Fn = Callable[[], object]
-Hadamard = tuple[int, None] | None
 
 LLAMA3_8B = ((4096, 4096), (4096, 14336), (14336, 4096))  # (K, N) of each projection
 NATIVE_FORMATS = ("fp8_e4m3", "mxfp8_e4m3", "mxfp4", "nvfp4")
@@ -180,10 +180,12 @@ def _torchao_fn(x: torch.Tensor) -> tuple[Fn | None, str]:
     return (lambda: mx_tensor.to_mx(x, fp4, 32)), "torchao to_mx only, no dequantize (MXFP4)"
 
 
-def _bit_exact(x: torch.Tensor, out: object, spec: QuantSpec, axis: int, had: Hadamard) -> bool:
+def _bit_exact(
+    x: torch.Tensor, out: object, spec: QuantSpec, axis: int, had: Rotation | None
+) -> bool:
     """Whether ``out`` is ``fake_quantize_reference``'s result for ``x``, bit for bit."""
     assert isinstance(out, torch.Tensor)
-    xr = x if had is None else hadamard_transform(x, axis, had[0], had[1])
+    xr = x if had is None else hadamard_transform(x, axis, had.size, had.signs)
     ref = fake_quantize_reference(xr, spec, axis, SR_KEY, torch.bfloat16)
     return bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
 
@@ -200,7 +202,7 @@ def cpu_path() -> str:
 
 
 def _bit_exact_cpu(
-    x: torch.Tensor, out: object, spec: QuantSpec, axis: int, had: Hadamard, reference: bool
+    x: torch.Tensor, out: object, spec: QuantSpec, axis: int, had: Rotation | None, reference: bool
 ) -> bool:
     """Whether ``out`` (any device) equals, bit for bit, the same quantization of ``x`` copied to
     the CPU: by the CPU's ``fake_quantize`` path, or with ``reference`` by
@@ -208,7 +210,7 @@ def _bit_exact_cpu(
     assert isinstance(out, torch.Tensor)
     xc = x.cpu()
     if reference:
-        xr = xc if had is None else hadamard_transform(xc, axis, had[0], had[1])
+        xr = xc if had is None else hadamard_transform(xc, axis, had.size, had.signs)
         ref = fake_quantize_reference(xr, spec, axis, SR_KEY, torch.bfloat16)
     else:
         ref = fake_quantize(xc, spec, axis, SR_KEY, torch.bfloat16, had)
@@ -235,17 +237,17 @@ def quantizer_rows(
     mx, sr = QuantSpec(format="mxfp4"), QuantSpec(format="mxfp4", rounding="sr")
     nv, bf = QuantSpec(format="nvfp4"), torch.bfloat16
     # name -> (spec, axis, hadamard)
-    cases: dict[str, tuple[QuantSpec, int, Hadamard]] = {
+    cases: dict[str, tuple[QuantSpec, int, Rotation | None]] = {
         "mxfp4_rne": (mx, -1, None),
         "mxfp4_sr": (sr, -1, None),
-        "mxfp4_h16": (mx, -1, (16, None)),
+        "mxfp4_h16": (mx, -1, Rotation(16, None)),  # DHT16: no signs
         "nvfp4_rne": (nv, -1, None),
         "mxfp4_rne_axis0": (mx, 0, None),
         "fp8_e4m3": (QuantSpec(format="fp8_e4m3"), -1, None),
         "fp8_e5m2": (QuantSpec(format="fp8_e5m2"), -1, None),
     }
     # name -> (fn or None, the case it reproduces or None, note)
-    runs: dict[str, tuple[Fn | None, tuple[QuantSpec, int, Hadamard] | None, str]] = {
+    runs: dict[str, tuple[Fn | None, tuple[QuantSpec, int, Rotation | None] | None, str]] = {
         "copy": (x.clone, None, "")
     }
     for name, (spec, axis, had) in cases.items():

@@ -37,6 +37,7 @@ from ablate.report.notes import (
 )
 from ablate.report.speedup import (
     projected_speedup,
+    read_label,
     role_formats,
     role_interventions,
     throughput_gain,
@@ -50,6 +51,7 @@ from ablate.targets import (
     target_ppl_of,
     tokens_to_target,
 )
+from backends.recipes.intervention import label
 
 OUTCOMES = ("reached", "not reached", "diverged", "incomplete", "no evals")
 
@@ -211,10 +213,13 @@ def resolve_target(target: TargetLike | Mapping[str, Any], evals: Any, cells: An
 def config_sort_key(
     fp4_gemms: str, intervention: str, baseline: bool, config: str
 ) -> tuple[Any, ...]:
-    """Baseline first, then by how many GEMMs are FP4 (fprop, dgrad, wgrad order), then intervention."""
+    """Baseline first, then by how many GEMMs are FP4 (fprop, dgrad, wgrad order), then
+    intervention: by its label's parts without Hadamard sizes (``sr+rht64``: sr, rht; read by
+    ``backends.recipes.intervention``), how many, then which (none, sr, rht, dht, fht; any other
+    part, 4over6, eden or a piece of a per-GEMM label split at its '+', after them)."""
     gemms = [g for g in fp4_gemms.replace(",", "+").split("+") if g]
     kinds = ["none", "sr", "rht", "dht", "fht"]
-    parts = [p.rstrip("0123456789") for p in intervention.split("+")]
+    parts = label(read_label(intervention), sizes=False).split("+")
     rank = tuple(kinds.index(p) if p in kinds else len(kinds) for p in parts)
     roles = tuple(ROLES.index(g) if g in ROLES else 3 for g in gemms)
     return (not baseline, len(gemms), roles, len(parts), rank, intervention, config)

@@ -30,6 +30,9 @@ from matplotlib import colors as mcolors
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from ablate.report.speedup import read_label
+from backends.recipes.intervention import label
+
 # Paul Tol's colour-blind-safe palettes: one family per set of FP4 GEMMs, one distinct colour per
 # intervention inside it (none first, then in the order the study lists them)
 GEMM_FAMILIES = {
@@ -46,6 +49,7 @@ OTHER_FAMILY = ["#17BECF", "#4477AA", "#228833"]
 GEMM_COLOURS = {g: family[0] for g, family in GEMM_FAMILIES.items()}
 """The first colour of each family: a set of FP4 GEMMs without an intervention."""
 BASELINE_COLOUR = "#000000"
+# keyed by the intervention's label without Hadamard sizes (``_kind``): the grammar's words
 LINE_STYLES: dict[str, Any] = {  # dash patterns in units of the line width
     "none": "-",
     "sr": (0, (1, 1.5)),
@@ -73,8 +77,9 @@ SEED_LINES = 3  # up to this many seeds: a thin line per seed; more: a min-max b
 
 
 def _kind(intervention: str) -> str:
-    """``sr+rht64`` -> ``sr+rht``: the style ignores the Hadamard size."""
-    return "+".join(p.rstrip("0123456789") for p in intervention.split("+"))
+    """``sr+rht64`` -> ``sr+rht``, ``dht`` -> ``dht``: the style ignores the Hadamard size (the
+    label read and written again by ``backends.recipes.intervention``, ``sizes=False``)."""
+    return label(read_label(intervention), sizes=False)
 
 
 def _shade(colour: str, amount: float) -> tuple[float, float, float]:

@@ -48,12 +48,12 @@ model. Pure Python: no pandas, no matplotlib.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
 from ablate.errors import ReportError
 from ablate.study.speedup import BASE_FORMATS, FP4_FORMATS, ROLES, SpeedupSection, format_name
+from backends.recipes.intervention import Intervention, UnknownPart, parse_label
 
 
 def role_formats(fp4_gemms: str, fp4_format: str, base_format: str) -> dict[str, str]:
@@ -89,24 +89,28 @@ class Costs(NamedTuple):
     """MS-EDEN's correction and scale rounding (``eden_overhead``)."""
 
 
-def intervention_costs(intervention: str) -> Costs:
-    """The cost terms of an intervention label such as ``none``, ``sr``, ``dht16``, ``sr+rht64``,
-    ``sr+4over6+fht16``, ``eden+rht128``; ReportError for a part it does not know."""
-    points, flags = 0, {"sr": False, "4over6": False, "eden": False}
-    for part in (p.strip() for p in intervention.split("+")):
-        if part in ("", "none"):
-            continue
-        if part in flags:
-            flags[part] = True
-            continue
-        m = re.fullmatch(r"(rht|dht|fht)(\d+)?", part)
-        if m is None:
-            raise ReportError(
-                f"intervention {intervention!r}: unknown part {part!r}; allowed: none, sr, "
-                "4over6, eden, rht[N], dht[N], fht[N]"
-            )
-        points += int(m.group(2) or 16)
-    return Costs(points, flags["sr"], flags["4over6"], flags["eden"])
+def intervention_costs(intervention: str | Intervention) -> Costs:
+    """The cost terms of an intervention, or of its label such as ``none``, ``sr``, ``dht16``,
+    ``sr+rht64``, ``sr+4over6+fht16``, ``eden+rht128`` (read by ``backends.recipes.intervention``,
+    whose default size a Hadamard part without one gets); ReportError for a part it does not know."""
+    iv = read_label(intervention) if isinstance(intervention, str) else intervention
+    if not isinstance(iv, Intervention):
+        raise ReportError(f"intervention {intervention!r}: one GEMM's label, not one per GEMM")
+    points = 0 if iv.hadamard is None else iv.hadamard.size
+    return Costs(points, iv.sr, iv.four_over_six, iv.eden)
+
+
+def read_label(intervention: str) -> Intervention | dict[str, Intervention]:
+    """A label MLflow recorded, read by the grammar (``parse_label``): one intervention, or one
+    per GEMM; ReportError naming the part it does not know."""
+    try:
+        return parse_label(intervention)
+    except UnknownPart as e:
+        raise ReportError(
+            f"intervention {intervention!r}: unknown part {e.part!r}; allowed: {e.allowed}"
+        ) from None
+    except ValueError as e:
+        raise ReportError(str(e)) from None
 
 
 def step_time(
@@ -140,19 +144,11 @@ def role_interventions(fp4_gemms: str, intervention: str) -> dict[str, Costs]:
     a per-GEMM intervention such as ``fprop:none,dgrad:sr,wgrad:sr+fht16`` (a named or explicit
     recipe whose GEMMs differ), each listed role's own."""
     names = {g.strip() for g in fp4_gemms.replace(",", "+").split("+") if g.strip()}
-    if ":" not in intervention:
-        costs = intervention_costs(intervention)
+    iv = read_label(intervention)
+    if isinstance(iv, Intervention):
+        costs = intervention_costs(iv)
         return {r: costs for r in ROLES if r in names}
-    out: dict[str, Costs] = {}
-    for item in intervention.split(","):
-        role, sep, label = item.partition(":")
-        if not sep or role.strip() not in ROLES:
-            raise ReportError(
-                f"intervention {intervention!r}: {item!r} is not ROLE:INTERVENTION with ROLE one "
-                f"of {', '.join(ROLES)}"
-            )
-        out[role.strip()] = intervention_costs(label)
-    return out
+    return {role: intervention_costs(v) for role, v in iv.items()}
 
 
 def throughput_gain(

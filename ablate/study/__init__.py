@@ -3,13 +3,18 @@
 Modules, by concept:
 
     loader    a study file read safely: strict UTF-8, YAML with limits, duplicate keys refused
-    schema    pydantic models of a study file: StudyFile, CellConfig, Target, Resources, TuneSection
-    recipe    the recipe vocabulary beyond the shorthands: named, explicit per-GEMM, layer selection
+    schema    pydantic models of a study file: StudyFile, CellConfig (its intervention parsed once,
+              ``backends.recipes.intervention``), Target, Resources, TuneSection
+    recipe    the recipe vocabulary beyond the shorthands: named, explicit per-GEMM, layer
+              selection; a resolved recipe in the report's terms (recipe_axes)
     override  partial overrides of a named recipe, by GEMM and operand
     speedup   the ``speedup:`` section and the named device table it points at
     axes      axis names and dotted config paths (check_axis_name, with_values, fmt_value)
     cells     the expanded Study and its Cells
-    expand    load_study / parse_study: validation, grid expansion, keys and labels
+    grid      the expansion's first phases: axis values checked, the cells' axis values,
+              exclusions, and how exclude/baseline match a cell
+    expand    load_study / parse_study: validation, the expansion's phases (each cell resolved
+              with the study's defaults, then keyed and labelled)
     families  cells that differ only in their wsd budget: a trunk and its decay branches
     ladder    the ``ladder:`` section: sizes and budgets compared rung by rung, where to predict
     rungs     each cell's rung and configuration across rungs; what makes a ladder unfittable

@@ -5,30 +5,29 @@ its key and label. Every problem is collected and raised as one ``StudyError``."
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from ablate.data import already_prepared, check_counts, check_sources
 from ablate.errors import StudyError
-from ablate.study.axes import check_axis_name, fmt_value, get_path, with_values
+from ablate.study.axes import fmt_value, with_values
 from ablate.study.cells import Cell, Study
+from ablate.study.grid import Grid, Matcher, grid_of, kept, matchers, matches
 from ablate.study.loader import parse_yaml, read_study_text
 from ablate.study.messages import pydantic_errors
-from ablate.study.recipe import recipe_axes as derived_recipe_axes
+from ablate.study.recipe import recipe_axes
 from ablate.study.rungs import ladder_cells
-from ablate.study.schema import LIST_AXES, RECIPE_AXES, CellConfig, StudyFile
+from ablate.study.schema import RECIPE_AXES, CellConfig, StudyFile
 from ablate.study.tune import check_tune
-from ablate.train.config import RunConfig, TrainConfig, config_hash
-from backends.recipes import GEMMS, parse_intervention
-from backends.recipes.recipe import intervention_label
+from ablate.train.config import ProbeConfig, RunConfig, TrainConfig, config_hash
 
 # --- loading ---------------------------------------------------------------------------------------
 
@@ -194,152 +193,181 @@ def _model_fits_tokenizer(rc: RunConfig) -> str | None:
     return None
 
 
+# --- expanding: the phases ------------------------------------------------------------------------
+
+
 def _expand(spec: StudyFile, raw: dict[str, Any], source: str | None, max_cells: int) -> Study:
-    errors: list[str] = []
+    """The study's cells, in phases that each return their data and their errors (raised
+    together, as one ``StudyError``, before the next phase runs): every axis value checked
+    (``grid_of``), the cells' axis values (``Grid.combos``), those ``exclude`` leaves (``kept``),
+    each resolved into a ``RunConfig`` with the study's defaults (``_resolve_cell``), then keyed
+    and labelled (``_cells``)."""
     base = spec.base.model_dump(mode="python")
-    raw_base = raw.get("base") or {}
-    raw_train = raw_base.get("train") or {} if isinstance(raw_base, dict) else {}
-    grids = spec.grid if isinstance(spec.grid, list) else [spec.grid]
-    grid_paths = (
-        ["grid"] if isinstance(spec.grid, dict) else [f"grid[{i}]" for i in range(len(grids))]
+    grid = _checked(grid_of(spec, base), source)
+    if (too_big := grid.too_big(max_cells)) is not None:
+        raise StudyError([too_big], source)
+    exclude, baseline = _checked(matchers(spec, grid.axes), source)
+    cells = _checked(kept(grid.combos(base), exclude), source)
+    defaults = StudyDefaults.of(spec, raw, baseline)
+    resolved = _checked(_resolved([_resolve_cell(v, base, defaults) for v in cells]), source)
+    out, notes = _checked(_cells(resolved, grid, baseline, spec), source)
+    return Study(
+        file=spec, cells=out, axes=grid.axes, output_dir=Path("."), source=source, notes=notes
     )
 
-    # 1. every axis value, checked on its own against the base: factor = list of options, an
-    #    option = ((axis, canonical value), ...) (several axes when zipped)
-    axes: list[str] = []
-    followers: set[str] = set()  # zipped axes after the first of their group (it names them)
-    per_grid: list[list[list[tuple[tuple[str, Any], ...]]]] = []
-    for g, gpath in zip(grids, grid_paths, strict=True):
-        factors: list[list[tuple[tuple[str, Any], ...]]] = []
-        for name, values in g.items():
-            if name == "zip":
-                groups = values if isinstance(values, list) else [values]
-                for k, group in enumerate(groups):
-                    zpath = f"{gpath}.zip" + (f"[{k}]" if isinstance(values, list) else "")
-                    factors.append(_zip_factor(group, zpath, base, errors, axes))
-                    followers.update(list(group)[1:])
-            else:
-                factors.append(
-                    [(o,) for o in _axis_options(name, values, f"{gpath}.{name}", base, errors)]
-                )
-                if name not in axes and not check_axis_name(name):
-                    axes.append(name)
-        per_grid.append(factors)
+
+T = TypeVar("T")
+
+
+def _checked(phase: tuple[T, list[str]], source: str | None) -> T:
+    """A phase's data, or its errors raised."""
+    data, errors = phase
     if errors:
         raise StudyError(errors, source)
-    sizes = [math.prod(len(f) for f in factors) for factors in per_grid]
-    if sum(sizes) > max_cells:
-        shape = " + ".join("x".join(str(len(f)) for f in factors) or "1" for factors in per_grid)
-        raise StudyError(
-            [
-                f"grid: {sum(sizes):,} cells ({shape}) is more than the {max_cells:,} allowed; "
-                "narrow an axis, or raise the cap with --max-cells if you mean it"
-            ],
-            source,
+    return data
+
+
+EXTEND_CONFLICT = (
+    "baseline_extend: the baseline's cells set train.schedule_steps themselves; give one or the "
+    "other"
+)
+
+
+@dataclass(frozen=True)
+class StudyDefaults:
+    """What the study sets on every cell's config beyond its axis values (``applied``)."""
+
+    checkpoint_every_given: bool
+    """``train.checkpoint_every`` written in the base (else a cell checkpoints at every eval)."""
+    baseline: Matcher | None
+    baseline_extend: float | None
+    gpus: float
+    """resources.gpus: device auto is cuda when above 0, else cpu."""
+    workers: int
+    probe: ProbeConfig | None
+
+    @classmethod
+    def of(cls, spec: StudyFile, raw: dict[str, Any], baseline: Matcher | None) -> StudyDefaults:
+        raw_base = raw.get("base") or {}
+        raw_train = raw_base.get("train") or {} if isinstance(raw_base, dict) else {}
+        return cls(
+            checkpoint_every_given="checkpoint_every" in raw_train,
+            baseline=baseline,
+            baseline_extend=spec.baseline_extend,
+            gpus=spec.resources.gpus,
+            workers=spec.resources.workers,
+            probe=spec.probe,
         )
 
-    # 2. cells: the product of each grid, the union over grids; every axis gets a value (the
-    #    base's where a grid does not set it), so exclude/baseline can name any axis
-    combos: list[dict[str, Any]] = []
-    for factors in per_grid:
-        for choice in itertools.product(*factors):
-            vals = {a: get_path(base, a) for a in axes}
-            vals.update({a: v for option in choice for (a, v) in option})
-            combos.append(vals)
+    def extends(self, vals: Mapping[str, Any]) -> bool:
+        """Whether the cell of ``vals`` is a baseline cell that ``baseline_extend`` trains on."""
+        return (
+            bool(self.baseline_extend)
+            and self.baseline is not None
+            and matches(self.baseline, vals)
+        )
 
-    # 3. exclusions and the baseline
-    exclude = [_match_spec(e, f"exclude[{i}]", axes, errors) for i, e in enumerate(spec.exclude)]
-    baseline = (
-        _match_spec(spec.baseline, "baseline", axes, errors) if spec.baseline is not None else None
-    )
-    if errors:
-        raise StudyError(errors, source)
-    used = [False] * len(exclude)
-    kept: list[dict[str, Any]] = []
-    for vals in combos:
-        hit = [i for i, m in enumerate(exclude) if _matches(m, vals)]
-        for i in hit:
-            used[i] = True
-        if not hit:
-            kept.append(vals)
-    for i, u in enumerate(used):
-        if not u:
-            errors.append(f"exclude[{i}]: matches no cell of the grid; check its axes and values")
-    if combos and not kept:
-        errors.append("exclude: removes every cell; the study has nothing to run")
-    if errors:
-        raise StudyError(errors, source)
+    def applied(self, rc: RunConfig, vals: Mapping[str, Any]) -> RunConfig:
+        """``rc`` with what the study sets, as a new config validated again: checkpoints at every
+        evaluation unless the base sets them (resumable by default), a baseline's training
+        extended (``baseline_extend``), the device from the study's resources (not from the
+        machine a command runs on), the study's probes (the same for every cell; not in its
+        key)."""
+        train = rc.train
+        if not self.checkpoint_every_given and train.checkpoint_every == 0:
+            train = dataclasses.replace(train, checkpoint_every=train.eval_every)
+        if self.extends(vals) and self.baseline_extend is not None:
+            train = extended(train, self.baseline_extend)
+        device = rc.device if rc.device != "auto" else "cuda" if self.gpus > 0 else "cpu"
+        probe = self.probe if self.probe is not None else rc.probe
+        return dataclasses.replace(rc, train=train, device=device, probe=probe)
 
-    # 4. resolve every cell into a RunConfig (combinations can be impossible)
-    resolved: list[tuple[dict[str, Any], RunConfig, dict[str, Any]]] = []
-    failed: list[tuple[str, list[str]]] = []  # (the cell's values, its errors)
-    for vals in kept:
-        try:
-            cc = CellConfig.model_validate(with_values(base, vals))
-            rc = cc.run_config()
-        except (ValidationError, ValueError) as e:
-            what = ", ".join(f"{a}: {fmt_value(v)}" for a, v in vals.items())
-            msgs = pydantic_errors(e, CellConfig) if isinstance(e, ValidationError) else [str(e)]
-            failed.append((what, msgs))
-            continue
-        if "checkpoint_every" not in raw_train and rc.train.checkpoint_every == 0:
-            rc.train.checkpoint_every = rc.train.eval_every  # resumable by default
-        if spec.baseline_extend and baseline is not None and _matches(baseline, vals):
-            if rc.train.schedule_end != rc.train.steps:
-                msg = (
-                    "baseline_extend: the baseline's cells set train.schedule_steps themselves; "
-                    "give one or the other"
-                )
-                if msg not in errors:
-                    errors.append(msg)
-                continue
-            rc.train = extended(rc.train, spec.baseline_extend)
-        if rc.device == "auto":  # from the study, not from the machine a command runs on
-            rc.device = "cuda" if spec.resources.gpus > 0 else "cpu"
-        if rc.train.workers != spec.resources.workers:
-            errors.append(
-                "train.workers: set by resources.workers (processes per cell), not a grid axis"
-            )
-        parallel = rc.train.resolved_parallel
-        if spec.probe is not None and parallel != "none":
-            msg = (
-                f"probe: probes run in one process (train.parallel: none), but the cells train "
-                f"with {parallel} over resources.workers: {spec.resources.workers}; drop the probe "
-                "section"
-            )
-            if msg not in errors:
-                errors.append(msg)
-        if spec.probe is not None:  # the same probes for every cell; not part of its key
-            rc.probe = spec.probe
-            errors.extend(m for m in spec.probe.problems(rc) if m not in errors)
-        if cc.recipe is not None or cc.gemms is not None:
-            recipe_axes = derived_recipe_axes(rc.recipe, cc.base_format)
-        else:
-            recipe_axes = {
-                "fp4_gemms": "+".join(cc.fp4_gemms),
-                "intervention": intervention_label(*parse_intervention(cc.intervention)),
-                "fp4_format": cc.fp4_format,
-                "base_format": cc.base_format,
-            }
-        resolved.append((vals, rc, recipe_axes))
-    shared = {tuple(m) for _, m in failed}
-    if len(failed) == len(kept) > 1 and len(shared) == 1:  # the base is wrong, not a combination
-        errors[:0] = [f"{m} (in every cell)" for m in failed[0][1]]
+
+@dataclass(frozen=True)
+class Resolved:
+    """A cell resolved: its axis values, its config, its recipe in the report's terms."""
+
+    values: dict[str, Any]
+    config: RunConfig
+    recipe_axes: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Unresolved:
+    """A cell that does not resolve: its own config's errors (reported with its values), or the
+    study's settings that do not fit it (reported once for the study)."""
+
+    values: dict[str, Any]
+    own: list[str] = field(default_factory=list)
+    study: list[str] = field(default_factory=list)
+
+
+def _resolve_cell(
+    vals: dict[str, Any], base: dict[str, Any], study: StudyDefaults
+) -> Resolved | Unresolved:
+    """One cell's config: its axis values on the base (a combination can be impossible), with
+    what the study sets (``StudyDefaults.applied``), checked against the study's settings."""
+    try:
+        cc = CellConfig.model_validate(with_values(base, vals))
+        rc = cc.run_config()
+        if study.extends(vals) and rc.train.schedule_end != rc.train.steps:
+            return Unresolved(vals, study=[EXTEND_CONFLICT])
+        rc = study.applied(rc, vals)
+    except (ValidationError, ValueError) as e:
+        msgs = pydantic_errors(e, CellConfig) if isinstance(e, ValidationError) else [str(e)]
+        return Unresolved(vals, own=msgs)
+    problems = []
+    if rc.train.workers != study.workers:
+        problems.append(
+            "train.workers: set by resources.workers (processes per cell), not a grid axis"
+        )
+    parallel = rc.train.resolved_parallel
+    if study.probe is not None and parallel != "none":
+        problems.append(
+            f"probe: probes run in one process (train.parallel: none), but the cells train "
+            f"with {parallel} over resources.workers: {study.workers}; drop the probe section"
+        )
+    if study.probe is not None:
+        problems.extend(study.probe.problems(rc))
+    if problems:
+        return Unresolved(vals, study=problems)
+    return Resolved(vals, rc, recipe_axes(rc.recipe, cc.base_format))
+
+
+def _resolved(outcomes: list[Resolved | Unresolved]) -> tuple[list[Resolved], list[str]]:
+    """The resolved cells; and the errors (at most 20, then how many more): each cell's own (once,
+    marked "in every cell", when every cell fails alike: the base is wrong, not a combination),
+    then the study's settings that do not fit, each once."""
+    failed = [o for o in outcomes if isinstance(o, Unresolved) and o.own]
+    study = list(dict.fromkeys(m for o in outcomes if isinstance(o, Unresolved) for m in o.study))
+    if len(failed) == len(outcomes) > 1 and len({tuple(o.own) for o in failed}) == 1:
+        own = [f"{m} (in every cell)" for m in failed[0].own]
     else:
-        hint = "; drop impossible cells with `exclude`" if len(kept) > 1 else ""
-        errors[:0] = [f"cell {{{w}}}: {m}{hint}" for w, ms in failed for m in ms]
-    if errors:
-        more = [f"... and {len(errors) - 20} more"] if len(errors) > 20 else []
-        raise StudyError(errors[:20] + more, source)
+        hint = "; drop impossible cells with `exclude`" if len(outcomes) > 1 else ""
+        own = [
+            f"cell {{{', '.join(f'{a}: {fmt_value(v)}' for a, v in o.values.items())}}}: {m}{hint}"
+            for o in failed
+            for m in o.own
+        ]
+    errors = own + study
+    more = [f"... and {len(errors) - 20} more"] if len(errors) > 20 else []
+    return [o for o in outcomes if isinstance(o, Resolved)], errors[:20] + more
 
-    varying = [a for a in axes if len({fmt_value(v[a]) for v, _, _ in resolved}) > 1]
+
+def _cells(
+    resolved: list[Resolved], grid: Grid, baseline: Matcher | None, spec: StudyFile
+) -> tuple[tuple[list[Cell], list[str]], list[str]]:
+    """((cells, notes), errors): each resolved cell keyed and labelled, duplicates run once; a
+    ladder's rungs; the baseline's configuration, exactly one."""
+    varying = [a for a in grid.axes if len({fmt_value(r.values[a]) for r in resolved}) > 1]
     cells: list[Cell] = []
     notes: list[str] = []
+    errors: list[str] = []
     seen: dict[str, int] = {}
-    for vals, rc, recipe_axes in resolved:
-        key = config_hash(rc)
-        label, config_label = _labels(rc, vals, varying)
-        is_base = baseline is not None and _matches(baseline, vals)
+    for r in resolved:
+        key = config_hash(r.config)
+        label, config_label = _labels(r.config, r.values, varying)
+        is_base = baseline is not None and matches(baseline, r.values)
         if key in seen:
             prev = cells[seen[key]]
             notes.append(f"{label} and {prev.label} resolve to the same config; it runs once")
@@ -348,7 +376,9 @@ def _expand(spec: StudyFile, raw: dict[str, Any], source: str | None, max_cells:
             continue
         seen[key] = len(cells)
         cells.append(
-            Cell(key, label, config_label, vals, rc, is_base, recipe_axes, frozenset(followers))
+            Cell(
+                key, label, config_label, r.values, r.config, is_base, r.recipe_axes, grid.followers
+            )
         )
     label_counts = Counter(c.label for c in cells)
     dup_labels = sorted(x for x, n in label_counts.items() if n > 1)
@@ -357,9 +387,8 @@ def _expand(spec: StudyFile, raw: dict[str, Any], source: str | None, max_cells:
             f"cells {', '.join(dup_labels)} differ but share a label: give each recipe variant "
             "its own label (recipe: {..., label: ...}), or an axis that tells them apart"
         )
-
     if spec.ladder is not None:
-        cells, ladder_errors = ladder_cells(spec.ladder, cells, axes)
+        cells, ladder_errors = ladder_cells(spec.ladder, cells, grid.axes)
         errors.extend(ladder_errors)
     if baseline is not None:
         configs = sorted(
@@ -368,18 +397,14 @@ def _expand(spec: StudyFile, raw: dict[str, Any], source: str | None, max_cells:
         if not configs:
             errors.append(
                 f"baseline: {fmt_value(spec.baseline)} matches no cell; the cells have "
-                + _axes_summary(cells, axes)
+                + _axes_summary(cells, grid.axes)
             )
         elif len(configs) > 1:
             errors.append(
                 f"baseline: matches {len(configs)} configurations ({', '.join(configs)}); "
                 "add axes to select exactly one (its seeds are the baseline)"
             )
-    if errors:
-        raise StudyError(errors, source)
-    return Study(
-        file=spec, cells=cells, axes=axes, output_dir=Path("."), source=source, notes=notes
-    )
+    return (cells, notes), errors
 
 
 def extended(train: TrainConfig, fraction: float) -> TrainConfig:
@@ -387,69 +412,6 @@ def extended(train: TrainConfig, fraction: float) -> TrainConfig:
     more steps after the schedule of ``train.steps`` (``TrainConfig.schedule_steps``)."""
     more = math.ceil(fraction * train.steps - 1e-9)
     return dataclasses.replace(train, steps=train.steps + more, schedule_steps=train.steps)
-
-
-def _zip_factor(
-    group: Any, zpath: str, base: dict[str, Any], errors: list[str], axes: list[str]
-) -> list[tuple[tuple[str, Any], ...]]:
-    """The zipped axes' tuples; the i-th value of each axis is validated together with the i-th
-    values of the others (a model shape's dim, heads and widths only make sense together)."""
-    if not isinstance(group, dict) or not group:
-        errors.append(f"{zpath}: must map axes to equal-length lists, e.g. {{train.lr: [..], ...}}")
-        return []
-    raw = {n: v for n, v in group.items() if isinstance(v, list)}
-    lengths = {len(v) for v in raw.values()}
-    together = None
-    if len(lengths) == 1 and len(raw) == len(group):
-        (n_values,) = lengths
-        together = [{n: v[i] for n, v in raw.items()} for i in range(n_values)]
-    cols: list[list[tuple[str, Any]]] = []
-    for name, values in group.items():
-        cols.append(_axis_options(name, values, f"{zpath}.{name}", base, errors, together))
-        if name not in axes and not check_axis_name(name):
-            axes.append(name)
-    lengths = {len(c) for c in cols}
-    if len(lengths) > 1:
-        sizes = ", ".join(f"{n}: {len(c)}" for n, c in zip(group, cols, strict=True))
-        errors.append(f"{zpath}: zipped axes must have equal lengths ({sizes})")
-        return []
-    return list(zip(*cols, strict=True))
-
-
-def _axis_options(
-    name: str,
-    values: Any,
-    path: str,
-    base: dict[str, Any],
-    errors: list[str],
-    together: list[dict[str, Any]] | None = None,
-) -> list[tuple[str, Any]]:
-    """[(axis, canonical value)] for one axis, each value validated on top of the base (with
-    ``together[i]``, the values zipped with value i, beside it)."""
-    problem = check_axis_name(name)
-    if problem:
-        errors.append(f"{path}: {problem}")
-        return []
-    if not isinstance(values, list):
-        errors.append(
-            f"{path}: an axis is a list of values, got {fmt_value(values)} (write [{fmt_value(values)}])"
-        )
-        return []
-    if not values:
-        errors.append(f"{path}: empty list; an axis needs at least one value")
-        return []
-    out: list[tuple[str, Any]] = []
-    for i, v in enumerate(values):
-        beside = {**together[i], name: v} if together is not None else {name: v}
-        try:
-            cfg = CellConfig.model_validate(with_values(base, beside))
-        except ValidationError as e:
-            for m in pydantic_errors(e, CellConfig):
-                rest = m[len(name) :] if m.startswith(name) and m[len(name)] in ":[." else f": {m}"
-                errors.append(f"{path}[{i}]{rest}")
-            continue
-        out.append((name, get_path(cfg.model_dump(mode="python"), name)))
-    return out
 
 
 def _labels(rc: RunConfig, vals: Mapping[str, Any], varying: Sequence[str]) -> tuple[str, str]:
@@ -474,53 +436,3 @@ def _axes_summary(cells: Sequence[Cell], axes: Sequence[str]) -> str:
         vals = sorted({fmt_value(c.values[a]) for c in cells})
         parts.append(f"{a} in {{{', '.join(vals)}}}")
     return "; ".join(parts) or "no axes"
-
-
-# --- matching cells (exclude, baseline) ------------------------------------------------------------
-
-
-def _match_spec(
-    spec: Mapping[str, Any], path: str, axes: Sequence[str], errors: list[str]
-) -> dict[str, list[Any]]:
-    """{axis: [allowed canonical values]} from an exclude/baseline mapping."""
-    out: dict[str, list[Any]] = {}
-    if not spec:
-        errors.append(f"{path}: empty; name at least one axis and its value(s)")
-    for name, v in spec.items():
-        if name not in axes:
-            errors.append(
-                f"{path}.{name}: not an axis of this study; axes: {', '.join(axes) or 'none'}"
-            )
-            continue
-        if name in LIST_AXES:
-            options = (
-                v if isinstance(v, list) and v and all(isinstance(x, list) for x in v) else [v]
-            )
-            canon = []
-            for o in options:
-                if not isinstance(o, list) or any(g not in GEMMS for g in o):
-                    errors.append(
-                        f"{path}.{name}: {fmt_value(o)} is not a list of GEMMs; allowed: "
-                        f"{', '.join(GEMMS)}"
-                    )
-                    continue
-                canon.append([g for g in GEMMS if g in o])
-            out[name] = canon
-        else:
-            out[name] = v if isinstance(v, list) else [v]
-    return out
-
-
-def _matches(m: Mapping[str, list[Any]], vals: Mapping[str, Any]) -> bool:
-    """Do a cell's axis values match every axis of ``m``? (Numbers compare as numbers, so 3e-3
-    and 0.003 are the same; GEMM lists compare as sets.)"""
-    return all(any(_same(vals[axis], o) for o in options) for axis, options in m.items())
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, list) or isinstance(b, list):
-        return isinstance(a, list) and isinstance(b, list) and sorted(a) == sorted(b)
-    try:
-        return bool(float(a) == float(b))
-    except (TypeError, ValueError):
-        return str(a) == str(b)

@@ -56,6 +56,7 @@ from backends.recipes import (
     Recipe,
     named_recipe,
 )
+from backends.recipes.intervention import label
 from backends.recipes.named import USES_BASE
 from backends.recipes.recipe import base_gemm
 
@@ -326,30 +327,18 @@ def select(r: Recipe, *, keep_first: int, keep_last: int, layers: LayerSelection
 def recipe_axes(r: Recipe, base_format: str) -> dict[str, str]:
     """The recipe in the report's terms (``fp4_gemms``, ``intervention``, ``fp4_format``,
     ``base_format``), derived from the resolved GEMMs: the FP4 GEMMs, the format of their first FP4
-    operand, and their intervention: ``sr`` where an operand rounds stochastically, plus the
-    Hadamard transform's short form; one label when every FP4 GEMM has the same (``sr+rht64``),
-    else one per FP4 GEMM (``fprop:none,dgrad:sr,wgrad:sr+fht16``), which the report's speedup
-    model charges GEMM by GEMM."""
+    operand, and their intervention (``GemmRecipe.intervention``) as the grammar labels it
+    (``backends.recipes.intervention.label``): one label when every FP4 GEMM has the same
+    (``sr+rht64``), else one per FP4 GEMM (``fprop:none,dgrad:sr,wgrad:sr+fht16``), which the
+    report's speedup model charges GEMM by GEMM."""
     fp4 = [g for g in GEMMS if r.gemm(g).is_fp4]
     fmt = next(
         (s.format for g in fp4 for s in (r.gemm(g).a, r.gemm(g).b) if s and s.fmt.is_fp4),
         "mxfp4",
     )
-    labels = {}
-    for g in fp4:
-        gr = r.gemm(g)
-        ops = [s for s in (gr.a, gr.b) if s is not None]
-        parts = [p for p in ("sr", "eden") if any(s.rounding == p for s in ops)]
-        parts += ["4over6"] if any(s.scale_rule for s in ops) else []
-        parts += [gr.hadamard.short()] if gr.hadamard else []
-        labels[g] = "+".join(parts) or "none"
-    if len(set(labels.values())) <= 1:
-        intervention = next(iter(labels.values()), "none")
-    else:
-        intervention = ",".join(f"{g}:{v}" for g, v in labels.items())
     return {
         "fp4_gemms": "+".join(fp4),
-        "intervention": intervention,
+        "intervention": label({g: r.gemm(g).intervention() for g in fp4}),
         "fp4_format": fmt,
         "base_format": base_format,
     }

@@ -7,9 +7,19 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from ablate.data import DataConfig
 from ablate.model import ModelConfig
@@ -25,7 +35,8 @@ from ablate.study.recipe import (
 from ablate.study.speedup import SpeedupSection
 from ablate.train.config import ProbeConfig, RunConfig, TrainConfig
 from backends.gemm import available_backends
-from backends.recipes import GEMMS, Gemm, Recipe, parse_intervention
+from backends.recipes import GEMMS, Gemm, HadamardSpec, Recipe
+from backends.recipes.intervention import NONE, Intervention, parse
 
 RECIPE_AXES = (
     "fp4_gemms",
@@ -49,6 +60,43 @@ MAX_EXTEND = 4.0
 """The most ``baseline_extend`` allows: a baseline trained 5x the study's budget."""
 
 
+@dataclass(frozen=True, slots=True)
+class WrittenIntervention:
+    """A cell's ``intervention``: the word as the study writes it (``text``, its axis value, what
+    the config dumps) and its meaning, parsed once when the study is validated (``value``, what
+    ``Recipe.from_shorthand`` builds)."""
+
+    text: str
+    value: Intervention
+
+    @classmethod
+    def of(cls, v: Any) -> WrittenIntervention:
+        """Validate a written intervention (or pass one through); the message names what is
+        allowed (unknown 'rth'; allowed: none, sr, ...), the Hadamard size checked too."""
+        if isinstance(v, cls):
+            return v
+        if not isinstance(v, str):
+            raise ValueError(
+                f"{str(v)[:40]} is not an intervention; give one word such as none, sr, rht64, "
+                "dht or sr+rht"
+            )
+        try:
+            iv = parse(v, shorthand=True)
+            if iv.hadamard is not None:
+                HadamardSpec.of(iv.hadamard)  # its size: 16, 32, 64, 128 or 256
+        except ValueError as e:  # at its path: intervention: unknown 'rth'; ...
+            raise ValueError(str(e).removeprefix("intervention: ")) from None
+        return cls(v, iv)
+
+
+InterventionWord = Annotated[
+    WrittenIntervention,
+    PlainValidator(WrittenIntervention.of),
+    PlainSerializer(lambda w: w.text, return_type=str),
+    WithJsonSchema({"type": "string"}),
+]
+
+
 class CellConfig(BaseModel):
     """What one cell trains: the trainer's sections plus the recipe in the study's vocabulary."""
 
@@ -67,8 +115,11 @@ class CellConfig(BaseModel):
     is part of a cell's key, which GPU is not."""
     fp4_gemms: list[Gemm] = Field(default_factory=list)
     """GEMMs of every block linear that run in FP4: any of fprop, dgrad, wgrad."""
-    intervention: str = "none"
-    """none, sr, rht[N], dht[N], fht[N] or sr+<hadamard>; applied to the FP4 GEMMs (or apply_to)."""
+    intervention: InterventionWord = Field(
+        default=WrittenIntervention("none", NONE), json_schema_extra={"default": "none"}
+    )
+    """none, sr, rht[N], dht[N], fht[N] or sr+<hadamard>; applied to the FP4 GEMMs (or apply_to).
+    Parsed once, here (``backends.recipes.intervention``); dumped as written."""
     fp4_format: Literal["mxfp4", "nvfp4"] = "mxfp4"
     base_format: Literal["bf16", "fp8", "mxfp8"] = "bf16"
     """Format of the GEMMs that are not FP4."""
@@ -109,7 +160,12 @@ class CellConfig(BaseModel):
                 "gemms: give a named recipe (recipe) or an explicit one (gemms), not both"
             )
         if given:
-            shorthands = [k for k in SHORTHANDS if getattr(self, k) not in (None, [], "none")]
+            shorthands = [
+                k
+                for k in SHORTHANDS
+                if (self.intervention.text if k == "intervention" else getattr(self, k))
+                not in (None, [], "none")
+            ]
             if shorthands:
                 kind = "a named" if given[0] == "recipe" else "an explicit"
                 raise ValueError(
@@ -132,15 +188,6 @@ class CellConfig(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError(f"a GEMM is listed twice in {v}")
         return [g for g in GEMMS if g in v]
-
-    @field_validator("intervention")
-    @classmethod
-    def _known_intervention(cls, v: str) -> str:
-        try:
-            parse_intervention(v)
-        except ValueError as e:
-            raise ValueError(str(e).removeprefix("intervention: ")) from None
-        return v
 
     @field_validator("backend")
     @classmethod
@@ -170,7 +217,7 @@ class CellConfig(BaseModel):
             )
         r = Recipe.from_shorthand(
             self.fp4_gemms,
-            self.intervention,
+            self.intervention.value,
             fp4_format=self.fp4_format,
             base=self.base_format,
             scale_mode=self.scale_mode,

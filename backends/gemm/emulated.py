@@ -62,11 +62,11 @@ def _operand(
 ) -> torch.Tensor:
     if isinstance(t, QTensor):  # quantized by the caller (a weight shared by fprop and dgrad)
         return t.dequantize(torch.float32)
-    h = gemm.hadamard
+    rot = gemm.rotation(signs)
     if spec is None:
-        return (t if h is None else hadamard_transform(t, 1, h.size, signs)).float()
-    had = None if h is None else (h.size, signs)  # fused into the quantizer where it can be
-    return fake_quantize(t, spec, axis=1, key=key, out_dtype=torch.float32, hadamard=had)
+        return (t if rot is None else hadamard_transform(t, 1, rot.size, rot.signs)).float()
+    # the rotation is fused into the quantizer where it can be
+    return fake_quantize(t, spec, axis=1, key=key, out_dtype=torch.float32, hadamard=rot)
 
 
 Scale = tuple[str, torch.Tensor, float] | None
@@ -82,18 +82,17 @@ def _operand_bf16(
 ) -> tuple[torch.Tensor, Scale] | None:
     """(bfloat16 block values, tensor-level scale) of an operand, or None when its values are not
     exact in bfloat16 (high precision, or double-block NVFP4's scale per outer block)."""
-    h = gemm.hadamard
-    had = None if h is None else (h.size, signs)
+    rot = gemm.rotation(signs)
     if not isinstance(t, QTensor):
         if spec is None:  # high precision: exact in bfloat16 only if it already is bfloat16
-            return (t, None) if h is None and t.dtype == torch.bfloat16 else None
+            return (t, None) if rot is None and t.dtype == torch.bfloat16 else None
         if spec.fmt.scale == "e8m0":  # MX: the fused pass, straight to bf16
             return fake_quantize(
-                t, spec, axis=1, key=key, out_dtype=torch.bfloat16, hadamard=had
+                t, spec, axis=1, key=key, out_dtype=torch.bfloat16, hadamard=rot
             ), None
         if spec.outer_block:
             return None
-        t = quantize(t, spec, axis=1, key=key, hadamard=had)
+        t = quantize(t, spec, axis=1, key=key, hadamard=rot)
     if t.outer_scales is not None:
         return None
     values, scale = t.block_values(torch.bfloat16)

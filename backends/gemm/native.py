@@ -69,6 +69,7 @@ from backends.quant import (
     ElementFormat,
     QTensor,
     QuantSpec,
+    Rotation,
     decode_e8m0,
     nv_alpha,
     pack_fp4,
@@ -177,12 +178,12 @@ def pack_operand(
     spec: QuantSpec,
     *,
     key: int | torch.Tensor = 0,
-    hadamard: tuple[int, torch.Tensor | None] | None = None,
+    hadamard: Rotation | None = None,
     layout: Layout = CUDA_LAYOUT,
 ) -> PackedOperand:
     """Quantize ``x`` (rows, K) along K, with the ``emulated`` backend's codes, and pack it.
 
-    ``hadamard=(size, signs)`` first applies ``hadamard_transform`` along K, as ``emulated`` does;
+    ``hadamard=Rotation(size, signs)`` first applies ``hadamard_transform`` along K, as ``emulated`` does;
     ``key`` seeds stochastic rounding.
     """
     if x.dim() != 2:
@@ -364,15 +365,14 @@ class NativeBackend:
         # read, not filled, here: a traced model would guard on the dict changing after its first
         # call and compile again (``check`` fills it, eagerly)
         layout = self._layouts.get(device) or layout_for(device_arch(device))
-        h = gemm.hadamard
-        had = None if h is None else (h.size, signs)
+        rot = gemm.rotation(signs)
 
         def pack(
             t: torch.Tensor | QTensor, spec: QuantSpec, key: int | torch.Tensor
         ) -> PackedOperand:
             if isinstance(t, QTensor):  # quantized by the caller: its codes as they are
                 return pack_quantized(t, layout=layout, device=device)
-            return pack_operand(t, spec, key=key, hadamard=had, layout=layout)
+            return pack_operand(t, spec, key=key, hadamard=rot, layout=layout)
 
         pa = pack(a, gemm.a, keys.a)  # (M, K)
         pb = pack(b, gemm.b, keys.b)  # (N, K)

@@ -58,6 +58,7 @@ from backends.layer.linear import QuantLinear
 from backends.layer.streams import is_random
 from backends.quant import QTensor, QuantSpec, ckernel, hadamard_transform, ms_eden, quantize
 from backends.quant.arith import F32_MAX
+from backends.quant.hadamard import Rotation, rotation
 from backends.quant.quantizer import global_scales, run_kernel
 from backends.recipes import OPERANDS, GemmRecipe
 
@@ -179,14 +180,15 @@ def operand_stats(
     t: torch.Tensor,
     spec: QuantSpec,
     key: int | torch.Tensor,
-    hadamard: tuple[int, torch.Tensor | None] | None = None,
+    hadamard: Rotation | None = None,
     quantized: QTensor | None = None,
 ) -> OperandStats:
     """Saturation, flush-to-zero and block-scale utilisation of quantizing the 2-D operand ``t``
     along its last dimension as a GEMM does (``key`` and ``hadamard`` as the layer passes them), or
     of ``quantized``, the quantization of ``t`` that the GEMM used. With 2-D blocks a block is a
     tile of ``spec.block_rows`` rows."""
-    xt = t.float() if hadamard is None else hadamard_transform(t, 1, hadamard[0], hadamard[1])
+    hadamard = rotation(hadamard)
+    xt = t.float() if hadamard is None else hadamard_transform(t, 1, hadamard.size, hadamard.signs)
     M, K = xt.shape
     elem, f = spec.fmt.elem, spec.fmt
     B = spec.block or K
@@ -402,13 +404,12 @@ def gemm_operand_stats(
     total = OperandStats()
     for c in calls:
         keys = layer.keys(gemm, c.call)
-        h = g.hadamard
-        had = None if h is None else (h.size, signs_of(layer, gemm, c.call))
+        rot = g.rotation(signs_of(layer, gemm, c.call))
         key = keys.a if side == "a" else keys.b
         if side == "b" and isinstance(c.b, QTensor):  # the shared 2-D quantization of W
             total.add(operand_stats(c.b_exact, spec, key, quantized=c.b))
         else:
-            total.add(operand_stats(c.a if side == "a" else c.b_exact, spec, key, had))
+            total.add(operand_stats(c.a if side == "a" else c.b_exact, spec, key, rot))
     return total
 
 

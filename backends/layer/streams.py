@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from backends.gemm import GemmKeys
-from backends.quant import SIZES, sign_vector
+from backends.quant import DETERMINISTIC, SIZES, sign_vector
 from backends.quant.rng import GEMM_IDS, OPERAND_IDS, derive_key, extend_key
 from backends.recipes import GEMMS, OPERANDS, GemmRecipe, HadamardSpec, Recipe
 
@@ -273,9 +273,9 @@ class RandomStreams(nn.Module):
         self, gemm: str, h: HadamardSpec | None, keys: GemmKeys
     ) -> torch.Tensor | None:
         """The sign vector of ``gemm``'s Hadamard transform ``h`` for a call with ``keys`` (None:
-        no transform, or no signs): the recipe's own vector, the layer's fixed one, or one drawn
-        from the call's ``signs`` key."""
-        if h is None or h.signs == "none":
+        no transform, or dht's none): the recipe's own vector, the layer's fixed one (fht), or one
+        drawn from the call's ``signs`` key (rht)."""
+        if h is None or h.signs == DETERMINISTIC:  # dht: H itself, no signs
             return None
         if h.vector is not None:  # the recipe's one vector, for every layer
             return self.recipe_signs[GEMMS.index(gemm), : h.size]

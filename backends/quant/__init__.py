@@ -30,8 +30,10 @@ from backends.quant.formats import (
     unpack_fp4,
 )
 from backends.quant.hadamard import (
+    DETERMINISTIC,
     SIGN_POLICIES,
     SIZES,
+    Rotation,
     SignPolicy,
     hadamard_matrix,
     hadamard_transform,
@@ -53,6 +55,7 @@ from backends.quant.reference import fake_quantize_reference, quantize_reference
 
 __all__ = [
     "BLOCK_SIZES",
+    "DETERMINISTIC",
     "E2M1",
     "E4M3",
     "E5M2",
@@ -60,6 +63,7 @@ __all__ = [
     "PRESCALE",
     "SIGN_POLICIES",
     "SIZES",
+    "Rotation",
     "BlockFormat",
     "ElementFormat",
     "QTensor",

@@ -7,16 +7,21 @@ the exact product unchanged: ``(A D H)(B D H)^T = A B^T``. A reduction dimension
 of ``size`` is zero-padded (the output keeps the padded length; both operands get the same padding,
 so the product is still exact).
 
-Sign policies (``SignPolicy``): ``none`` - deterministic H (the H16 of the MXFP4 paper); ``fixed`` -
-one seeded sign vector per layer and GEMM, constant over training (stored as a buffer); ``random`` -
-signs redrawn at every call from (seed, layer, GEMM, step): the random Hadamard transform of Tseng et al.
+Sign policies (``SignPolicy``), each the Hadamard kind of an intervention
+(``backends.recipes.intervention``): ``none`` (``DETERMINISTIC``) - dht, H itself with no signs (the
+H16 of the MXFP4 paper); ``fixed`` - fht, one seeded sign vector per layer and GEMM, constant over
+training (stored as a buffer); ``random`` - rht, signs redrawn at every call from (seed, layer, GEMM,
+step): the random Hadamard transform of Tseng et al.
+
+The transforms below take ``signs=None`` for dht. The quantizer takes a transform as a
+``Rotation(size, signs)``, a named tuple that is still the ``(size, signs)`` the custom ops pass.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -26,6 +31,23 @@ from backends.quant.rng import random_bits
 SIZES = (16, 32, 64, 128, 256)
 SIGN_POLICIES = ("none", "fixed", "random")
 SignPolicy = Literal["none", "fixed", "random"]
+DETERMINISTIC: SignPolicy = "none"
+"""The intervention dht's sign policy: the deterministic H, no signs (``signs=None`` below). Spelled
+``none`` in every stored recipe and so in every cell's key."""
+
+
+class Rotation(NamedTuple):
+    """The Hadamard transform a quantizer applies before it quantizes: ``hadamard_transform(x,
+    axis, size, signs)``; ``signs`` None for dht (``DETERMINISTIC``), else the +-1 vector of
+    ``size`` entries (fht's fixed one, or rht's drawn for this call)."""
+
+    size: int
+    signs: torch.Tensor | None
+
+
+def rotation(h: tuple[int, torch.Tensor | None] | None) -> Rotation | None:
+    """``h`` as a ``Rotation``: the quantizer's entry points also take a plain ``(size, signs)``."""
+    return None if h is None else Rotation(*h)
 
 
 def check_size(size: int) -> None:
@@ -79,7 +101,8 @@ def _butterfly(y: torch.Tensor, size: int, signs: torch.Tensor | None) -> torch.
 def hadamard_transform(
     x: torch.Tensor, axis: int, size: int, signs: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Apply the block-diagonal ``diag(signs) H / sqrt(size)`` along ``axis``.
+    """Apply the block-diagonal ``diag(signs) H / sqrt(size)`` along ``axis`` (``signs`` None: H
+    alone, the intervention dht).
 
     Computed as the fast Walsh-Hadamard butterfly in float32 (float64 stays float64), the same
     operations in the same order on every path (the fused C kernel on the CPU, torch elsewhere), so

@@ -33,6 +33,7 @@ import os
 import torch
 
 from backends.quant import quantizer
+from backends.quant.hadamard import Rotation, rotation
 from backends.quant.operand import QTensor, QuantSpec
 
 __all__ = ["fake_quantize", "quantize", "traced_inline"]
@@ -54,8 +55,9 @@ def _spec_of(arg: str) -> QuantSpec:
     return QuantSpec(**json.loads(arg))
 
 
-def _had(size: int, signs: torch.Tensor | None) -> tuple[int, torch.Tensor | None] | None:
-    return (size, signs) if size else None
+def _had(size: int, signs: torch.Tensor | None) -> Rotation | None:
+    """The op's ``(signs, hadamard)`` arguments as the quantizer's ``Rotation`` (size 0: none)."""
+    return Rotation(size, signs) if size else None
 
 
 _FIELDS = ("codes", "scales", "global_dec", "global_amax", "outer_scales")
@@ -135,13 +137,14 @@ def quantize(
     spec: QuantSpec,
     axis: int = -1,
     key: int | torch.Tensor = 0,
-    hadamard: tuple[int, torch.Tensor | None] | None = None,
+    hadamard: Rotation | None = None,
 ) -> QTensor:
     """``quantizer.quantize``; one opaque op inside a traced model (module docstring)."""
     if not _opaque():
         return quantizer.quantize(x, spec, axis, key, hadamard)
     axis = axis % x.dim()
-    size, signs = hadamard if hadamard is not None else (0, None)
+    hadamard = rotation(hadamard)
+    size, signs = (hadamard.size, hadamard.signs) if hadamard is not None else (0, None)
     xm = x.detach().movedim(axis, -1)
     ts = _quantize_op(xm, _key(key, x), signs, _spec_arg(spec), size)
     fields = {f: None if t.dtype == torch.bool else t for f, t in zip(_FIELDS, ts, strict=True)}
@@ -157,14 +160,15 @@ def fake_quantize(
     axis: int = -1,
     key: int | torch.Tensor = 0,
     out_dtype: torch.dtype | None = None,
-    hadamard: tuple[int, torch.Tensor | None] | None = None,
+    hadamard: Rotation | None = None,
 ) -> torch.Tensor:
     """``quantizer.fake_quantize``; one opaque op inside a traced model (module docstring)."""
     if not _opaque():
         return quantizer.fake_quantize(x, spec, axis, key, out_dtype, hadamard)
     axis = axis % x.dim()
     od = out_dtype or (torch.float32 if hadamard is not None else x.dtype)
-    size, signs = hadamard if hadamard is not None else (0, None)
+    hadamard = rotation(hadamard)
+    size, signs = (hadamard.size, hadamard.signs) if hadamard is not None else (0, None)
     xm = x.detach().movedim(axis, -1)
     out = _fake_quantize_op(xm, _key(key, x), signs, _spec_arg(spec), size, od)
     return out.movedim(-1, axis)

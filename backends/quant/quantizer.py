@@ -74,7 +74,7 @@ import torch
 from backends.quant import ckernel, double_block, four_over_six, ms_eden, torch_path
 from backends.quant.arith import F32_MAX, Elem, Plan
 from backends.quant.formats import E4M3, ScaleMode
-from backends.quant.hadamard import check_size, hadamard_transform
+from backends.quant.hadamard import Rotation, check_size, hadamard_transform, rotation
 from backends.quant.operand import QTensor, QuantSpec
 
 _SCALE_KIND_CODES = {"e8m0": 0, "nv": 1, "tensor": 2}
@@ -139,7 +139,7 @@ def run_kernel(
     key: int | torch.Tensor,
     out_dtype: torch.dtype,
     elements: bool,
-    hadamard: tuple[int, torch.Tensor | None] | None = None,
+    hadamard: Rotation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, float | None, float | None]:
     """Returns (output in x's shape, block scale codes ``(..., nb)`` with the axis last or None,
     global decode scale or None, tensor amax (NVFP4) or None)."""
@@ -147,8 +147,8 @@ def run_kernel(
     base, kaxis, how = ckernel.layout(x.detach(), axis)
     shape = base.shape
     signs = None
-    if hadamard is not None and hadamard[1] is not None:
-        signs = hadamard[1].detach().to(torch.float32).contiguous()
+    if hadamard is not None and hadamard.signs is not None:  # None: dht
+        signs = hadamard.signs.detach().to(torch.float32).contiguous()
     outer, K, inner = math.prod(shape[:kaxis]), shape[kaxis], math.prod(shape[kaxis + 1 :])
     if f.scale == "tensor" and spec.rounding == "rne":
         # one scale for all and no random stream: elementwise, so the axis does not matter and the
@@ -183,8 +183,8 @@ def run_kernel(
         sr=1 if spec.rounding == "sr" else 0,
         key=spec_key(key),
         nthreads=torch.get_num_threads(),
-        had_g=hadamard[0] if hadamard else 0,
-        had_norm=1 / math.sqrt(hadamard[0]) if hadamard else 1.0,
+        had_g=hadamard.size if hadamard else 0,
+        had_norm=1 / math.sqrt(hadamard.size) if hadamard else 1.0,
         had_signs=signs.data_ptr() if signs is not None else None,
         x=base.data_ptr(),
         out=out.data_ptr(),
@@ -205,21 +205,23 @@ def quantize(
     spec: QuantSpec,
     axis: int = -1,
     key: int | torch.Tensor = 0,
-    hadamard: tuple[int, torch.Tensor | None] | None = None,
+    hadamard: Rotation | None = None,
 ) -> QTensor:
     """Quantize ``x`` along ``axis``; ``key`` seeds stochastic rounding (see ``rng.derive_key``).
 
-    ``hadamard=(size, signs)`` quantizes ``hadamard_transform(x, axis, size, signs)`` instead (the
-    returned tensor has its shape, ``axis`` padded to a multiple of ``size``), in one pass on a GPU.
+    ``hadamard=Rotation(size, signs)`` (or a plain ``(size, signs)``; signs None: dht) quantizes
+    ``hadamard_transform(x, axis, size, signs)`` instead (the returned tensor has its shape, ``axis``
+    padded to a multiple of ``size``), in one pass on a GPU.
     """
+    hadamard = rotation(hadamard)
     axis = check_args(x, spec, axis)
     if hadamard is not None:
-        check_size(hadamard[0])
+        check_size(hadamard.size)
     # the C kernel scales 1-D blocks only, and runs none of the ``variants``
     if not ckernel.usable(x) or spec.block_rows != 1 or spec.variant:
         return quantize_fused(x, spec, axis, key, hadamard)
     if hadamard is not None:
-        x = hadamard_transform(x, axis, hadamard[0], hadamard[1])
+        x = hadamard_transform(x, axis, hadamard.size, hadamard.signs)
     q, scales, gdec, gamax = run_kernel(x, spec, axis, key, torch.float32, elements=True)
     B = spec.block or x.shape[axis]
     qm = q.movedim(axis, -1)
@@ -237,20 +239,22 @@ def fake_quantize(
     axis: int = -1,
     key: int | torch.Tensor = 0,
     out_dtype: torch.dtype | None = None,
-    hadamard: tuple[int, torch.Tensor | None] | None = None,
+    hadamard: Rotation | None = None,
 ) -> torch.Tensor:
     """Quantize-dequantize in one fused pass: the values the GEMM sees (training path).
 
     Output dtype defaults to x's; MX dequantized values are exact in bfloat16 and float32.
-    ``hadamard=(size, signs)`` first applies ``hadamard_transform(x, axis, size, signs)`` (output
-    padded along ``axis`` to a multiple of ``size``, float32 by default), fused into the same pass
-    with the same bits as the two steps: on a GPU always, on the CPU for the MX formats along a
-    contiguous ``axis`` whose length is a multiple of the block and the size.
+    ``hadamard=Rotation(size, signs)`` (or a plain ``(size, signs)``; signs None: dht) first applies
+    ``hadamard_transform(x, axis, size, signs)`` (output padded along ``axis`` to a multiple of
+    ``size``, float32 by default), fused into the same pass with the same bits as the two steps: on
+    a GPU always, on the CPU for the MX formats along a contiguous ``axis`` whose length is a
+    multiple of the block and the size.
     """
+    hadamard = rotation(hadamard)
     axis = check_args(x, spec, axis)
     od = out_dtype or (torch.float32 if hadamard is not None else x.dtype)
     if hadamard is not None:
-        check_size(hadamard[0])
+        check_size(hadamard.size)
     if (
         not (ckernel.usable(x) and od in ckernel.DTYPE_CODES)
         or spec.block_rows != 1
@@ -277,11 +281,9 @@ def fake_quantize(
 # fused torch path (GPUs; the CPU without the C kernel)
 
 
-def _plan(
-    spec: QuantSpec, hadamard: tuple[int, torch.Tensor | None] | None, values: bool, od: torch.dtype
-) -> Plan:
+def _plan(spec: QuantSpec, hadamard: Rotation | None, values: bool, od: torch.dtype) -> Plan:
     if hadamard is not None:
-        check_size(hadamard[0])
+        check_size(hadamard.size)
     return Plan(
         elem=Elem.of(spec.fmt.elem),
         scale=spec.fmt.scale,
@@ -290,7 +292,7 @@ def _plan(
         mode=_MODE_CODES[spec.scale_mode],
         sr=spec.rounding == "sr",
         prescale=spec.prescale_factor,
-        hadamard=hadamard[0] if hadamard else 0,
+        hadamard=hadamard.size if hadamard else 0,
         values=values,
         out_dtype=od,
         rule=spec.scale_rule or "",
@@ -316,19 +318,20 @@ def quantize_fused(
     spec: QuantSpec,
     axis: int = -1,
     key: int | torch.Tensor = 0,
-    hadamard: tuple[int, torch.Tensor | None] | None = None,
+    hadamard: Rotation | None = None,
     compile: bool | None = None,
 ) -> QTensor:
     """``quantize`` on the fused torch path (``torch_path.py``), whatever the device: what runs on a
     GPU. ``compile`` forces ``torch.compile`` on or off (default: on CUDA only)."""
+    hadamard = rotation(hadamard)
     axis = check_args(x, spec, axis)
     xm = x.detach().movedim(axis, -1)
-    signs = None if hadamard is None else hadamard[1]
+    signs = None if hadamard is None else hadamard.signs
     plan = _plan(spec, hadamard, False, torch.float32)
     codes, scales, gdec, gamax = torch_path.call(xm, key, signs, plan, compile, _impl(spec))
     shape = list(x.shape)
     if hadamard is not None:
-        shape[axis] = -(-shape[axis] // hadamard[0]) * hadamard[0]
+        shape[axis] = -(-shape[axis] // hadamard.size) * hadamard.size
     if spec.outer_block:  # its outer scales come in the tensor-decode slot
         return QTensor(codes, scales, None, spec, axis, tuple(shape), outer_scales=gdec)
     return QTensor(codes, scales, gdec, spec, axis, tuple(shape), gamax)
@@ -340,14 +343,15 @@ def fake_quantize_fused(
     axis: int = -1,
     key: int | torch.Tensor = 0,
     out_dtype: torch.dtype | None = None,
-    hadamard: tuple[int, torch.Tensor | None] | None = None,
+    hadamard: Rotation | None = None,
     compile: bool | None = None,
 ) -> torch.Tensor:
     """``fake_quantize`` on the fused torch path (see ``quantize_fused``)."""
+    hadamard = rotation(hadamard)
     axis = check_args(x, spec, axis)
     od = out_dtype or (torch.float32 if hadamard is not None else x.dtype)
     xm = x.detach().movedim(axis, -1)
-    signs = None if hadamard is None else hadamard[1]
+    signs = None if hadamard is None else hadamard.signs
     out = torch_path.call(xm, key, signs, _plan(spec, hadamard, True, od), compile, _impl(spec))[0]
     return out.movedim(-1, axis)
 

@@ -1,32 +1,62 @@
 """Recipes: which format, rounding, block shape and Hadamard transform each GEMM operand of a
-linear layer gets (``recipe``), and the published recipes by name (``named``).
+linear layer gets (``recipe``), the published recipes by name (``named``), and the grammar of an
+intervention, the study's word and the report's label (``intervention``: ``parse``, ``label``).
 
     from backends.recipes import Recipe, named_recipe
     Recipe.from_shorthand(["wgrad"], "dht16", base="fp8")  # MXFP4 on wgrad, DHT16, FP8 elsewhere
     named_recipe("nvidia_nvfp4")
+
+This ``__init__`` loads ``recipe`` and ``named`` on first attribute access, so the grammar
+(``backends.recipes.intervention``, standard library only) imports without torch.
 """
 
-from backends.recipes.named import NAMED_RECIPES, named_recipe
-from backends.recipes.recipe import (
-    BASE_FORMATS,
-    GEMMS,
-    OPERANDS,
-    Gemm,
-    GemmRecipe,
-    HadamardSpec,
-    Recipe,
-    parse_intervention,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from backends.recipes.intervention import Intervention
+    from backends.recipes.named import NAMED_RECIPES, named_recipe
+    from backends.recipes.recipe import (
+        BASE_FORMATS,
+        GEMMS,
+        OPERANDS,
+        Gemm,
+        GemmRecipe,
+        HadamardSpec,
+        Recipe,
+    )
+
+_LAZY = {
+    "Intervention": "backends.recipes.intervention",
+    "NAMED_RECIPES": "backends.recipes.named",
+    "named_recipe": "backends.recipes.named",
+    "BASE_FORMATS": "backends.recipes.recipe",
+    "GEMMS": "backends.recipes.recipe",
+    "OPERANDS": "backends.recipes.recipe",
+    "Gemm": "backends.recipes.recipe",
+    "GemmRecipe": "backends.recipes.recipe",
+    "HadamardSpec": "backends.recipes.recipe",
+    "Recipe": "backends.recipes.recipe",
+}
 
 __all__ = [
     "BASE_FORMATS",
     "GEMMS",
     "Gemm",
+    "Intervention",
     "NAMED_RECIPES",
     "OPERANDS",
     "GemmRecipe",
     "HadamardSpec",
     "Recipe",
     "named_recipe",
-    "parse_intervention",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

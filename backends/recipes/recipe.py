@@ -11,33 +11,35 @@ Hadamard transform precedes the quantization; ``Recipe`` holds the three and the
 first/last transformer blocks. ``Recipe.from_shorthand`` builds the study vocabulary:
 
     fp4_gemms     which GEMMs run in FP4 (the rest run in ``base``: bf16, fp8, mxfp8)
-    intervention  none | sr | rht[N] | dht[N] | fht[N] | sr+rht[N] | sr+dht[N] ... (N defaults to 16)
+    intervention  none | sr | rht[N] | dht[N] | fht[N] | sr+rht[N] | sr+dht[N] ... on those GEMMs,
+                  its grammar in ``backends.recipes.intervention`` (N defaults to 16 there)
                   sr:  stochastic rounding with the 3/4 clip-free prescale on both operands
                   rht: random-sign Hadamard redrawn at every call (Tseng et al.)
-                  dht: deterministic Hadamard, no signs (the H16 of the MXFP4 paper)
+                  dht: deterministic Hadamard, no signs (the H16 of the MXFP4 paper):
+                       ``HadamardSpec(signs=DETERMINISTIC)``
                   fht: Hadamard with one fixed seeded sign vector per layer and GEMM
 
-Its short string form, e.g. ``mxfp4[fprop,dgrad,wgrad]+dht16/fp8``, names runs and labels.
+Its short string form, e.g. ``mxfp4[fprop,dgrad,wgrad]+dht16/fp8``, names runs and labels;
+``GemmRecipe.intervention`` reads a GEMM's intervention back for the report's label.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, cast
 
 from backends.quant import FORMATS, SIGN_POLICIES, QuantSpec, ScaleMode, SignPolicy
-from backends.quant.hadamard import check_size
+from backends.quant.hadamard import DETERMINISTIC, Rotation, check_size
+from backends.recipes.intervention import GEMMS, Gemm, Hadamard, Intervention, label, parse
 
-Gemm = Literal["fprop", "dgrad", "wgrad"]
-"""A linear layer's three GEMMs (the module docstring's table)."""
-GEMMS: tuple[Gemm, ...] = get_args(Gemm)
+if TYPE_CHECKING:
+    import torch
+
 OPERANDS = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("dy", "x")}
 BASE_FORMATS = ("bf16", "fp8", "mxfp8")
 LAYER_TYPES = ("attention", "mlp")
 FP4_FORMATS = ("mxfp4", "nvfp4")
-_INTERVENTION_RE = re.compile(r"^(sr|rht|dht|fht)(\d+)?$")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,8 +48,9 @@ class HadamardSpec:
 
     size: int = 16
     """Block size g: 16, 32, 64, 128 or 256."""
-    signs: SignPolicy = "none"
-    """none: deterministic H; fixed: one seeded sign vector per layer/GEMM; random: redrawn per call."""
+    signs: SignPolicy = DETERMINISTIC
+    """none (``DETERMINISTIC``, the intervention dht): H itself, no signs; fixed (fht): one seeded
+    sign vector per layer/GEMM; random (rht): redrawn per call."""
     vector: tuple[int, ...] | None = None
     """With ``signs="fixed"``: this one sign vector (``size`` entries of +-1) for every layer,
     instead of a seeded one per layer and GEMM (TransformerEngine's NVFP4 recipe hard-codes one)."""
@@ -72,8 +75,17 @@ class HadamardSpec:
                 )
             object.__setattr__(self, "vector", v)
 
+    @classmethod
+    def of(cls, h: Hadamard) -> HadamardSpec:
+        """The transform an intervention's part names (``dht16``: size 16, signs none)."""
+        return cls(size=h.size, signs=cast(SignPolicy, h.signs))  # checked in __post_init__
+
+    def part(self) -> Hadamard:
+        """This transform as an intervention names it (signs none: dht, fixed: fht, random: rht)."""
+        return Hadamard.with_signs(self.signs, self.size)
+
     def short(self) -> str:
-        return {"none": "dht", "fixed": "fht", "random": "rht"}[self.signs] + str(self.size)
+        return label(Intervention(hadamard=self.part()))
 
     def options(self) -> dict[str, Any]:
         """The transform in every form of a recipe: size, signs, and the sign vector where set."""
@@ -108,6 +120,23 @@ class GemmRecipe:
     @property
     def is_fp4(self) -> bool:
         return any(s is not None and s.fmt.is_fp4 for s in (self.a, self.b))
+
+    def rotation(self, signs: torch.Tensor | None) -> Rotation | None:
+        """What the quantizer applies to both operands before quantizing them, for a call whose
+        sign vector is ``signs`` (None for dht, ``DETERMINISTIC``): None without a transform."""
+        return None if self.hadamard is None else Rotation(self.hadamard.size, signs)
+
+    def intervention(self) -> Intervention:
+        """What this GEMM does beyond quantizing (its part of the report's label): stochastic
+        rounding or MS-EDEN where an operand rounds so, Four Over Six where one picks its block
+        scales, and its Hadamard transform."""
+        ops = [s for s in (self.a, self.b) if s is not None]
+        return Intervention(
+            sr=any(s.rounding == "sr" for s in ops),
+            eden=any(s.rounding == "eden" for s in ops),
+            four_over_six=any(s.scale_rule for s in ops),
+            hadamard=None if self.hadamard is None else self.hadamard.part(),
+        )
 
     @property
     def output_scale(self) -> float:
@@ -267,7 +296,7 @@ class Recipe:
     def from_shorthand(
         cls,
         fp4_gemms: Iterable[str] = (),
-        intervention: str = "none",
+        intervention: Intervention | str = "none",
         *,
         fp4_format: str = "mxfp4",
         base: str = "bf16",
@@ -277,7 +306,8 @@ class Recipe:
         keep_last: int = 0,
     ) -> Recipe:
         """The study vocabulary: FP4 on ``fp4_gemms``, ``intervention`` on those (or ``apply_to``),
-        every other GEMM in ``base``."""
+        every other GEMM in ``base``. ``intervention`` as the study's schema parsed it, or a word of
+        its grammar (``backends.recipes.intervention.parse``)."""
         fp4 = tuple(fp4_gemms)
         for g in fp4:
             if g not in GEMMS:
@@ -288,14 +318,22 @@ class Recipe:
             )
         if base not in BASE_FORMATS:
             raise ValueError(f"base: unknown {base!r}; allowed: {', '.join(BASE_FORMATS)}")
-        sr, had = parse_intervention(intervention)
+        iv = parse(intervention, shorthand=True) if isinstance(intervention, str) else intervention
+        word = intervention if isinstance(intervention, str) else label(iv)
+        if not iv.shorthand:
+            raise ValueError(
+                f"intervention: {word!r} is not a shorthand's (eden and 4over6 are quantizers of "
+                "a named or explicit recipe); allowed: none, sr, rht, dht, fht and their "
+                "combinations with '+'"
+            )
+        sr, had = iv.sr, None if iv.hadamard is None else HadamardSpec.of(iv.hadamard)
         targets = tuple(apply_to) if apply_to is not None else fp4
         for g in targets:
             if g not in GEMMS:
                 raise ValueError(f"apply_to: unknown GEMM {g!r}; allowed: {', '.join(GEMMS)}")
         if (sr or had) and not targets:
             raise ValueError(
-                f"intervention: {intervention!r} has no GEMM to act on (fp4_gemms is empty and "
+                f"intervention: {word!r} has no GEMM to act on (fp4_gemms is empty and "
                 "apply_to is not set); use intervention 'none' for a recipe without FP4 GEMMs"
             )
         gemms: dict[str, GemmRecipe] = {}
@@ -308,7 +346,7 @@ class Recipe:
             if g in targets and (sr or had):
                 if r.high_precision:
                     raise ValueError(
-                        f"intervention: {intervention!r} applies to {g}, which runs in {base} "
+                        f"intervention: {word!r} applies to {g}, which runs in {base} "
                         "(high precision); apply interventions to quantized GEMMs only"
                     )
                 a, b = r.a, r.b
@@ -317,22 +355,22 @@ class Recipe:
                     b = replace(b, rounding="sr", prescale=True) if b else b
                 r = GemmRecipe(a=a, b=b, hadamard=had)
             gemms[g] = r
-        label = f"{fp4_format}[{','.join(g for g in GEMMS if g in fp4)}]" if fp4 else base
+        name = f"{fp4_format}[{','.join(g for g in GEMMS if g in fp4)}]" if fp4 else base
         if sr or had:
-            label += "+" + intervention_label(sr, had)
+            name += "+" + label(iv)
             if apply_to is not None:
-                label += f"@{','.join(targets)}"
+                name += f"@{','.join(targets)}"
         if fp4:
-            label += f"/{base}"
+            name += f"/{base}"
         if keep_first or keep_last:
-            label += f"/keep{keep_first},{keep_last}"
+            name += f"/keep{keep_first},{keep_last}"
         return cls(
             fprop=gemms["fprop"],
             dgrad=gemms["dgrad"],
             wgrad=gemms["wgrad"],
             keep_first=keep_first,
             keep_last=keep_last,
-            label=label,
+            label=name,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -453,37 +491,6 @@ def base_gemm(gemm: str, base: str) -> GemmRecipe:
     return GemmRecipe(a=e5 if a_op == "dy" else e4, b=e5 if b_op == "dy" else e4)
 
 
-def parse_intervention(text: str) -> tuple[bool, HadamardSpec | None]:
-    """``"sr+rht64"`` -> (True, HadamardSpec(size=64, signs="random"))."""
-    if text in ("none", ""):
-        return False, None
-    sr = False
-    had: HadamardSpec | None = None
-    for tok in text.split("+"):
-        m = _INTERVENTION_RE.match(tok.strip())
-        if m is None or (m.group(1) == "sr" and m.group(2)):
-            raise ValueError(
-                f"intervention: unknown {text!r}; allowed: none, sr, rht, dht, fht and their "
-                "combinations with '+' (e.g. sr+rht), Hadamard size as a suffix (rht64, dht16)"
-            )
-        kind, size = m.group(1), m.group(2)
-        if kind == "sr":
-            if sr:
-                raise ValueError(f"intervention: 'sr' given twice in {text!r}")
-            sr = True
-            continue
-        if had is not None:
-            raise ValueError(f"intervention: only one Hadamard transform allowed in {text!r}")
-        policy: SignPolicy = {"rht": "random", "dht": "none", "fht": "fixed"}[kind]  # type: ignore[assignment]
-        had = HadamardSpec(size=int(size) if size else 16, signs=policy)
-    return sr, had
-
-
-def intervention_label(sr: bool, had: HadamardSpec | None) -> str:
-    parts = (["sr"] if sr else []) + ([had.short()] if had else [])
-    return "+".join(parts) or "none"
-
-
 def selection_label(r: Recipe) -> str:
     """The label suffix of a layer selection: ``/keep0,2``, ``/mlp``, ``/blocks0,-1``."""
     out = f"/keep{r.keep_first},{r.keep_last}" if r.keep_first or r.keep_last else ""
@@ -499,10 +506,10 @@ __all__ = [
     "FORMATS",
     "FP4_FORMATS",
     "GEMMS",
+    "Gemm",
     "LAYER_TYPES",
     "OPERANDS",
     "GemmRecipe",
     "HadamardSpec",
     "Recipe",
-    "parse_intervention",
 ]

@@ -119,6 +119,26 @@ def test_measured_throughput_is_used_only_when_both_ran_native(study):
     assert x["projected_speedup"] == pytest.approx(1.2)  # both reach at 200k tokens: cost 0
 
 
+def test_the_report_reads_labels_without_torch():
+    # the grammar of backends.recipes.intervention imports no torch, nor does what the report
+    # reads labels with (its speedup model, its sort order, its plot styles)
+    code = (
+        "import sys, ablate.report.speedup, ablate.report.metrics, ablate.report.plots, "
+        "ablate.study.speedup; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_label_is_charged_with_the_grammars_default_size():
+    from ablate.report.speedup import intervention_costs
+    from backends.recipes.intervention import DEFAULT_SIZE
+
+    assert intervention_costs("dht") == intervention_costs(f"dht{DEFAULT_SIZE}")
+    assert intervention_costs("sr+rht").points == DEFAULT_SIZE
+    with pytest.raises(ReportError, match="only one Hadamard transform"):
+        intervention_costs("rht16+dht16")
+
+
 def test_speedup_module_and_package_import_without_pandas_or_matplotlib():
     code = (
         "import sys, ablate.report, ablate.report.speedup; "

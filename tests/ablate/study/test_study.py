@@ -362,3 +362,41 @@ def test_an_error_in_every_cell_is_said_once_and_a_combinations_error_names_its_
     assert len(e.value.errors) == 1
     assert e.value.errors[0].startswith("cell {train.seq_len: 512}: train.seq_len: 512 is longer")
     assert e.value.errors[0].endswith("drop impossible cells with `exclude`")
+
+
+def test_a_zip_that_is_not_a_mapping_is_refused_at_its_path():
+    assert errors_of(grid={"zip": 5}) == [
+        "grid.zip: must map axes to equal-length lists, e.g. {train.lr: [..], ...}"
+    ]
+    assert errors_of(grid={"zip": [5, {"seed": [0]}]})[0].startswith("grid.zip[0]: must map")
+
+
+def test_what_the_study_sets_on_a_cell_is_validated_with_its_config():
+    # resources.gpus makes the device cuda, where train.compile: auto compiles, which FSDP2's bf16
+    # all-gather cannot trace: refused here, not by the worker that reads the config back
+    errors = errors_of(
+        base={
+            "train": {
+                "steps": 4,
+                "batch_size": 4,
+                "eval_every": 2,
+                "precision": "bf16",
+                "parallel": "fsdp",
+                "fsdp_all_gather": "bf16",
+            }
+        },
+        resources={"workers": 2, "gpus": 1},
+        grid={"seed": [0, 1]},
+    )
+    assert errors == [
+        "train.fsdp_all_gather: bf16 makes each block linear an FSDP2 unit, whose hooks a compiled "
+        "block cannot trace (train.compile: auto on cuda); set train.compile: false, or "
+        "fsdp_all_gather: fp32 (in every cell)"
+    ]
+    s = study(
+        base={"train": {"steps": 4, "batch_size": 4, "eval_every": 2}},
+        resources={"gpus": 1},
+        grid={"seed": [0]},
+    )
+    c = s.cells[0].config
+    assert (c.device, c.train.checkpoint_every) == ("cuda", 2)  # the study's defaults, applied

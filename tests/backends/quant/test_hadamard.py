@@ -228,3 +228,23 @@ def test_signs_of_the_wrong_shape_raise():
 def test_axis_out_of_range_raises(axis):
     with pytest.raises(ValueError, match="out of range"):
         hadamard_transform(torch.zeros(2, 32), axis, 16)
+
+
+def test_a_rotation_is_the_size_and_signs_pair_with_names():
+    from backends.quant import QuantSpec, Rotation, fake_quantize, quantize
+    from backends.recipes import GemmRecipe, HadamardSpec
+
+    s = sign_vector(32, 5)
+    rot = Rotation(32, s)
+    assert rot == (32, s) and (rot.size, rot.signs) == (32, s)
+    x = torch.randn(8, 96, generator=G)
+    for spec in (QuantSpec(format="mxfp4"), QuantSpec(format="nvfp4", rounding="sr")):
+        named = fake_quantize(x, spec, key=3, hadamard=rot)
+        assert torch.equal(named, fake_quantize(x, spec, key=3, hadamard=(32, s)))  # a plain pair
+        assert torch.equal(quantize(x, spec, key=3, hadamard=rot).dequantize(), named)
+    # a GEMM's rotation: its transform's size with the call's signs (None: dht), or none at all
+    spec = QuantSpec(format="mxfp4")
+    dht = GemmRecipe(a=spec, b=spec, hadamard=HadamardSpec(size=64))
+    assert (
+        dht.rotation(None) == Rotation(64, None) and GemmRecipe(a=spec, b=spec).rotation(s) is None
+    )
