@@ -35,8 +35,9 @@ from typing import Literal
 import torch
 
 from backends.gemm.base import GemmKeys
-from backends.quant import QTensor, QuantSpec, fake_quantize, hadamard_transform, nv_alpha, quantize
+from backends.quant import QTensor, QuantSpec, hadamard_transform, nv_alpha
 from backends.quant.arith import rcp
+from backends.quant.ops import fake_quantize, quantize  # one opaque op each in a compiled graph
 from backends.recipes import GemmRecipe, Recipe
 
 GemmMode = Literal["fp32", "bf16"]

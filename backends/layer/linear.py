@@ -43,7 +43,8 @@ from torch import nn
 
 from backends.gemm import GemmKeys, get_backend
 from backends.layer.streams import RandomStreams
-from backends.quant import QTensor, quantize
+from backends.quant import QTensor
+from backends.quant.ops import quantize  # one opaque op in a compiled graph
 from backends.recipes import Recipe
 
 GemmHook = Callable[[str, torch.Tensor, Any, torch.Tensor, torch.Tensor], None]

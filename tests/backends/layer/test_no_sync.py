@@ -1,6 +1,6 @@
 """No host synchronisation in the training step: a quantized layer (and a converted transformer
-block) compiles as one graph with ``torch.compile(fullgraph=True)``, forward and backward, through
-the torch quantizer path, and computes the same bits as eagerly.
+block) compiles as one graph with ``torch.compile(fullgraph=True)``, forward and backward, with
+each quantization one opaque op (``backends.quant.ops``), and computes the same bits as eagerly.
 
 Any ``.item()``, ``int()``/``float()``/``bool()`` of a tensor, or data-dependent Python branch in the
 step would be a graph break, which ``fullgraph=True`` turns into an error: on a GPU each of those is
@@ -15,6 +15,8 @@ import copy
 
 import pytest
 import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
 
 from backends import QuantLinear, QuantSpec, Recipe
 from backends.quant.rng import GEMM_IDS, OPERAND_IDS, derive_key
@@ -69,6 +71,29 @@ def test_quantized_linear_compiles_as_one_graph_with_the_eager_bits(name):
     for a, b in zip(got, expected, strict=True):
         assert torch.equal(a, b)
     assert int(layer.calls) == int(eager.calls) == 3
+
+
+def test_a_compiled_layer_holds_each_quantization_as_one_opaque_op():
+    # the GEMM backends quantize through backends.quant.ops: traced, each quantized operand is one
+    # node; the quantizer's arithmetic traced inline instead is 100-200 nodes an operand (a
+    # layer's forward and backward grow from about 230 nodes to about 1,250 here, a block's
+    # fourfold, and its compile time with them), which the backends once did by importing the
+    # plain quantizer
+    graphs: list[torch.fx.GraphModule] = []
+
+    def keep(gm: torch.fx.GraphModule, _: object) -> object:
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    layer = QuantLinear(64, 48, recipe=Recipe.from_shorthand(GEMMS, "sr+rht16"), layer_id=2)
+    backend = aot_autograd(fw_compiler=keep, bw_compiler=keep)
+    compiled = torch.compile(layer.train(), fullgraph=True, backend=backend, dynamic=False)
+    compiled(torch.randn(2, 40, 64, requires_grad=True)).sum().backward()
+    forward, backward = ([str(n.target) for n in g.graph.nodes] for g in graphs)
+    assert forward.count("ablate.fake_quantize.default") == 2  # fprop's x and w
+    assert backward.count("ablate.fake_quantize.default") == 4  # dgrad's and wgrad's operands
+    assert len(forward) + len(backward) < 400, (len(forward), len(backward))
 
 
 def test_device_keys_equal_the_python_derivation():
