@@ -5,7 +5,22 @@ path (module names are unique across the suite). Prepared data (``ablate.data.pr
 this test process's own, never to the user's ``~/.cache/ablate/data``; subprocesses, Ray workers
 and clusters started by a test inherit it. ``train_bpe`` trains the suite's BPE tokenizers. Every test starts in the working directory the suite
 started in: a test that runs a worker's code in this process (``run_one`` enters the task's
-working directory, as a worker process does) must not move the next test's relative paths."""
+working directory, as a worker process does) must not move the next test's relative paths.
+
+Threads and compilers, for the suite's time on a 2-core machine (what each test checks is the
+same):
+
+- When the suite runs in several processes (pytest-xdist, as ``make test`` runs it), each one and
+  every process it starts (gloo ranks, the CLI, Ray's workers unless a cell sets its own) computes
+  on one thread. Two processes of torch's default two OpenMP threads each on two cores wait at
+  every parallel region for a thread the other process holds: a test measured alone at 11 s took
+  175 s beside one busy process. Numbers do not depend on it (``test_quant``'s thread-count test,
+  the golden trajectories on one thread and two).
+- Inductor's C++ backend, which stands in for a GPU's Triton where a test compiles with Inductor,
+  generates scalar code (``TORCHINDUCTOR_VEC_ISA_OK=0``) built at ``-O0``
+  (``TORCHINDUCTOR_DEBUG_COMPILE=1``): the lowering and fusion under test are the same, the CPU's
+  vector code generation (most of a cold compile's time: 69 s against 26 s for one quantizer
+  variant) is what no GPU runs. A variable already set is left as it is."""
 
 from __future__ import annotations
 
@@ -23,6 +38,12 @@ for _folder in sorted({p.parent for p in Path(__file__).resolve().parent.rglob("
         sys.path.append(str(_folder))
 
 _made: list[str] = []
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # before anything imports torch in this process
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
+os.environ.setdefault("TORCHINDUCTOR_DEBUG_COMPILE", "1")
 
 
 def pytest_configure(config: pytest.Config) -> None:
