@@ -86,3 +86,20 @@ def train_bpe() -> Callable[[Path, Iterable[str]], Path]:
         return path
 
     return train
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _slurm_scenario_in_the_background(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Where the session runs the real-SLURM tests, their scenario (``slurm_scenario``: two
+    minutes, most of it waiting for SLURM and for Ray on its nodes) starts in a process of its own
+    as the session starts, so that it runs beside the other tests; the tests read its result."""
+    if not any(item.path.name == "test_slurm_real.py" for item in request.session.items):
+        return
+    from slurm_cluster import missing
+    from slurm_scenario import scenario_folder, start_in_background
+
+    if missing():
+        return  # the tests skip, or fail under CI, themselves
+    start_in_background(scenario_folder(tmp_path_factory.getbasetemp()))

@@ -21,10 +21,12 @@ import contextlib
 import fcntl
 import io
 import json
+import os
 import sqlite3
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,23 +251,93 @@ def _wait_restarted(cluster: SlurmCluster, job: str, timeout: float = 300) -> No
         time.sleep(0.5)
 
 
+RESULT, FAILED, LOCK, STARTED = "scenario.json", "scenario.failed", "scenario.lock", "background"
+
+
+def scenario_folder(base: Path) -> Path:
+    """The folder every process of this test session sees, from the session's base temporary
+    folder ``base``: under pytest-xdist its workers' base folders share a parent; without it, the
+    session's own. The scenario runs once per session, there."""
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "slurm-scenario"
+
+
 def scenario_once(shared: Path) -> Scenario:
-    """``run_scenario`` once per test session, whichever pytest-xdist worker asks first; the others
-    wait for it and read its result (``shared``: a folder all workers see)."""
+    """``run_scenario`` once per test session, whichever process asks first (a pytest-xdist
+    worker, or the background run ``start_in_background`` began); the others wait for it and read
+    its result (``shared``: a folder all of them see). A run that failed is not run again: its
+    traceback is the error of every test that asks."""
     shared.mkdir(parents=True, exist_ok=True)
-    result = shared / "scenario.json"
-    with open(shared / "scenario.lock", "w") as lock:
+    with open(shared / LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not result.exists():
-            with free_cluster() as cluster:
-                scenario = run_scenario(cluster, shared)
-            result.write_text(json.dumps(asdict(scenario)))
-    raw = json.loads(result.read_text())
+        _run_unless_done(shared)
+    raw = json.loads((shared / RESULT).read_text())
     return Scenario(
         b=Job(**raw["b"]), d=Job(**raw["d"]), reference=raw["reference"],
         refusals={k: tuple(v) for k, v in raw["refusals"].items()}, report=raw["report"],
         ports=raw["ports"], wall_s=raw["wall_s"],
     )  # fmt: skip
+
+
+def _run_unless_done(shared: Path) -> None:
+    """Under the lock: the scenario's result, or its failure, recorded in ``shared``."""
+    result, failed = shared / RESULT, shared / FAILED
+    if failed.exists():
+        raise AssertionError(f"the SLURM scenario failed:\n{failed.read_text()[-6000:]}")
+    if result.exists():
+        return
+    try:
+        with free_cluster() as cluster:
+            scenario = run_scenario(cluster, shared)
+    except BaseException:
+        failed.write_text(traceback.format_exc())
+        raise
+    result.write_text(json.dumps(asdict(scenario)))
+
+
+def start_in_background(shared: Path, timeout: float = 60) -> bool:
+    """Begin ``scenario_once(shared)`` in a process of its own, once per session (the first caller
+    starts it; False for the others), and return once it holds the lock: the scenario's two
+    minutes, mostly spent waiting for SLURM and for Ray to start on its nodes, then pass while the
+    suite's other tests run, and its tests find the result ready. Its output goes to
+    ``shared/background.log``; it removes its cluster when done, also if the session ends first."""
+    shared.mkdir(parents=True, exist_ok=True)
+    try:
+        marker = os.open(shared / STARTED, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.close(marker)
+    here = Path(__file__).resolve().parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]),
+    }
+    with open(shared / "background.log", "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), str(shared)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while not (shared / f"{STARTED}.locked").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return (
+                True  # it ended early (its error is in the failed file) or is slow: the tests wait
+            )
+        time.sleep(0.1)
+    return True
+
+
+def _background_main(shared: Path) -> int:
+    """The background run: take the lock, say so, run the scenario under it."""
+    shared.mkdir(parents=True, exist_ok=True)
+    with open(shared / LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (shared / f"{STARTED}.locked").touch()
+        try:
+            _run_unless_done(shared)
+        except BaseException:
+            traceback.print_exc()
+            return 1
+    return 0
 
 
 @contextlib.contextmanager
@@ -287,3 +359,7 @@ def free_cluster():  # type: ignore[no-untyped-def]
             lock.close()
         return
     raise RuntimeError("every SLURM cluster index (0-9) is held by another test session")
+
+
+if __name__ == "__main__":
+    sys.exit(_background_main(Path(sys.argv[1])))

@@ -2,7 +2,8 @@
 network namespace of its own) and munge, set up by the tests themselves (``slurm_cluster``), with
 real Ray and MLflow. What runs is ``slurm_scenario``'s docstring: two jobs at once on node n1, one
 requeued (``scontrol requeue``) and one warned of its time limit (SIGUSR1), both finishing after
-their requeue, and the refusals. It runs once per session; these tests read what it recorded.
+their requeue, and the refusals. It runs once per session, started in the background as the
+session starts (``tests/conftest.py``); these tests read what it recorded.
 
 Slow (about two minutes: four job attempts); needs root, ``ip netns`` and the SLURM packages:
 skipped without them, except under CI (``CI`` set), where ``.ci/run`` installs them and a missing
@@ -18,7 +19,7 @@ from datetime import datetime
 
 import pytest
 from slurm_cluster import missing
-from slurm_scenario import STEPS, TIMING, scenario_once
+from slurm_scenario import STEPS, TIMING, scenario_folder, scenario_once
 
 pytestmark = pytest.mark.slow
 
@@ -30,11 +31,7 @@ def scenario(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the real-SLURM tests: {why} (.ci/run installs them)")
         pytest.skip(f"no real SLURM here: {why}")
-    # the folder every pytest-xdist worker of this session sees (its workers' base folders share a
-    # parent; without xdist, the session's own): the scenario runs once
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    return scenario_once(shared / "slurm-scenario")
+    return scenario_once(scenario_folder(tmp_path_factory.getbasetemp()))
 
 
 def _cells(job):
