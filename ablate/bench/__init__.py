@@ -11,6 +11,8 @@ command that runs it:
 - ``bias``: how biased a random quantizer is, element by element (Four Over Six under SR);
 - ``report``: ``ablate report`` on a large synthetic study;
 - ``ladder``: how often a ladder's 95% intervals hold, on synthetic ladders of known laws;
+- ``seeds``: how often the report's token-cost intervals hold, paired and unpaired, on simulated
+  studies with shared seed effects, censoring and stalls;
 - ``ui``: the MLflow UI's start-up time and memory, MLflow's own against ``ablate ui``;
 - ``gpu``: the GPU benchmark (step times, quantizer bandwidth, a profile) into ``reports/gpu/``;
 - ``gpu_check``: ``make gpu-check``, a GPU machine checked end to end.

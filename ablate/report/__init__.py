@@ -10,8 +10,12 @@ Modules, by concept:
     speedup      the step-time model over the device table of ``ablate.study.speedup`` (pure Python)
     inputs       the DataFrame contract: check_inputs, clean_evals (pandas)
     frames       a study's cells and what their runs recorded, as the contract's ``cells`` rows
-    stats        Student-t quantiles (incomplete beta, no SciPy)
+    stats        Student-t quantiles (incomplete beta) and the chi-squared tail, no SciPy
     censored     the censored log-normal estimate of tokens to target and relative cost, intervals
+    paired       the relative cost with seeds as blocks: configuration + seed effects (two-way,
+                 censored-normal where seeds are censored), the method behind each interval
+    stalls       runs held on a plateau: which stalled, the rate per configuration with its exact
+                 interval, Fisher's test against the baseline
     equal_loss   the equal-loss token ratio against the baseline's curves, censored pairs included
     verdict      better / indistinguishable / worse / undetermined, and the power note
     metrics      resolve_target, per_cell, per_config, report_notes (pandas; the tokens-to-target

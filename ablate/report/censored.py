@@ -49,17 +49,35 @@ _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 @dataclass(frozen=True)
 class Seeds:
     """One configuration's seeds: tokens to target of those that reached it (``reached``) and the
-    last evaluated tokens of those that did not (``censored``)."""
+    last evaluated tokens of those that did not (``censored``); ``ids``, where known, the seeds'
+    numbers in that order (reached, then censored): what pairs them with the baseline's seeds
+    (``paired``)."""
 
     reached: tuple[float, ...] = ()
     censored: tuple[float, ...] = ()
+    ids: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, reached: Sequence[float], censored: Sequence[float] = ()) -> Seeds:
+    def of(
+        cls,
+        reached: Sequence[float],
+        censored: Sequence[float] = (),
+        ids: Sequence[int] | None = None,
+    ) -> Seeds:
         for t in (*reached, *censored):
             if not (t > 0 and math.isfinite(t)):
                 raise ValueError(f"tokens must be positive and finite, got {t}")
-        return cls(tuple(float(t) for t in reached), tuple(float(t) for t in censored))
+        numbers = tuple(int(i) for i in ids) if ids is not None else ()
+        if ids is not None and (
+            len(numbers) != len(reached) + len(censored) or len(set(numbers)) != len(numbers)
+        ):
+            raise ValueError(f"ids: one distinct seed per run, got {numbers}")
+        return cls(tuple(float(t) for t in reached), tuple(float(t) for t in censored), numbers)
+
+    def runs(self) -> list[tuple[int, float, bool]]:
+        """(seed, tokens, reached) of each seed with an id (none without ids)."""
+        flags = [True] * len(self.reached) + [False] * len(self.censored)
+        return list(zip(self.ids, (*self.reached, *self.censored), flags, strict=False))
 
     @property
     def n(self) -> int:
@@ -78,6 +96,7 @@ class Estimate:
     kind: str
     sigma: float = math.nan
     df: float = math.nan
+    method: str = ""
 
 
 NONE = Estimate(math.nan, math.nan, math.nan, "none")
@@ -86,7 +105,7 @@ NONE = Estimate(math.nan, math.nan, math.nan, "none")
 # --- the censored normal log-likelihood ------------------------------------------------------------
 
 
-def _log_ndtr(z: float) -> float:
+def log_ndtr(z: float) -> float:
     """log Phi(z), accurate in the far left tail (asymptotic series below -20)."""
     if z > -20.0:
         return math.log(0.5 * math.erfc(-z / _SQRT2))
@@ -94,10 +113,10 @@ def _log_ndtr(z: float) -> float:
     return -0.5 * z2 - math.log(-z) - _LOG_SQRT_2PI + math.log1p(-1 / z2 + 3 / (z2 * z2))
 
 
-def _mills(z: float) -> float:
+def mills(z: float) -> float:
     """phi(z) / Phi(z) (the hazard of a censored point), stable for very negative z."""
     if z > -20.0:
-        return math.exp(-0.5 * z * z - _LOG_SQRT_2PI - _log_ndtr(z))
+        return math.exp(-0.5 * z * z - _LOG_SQRT_2PI - log_ndtr(z))
     return -z / (1 - 1 / (z * z) + 3 / (z**4))  # asymptotic: ~ -z
 
 
@@ -112,18 +131,18 @@ class _Group:
     def ll(self, mu: float) -> float:
         s = self.s
         out = sum(-0.5 * ((y - mu) / s) ** 2 - math.log(s) - _LOG_SQRT_2PI for y in self.y)
-        return out + sum(_log_ndtr((mu - c) / s) for c in self.c)
+        return out + sum(log_ndtr((mu - c) / s) for c in self.c)
 
     def d1(self, mu: float) -> float:
         s = self.s
-        return sum((y - mu) / s**2 for y in self.y) + sum(_mills((mu - c) / s) / s for c in self.c)
+        return sum((y - mu) / s**2 for y in self.y) + sum(mills((mu - c) / s) / s for c in self.c)
 
     def d2(self, mu: float) -> float:
         s = self.s
         out = -len(self.y) / s**2
         for c in self.c:
             z = (mu - c) / s
-            m = _mills(z)
+            m = mills(z)
             out -= m * (z + m) / s**2
         return out
 

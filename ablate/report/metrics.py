@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.errors import ReportError
-from ablate.report.censored import NONE, Estimate, Seeds, relative_cost, tokens_estimate
+from ablate.report.censored import NONE, Estimate, Seeds, tokens_estimate
 from ablate.report.equal_loss import ratio_at, ratio_curve, seed_offsets
 from ablate.report.inputs import CLEAN, budget_steps, check_inputs, clean_evals, curves
 from ablate.report.notes import (
@@ -35,6 +35,7 @@ from ablate.report.notes import (
     off_curve_note,
     report_notes,
 )
+from ablate.report.paired import paired_costs
 from ablate.report.speedup import (
     projected_speedup,
     read_label,
@@ -42,6 +43,7 @@ from ablate.report.speedup import (
     role_interventions,
     throughput_gain,
 )
+from ablate.report.stalls import stall_flags, stall_rate
 from ablate.study.speedup import ROLES, SpeedupSection
 from ablate.targets import (
     DEFAULT_AT,
@@ -75,7 +77,8 @@ def per_cell(cells: Any, evals: Any, target_ppl: float) -> Any:
     """One row per cell: the ``cells`` columns plus n_evals, last_step, last_tokens, tokens_to_target
     (NaN unless reached), crossed_tokens (the crossing before any divergence, also for a diverged
     run: what the censored estimate uses), reached, outcome (reached | not reached | diverged | incomplete | no evals),
-    best_ppl and final_ppl (over finite evaluations before any divergence), and diverged_at filled
+    stalled and stall_judged (``stalls``: a finished run judged stalled, and whether it could be
+    judged), best_ppl and final_ppl (over finite evaluations before any divergence), and diverged_at filled
     from the first non-finite evaluation when the status did not give it. For a cell trained past
     its budget all of these are of the part up to it (module docstring); extended_tokens is where
     it ended and extended_crossing where it reached the target if only after the budget (NaN
@@ -83,6 +86,7 @@ def per_cell(cells: Any, evals: Any, target_ppl: float) -> Any:
     check_inputs(cells, evals)
     ev = evals if evals.attrs.get(CLEAN) else clean_evals(cells, evals)
     budget = budget_steps(cells)
+    stalls = stall_flags(cells, ev)
     found: dict[str, dict[str, Any]] = {}
     for key, step, tok, ppl in curves(ev):
         bad = np.flatnonzero(~np.isfinite(ppl))
@@ -145,6 +149,8 @@ def per_cell(cells: Any, evals: Any, target_ppl: float) -> Any:
                 "outcome": outcome,
                 "best_ppl": f.get("best_ppl", math.nan),
                 "final_ppl": f.get("final_ppl", math.nan),
+                "stalled": stalls.get(cell["key"], False),
+                "stall_judged": cell["key"] in stalls,
                 "extended_tokens": f.get("extended_tokens", math.nan),
                 "extended_crossing": (
                     f["extended_crossing"]
@@ -174,11 +180,17 @@ def describe_target(target: TargetLike | Mapping[str, Any]) -> str:
     return f"from_baseline: {from_baseline} (baseline mean {from_baseline} perplexity{tol})"
 
 
-def baseline_curves(cells: Any, evals: Any) -> list[Curve]:
+def baseline_curves(cells: Any, evals: Any, *, stalled: bool = True) -> list[Curve]:
     """The baseline's finished, non-diverged seeds' validation curves (tokens, perplexity) up to the
     budget (a baseline trained past it: the end of its schedule), cut at the first non-finite
-    evaluation: what a target derived from the baseline is computed from."""
+    evaluation: what a target derived from the baseline is computed from. ``stalled`` False
+    leaves out the seeds that stalled (``stalls``), unless every one of them did."""
     ev = evals if evals.attrs.get(CLEAN) else clean_evals(cells, evals)
+    if not stalled:
+        flags = stall_flags(cells, ev)
+        kept = cells[~cells["key"].map(lambda k: flags.get(k, False))]
+        if (kept["baseline"].astype(bool) & (kept["status"] == "finished")).any():
+            cells = kept
     budget = budget_steps(cells)
     late = cells["key"].map(budget).astype(float) < cells["diverged_at"].astype(float)
     done = (cells["status"] == "finished") | ((cells["status"] == "diverged") & late)
@@ -193,9 +205,11 @@ def baseline_curves(cells: Any, evals: Any) -> list[Curve]:
 
 def resolve_target(target: TargetLike | Mapping[str, Any], evals: Any, cells: Any) -> float:
     """The target perplexity by ``ablate.targets.target_ppl`` (the rule tune shares): absolute, or
-    from the baseline's finished, non-diverged seeds; ReportError when it cannot be resolved."""
+    from the baseline's finished, non-diverged seeds that did not stall (``stalls``: a seed on a
+    plateau would set a target that measures when it left the plateau); ReportError when it cannot
+    be resolved."""
     from_baseline = target_fields(target)["from_baseline"]
-    base = baseline_curves(cells, evals) if from_baseline is not None else []
+    base = baseline_curves(cells, evals, stalled=False) if from_baseline is not None else []
     try:
         return target_ppl_of(target, base)
     except ValueError as e:
@@ -238,9 +252,13 @@ def seeds_of(sub: Any) -> Seeds:
     without evaluations says nothing and is left out)."""
     crossed = sub["crossed_tokens"].astype(float)
     last = sub["last_tokens"].astype(float)
-    reached = crossed[np.isfinite(crossed)].tolist()
-    censored = last[~np.isfinite(crossed) & np.isfinite(last) & (last > 0)].tolist()
-    return Seeds.of(reached, censored)
+    seed = sub["seed"].astype(int)
+    hit = np.isfinite(crossed)
+    cut = ~hit & np.isfinite(last) & (last > 0)
+    ids = [*seed[hit].tolist(), *seed[cut].tolist()]
+    return Seeds.of(
+        crossed[hit].tolist(), last[cut].tolist(), ids if len(set(ids)) == len(ids) else None
+    )
 
 
 def _gain(sub: Any, base: Any, spec: SpeedupSection) -> tuple[float, str, str]:
@@ -266,14 +284,17 @@ def _gain(sub: Any, base: Any, spec: SpeedupSection) -> tuple[float, str, str]:
 def per_config(
     cell_table: Any, speedup: SpeedupSection | None = None, evals: Any | None = None
 ) -> Any:
-    """One row per configuration (cells differing only by seed), baseline first.
+    """One row per configuration (cells differing only by seed), baseline first. Every estimate is
+    of the runs that did not stall (``stalls``); the costs are paired by seed (``paired``).
 
     Columns: config, baseline, fp4_gemms, intervention, fp4_format, base_format, backend,
     seeds_total, seeds_reached (diverged seeds count as failures), n_not_reached, n_diverged,
     n_incomplete, partial (some seeds did not reach); tokens_to_target with _lo/_hi/_kind (the
     censored log-normal estimate of the median, ``censored``); final_ppl_mean/std (finished,
-    non-diverged seeds), best_ppl; rel_token_cost with _lo/_hi/_kind (``censored.relative_cost``:
-    observed, censored, bound, none; the baseline's is ``reference``); equal_loss_token_ratio with
+    non-diverged seeds), best_ppl; rel_token_cost with _lo/_hi/_kind (observed, censored, bound,
+    none; the baseline's is ``reference``), _method (``paired``: paired, paired-own, unpaired) and
+    _df; seeds_stalled of seeds_judged with the exact interval stall_rate_lo/_hi and stall_p
+    (``stalls``: Fisher's one-sided test against the baseline's rate); equal_loss_token_ratio with
     _lo/_hi/_kind (``equal_loss``: observed, censored, bound; needs ``evals``, the cleaned
     evaluations); not_reached_after (no seed reached: the tokens every seed trained, in multiples
     of the baseline's median tokens to target); throughput_gain,
@@ -284,9 +305,32 @@ def per_config(
     groups = {cfg: sub for cfg, sub in cell_table.groupby("config", sort=False)}
     (base_cfg,) = cell_table.loc[cell_table["baseline"].astype(bool), "config"].unique()
     base = groups[base_cfg]
-    base_seeds = seeds_of(base)
+    # the runs that stalled are an outcome of their own (``stalls``): every estimate below is of
+    # the others
+    stall = (
+        cell_table["stalled"].astype(bool)
+        if "stalled" in cell_table
+        else pd.Series(False, index=cell_table.index)
+    )
+    judged = (
+        cell_table["stall_judged"].astype(bool)
+        if "stall_judged" in cell_table
+        else pd.Series(False, index=cell_table.index)
+    )
+    live = {cfg: sub[~stall[sub.index]] for cfg, sub in groups.items()}
+    live_seeds = {cfg: seeds_of(sub) for cfg, sub in live.items()}
+    offsets = {
+        cfg: _censored_offsets(evals, live[cfg]) if not live_seeds[cfg].reached else None
+        for cfg in groups
+    }
+    costs = paired_costs(live_seeds, base_cfg, offsets)
+    stalls_of = {
+        cfg: (int(stall[sub.index].sum()), int(judged[sub.index].sum()))
+        for cfg, sub in groups.items()
+    }
+    base_seeds = live_seeds[base_cfg]
     base_median = tokens_estimate(base_seeds).value
-    base_curves = list(_curves_by_key(evals, base).values())
+    base_curves = list(_curves_by_key(evals, live[base_cfg]).values())
     extended = bool(base["extended_tokens"].notna().any()) if "extended_tokens" in base else False
 
     def order(cfg: str) -> tuple[Any, ...]:
@@ -299,19 +343,19 @@ def per_config(
         r0 = sub.iloc[0]
         is_base = cfg == base_cfg
         counts = {o: int((sub["outcome"] == o).sum()) for o in OUTCOMES}
-        seeds = seeds_of(sub)
+        seeds = live_seeds[cfg]
         tokens = tokens_estimate(seeds)
         after = not_reached_after(seeds, base_median)
         if is_base:
             cost = Estimate(0.0, math.nan, math.nan, "reference") if seeds.reached else NONE
         else:
-            offsets = _censored_offsets(evals, sub) if not seeds.reached else None
-            cost = relative_cost(seeds, base_seeds, offsets)
+            cost = costs[cfg]
+        stalls = stall_rate(*stalls_of[cfg], base=None if is_base else stalls_of[base_cfg])
         off_curve = None
         if is_base:
             ratio = Estimate(1.0, math.nan, math.nan, "reference")
         elif evals is not None:
-            mine = _curves_by_key(evals, sub)
+            mine = _curves_by_key(evals, live[cfg])
             ratio, pairing = ratio_at(list(mine.values()), base_curves)
             seed_of = dict(zip(sub["key"], sub["seed"], strict=True))
             off_curve = off_curve_note(pairing, [seed_of[k] for k in mine], extended)
@@ -357,6 +401,13 @@ def per_config(
                 "rel_token_cost_lo": cost.lo,
                 "rel_token_cost_hi": cost.hi,
                 "rel_token_cost_kind": cost.kind,
+                "rel_token_cost_method": cost.method,
+                "rel_token_cost_df": cost.df,
+                "seeds_stalled": stalls.k,
+                "seeds_judged": stalls.n,
+                "stall_rate_lo": stalls.lo,
+                "stall_rate_hi": stalls.hi,
+                "stall_p": stalls.p,
                 "log_sigma": cost.sigma,
                 "equal_loss_token_ratio": ratio.value,
                 "equal_loss_token_ratio_lo": ratio.lo,

@@ -75,6 +75,12 @@ def config_notes(
             f"{reached}/{len(sub)} seeds reached; the others are censored at their last "
             "evaluation in the estimate"
         )
+    if "stalled" in sub and sub["stalled"].astype(bool).any():
+        stalled = ", ".join(str(x) for x in sub.loc[sub["stalled"].astype(bool), "seed"])
+        notes.append(
+            f"stalled (on a plateau at half its budget; its token cost and tokens to target are "
+            f"of the other seeds): seed {stalled}"
+        )
     if counts["diverged"]:
         notes.append("diverged: " + _seeds(sub, "diverged"))
     if counts["incomplete"] or counts["no evals"]:

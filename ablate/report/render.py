@@ -184,7 +184,8 @@ def _summary_rows(config_table: Any) -> tuple[list[str], list[list[str]]]:
         "verdict",
         "seeds reached",
         "tokens to target [95% CI]",
-        "relative token cost [95% CI]",
+        "relative token cost [95% CI] (method)",
+        "stalled seeds [95% CI]",
         "equal-loss token ratio [95% CI]",
         "final ppl",
         "step throughput gain",
@@ -200,6 +201,8 @@ def _summary_rows(config_table: Any) -> tuple[list[str], list[list[str]]]:
             cost, ratio = "reference", "reference"
         else:
             cost += _KIND_MARK.get(r["rel_token_cost_kind"], "")
+            method = r.get("rel_token_cost_method") or ""
+            cost += f" ({method})" if method else ""
             ratio = ratio_text(r)
         rows.append(
             [
@@ -213,6 +216,7 @@ def _summary_rows(config_table: Any) -> tuple[list[str], list[list[str]]]:
                     markup.tokens,
                 ),
                 cost,
+                _stall_text(r),
                 ratio,
                 markup.plus_minus(r["final_ppl_mean"], r["final_ppl_std"]),
                 f"{markup.times(r['throughput_gain'])} ({r['speedup_source']})",
@@ -227,6 +231,16 @@ def _summary_rows(config_table: Any) -> tuple[list[str], list[list[str]]]:
 
 
 _KIND_MARK = {"censored": " (censored)", "bound": ""}
+
+
+def _stall_text(r: Mapping[str, Any]) -> str:
+    """``1/2 [1%, 99%]``: seeds stalled of those judged, with the exact interval of the rate
+    (``stalls``); ``–`` where no seed could be judged."""
+    n = int(r.get("seeds_judged", 0) or 0)
+    if not n:
+        return "–"
+    k = int(r["seeds_stalled"])
+    return f"{k}/{n} [{r['stall_rate_lo']:.0%}, {r['stall_rate_hi']:.0%}]"
 
 
 def _by_speedup(r: Mapping[str, Any]) -> tuple[int, float]:
@@ -299,19 +313,36 @@ def _method(spec: SpeedupSection, config_table: Any, cell_table: Any) -> list[st
         "last evaluation. Kinds: *observed* (every seed reached), *censored* (an estimate using "
         "censored seeds), a *lower bound* `≥` when no seed reached. Final perplexity is over "
         "finished, non-diverged seeds; curves are the geometric mean of perplexity over seeds.",
+        "**Stalls**: at half its budget each finished run's perplexity is compared with what its "
+        "configuration's other seeds predict for it (each moved by how the two seeds stand in the "
+        "study's other configurations); a run more than 25% above is *stalled*: it sat on the "
+        "early plateau. Stalls are an outcome of their own: each configuration's rate has its "
+        "exact (Clopper-Pearson) 95% interval, Fisher's exact one-sided test asks whether it "
+        "stalls more often than the baseline (p < 0.05: *worse*, whatever its token cost), and "
+        "every other estimate (tokens to target, costs, ratios, a target derived from the "
+        "baseline) is of the runs that did not stall.",
         "**Relative token cost** = exp(μ_config − μ_baseline) − 1, the ratio of median tokens to "
-        "target. The 95% interval is the profile-likelihood interval of μ_config − μ_baseline with "
-        "the seed noise σ estimated from the two configurations' seeds and the Student-t quantile of "
-        "its residual degrees of freedom: exactly the pooled two-sample t interval on log tokens "
-        "when no seed is censored. Its coverage (93–97% at 3 seeds, with censoring) is checked by "
-        "simulation in the test suite. With fewer than two reached seeds, or none to spare for the "
-        "noise, there is no interval; identical token counts give no interval rather than an exact "
-        "one. When no seed reached the target the cost has a 95% lower bound only: the least the "
-        "seeds' censored tokens allow (each seed placed by its offset from the others on their own "
-        "curves), less the t quantile times the standard error with the seed noise of both sides; "
-        "it exceeds the true cost in under 2.5% of simulated studies. Where that bound is below "
-        "zero although every seed trained past the baseline's median tokens to target, the report "
-        "says what was observed (*not reached after 1.36x the baseline's tokens*).",
+        "target, with the method behind each interval in the table. *paired*: a seed starts every "
+        "configuration from the same weights, data order and random streams, so log tokens to "
+        "target = configuration effect + seed effect + noise, with the noise pooled over every "
+        "configuration of the study; the interval is the two-way least-squares t interval with "
+        "(runs − configurations − seeds + 1) degrees of freedom, or with censored seeds its "
+        "profile-likelihood generalisation (a censored-normal model). *paired-own*: the same "
+        "with the comparison's two configurations only, used when Bartlett's test finds the "
+        "configurations' noise unequal (p < 0.05). *unpaired*: the configuration and the "
+        "baseline share fewer than two seeds: the profile-likelihood interval with σ from the "
+        "two configurations' seeds, exactly the pooled two-sample t interval on log tokens when "
+        "no seed is censored. The coverage of each (93–97% over 2,000 simulated studies with "
+        "shared seed effects, censoring and stall-prone baselines) is measured by `python -m "
+        "ablate.bench.seeds` and checked in the test suite. With fewer than two reached seeds, "
+        "or none to spare for the noise, there is no interval; identical token counts give no "
+        "interval rather than an exact one. When no seed reached the target the cost has a 95% "
+        "lower bound only: the least the seeds' censored tokens allow (each seed placed by its "
+        "offset from the others on their own curves), less the t quantile times the standard "
+        "error with the seed noise of both sides; it exceeds the true cost in under 2.5% of "
+        "simulated studies. Where that bound is below zero although every seed trained past the "
+        "baseline's median tokens to target, the report says what was observed (*not reached "
+        "after 1.36x the baseline's tokens*).",
         "**Equal-loss token ratio**: at the end of training, the configuration's tokens divided by "
         "the tokens each baseline seed needed to first reach the same validation loss "
         "(interpolated on its curve): geometric mean over all (seed, baseline seed) pairs, 95% "

@@ -96,3 +96,37 @@ def normal_quantile(p: float) -> float:
 def t975(df: float) -> float:
     """The 0.975 quantile of Student's t: the half-width factor of a two-sided 95% interval."""
     return t_quantile(0.975, df)
+
+
+def chi2_sf(x: float, df: float) -> float:
+    """P(X > x) for X chi-squared with ``df`` degrees of freedom: the regularized upper incomplete
+    gamma function Q(df / 2, x / 2), by its series below a + 1 and its continued fraction above."""
+    if not df > 0:
+        raise ValueError(f"degrees of freedom must be > 0, got {df}")
+    if x <= 0:
+        return 1.0
+    a, z = df / 2, x / 2
+    log_front = a * math.log(z) - z - math.lgamma(a)
+    if z < a + 1:
+        term = total = 1 / a
+        for n in range(1, 1000):
+            term *= z / (a + n)
+            total += term
+            if abs(term) < abs(total) * 1e-16:
+                break
+        return max(0.0, 1 - math.exp(log_front) * total)
+    tiny = 1e-300
+    b = z + 1 - a
+    c, d = 1 / tiny, 1 / b
+    h = d
+    for n in range(1, 1000):
+        an = -n * (n - a)
+        b += 2
+        d = an * d + b
+        d = 1 / (d if abs(d) > tiny else tiny)
+        c = b + an / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        if abs(d * c - 1) < 1e-16:
+            break
+    return math.exp(log_front) * h

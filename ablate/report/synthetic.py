@@ -11,8 +11,9 @@ story (FP8 baseline; Fprop, then Dgrad, then Wgrad in MXFP4; interventions on th
 
 For the simulation tests, ``seed_curves`` draws many studies' seeds at once on that model (a
 seed's stretch k = r * exp(sigma * z): log-normal seed noise sigma on the tokens to any loss,
-true relative token cost and equal-loss ratio r - 1 and r), and ``crossings`` reads their tokens
-to a target, as ``ablate.targets.tokens_to_target`` does, for all of them at once.
+true relative token cost and equal-loss ratio r - 1 and r), ``stall_curves`` the same with some
+seeds held on a plateau for a while (``ablate.report.stalls``), and ``crossings`` reads their
+tokens to a target, as ``ablate.targets.tokens_to_target`` does, for all of them at once.
 """
 
 from __future__ import annotations
@@ -142,6 +143,30 @@ def seed_curves(
     tokens = every * np.arange(1, int(round(budget / every)) + 1)
     k = np.asarray(stretch, dtype=float)[..., None]
     loss = base_loss(tokens / k) + noise * rng.standard_normal((*k.shape[:-1], len(tokens)))
+    return tokens, np.exp(loss)
+
+
+def stall_curves(
+    rng: np.random.Generator,
+    stretch: np.ndarray,
+    escape: np.ndarray,
+    budget: float,
+    *,
+    plateau: float = 0.05,
+    evals: int = 40,
+    noise: float = 0.002,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``seed_curves`` with stalls: a seed whose ``escape`` (same shape as ``stretch``, tokens) is
+    positive sits on a plateau, the loss its curve had at ``plateau`` of ``T_SCALE`` (stretched),
+    for ``escape`` tokens, then goes on as before, ``escape`` tokens late: its tokens to any loss
+    below the plateau are k * t + escape. Zero escape: an ordinary seed."""
+    every = T_SCALE / evals
+    tokens = every * np.arange(1, int(round(budget / every)) + 1)
+    k = np.asarray(stretch, dtype=float)[..., None]
+    e = np.asarray(escape, dtype=float)[..., None]
+    enter = plateau * T_SCALE * k
+    own = np.where(tokens < enter, tokens, np.where(tokens < enter + e, enter, tokens - e))
+    loss = base_loss(own / k) + noise * rng.standard_normal((*k.shape[:-1], len(tokens)))
     return tokens, np.exp(loss)
 
 

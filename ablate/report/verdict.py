@@ -6,7 +6,9 @@ cost's interval carried through gain / (1 + cost)):
 
     better             the whole interval is above 1x
     worse              the whole interval is below 1x (for a cost that is only bounded below: the
-                       largest speedup it allows is below 1x)
+                       largest speedup it allows is below 1x), or it stalls more often than the
+                       baseline (``stalls``: Fisher's one-sided exact test, p < 0.05), whatever
+                       its cost on the runs that did not stall
     indistinguishable  the interval contains 1x
     undetermined       no interval (too few seeds reached, no spread, no throughput model, the
                        baseline never reached the target), or some seed diverged: an unstable
@@ -21,6 +23,7 @@ from typing import Any
 
 from ablate.report import markup
 from ablate.report.censored import half_width
+from ablate.report.stalls import STALL_P
 
 VERDICTS = ("better", "indistinguishable", "worse", "undetermined")
 HEADINGS = {
@@ -35,6 +38,10 @@ def verdict(r: Mapping[str, Any]) -> tuple[str, str]:
     """(verdict, why) of one configuration row of ``metrics.per_config``."""
     if r["baseline"]:
         return "baseline", ""
+    p = r.get("stall_p", math.nan)
+    if isinstance(p, float) and p < STALL_P:
+        k, n = r["seeds_stalled"], r["seeds_judged"]
+        return "worse", f"stalls more often than the baseline: {k}/{n} seeds, Fisher p = {p:.3f}"
     lo, hi = r["projected_speedup_lo"], r["projected_speedup_hi"]
     kind = r["rel_token_cost_kind"]
     if not math.isfinite(r["throughput_gain"]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -153,7 +154,7 @@ def _three_configs(study, baseline_reaches=True):
     return study(runs)
 
 
-def test_relative_token_cost_without_censoring_is_the_pooled_t_interval_on_log_tokens(study):
+def test_relative_token_cost_without_censoring_is_the_two_way_t_interval_on_log_tokens(study):
     cells, evals = _three_configs(study)
     table = per_config(per_cell(cells, evals, 4.0), evals=clean_evals(cells, evals))
     table = table.set_index("config")
@@ -161,13 +162,25 @@ def test_relative_token_cost_without_censoring_is_the_pooled_t_interval_on_log_t
     assert base["rel_token_cost"] == 0 and base["rel_token_cost_kind"] == "reference"
     # the baseline's median tokens: geometric mean of 100k, 200k, 300k
     assert base["tokens_to_target"] == pytest.approx((100e3 * 200e3 * 300e3) ** (1 / 3))
-    # log tokens: b = ln(1e5, 2e5, 3e5), x = ln(2e5, 3e5, 4e5); pooled two-sample t on them
-    b = [math.log(t) for t in (1e5, 2e5, 3e5)]
-    c = [math.log(t) for t in (2e5, 3e5, 4e5)]
-    d = statistics.fmean(c) - statistics.fmean(b)
-    s2 = (statistics.variance(b) * 2 + statistics.variance(c) * 2) / 4
-    half = 2.7764451051977987 * math.sqrt(s2 * (1 / 3 + 1 / 3))  # t(0.975, 4), scipy.stats
-    assert x["rel_token_cost_kind"] == "observed"
+    # seeds pair the configurations: log T = configuration + seed + noise over all 8 runs (b and
+    # x seeds 0-2, y seeds 0 and 2), least squares; df = 8 - 3 configurations - 3 seeds + 1 = 3
+    runs = [("b", 0, 1e5), ("b", 1, 2e5), ("b", 2, 3e5), ("x", 0, 2e5), ("x", 1, 3e5),
+            ("x", 2, 4e5), ("y", 0, 2e5), ("y", 2, 4e5)]  # fmt: skip
+    design = np.array(
+        [[c == "b", c == "x", c == "y", s == 1, s == 2] for c, s, _ in runs], dtype=float
+    )
+    logs = np.log([t for *_, t in runs])
+    coef = np.linalg.solve(design.T @ design, design.T @ logs)
+    resid = logs - design @ coef
+    s2 = float(resid @ resid) / 3
+    d = coef[1] - coef[0]
+    contrast = np.array([-1.0, 1.0, 0, 0, 0])
+    half = 3.182446305284263 * math.sqrt(
+        s2 * contrast @ np.linalg.inv(design.T @ design) @ contrast
+    )
+    # t(0.975, 3), scipy.stats
+    assert x["rel_token_cost_kind"] == "observed" and x["rel_token_cost_method"] == "paired"
+    assert x["rel_token_cost_df"] == 3
     assert x["rel_token_cost"] == pytest.approx(math.exp(d) - 1, rel=1e-9)
     assert x["rel_token_cost_lo"] == pytest.approx(math.expm1(d - half), abs=1e-6)
     assert x["rel_token_cost_hi"] == pytest.approx(math.expm1(d + half), abs=1e-6)

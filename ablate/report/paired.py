@@ -1,0 +1,338 @@
+"""Paired token costs: configuration effects plus seed blocks, the design the trainer runs (numpy).
+
+A seed starts every configuration of a study from the same initial weights, the same data order and
+the same base of the quantizer's random streams: seed i is a block, and the configurations are
+compared within it (common random numbers). The unpaired estimate (``censored.relative_cost``)
+ignores that: a seed that is slow for every configuration widens every interval. Here, for the runs
+that did not stall (``stalls``):
+
+    log T_ij = mu_j + a_i + e_ij,      e_ij ~ Normal(0, sigma^2)
+
+mu_j the configuration's effect, a_i seed i's (shared by every configuration), sigma the residual
+noise, pooled over the configurations (a two-way model; Tobit where some seeds are censored: a seed
+that did not reach the target contributes P(log T > log c), c the tokens it trained). The relative
+token cost is exp(mu_c - mu_b) - 1, as in ``censored``.
+
+Interval, with df = (runs) - (configurations) - (seeds) + 1 residual degrees of freedom:
+    no censored run   the two-way least-squares contrast, delta_hat +/- t_{0.975, df} se: exact
+                      under the model, for any pattern of missing runs (unbalanced designs too)
+    censored runs     the profile deviance of delta with sigma fixed at its small-sample estimate
+                      sigma_hat * sqrt(R / df_R), cut at t_{0.975, df_R}^2, with R the reached
+                      runs and df_R = R - (configurations + seeds - 1): the likelihood
+                      generalisation, as ``censored`` builds it for two configurations, with the
+                      degrees of freedom of the runs that reached. A censored run carries less
+                      than a reached one, and the seed effects are many parameters for a few
+                      runs: counted as full runs (df from all N runs, as ``censored`` counts them
+                      for two configurations) the interval covered 88-90% in simulation at a
+                      third of the runs censored; counted this way, 94-96%
+
+Which runs, and which variance (``Estimate.method``):
+    paired            the model over every configuration with a reached seed: sigma pooled, df
+                      (J - 1)(n - 1) in a complete design of J configurations and n seeds
+    paired-own        the configurations' residual variances differ (Bartlett's test over the
+                      configurations, p < 0.05): the comparison's own two configurations only,
+                      df n - 1 (the paired t interval on the seed-by-seed differences)
+    unpaired          the configuration and the baseline share fewer than two seeds, the seeds
+                      carry no numbers, or too few runs reached to leave a degree of freedom
+                      beside the seed effects: ``censored.relative_cost`` (its kinds, its bound)
+
+Seeds or configurations without a single reached run carry no information on their own effect
+(their maximum-likelihood effect is infinite) and are left out of the fit; a configuration with
+none is only bounded (``censored._cost_bound``). The coverage of each method is proven by
+simulation in ``tests/ablate/report/test_paired.py`` and tabled in docs/report.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ablate.report.censored import NONE, Estimate, Seeds, log_ndtr, mills, relative_cost
+from ablate.report.stats import chi2_sf, t975
+
+HETEROGENEITY_P = 0.05
+"""Bartlett's test below this p-value: a comparison uses its own configurations' variance."""
+
+_LOG_SIGMA_RANGE = (math.log(1e-6), math.log(20.0))
+
+
+@dataclass(frozen=True)
+class Design:
+    """The runs of a fit: configuration and seed index, log tokens, reached."""
+
+    configs: tuple[str, ...]
+    seeds: tuple[int, ...]
+    j: np.ndarray
+    i: np.ndarray
+    y: np.ndarray
+    reached: np.ndarray
+
+    @classmethod
+    def of(cls, groups: Mapping[str, Seeds]) -> Design:
+        """The runs of ``groups`` less every seed and configuration without a reached run
+        (repeatedly: leaving one out can leave another without one)."""
+        runs = [(c, s, math.log(t), ok) for c, g in groups.items() for s, t, ok in g.runs()]
+        while True:
+            good_c = {c for c, _, _, ok in runs if ok}
+            good_s = {s for _, s, _, ok in runs if ok}
+            kept = [r for r in runs if r[0] in good_c and r[1] in good_s]
+            if len(kept) == len(runs):
+                break
+            runs = kept
+        configs = tuple(c for c in groups if c in good_c)
+        seeds = tuple(sorted(good_s))
+        cix, six = {c: k for k, c in enumerate(configs)}, {s: k for k, s in enumerate(seeds)}
+        return cls(
+            configs,
+            seeds,
+            np.array([cix[c] for c, *_ in runs], dtype=int),
+            np.array([six[s] for _, s, *_ in runs], dtype=int),
+            np.array([y for *_, y, _ in runs], dtype=float),
+            np.array([ok for *_, ok in runs], dtype=bool),
+        )
+
+    @property
+    def n(self) -> int:
+        return len(self.y)
+
+    def matrix(self, merge: tuple[int, int] | None = None) -> np.ndarray:
+        """The design matrix: one column per configuration, one per seed but the first. With
+        ``merge = (c, b)`` configuration c's column is folded into b's (mu_c = mu_b + offset)."""
+        x = np.zeros((self.n, len(self.configs) + len(self.seeds) - 1))
+        x[np.arange(self.n), self.j] = 1.0
+        rest = self.i > 0
+        x[np.flatnonzero(rest), len(self.configs) + self.i[rest] - 1] = 1.0
+        if merge is not None:
+            c, b = merge
+            x[:, b] += x[:, c]
+            x = np.delete(x, c, axis=1)
+        return x
+
+    @property
+    def df(self) -> int:
+        """Residual degrees of freedom: runs less the rank of the design (J + n - 1 when the
+        seeds connect every configuration)."""
+        if not self.n:
+            return 0
+        return self.n - int(np.linalg.matrix_rank(self.matrix()))
+
+
+class _Tobit:
+    """The censored-normal log-likelihood of a design at a fixed sigma, as a function of the
+    linear predictor's coefficients (concave: Newton converges from anywhere)."""
+
+    def __init__(self, d: Design, x: np.ndarray, sigma: float, offset: np.ndarray) -> None:
+        self.d, self.x, self.s, self.offset = d, x, sigma, offset
+
+    def _parts(self, beta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        d, s = self.d, self.s
+        eta = self.x @ beta + self.offset
+        z = (d.y - eta) / s
+        ll, g, h = np.empty(d.n), np.empty(d.n), np.empty(d.n)
+        ok = d.reached
+        ll[ok] = -0.5 * z[ok] ** 2 - math.log(s)
+        g[ok] = z[ok] / s
+        h[ok] = -1 / s**2
+        for k in np.flatnonzero(~ok):  # log P(log T > log c) = log Phi((eta - c) / s)
+            zc = -float(z[k])
+            m = mills(zc)
+            ll[k] = log_ndtr(zc)
+            g[k] = m / s
+            h[k] = -m * (zc + m) / s**2
+        return float(ll.sum()), self.x.T @ g, (self.x.T * h) @ self.x
+
+    def maximize(self, beta: np.ndarray) -> tuple[np.ndarray, float]:
+        f, g, h = self._parts(beta)
+        for _ in range(100):
+            step = np.linalg.lstsq(-h, g, rcond=None)[0]
+            while True:
+                nf = self._parts(beta + step)[0]
+                if nf >= f - 1e-12 or float(np.abs(step).max()) < 1e-12:
+                    break
+                step = step / 2
+            beta = beta + step
+            done = float(np.abs(step).max()) < 1e-10
+            f, g, h = self._parts(beta)
+            if done:
+                break
+        return beta, f
+
+
+def _start(d: Design, x: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """Least squares on every run's log tokens (a censored one at its limit)."""
+    return np.linalg.lstsq(x, d.y - offset, rcond=None)[0]
+
+
+def _fit_sigma(d: Design) -> float:
+    """sigma's maximum-likelihood estimate (0 when the runs leave no spread)."""
+    x, zero = d.matrix(), np.zeros(d.n)
+    beta = [_start(d, x, zero)]
+
+    def profile(log_s: float) -> float:
+        beta[0], f = _Tobit(d, x, math.exp(log_s), zero).maximize(beta[0])
+        return f
+
+    lo, hi = _LOG_SIGMA_RANGE
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, e = b - g * (b - a), a + g * (b - a)
+    fc, fe = profile(c), profile(e)
+    while b - a > 1e-6:
+        if fc > fe:
+            b, e, fe = e, c, fc
+            c = b - g * (b - a)
+            fc = profile(c)
+        else:
+            a, c, fc = c, e, fe
+            e = a + g * (b - a)
+            fe = profile(e)
+    log_s = (a + b) / 2
+    return 0.0 if log_s <= lo + 1e-3 else math.exp(log_s)
+
+
+def _least_squares(d: Design, c: int, b: int) -> tuple[float, float, float]:
+    """(delta_hat, se, residual sd) of mu_c - mu_b without censoring."""
+    x = d.matrix()
+    beta, *_ = np.linalg.lstsq(x, d.y, rcond=None)
+    resid = d.y - x @ beta
+    s = math.sqrt(float(resid @ resid) / d.df)
+    contrast = np.zeros(x.shape[1])
+    contrast[c], contrast[b] = 1.0, -1.0
+    cov = np.linalg.pinv(x.T @ x)
+    return float(beta[c] - beta[b]), s * math.sqrt(float(contrast @ cov @ contrast)), s
+
+
+def _profile(d: Design, c: int, b: int, s: float, df: int) -> tuple[float, float, float]:
+    """(delta_hat, lo, hi) of mu_c - mu_b by the profile deviance at sigma = s, cut at
+    t_{0.975, df}^2."""
+    x, zero = d.matrix(), np.zeros(d.n)
+    beta, top = _Tobit(d, x, s, zero).maximize(_start(d, x, zero))
+    d_hat = float(beta[c] - beta[b])
+    merged = d.matrix((c, b))
+    in_c = (d.j == c).astype(float)
+    start = [np.delete(beta, c)]
+
+    def dev(delta: float) -> float:
+        start[0], f = _Tobit(d, merged, s, delta * in_c).maximize(start[0])
+        return 2 * (top - f)
+
+    q = t975(df) ** 2
+
+    def end(direction: float) -> float:
+        start[0] = np.delete(beta, c)
+        inside, step = d_hat, s
+        for _ in range(60):
+            out = inside + direction * step
+            if dev(out) > q:
+                break
+            inside, step = out, step * 2
+        else:
+            return direction * math.inf
+        for _ in range(80):
+            mid = (inside + out) / 2
+            if dev(mid) > q:
+                out = mid
+            else:
+                inside = mid
+            if abs(out - inside) < 1e-9 * max(1.0, abs(mid)):
+                break
+        return (inside + out) / 2
+
+    return d_hat, end(-1.0), end(1.0)
+
+
+def _contrast(d: Design, c: str, b: str, method: str) -> Estimate:
+    """The relative token cost of ``c`` against ``b`` in the two-way model of design ``d``."""
+    if d.df < 1:
+        return NONE
+    ci, bi = d.configs.index(c), d.configs.index(b)
+    censored = not d.reached.all()
+    kind = "censored" if censored else "observed"
+    if not censored:
+        delta, se, s = _least_squares(d, ci, bi)
+        if not s > 0:
+            return Estimate(math.expm1(delta), math.nan, math.nan, kind, 0.0, d.df, method)
+        half = t975(d.df) * se
+        return Estimate(
+            math.expm1(delta), math.expm1(delta - half), math.expm1(delta + half), kind, s,
+            d.df, method,
+        )  # fmt: skip
+    sigma = _fit_sigma(d)
+    df = int(d.reached.sum()) - (d.n - d.df)  # the reached runs' residual degrees of freedom
+    if df < 1:
+        return NONE  # too few reached runs for the seed effects: the unpaired estimate instead
+    if not sigma > 0:
+        return Estimate(math.nan, math.nan, math.nan, kind, sigma, df, method)
+    s = sigma * math.sqrt(int(d.reached.sum()) / df)
+    delta, lo, hi = _profile(d, ci, bi, s, df)
+    return Estimate(math.expm1(delta), math.expm1(lo), math.expm1(hi), kind, s, df, method)
+
+
+def heterogeneity_p(d: Design) -> float:
+    """Bartlett's test that the configurations' residual variances are equal, on the reached
+    runs' residuals of the pooled least-squares fit (each configuration's degrees of freedom its
+    share of the residual ones, by leverage); NaN where it cannot be computed."""
+    ok = d.reached
+    x = d.matrix()[ok]
+    y, j = d.y[ok], d.j[ok]
+    df = len(y) - np.linalg.matrix_rank(x)
+    if df < 2:
+        return math.nan
+    beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+    resid = y - x @ beta
+    lev = np.einsum("ij,ji->i", x, np.linalg.pinv(x.T @ x) @ x.T)
+    dfs = np.array([float((1 - lev[j == k]).sum()) for k in range(len(d.configs))])
+    ss = np.array([float((resid[j == k] ** 2).sum()) for k in range(len(d.configs))])
+    keep = dfs > 0.5
+    if keep.sum() < 2 or not (ss[keep] > 0).all():
+        return math.nan
+    dfs, ss = dfs[keep], ss[keep]
+    total = float(dfs.sum())
+    pooled = float(ss.sum()) / total
+    stat = total * math.log(pooled) - float((dfs * np.log(ss / dfs)).sum())
+    corr = 1 + (float((1 / dfs).sum()) - 1 / total) / (3 * (len(dfs) - 1))
+    return chi2_sf(stat / corr, len(dfs) - 1)
+
+
+def matched(cfg: Seeds, base: Seeds) -> int:
+    """How many seed numbers the configuration and the baseline share."""
+    return len(set(cfg.ids) & set(base.ids))
+
+
+def paired_costs(
+    groups: Mapping[str, Seeds],
+    baseline: str,
+    offsets: Mapping[str, Sequence[float] | None] | None = None,
+) -> dict[str, Estimate]:
+    """Every configuration's relative token cost against ``baseline`` (module docstring); the
+    baseline itself is left out. ``groups``: each configuration's seeds with their ids (the
+    runs that stalled already removed); ``offsets``: per configuration, what
+    ``censored.relative_cost`` takes for its lower bound when none of its seeds reached."""
+    offsets = offsets or {}
+    base = groups[baseline]
+    full = Design.of(groups)
+    p = heterogeneity_p(full) if len(full.configs) > 2 else math.nan
+    pooled = not p < HETEROGENEITY_P
+    out = {}
+    for name, seeds in groups.items():
+        if name == baseline:
+            continue
+        unpaired = _unpaired(seeds, base, offsets.get(name))
+        if not seeds.reached or not base.reached or matched(seeds, base) < 2:
+            out[name] = unpaired
+            continue
+        d = full if pooled else Design.of({baseline: base, name: seeds})
+        if name not in d.configs or baseline not in d.configs:
+            out[name] = unpaired
+            continue
+        est = _contrast(d, name, baseline, "paired" if pooled else "paired-own")
+        out[name] = est if est.kind != "none" else unpaired
+    return out
+
+
+def _unpaired(cfg: Seeds, base: Seeds, offsets: Sequence[float] | None = None) -> Estimate:
+    e = relative_cost(cfg, base, offsets)
+    return Estimate(e.value, e.lo, e.hi, e.kind, e.sigma, e.df, "unpaired")
