@@ -8,6 +8,7 @@ Modules, one per group of commands (``main`` gathers them):
 
     common   what every command shares: loading a study, the options, exit statuses
     plan     ``validate``, ``plan`` and ``schema``: a study looked at before it runs
+    seeds    ``plan``'s seed section: the seeds each comparison needs, from a noise model
     study    ``run``, ``status``, ``adopt`` and ``ui``: running a study, looking at its runs
     recipe   ``recipe``: what a recipe resolves to, operand by operand
     data     ``data prepare`` and ``data show``: a study's data prepared before it runs

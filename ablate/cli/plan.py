@@ -65,6 +65,48 @@ def _device_memory(ctx: click.Context, param: click.Parameter, value: str | None
     help="Sustained TFLOP/s per GPU for the GPU-hours estimate (default 400: an H100's dense "
     "BF16 at 40%).",
 )
+@click.option(
+    "--noise-from",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    metavar="STUDY",
+    help="A finished study (its YAML file) whose report measures the noise model of the seed "
+    "plan: the paired residual sd of log tokens to target and the stall rate.",
+)
+@click.option(
+    "--noise-output",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="The --noise-from study's output folder, where it is not its default.",
+)
+@click.option(
+    "--noise",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SIGMA",
+    help="Declare the paired residual sd of log tokens to target instead (e.g. 0.06).",
+)
+@click.option(
+    "--stall-rate",
+    type=click.FloatRange(min=0, max=1, max_open=True),
+    default=None,
+    help="With --noise: the share of runs that stall (default 0).",
+)
+@click.option(
+    "--margin",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Decide a relative token cost this far from the break-even, e.g. 0.05 (default: each "
+    "configuration's break-even cost, from its modelled step-throughput gain).",
+)
+@click.option(
+    "--power",
+    type=click.FloatRange(min=0.5, max=1, max_open=True),
+    default=0.8,
+    show_default=True,
+    help="The probability that the seed plan decides each comparison.",
+)
 def plan(
     study_file: str,
     output: str | None,
@@ -76,6 +118,12 @@ def plan(
     as_json: bool,
     device_memory: int | None,
     gpu_tflops: float | None,
+    noise_from: str | None,
+    noise_output: str | None,
+    noise: float | None,
+    stall_rate: float | None,
+    margin: float | None,
+    power: float,
 ) -> None:
     """Show the expanded cells and what `run` would do to each: run, resume, skip, failed.
 
@@ -85,20 +133,35 @@ def plan(
     with a warning for those that exceed the device's memory: --device-memory, else the visible
     GPU's for cells that train on CUDA. Reads the study's MLflow store if there is one; creates
     nothing. And the compute of the cells to run: the FLOPs of the steps they train (decay
-    branches from their branch points) and the GPU-hours at --gpu-tflops sustained per GPU.
+    branches from their branch points) and the GPU-hours at --gpu-tflops sustained per GPU. And
+    the seeds each comparison needs to be decided at --power (paired seeds; the noise from
+    --noise-from a finished study, or --noise), with their GPU-hours.
 
     \b
     Example:
         ablate plan studies/mxfp4_wgrad.yaml
         ablate plan study.yaml --device-memory 80GiB
         ablate plan studies/ladder_8b.yaml --gpu-tflops 400
+        ablate plan studies/mxfp4_wgrad_8b.yaml --noise-from studies/quickstart.yaml
     """
+    from ablate.cli.seeds import echo_seed_plan, measured_noise, noise_model, seed_rows
     from ablate.driver import branching
     from ablate.driver.compute import SUSTAINED_TFLOPS, compute
     from ablate.driver.planning import plan as plan_study
     from ablate.driver.planning import summarize
 
+    if noise_from is not None and noise is not None:
+        raise click.UsageError("give --noise-from or --noise, not both")
+    if noise_output is not None and noise_from is None:
+        raise click.UsageError("--noise-output goes with --noise-from")
+    if stall_rate is not None and noise is None:
+        raise click.UsageError("--stall-rate goes with --noise (--noise-from measures it)")
     study = load(study_file, output, max_cells, tracking_uri)
+    model = (
+        measured_noise(noise_from, noise_output, None)
+        if noise_from is not None
+        else noise_model(noise, stall_rate)
+    )
     _checks(study, address, memory=False)  # the estimates are shown below, over a limit warned
     planned = plan_study(study, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
     mem = _memory_estimates(study, device_memory)
@@ -138,6 +201,7 @@ def plan(
                 "gpu_tflops": tflops,
                 "gpu_hours": cost.gpu_hours(tflops),
             },
+            "seeds": seed_rows(study, model, margin, power, tflops),
         }
         doc = {"study": study.name, "cells": rows, **totals}
         click.echo(json.dumps(doc, indent=2, default=str))
@@ -165,6 +229,7 @@ def plan(
         f"{cost.gpu_hours(tflops):,.0f} GPU-hours at {tflops:g} TFLOP/s sustained per GPU "
         "(--gpu-tflops; training only, as native GEMMs run it)"
     )
+    echo_seed_plan(study, model, margin, power, tflops)
     from ablate.train.memory import format_bytes
 
     click.echo("memory per device (estimate):")

@@ -35,7 +35,8 @@ class Compute:
         return self.flops / (tflops * 1e12) / 3600
 
 
-def _per_token(cell: object) -> float:
+def flops_per_token_of(cell: object) -> float:
+    """A cell's training FLOPs per token (module docstring)."""
     config = cell.config  # type: ignore[attr-defined]
     model = config.model
     if model.hf is not None:
@@ -58,7 +59,7 @@ def compute(study: Study, planned: Iterable[PlannedCell]) -> Compute:
         n = t.steps - branching.start_step(study, p, by_key, members.get(p.cell.key))
         shape = repr((p.cell.config.model.to_dict(), t.seq_len))
         if shape not in per_token:
-            per_token[shape] = _per_token(p.cell)
+            per_token[shape] = flops_per_token_of(p.cell)
         steps += n
         tokens += n * t.tokens_per_step
         flops += n * t.tokens_per_step * per_token[shape]

@@ -16,6 +16,8 @@ Modules, by concept:
                  censored-normal where seeds are censored), the method behind each interval
     stalls       runs held on a plateau: which stalled, the rate per configuration with its exact
                  interval, Fisher's test against the baseline
+    planner      the seeds a decision needs at a stated power, from a noise model (``ablate
+                 plan`` and the report's seed note)
     equal_loss   the equal-loss token ratio against the baseline's curves, censored pairs included
     verdict      better / indistinguishable / worse / undetermined, and the power note
     metrics      resolve_target, per_cell, per_config, report_notes (pandas; the tokens-to-target

@@ -21,8 +21,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import pandas as pd
+
 from ablate.report import markup
-from ablate.report.censored import half_width
+from ablate.report.planner import Noise, default_margin, seeds_needed
 from ablate.report.stalls import STALL_P
 
 VERDICTS = ("better", "indistinguishable", "worse", "undetermined")
@@ -110,12 +112,17 @@ def _item(r: Mapping[str, Any], why: str) -> str:
 
 
 def power_note(config_table: Any) -> str | None:
-    """When some configuration has fewer than 3 seeds: how wide its intervals are, and what 3 and
-    5 seeds would resolve, from the seed noise the study measured (median over comparisons)."""
+    """How wide the study's intervals are, and how many seeds would decide its comparisons at
+    80% power (``planner``), from the noise the study measured: the paired residual sd (median
+    over its paired comparisons; else the unpaired seed noise) and its stall rate. The margin is
+    the median break-even cost of the configurations' step-throughput gains."""
     rows = config_table[~config_table["baseline"].astype(bool)]
-    if len(rows) == 0 or int(config_table["seeds_total"].min()) >= 3:
+    if len(rows) == 0:
         return None
-    sigmas = [s for s in rows["log_sigma"] if isinstance(s, float) and s > 0 and math.isfinite(s)]
+    methods = rows.get("rel_token_cost_method")
+    paired = rows[methods.isin(["paired", "paired-own"])] if methods is not None else rows[:0]
+    source = paired if len(paired) else rows
+    sigmas = [s for s in source["log_sigma"] if isinstance(s, float) and s > 0 and math.isfinite(s)]
     widths = [
         (hi - lo) / 2
         for lo, hi in zip(rows["rel_token_cost_lo"], rows["rel_token_cost_hi"], strict=True)
@@ -128,15 +135,32 @@ def power_note(config_table: Any) -> str | None:
             "estimated, so no configuration has an interval: run 3 or more seeds."
         )
     sigma = sorted(sigmas)[len(sigmas) // 2]
+    judged = int(config_table.get("seeds_judged", pd.Series([0])).sum())
+    stalled = int(config_table.get("seeds_stalled", pd.Series([0])).sum())
+    noise = Noise(sigma, min(stalled / judged, 0.9) if judged else 0.0, "this study")
     now = (
         f"the relative-cost intervals span about ±{sorted(widths)[len(widths) // 2]:.0%}"
         if widths
         else "no relative cost has an interval"
     )
+    margins = sorted(
+        m for m in (default_margin(g) for g in rows["throughput_gain"]) if math.isfinite(m)
+    )
+    if not margins:
+        plan = ""
+    else:
+        margin = margins[len(margins) // 2]
+        need = seeds_needed(margin, noise, len(config_table))
+        plan = (
+            f"; deciding a break-even of {math.expm1(margin):+.0%} tokens at 80% power takes "
+            + (f"{need} seeds per configuration" if need else "more than 10,000 seeds")
+        )
+    kind = "paired residual" if len(paired) else "unpaired seed noise"
+    stalls = f", {stalled} of {judged} runs stalled" if judged else ""
     return (
-        f"With {n} seeds per configuration {now}; 3 seeds would separate about "
-        f"±{half_width(sigma, 3):.0%} and 5 seeds ±{half_width(sigma, 5):.0%} (from the seed "
-        f"noise measured here, σ = {sigma:.3f} in log tokens to target)."
+        f"With {n} seed{'s' if n != 1 else ''} per configuration {now}{plan} (from the seed "
+        f"noise measured here, σ = {sigma:.3f} in log tokens to target, the {kind}{stalls}; "
+        "`ablate plan --noise-from` plans each comparison)."
     )
 
 

@@ -161,6 +161,20 @@ def test_validate_plan_and_schema(tmp_path):
     d = json.loads(res.stdout)
     assert [c["action"] for c in d["cells"]] == ["run", "run"]
     assert [c["baseline"] for c in d["cells"]] == [True, False]
+    # the seed plan: per comparison, the seeds that decide its break-even at 80% power
+    (fprop,) = d["seeds"]["comparisons"]
+    assert fprop["config"] == "mxfp4[fprop]/bf16" and fprop["seeds"] >= 2
+    assert d["seeds"]["noise"]["source"].startswith("assumed")
+    res = CliRunner().invoke(
+        main, ["plan", str(p), "-o", str(out), "--noise", "0.06", "--stall-rate", "0.1",
+               "--margin", "0.05"]
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "seeds to decide each comparison at 80% power" in res.output
+    assert "sigma 0.06 in log tokens to target, 10% of runs stall, declared" in res.output
+    assert "a margin of +5.0% tokens: " in res.output
+    res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out), "--stall-rate", "0.1"])
+    assert res.exit_code == 2 and "--stall-rate goes with --noise" in res.output
     res = CliRunner().invoke(main, ["schema"])
     assert json.loads(res.stdout)["title"] == "StudyFile"
     # a baseline trained past the budget: plan says so, for the study and on its cells
@@ -189,6 +203,13 @@ def test_run_local_then_status_and_plan_say_skip(tmp_path, monkeypatch):
     assert all(r["step"] == 4 for r in rows)
     res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out)])
     assert "would: skip 2" in res.output
+    # one seed per configuration: no paired comparison to measure the noise on, said so
+    res = CliRunner().invoke(main, ["plan", str(p), "--noise-from", str(p)])
+    assert res.exit_code == 2 and "no MLflow store" in res.output  # not where it ran
+    res = CliRunner().invoke(
+        main, ["plan", str(p), "--noise-from", str(p), "--noise-output", str(out)]
+    )
+    assert res.exit_code == 2 and "no comparison there has a paired interval" in res.output
     assert (tmp_path / "reports" / "clitest" / "report.md").exists()
     from mlflow.tracking import MlflowClient
 
