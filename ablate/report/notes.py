@@ -45,7 +45,6 @@ def config_notes(
     """One configuration's notes (``after``: ``not_reached_after``)."""
     notes = []
     base_reached = bool(base_seeds.reached)
-    reached = counts["reached"]
     if not seeds.reached:
         who = "the baseline" if is_base else "no seed"
         yet = counts["incomplete"] + counts["no evals"] > 0  # still running: "not yet", not "never"
@@ -70,10 +69,11 @@ def config_notes(
                     else ""
                 )
             )
-    elif reached < len(sub):
+    elif seeds.censored:
+        live = "" if seeds.n == len(sub) else " of those that did not stall"
         notes.append(
-            f"{reached}/{len(sub)} seeds reached; the others are censored at their last "
-            "evaluation in the estimate"
+            f"{len(seeds.reached)}/{seeds.n} seeds{live} reached; the others are censored at "
+            "their last evaluation in the estimate"
         )
     if "stalled" in sub and sub["stalled"].astype(bool).any():
         stalled = ", ".join(str(x) for x in sub.loc[sub["stalled"].astype(bool), "seed"])
@@ -159,9 +159,16 @@ def report_notes(config_table: Any, target_ppl: float) -> list[str]:
             f"so relative token costs and projected speedups are undefined (NaN){advice}"
         )
     elif base["seeds_reached"] < base["seeds_total"]:
+        stalled = int(base.get("seeds_stalled", 0) or 0)
+        others = (
+            f"{stalled} stalled and {'is' if stalled == 1 else 'are'} left out of every estimate"
+            if stalled >= base["seeds_total"] - base["seeds_reached"]
+            else "the others are censored at their last evaluation in every comparison"
+            + (f" ({stalled} stalled: left out)" if stalled else "")
+        )
         notes.append(
             f"Only {base['seeds_reached']}/{base['seeds_total']} baseline seeds reached the target; "
-            "the others are censored at their last evaluation in every comparison."
+            f"{others}."
         )
     most = int(config_table["seeds_total"].max())
     short = config_table[config_table["seeds_total"] < most]

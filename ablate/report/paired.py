@@ -32,9 +32,13 @@ Which runs, and which variance (``Estimate.method``):
     paired-own        the configurations' residual variances differ (Bartlett's test over the
                       configurations, p < 0.05): the comparison's own two configurations only,
                       df n - 1 (the paired t interval on the seed-by-seed differences)
-    unpaired          the configuration and the baseline share fewer than two seeds, the seeds
-                      carry no numbers, or too few runs reached to leave a degree of freedom
-                      beside the seed effects: ``censored.relative_cost`` (its kinds, its bound)
+    unpaired          the configuration and the baseline share no seed, the seeds carry no
+                      numbers, or too few runs reached to leave a degree of freedom beside the
+                      seed effects: ``censored.relative_cost`` (its kinds, its bound)
+
+One shared seed is enough to pair: the seed effects are estimated from every configuration that
+ran the seeds, so a baseline left with one seed that did not stall is still compared within
+blocks (its noise then comes from the other configurations, which is what pooling assumes).
 
 Seeds or configurations without a single reached run carry no information on their own effect
 (their maximum-likelihood effect is infinite) and are left out of the fit; a configuration with
@@ -254,12 +258,11 @@ def _contrast(d: Design, c: str, b: str, method: str) -> Estimate:
     if not censored:
         delta, se, s = _least_squares(d, ci, bi)
         if not s > 0:
-            return Estimate(math.expm1(delta), math.nan, math.nan, kind, 0.0, d.df, method)
+            return Estimate(_cost(delta), math.nan, math.nan, kind, 0.0, d.df, method)
         half = t975(d.df) * se
         return Estimate(
-            math.expm1(delta), math.expm1(delta - half), math.expm1(delta + half), kind, s,
-            d.df, method,
-        )  # fmt: skip
+            _cost(delta), _cost(delta - half), _cost(delta + half), kind, s, d.df, method
+        )
     sigma = _fit_sigma(d)
     df = int(d.reached.sum()) - (d.n - d.df)  # the reached runs' residual degrees of freedom
     if df < 1:
@@ -268,7 +271,12 @@ def _contrast(d: Design, c: str, b: str, method: str) -> Estimate:
         return Estimate(math.nan, math.nan, math.nan, kind, sigma, df, method)
     s = sigma * math.sqrt(int(d.reached.sum()) / df)
     delta, lo, hi = _profile(d, ci, bi, s, df)
-    return Estimate(math.expm1(delta), math.expm1(lo), math.expm1(hi), kind, s, df, method)
+    return Estimate(_cost(delta), _cost(lo), _cost(hi), kind, s, df, method)
+
+
+def _cost(log_ratio: float) -> float:
+    """exp(x) - 1, +inf past what a float holds (an interval end that far says only "unbounded")."""
+    return math.expm1(log_ratio) if log_ratio < 700 else math.inf
 
 
 def heterogeneity_p(d: Design) -> float:
@@ -321,7 +329,7 @@ def paired_costs(
         if name == baseline:
             continue
         unpaired = _unpaired(seeds, base, offsets.get(name))
-        if not seeds.reached or not base.reached or matched(seeds, base) < 2:
+        if not seeds.reached or not base.reached or matched(seeds, base) < 1:
             out[name] = unpaired
             continue
         d = full if pooled else Design.of({baseline: base, name: seeds})
