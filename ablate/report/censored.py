@@ -174,7 +174,8 @@ def _maximize(
     return x
 
 
-def _golden_max(f: Callable[[float], float], a: float, b: float, tol: float = 1e-7) -> float:
+def golden_max(f: Callable[[float], float], a: float, b: float, tol: float = 1e-7) -> float:
+    """Argmax of a unimodal ``f`` on [a, b] by golden-section search."""
     g = (math.sqrt(5) - 1) / 2
     c, d = b - g * (b - a), a + g * (b - a)
     fc, fd = f(c), f(d)
@@ -190,7 +191,7 @@ def _golden_max(f: Callable[[float], float], a: float, b: float, tol: float = 1e
     return (a + b) / 2
 
 
-_LOG_SIGMA_RANGE = (math.log(1e-6), math.log(20.0))
+LOG_SIGMA_RANGE = (math.log(1e-6), math.log(20.0))
 
 
 def _fit_sigma(groups: Sequence[Seeds]) -> tuple[float, int, int]:
@@ -210,13 +211,13 @@ def _fit_sigma(groups: Sequence[Seeds]) -> tuple[float, int, int]:
             total += grp.ll(_maximize(grp.ll, grp.d1, grp.d2, grp.start()))
         return total
 
-    log_s = _golden_max(profile, *_LOG_SIGMA_RANGE)
-    if log_s <= _LOG_SIGMA_RANGE[0] + 1e-3:
+    log_s = golden_max(profile, *LOG_SIGMA_RANGE)
+    if log_s <= LOG_SIGMA_RANGE[0] + 1e-3:
         return 0.0, n_obs, df
     return math.exp(log_s), n_obs, df
 
 
-def _interval(
+def profile_interval(
     dev: Callable[[float], float], x_hat: float, q: float, scale: float
 ) -> tuple[float, float]:
     """{x : dev(x) <= q} around the minimum x_hat of a deviance that rises on both sides (an end
@@ -262,7 +263,7 @@ def tokens_estimate(seeds: Seeds) -> Estimate:
     grp = _Group(seeds, s)
     mu = _maximize(grp.ll, grp.d1, grp.d2, grp.start())
     top = grp.ll(mu)
-    lo, hi = _interval(lambda m: 2 * (top - grp.ll(m)), mu, t975(df) ** 2, s)
+    lo, hi = profile_interval(lambda m: 2 * (top - grp.ll(m)), mu, t975(df) ** 2, s)
     return Estimate(math.exp(mu), math.exp(lo), math.exp(hi), kind, s, df)
 
 
@@ -303,7 +304,7 @@ def _pooled_t(cfg: Sequence[float], base: Sequence[float]) -> Estimate:
     ss = sum((x - mc) ** 2 for x in lc) + sum((x - mb) ** 2 for x in lb)
     n_obs = len(lc) + len(lb)
     df = n_obs - 2
-    if math.sqrt(ss / n_obs) <= math.exp(_LOG_SIGMA_RANGE[0] + 1e-3):  # no spread: no interval
+    if math.sqrt(ss / n_obs) <= math.exp(LOG_SIGMA_RANGE[0] + 1e-3):  # no spread: no interval
         return Estimate(math.expm1(mc - mb), math.nan, math.nan, "observed", 0.0, df)
     s = math.sqrt(ss / df)
     half = t975(df) * s * math.sqrt(1 / len(lc) + 1 / len(lb))
@@ -328,7 +329,7 @@ def _profile_delta(gc: _Group, gb: _Group, s: float, df: int, kind: str) -> Esti
         return 2 * (top - gc.ll(m + delta) - gb.ll(m))
 
     d_hat = mu_c - mu_b
-    lo, hi = _interval(dev, d_hat, t975(df) ** 2, s)
+    lo, hi = profile_interval(dev, d_hat, t975(df) ** 2, s)
     return Estimate(math.exp(d_hat) - 1, math.expm1(lo), math.expm1(hi), kind, s, df)
 
 

@@ -54,13 +54,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ablate.report.censored import NONE, Estimate, Seeds, log_ndtr, mills, relative_cost
+from ablate.report.censored import (
+    LOG_SIGMA_RANGE,
+    NONE,
+    Estimate,
+    Seeds,
+    golden_max,
+    log_ndtr,
+    mills,
+    profile_interval,
+    relative_cost,
+)
 from ablate.report.stats import chi2_sf, t975
 
 HETEROGENEITY_P = 0.05
 """Bartlett's test below this p-value: a comparison uses its own configurations' variance."""
-
-_LOG_SIGMA_RANGE = (math.log(1e-6), math.log(20.0))
 
 
 @dataclass(frozen=True)
@@ -179,21 +187,8 @@ def _fit_sigma(d: Design) -> float:
         beta[0], f = _Tobit(d, x, math.exp(log_s), zero).maximize(beta[0])
         return f
 
-    lo, hi = _LOG_SIGMA_RANGE
-    g = (math.sqrt(5) - 1) / 2
-    a, b = lo, hi
-    c, e = b - g * (b - a), a + g * (b - a)
-    fc, fe = profile(c), profile(e)
-    while b - a > 1e-6:
-        if fc > fe:
-            b, e, fe = e, c, fc
-            c = b - g * (b - a)
-            fc = profile(c)
-        else:
-            a, c, fc = c, e, fe
-            e = a + g * (b - a)
-            fe = profile(e)
-    log_s = (a + b) / 2
+    lo, hi = LOG_SIGMA_RANGE
+    log_s = golden_max(profile, lo, hi, tol=1e-6)
     return 0.0 if log_s <= lo + 1e-3 else math.exp(log_s)
 
 
@@ -223,29 +218,8 @@ def _profile(d: Design, c: int, b: int, s: float, df: int) -> tuple[float, float
         start[0], f = _Tobit(d, merged, s, delta * in_c).maximize(start[0])
         return 2 * (top - f)
 
-    q = t975(df) ** 2
-
-    def end(direction: float) -> float:
-        start[0] = np.delete(beta, c)
-        inside, step = d_hat, s
-        for _ in range(60):
-            out = inside + direction * step
-            if dev(out) > q:
-                break
-            inside, step = out, step * 2
-        else:
-            return direction * math.inf
-        for _ in range(80):
-            mid = (inside + out) / 2
-            if dev(mid) > q:
-                out = mid
-            else:
-                inside = mid
-            if abs(out - inside) < 1e-9 * max(1.0, abs(mid)):
-                break
-        return (inside + out) / 2
-
-    return d_hat, end(-1.0), end(1.0)
+    lo, hi = profile_interval(dev, d_hat, t975(df) ** 2, s)
+    return d_hat, lo, hi
 
 
 def _contrast(d: Design, c: str, b: str, method: str) -> Estimate:

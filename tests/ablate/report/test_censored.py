@@ -197,7 +197,7 @@ def _bound_before(cfg: Seeds, base: Seeds) -> float:
         return 2 * (gb.ll(mu_b) - gc.ll(m + delta) - gb.ll(m))
 
     far = max(math.log(c) for c in cfg.censored) - mu_b + 60 * s
-    return math.expm1(censored._interval(dev, far, t975(df) ** 2, s)[0])
+    return math.expm1(censored.profile_interval(dev, far, t975(df) ** 2, s)[0])
 
 
 # No seed of the configuration reached the target (the loss the baseline's median seed reaches at
