@@ -218,10 +218,10 @@ def _fit_sigma(groups: Sequence[Seeds]) -> tuple[float, int, int]:
 
 
 def profile_interval(
-    dev: Callable[[float], float], x_hat: float, q: float, scale: float
+    dev: Callable[[float], float], x_hat: float, q: float, scale: float, tol: float = 1e-9
 ) -> tuple[float, float]:
     """{x : dev(x) <= q} around the minimum x_hat of a deviance that rises on both sides (an end
-    is +/-inf where it never rises above q within 60 scales)."""
+    is +/-inf where it never rises above q within 60 scales), each end to ``tol`` (relative)."""
 
     def end(direction: float) -> float:
         inside, step = x_hat, scale
@@ -238,7 +238,7 @@ def profile_interval(
                 out = mid
             else:
                 inside = mid
-            if abs(out - inside) < 1e-9 * max(1.0, abs(mid)):
+            if abs(out - inside) < tol * max(1.0, abs(mid)):
                 break
         return (inside + out) / 2
 

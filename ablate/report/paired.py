@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -123,13 +124,31 @@ class Design:
             x = np.delete(x, c, axis=1)
         return x
 
-    @property
+    @cached_property
+    def full_matrix(self) -> np.ndarray:
+        """``matrix()``, made once."""
+        return self.matrix()
+
+    @cached_property
     def df(self) -> int:
         """Residual degrees of freedom: runs less the rank of the design (J + n - 1 when the
         seeds connect every configuration)."""
         if not self.n:
             return 0
-        return self.n - int(np.linalg.matrix_rank(self.matrix()))
+        return self.n - int(np.linalg.matrix_rank(self.full_matrix))
+
+    @cached_property
+    def least_squares(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """(coefficients, (X'X)^+, residual sd) of the fit without censoring."""
+        x = self.full_matrix
+        beta, *_ = np.linalg.lstsq(x, self.y, rcond=None)
+        resid = self.y - x @ beta
+        return beta, np.linalg.pinv(x.T @ x), math.sqrt(float(resid @ resid) / self.df)
+
+    @cached_property
+    def sigma(self) -> float:
+        """sigma's maximum-likelihood estimate under censoring (``_fit_sigma``), made once."""
+        return _fit_sigma(self)
 
 
 class _Tobit:
@@ -139,34 +158,41 @@ class _Tobit:
     def __init__(self, d: Design, x: np.ndarray, sigma: float, offset: np.ndarray) -> None:
         self.d, self.x, self.s, self.offset = d, x, sigma, offset
 
-    def _parts(self, beta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    def _parts(self, beta: np.ndarray, full: bool = True) -> tuple[float, np.ndarray, np.ndarray]:
+        """(log-likelihood, gradient, Hessian) at ``beta``; without ``full`` the first only."""
         d, s = self.d, self.s
         eta = self.x @ beta + self.offset
         z = (d.y - eta) / s
-        ll, g, h = np.empty(d.n), np.empty(d.n), np.empty(d.n)
         ok = d.reached
-        ll[ok] = -0.5 * z[ok] ** 2 - math.log(s)
+        ll = float(-0.5 * (z[ok] ** 2).sum()) - int(ok.sum()) * math.log(s)
+        cens = np.flatnonzero(~ok)
+        zc = [-float(z[k]) for k in cens]  # log P(log T > log c) = log Phi((eta - c) / s)
+        ll += sum(log_ndtr(v) for v in zc)
+        if not full:
+            return ll, self.x, self.x
+        g, h = np.empty(d.n), np.empty(d.n)
         g[ok] = z[ok] / s
         h[ok] = -1 / s**2
-        for k in np.flatnonzero(~ok):  # log P(log T > log c) = log Phi((eta - c) / s)
-            zc = -float(z[k])
-            m = mills(zc)
-            ll[k] = log_ndtr(zc)
+        for k, v in zip(cens, zc, strict=True):
+            m = mills(v)
             g[k] = m / s
-            h[k] = -m * (zc + m) / s**2
-        return float(ll.sum()), self.x.T @ g, (self.x.T * h) @ self.x
+            h[k] = -m * (v + m) / s**2
+        return ll, self.x.T @ g, (self.x.T * h) @ self.x
 
     def maximize(self, beta: np.ndarray) -> tuple[np.ndarray, float]:
         f, g, h = self._parts(beta)
         for _ in range(100):
-            step = np.linalg.lstsq(-h, g, rcond=None)[0]
+            try:
+                step = np.linalg.solve(-h, g)
+            except np.linalg.LinAlgError:
+                step = np.linalg.lstsq(-h, g, rcond=None)[0]
             while True:
-                nf = self._parts(beta + step)[0]
+                nf = self._parts(beta + step, full=False)[0]
                 if nf >= f - 1e-12 or float(np.abs(step).max()) < 1e-12:
                     break
                 step = step / 2
             beta = beta + step
-            done = float(np.abs(step).max()) < 1e-10
+            done = float(np.abs(step).max()) < 1e-9
             f, g, h = self._parts(beta)
             if done:
                 break
@@ -180,7 +206,7 @@ def _start(d: Design, x: np.ndarray, offset: np.ndarray) -> np.ndarray:
 
 def _fit_sigma(d: Design) -> float:
     """sigma's maximum-likelihood estimate (0 when the runs leave no spread)."""
-    x, zero = d.matrix(), np.zeros(d.n)
+    x, zero = d.full_matrix, np.zeros(d.n)
     beta = [_start(d, x, zero)]
 
     def profile(log_s: float) -> float:
@@ -194,20 +220,16 @@ def _fit_sigma(d: Design) -> float:
 
 def _least_squares(d: Design, c: int, b: int) -> tuple[float, float, float]:
     """(delta_hat, se, residual sd) of mu_c - mu_b without censoring."""
-    x = d.matrix()
-    beta, *_ = np.linalg.lstsq(x, d.y, rcond=None)
-    resid = d.y - x @ beta
-    s = math.sqrt(float(resid @ resid) / d.df)
-    contrast = np.zeros(x.shape[1])
+    beta, cov, s = d.least_squares
+    contrast = np.zeros(len(beta))
     contrast[c], contrast[b] = 1.0, -1.0
-    cov = np.linalg.pinv(x.T @ x)
     return float(beta[c] - beta[b]), s * math.sqrt(float(contrast @ cov @ contrast)), s
 
 
 def _profile(d: Design, c: int, b: int, s: float, df: int) -> tuple[float, float, float]:
     """(delta_hat, lo, hi) of mu_c - mu_b by the profile deviance at sigma = s, cut at
     t_{0.975, df}^2."""
-    x, zero = d.matrix(), np.zeros(d.n)
+    x, zero = d.full_matrix, np.zeros(d.n)
     beta, top = _Tobit(d, x, s, zero).maximize(_start(d, x, zero))
     d_hat = float(beta[c] - beta[b])
     merged = d.matrix((c, b))
@@ -218,7 +240,7 @@ def _profile(d: Design, c: int, b: int, s: float, df: int) -> tuple[float, float
         start[0], f = _Tobit(d, merged, s, delta * in_c).maximize(start[0])
         return 2 * (top - f)
 
-    lo, hi = profile_interval(dev, d_hat, t975(df) ** 2, s)
+    lo, hi = profile_interval(dev, d_hat, t975(df) ** 2, s, tol=1e-7)
     return d_hat, lo, hi
 
 
@@ -237,7 +259,7 @@ def _contrast(d: Design, c: str, b: str, method: str) -> Estimate:
         return Estimate(
             _cost(delta), _cost(delta - half), _cost(delta + half), kind, s, d.df, method
         )
-    sigma = _fit_sigma(d)
+    sigma = d.sigma
     df = int(d.reached.sum()) - (d.n - d.df)  # the reached runs' residual degrees of freedom
     if df < 1:
         return NONE  # too few reached runs for the seed effects: the unpaired estimate instead
@@ -258,7 +280,7 @@ def heterogeneity_p(d: Design) -> float:
     runs' residuals of the pooled least-squares fit (each configuration's degrees of freedom its
     share of the residual ones, by leverage); NaN where it cannot be computed."""
     ok = d.reached
-    x = d.matrix()[ok]
+    x = d.full_matrix[ok]
     y, j = d.y[ok], d.j[ok]
     df = len(y) - np.linalg.matrix_rank(x)
     if df < 2:
