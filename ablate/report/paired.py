@@ -161,10 +161,13 @@ class _Tobit:
     def _parts(self, beta: np.ndarray, full: bool = True) -> tuple[float, np.ndarray, np.ndarray]:
         """(log-likelihood, gradient, Hessian) at ``beta``; without ``full`` the first only."""
         d, s = self.d, self.s
-        eta = self.x @ beta + self.offset
-        z = (d.y - eta) / s
-        ok = d.reached
-        ll = float(-0.5 * (z[ok] ** 2).sum()) - int(ok.sum()) * math.log(s)
+        with np.errstate(over="ignore", invalid="ignore"):  # a trial step far out: -inf or NaN
+            eta = self.x @ beta + self.offset
+            z = (d.y - eta) / s
+            ok = d.reached
+            ll = float(-0.5 * (z[ok] ** 2).sum()) - int(ok.sum()) * math.log(s)
+        if not math.isfinite(ll):
+            return -math.inf, self.x, self.x
         cens = np.flatnonzero(~ok)
         zc = [-float(z[k]) for k in cens]  # log P(log T > log c) = log Phi((eta - c) / s)
         ll += sum(log_ndtr(v) for v in zc)
@@ -180,17 +183,24 @@ class _Tobit:
         return ll, self.x.T @ g, (self.x.T * h) @ self.x
 
     def maximize(self, beta: np.ndarray) -> tuple[np.ndarray, float]:
+        """The coefficients that maximize the log-likelihood from ``beta``, and the maximum: damped
+        Newton steps, each halved until the log-likelihood does not fall (a step that cannot be
+        made to rise within 60 halvings ends the search where it is)."""
         f, g, h = self._parts(beta)
         for _ in range(100):
             try:
                 step = np.linalg.solve(-h, g)
             except np.linalg.LinAlgError:
                 step = np.linalg.lstsq(-h, g, rcond=None)[0]
-            while True:
+            if not np.isfinite(step).all():  # a Hessian too near singular to solve
+                step = np.linalg.lstsq(-h, g, rcond=None)[0]
+            for _ in range(60):
                 nf = self._parts(beta + step, full=False)[0]
                 if nf >= f - 1e-12 or float(np.abs(step).max()) < 1e-12:
                     break
                 step = step / 2
+            else:
+                break
             beta = beta + step
             done = float(np.abs(step).max()) < 1e-9
             f, g, h = self._parts(beta)
