@@ -32,13 +32,10 @@ Which runs, and which variance (``Estimate.method``):
     paired-own        the configurations' residual variances differ (Bartlett's test over the
                       configurations, p < 0.05): the comparison's own two configurations only,
                       df n - 1 (the paired t interval on the seed-by-seed differences)
-    unpaired          the configuration and the baseline share no seed, the seeds carry no
-                      numbers, or too few runs reached to leave a degree of freedom beside the
-                      seed effects: ``censored.relative_cost`` (its kinds, its bound)
-
-One shared seed is enough to pair: the seed effects are estimated from every configuration that
-ran the seeds, so a baseline left with one seed that did not stall is still compared within
-blocks (its noise then comes from the other configurations, which is what pooling assumes).
+    unpaired          the configuration and the baseline share fewer than two seeds
+                      (``MIN_MATCHED``), the seeds carry no numbers, or too few runs reached to
+                      leave a degree of freedom beside the seed effects: ``censored.relative_cost``
+                      (its kinds, its bound)
 
 Seeds or configurations without a single reached run carry no information on their own effect
 (their maximum-likelihood effect is infinite) and are left out of the fit; a configuration with
@@ -68,6 +65,10 @@ from ablate.report.censored import (
 )
 from ablate.report.stats import chi2_sf, t975
 
+MIN_MATCHED = 2
+"""Seeds a configuration shares with the baseline for a paired estimate (one pairs through the
+other configurations' seed effects alone: in simulation with stalls in every arm its intervals
+covered 88-90%, against 92-96% at two or more)."""
 HETEROGENEITY_P = 0.05
 """Bartlett's test below this p-value: a comparison uses its own configurations' variance."""
 
@@ -335,7 +336,7 @@ def paired_costs(
         if name == baseline:
             continue
         unpaired = _unpaired(seeds, base, offsets.get(name))
-        if not seeds.reached or not base.reached or matched(seeds, base) < 1:
+        if not seeds.reached or not base.reached or matched(seeds, base) < MIN_MATCHED:
             out[name] = unpaired
             continue
         d = full if pooled else Design.of({baseline: base, name: seeds})

@@ -330,7 +330,7 @@ def _method(spec: SpeedupSection, config_table: Any, cell_table: Any) -> list[st
         "profile-likelihood generalisation (a censored-normal model). *paired-own*: the same "
         "with the comparison's two configurations only, used when Bartlett's test finds the "
         "configurations' noise unequal (p < 0.05). *unpaired*: the configuration and the "
-        "baseline share no seed: the profile-likelihood interval with σ from the "
+        "baseline share fewer than two seeds: the profile-likelihood interval with σ from the "
         "two configurations' seeds, exactly the pooled two-sample t interval on log tokens when "
         "no seed is censored. The coverage of each (93–97% over 2,000 simulated studies with "
         "shared seed effects, censoring and stall-prone baselines) is measured by `python -m "
