@@ -82,16 +82,26 @@ def measured_noise(study_file: str, output: str | None, tracking_uri: str | None
     except ReportError as e:
         raise click.BadParameter(f"{study_file}: {e}", param_hint="--noise-from") from None
     paired = configs[configs["rel_token_cost_method"].isin(["paired", "paired-own"])]
+    stalled, judged = int(table["stalled"].sum()), int(table["stall_judged"].sum())
     noise = noise_of(
         paired["log_sigma"].astype(float),
-        int(table["stalled"].sum()),
-        int(table["stall_judged"].sum()),
+        stalled,
+        judged,
         f"measured on {other.name} ({len(table)} runs, {len(paired)} paired comparisons)",
     )
+    if noise is None:  # no paired comparison: the unpaired seed noise, which holds the seed
+        others = configs[~configs["baseline"].astype(bool)]  # effect too (an overestimate)
+        noise = noise_of(
+            others["log_sigma"].astype(float),
+            stalled,
+            judged,
+            f"the unpaired seed noise of {other.name} ({len(table)} runs; no comparison there "
+            "shares two seeds with the baseline: an overestimate of the paired noise)",
+        )
     if noise is None:
         raise click.BadParameter(
-            f"{study_file}: no comparison there has a paired interval (too few seeds reached, or "
-            "seeds that do not match the baseline's)",
+            f"{study_file}: no comparison there has an interval to take the noise from (too few "
+            "seeds reached the target)",
             param_hint="--noise-from",
         )
     return noise

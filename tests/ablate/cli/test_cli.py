@@ -209,7 +209,7 @@ def test_run_local_then_status_and_plan_say_skip(tmp_path, monkeypatch):
     res = CliRunner().invoke(
         main, ["plan", str(p), "--noise-from", str(p), "--noise-output", str(out)]
     )
-    assert res.exit_code == 2 and "no comparison there has a paired interval" in res.output
+    assert res.exit_code == 2 and "no comparison there has an interval" in res.output
     assert (tmp_path / "reports" / "clitest" / "report.md").exists()
     from mlflow.tracking import MlflowClient
 
