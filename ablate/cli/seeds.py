@@ -4,7 +4,9 @@ a finished study (``--noise-from``) or declared (``--noise``, ``--stall-rate``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +64,7 @@ def measured_noise(study_file: str, output: str | None, tracking_uri: str | None
     from ablate.cli.common import load
     from ablate.errors import AblateError, ReportError
     from ablate.report.metrics import per_cell, per_config, resolve_target
-    from ablate.report.planner import noise_of
+    from ablate.report.planner import PAIRED_SOURCE, study_noise
     from ablate.report.study import study_frames
 
     other = load(study_file, output, tracking_uri=tracking_uri)
@@ -81,37 +83,30 @@ def measured_noise(study_file: str, output: str | None, tracking_uri: str | None
         configs = per_config(table, other.file.speedup, ev)
     except ReportError as e:
         raise click.BadParameter(f"{study_file}: {e}", param_hint="--noise-from") from None
-    paired = configs[configs["rel_token_cost_method"].isin(["paired", "paired-own"])]
-    stalled, judged = int(table["stalled"].sum()), int(table["stall_judged"].sum())
-    noise = noise_of(
-        paired["log_sigma"].astype(float),
-        stalled,
-        judged,
-        f"measured on {other.name} ({len(table)} runs, {len(paired)} paired comparisons)",
-    )
-    if noise is None:  # no paired comparison: the unpaired seed noise, which holds the seed
-        others = configs[~configs["baseline"].astype(bool)]  # effect too (an overestimate)
-        noise = noise_of(
-            others["log_sigma"].astype(float),
-            stalled,
-            judged,
-            f"the unpaired seed noise of {other.name} ({len(table)} runs; no comparison there "
-            "shares two seeds with the baseline: an overestimate of the paired noise)",
-        )
+    noise = study_noise(configs)
     if noise is None:
         raise click.BadParameter(
             f"{study_file}: no comparison there has an interval to take the noise from (too few "
             "seeds reached the target)",
             param_hint="--noise-from",
         )
-    return noise
+    what = (
+        ""
+        if noise.source == PAIRED_SOURCE
+        else ": no comparison there shares two seeds with the baseline, an overestimate"
+    )
+    return dataclasses.replace(
+        noise, source=f"the {noise.source} of {other.name} ({len(table)} runs{what})"
+    )
 
 
 def _run_hours(cell: Cell, tflops: float) -> float:
-    from ablate.driver.compute import flops_per_token_of
+    """GPU-hours of one run of the cell, all its steps, as ``plan``'s compute counts them."""
+    from ablate.driver.compute import Compute, flops_per_token_of
 
     t = cell.config.train
-    return t.steps * t.tokens_per_step * flops_per_token_of(cell) / (tflops * 1e12) / 3600
+    tokens = t.steps * t.tokens_per_step
+    return Compute(t.steps, tokens, tokens * flops_per_token_of(cell)).gpu_hours(tflops)
 
 
 def comparisons(
@@ -121,7 +116,7 @@ def comparisons(
     token cost such as 0.05, or None for each configuration's break-even)."""
     from ablate.errors import ReportError
     from ablate.report.planner import default_margin, seeds_needed
-    from ablate.report.speedup import role_formats, role_interventions, throughput_gain
+    from ablate.report.speedup import recipe_gain
 
     by_config: dict[str, Cell] = {}
     for c in study.cells:
@@ -130,19 +125,12 @@ def comparisons(
     if base is None:
         return []
 
-    def axes(c: Cell) -> tuple[dict[str, str], dict[str, Any]]:
-        a = c.recipe_axes
-        gemms, iv = a.get("fp4_gemms", ""), a.get("intervention", "none")
-        formats = role_formats(gemms, a.get("fp4_format", "mxfp4"), a.get("base_format", "bf16"))
-        return formats, role_interventions(gemms, iv)
-
     out = []
     for name, cell in by_config.items():
         if cell.baseline:
             continue
         try:
-            (cf, ci), (bf, bi) = axes(cell), axes(base)
-            gain = throughput_gain(cf, bf, study.file.speedup, ci, bi)
+            gain = recipe_gain(cell.recipe_axes, base.recipe_axes, study.file.speedup)
         except ReportError:
             gain = math.nan
         m = math.log1p(margin) if margin is not None else default_margin(gain)
@@ -185,13 +173,9 @@ def echo_seed_plan(
     decided = [r for r in rows if r.seeds is not None]
     if decided:
         n = max(r.seeds for r in decided if r.seeds is not None)
-        total = sum(
-            _run_hours(c, tflops) * n for c in {c.config_label: c for c in study.cells}.values()
-        )
-        seeds = max(
-            sum(1 for c in study.cells if c.config_label == k)
-            for k in {c.config_label for c in study.cells}
-        )
+        first = {c.config_label: c for c in reversed(study.cells)}  # as `comparisons` picks
+        total = sum(_run_hours(c, tflops) * n for c in first.values())
+        seeds = max(Counter(c.config_label for c in study.cells).values())
         click.echo(
             f"every comparison decided: {n} seeds per configuration, {_hours(total)} GPU-hours at "
             f"{tflops:g} TFLOP/s (the study as written: {seeds} seed(s) per configuration)"

@@ -39,9 +39,7 @@ from ablate.report.paired import paired_costs
 from ablate.report.speedup import (
     projected_speedup,
     read_label,
-    role_formats,
-    role_interventions,
-    throughput_gain,
+    recipe_gain,
 )
 from ablate.report.stalls import stall_flags, stall_rate
 from ablate.study.speedup import ROLES, SpeedupSection
@@ -180,17 +178,16 @@ def describe_target(target: TargetLike | Mapping[str, Any]) -> str:
     return f"from_baseline: {from_baseline} (baseline mean {from_baseline} perplexity{tol})"
 
 
-def baseline_curves(cells: Any, evals: Any, *, stalled: bool = True) -> list[Curve]:
+def baseline_curves(cells: Any, evals: Any) -> list[Curve]:
     """The baseline's finished, non-diverged seeds' validation curves (tokens, perplexity) up to the
     budget (a baseline trained past it: the end of its schedule), cut at the first non-finite
-    evaluation: what a target derived from the baseline is computed from. ``stalled`` False
-    leaves out the seeds that stalled (``stalls``), unless every one of them did."""
+    evaluation, less the seeds that stalled (``stalls``) unless every one of them did: what a
+    target derived from the baseline is computed from."""
     ev = evals if evals.attrs.get(CLEAN) else clean_evals(cells, evals)
-    if not stalled:
-        flags = stall_flags(cells, ev)
-        kept = cells[~cells["key"].map(lambda k: flags.get(k, False))]
-        if (kept["baseline"].astype(bool) & (kept["status"] == "finished")).any():
-            cells = kept
+    flags = stall_flags(cells, ev)
+    kept = cells[~cells["key"].map(lambda k: flags.get(k, False))]
+    if (kept["baseline"].astype(bool) & (kept["status"] == "finished")).any():
+        cells = kept
     budget = budget_steps(cells)
     late = cells["key"].map(budget).astype(float) < cells["diverged_at"].astype(float)
     done = (cells["status"] == "finished") | ((cells["status"] == "diverged") & late)
@@ -209,7 +206,7 @@ def resolve_target(target: TargetLike | Mapping[str, Any], evals: Any, cells: An
     plateau would set a target that measures when it left the plateau); ReportError when it cannot
     be resolved."""
     from_baseline = target_fields(target)["from_baseline"]
-    base = baseline_curves(cells, evals, stalled=False) if from_baseline is not None else []
+    base = baseline_curves(cells, evals) if from_baseline is not None else []
     try:
         return target_ppl_of(target, base)
     except ValueError as e:
@@ -267,15 +264,8 @@ def _gain(sub: Any, base: Any, spec: SpeedupSection) -> tuple[float, str, str]:
     base_native = (base["backend"] == "native").all() and math.isfinite(_mean_tps(base))
     if base_native and (sub["backend"] == "native").all() and math.isfinite(_mean_tps(sub)):
         return _mean_tps(sub) / _mean_tps(base), "measured", ""
-    r0, b0 = sub.iloc[0], base.iloc[0]
     try:
-        gain = throughput_gain(
-            role_formats(r0["fp4_gemms"], r0["fp4_format"], r0["base_format"]),
-            role_formats(b0["fp4_gemms"], b0["fp4_format"], b0["base_format"]),
-            spec,
-            role_interventions(r0["fp4_gemms"], r0["intervention"]),
-            role_interventions(b0["fp4_gemms"], b0["intervention"]),
-        )
+        gain = recipe_gain(sub.iloc[0], base.iloc[0], spec)
     except ReportError as e:
         return math.nan, spec.source(), f"no throughput model: {e}"
     return gain, spec.source(), ""

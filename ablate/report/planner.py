@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from ablate.report.stats import t_quantile
 
@@ -88,21 +89,36 @@ def seeds_needed(margin: float, noise: Noise, configs: int = 2, power: float = 0
     return math.ceil(hi / (1 - noise.stall_rate))
 
 
-def half_width(noise: Noise, seeds: int, configs: int = 2) -> float:
-    """The expected half-width of the paired 95% interval of the log cost with ``seeds`` runs
-    per configuration that did not stall (NaN below 2)."""
-    if seeds < 2:
-        return math.nan
-    df = (max(2, configs) - 1) * (seeds - 1)
-    return t_quantile(0.975, df) * noise.sigma * math.sqrt(2 / seeds)
-
-
 def default_margin(gain: float) -> float:
     """The margin a configuration is planned for by default: its break-even cost, log(gain): a
     configuration that costs no tokens is told apart from one that loses all its step gain."""
     if not (gain > 0 and math.isfinite(gain)) or gain == 1:
         return math.nan
     return abs(math.log(gain))
+
+
+PAIRED_METHODS = ("paired", "paired-own")
+"""The relative-cost methods of ``paired`` whose sigma is the paired residual."""
+PAIRED_SOURCE = "paired residual"
+UNPAIRED_SOURCE = "unpaired seed noise"
+
+
+def study_noise(config_table: Any) -> Noise | None:
+    """The noise model a finished study measured, from its ``metrics.per_config`` table: the
+    paired residual sd of its paired comparisons (source ``PAIRED_SOURCE``), or where none has
+    one the unpaired seed noise of its comparisons (``UNPAIRED_SOURCE``: it holds the seed effect
+    too, so a plan from it asks for more seeds than needed), and the stall rate of its runs; None
+    where no comparison has a noise estimate."""
+    rows = config_table[~config_table["baseline"].astype(bool)]
+    stalled, judged = (
+        int(config_table["seeds_stalled"].sum()),
+        int(config_table["seeds_judged"].sum()),
+    )
+    paired = rows[rows["rel_token_cost_method"].isin(PAIRED_METHODS)]
+    noise = noise_of(paired["log_sigma"].astype(float), stalled, judged, PAIRED_SOURCE)
+    if noise is None:
+        noise = noise_of(rows["log_sigma"].astype(float), stalled, judged, UNPAIRED_SOURCE)
+    return noise
 
 
 def noise_of(sigmas: Iterable[float], stalled: int, judged: int, source: str) -> Noise | None:

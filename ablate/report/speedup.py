@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ablate.errors import ReportError
 from ablate.study.speedup import BASE_FORMATS, FP4_FORMATS, ROLES, SpeedupSection, format_name
@@ -149,6 +149,21 @@ def role_interventions(fp4_gemms: str, intervention: str) -> dict[str, Costs]:
         costs = intervention_costs(iv)
         return {r: costs for r in ROLES if r in names}
     return {role: intervention_costs(v) for role, v in iv.items()}
+
+
+def recipe_gain(cell: Mapping[str, Any], base: Mapping[str, Any], spec: SpeedupSection) -> float:
+    """``throughput_gain`` of one recipe over another, each given by its recipe axes as a cell
+    records them (``fp4_gemms``, ``intervention``, ``fp4_format``, ``base_format``: a report's
+    ``cells`` row or a ``Cell.recipe_axes``; a missing one at ``report.frames.cell_row``'s
+    default). ReportError where the model has no rate for a format."""
+
+    def axes(a: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, Costs]]:
+        gemms, iv = a.get("fp4_gemms", ""), a.get("intervention", "none")
+        formats = role_formats(gemms, a.get("fp4_format", "mxfp4"), a.get("base_format", "bf16"))
+        return formats, role_interventions(gemms, iv)
+
+    (cell_formats, cell_iv), (base_formats, base_iv) = axes(cell), axes(base)
+    return throughput_gain(cell_formats, base_formats, spec, cell_iv, base_iv)
 
 
 def throughput_gain(

@@ -21,10 +21,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import pandas as pd
-
 from ablate.report import markup
-from ablate.report.planner import Noise, default_margin, seeds_needed
+from ablate.report.planner import default_margin, seeds_needed, study_noise
 from ablate.report.stalls import STALL_P
 
 VERDICTS = ("better", "indistinguishable", "worse", "undetermined")
@@ -119,25 +117,18 @@ def power_note(config_table: Any) -> str | None:
     rows = config_table[~config_table["baseline"].astype(bool)]
     if len(rows) == 0:
         return None
-    methods = rows.get("rel_token_cost_method")
-    paired = rows[methods.isin(["paired", "paired-own"])] if methods is not None else rows[:0]
-    source = paired if len(paired) else rows
-    sigmas = [s for s in source["log_sigma"] if isinstance(s, float) and s > 0 and math.isfinite(s)]
     widths = [
         (hi - lo) / 2
         for lo, hi in zip(rows["rel_token_cost_lo"], rows["rel_token_cost_hi"], strict=True)
         if math.isfinite(lo) and math.isfinite(hi)
     ]
     n = int(config_table["seeds_total"].min())
-    if not sigmas:
+    noise = study_noise(config_table)
+    if noise is None:
         return (
             f"With {n} seed{'s' if n != 1 else ''} per configuration no seed noise could be "
             "estimated, so no configuration has an interval: run 3 or more seeds."
         )
-    sigma = sorted(sigmas)[len(sigmas) // 2]
-    judged = int(config_table.get("seeds_judged", pd.Series([0])).sum())
-    stalled = int(config_table.get("seeds_stalled", pd.Series([0])).sum())
-    noise = Noise(sigma, min(stalled / judged, 0.9) if judged else 0.0, "this study")
     now = (
         f"the relative-cost intervals span about ±{sorted(widths)[len(widths) // 2]:.0%}"
         if widths
@@ -155,12 +146,14 @@ def power_note(config_table: Any) -> str | None:
             f"; deciding a break-even of {math.expm1(margin):+.0%} tokens at 80% power takes "
             + (f"{need} seeds per configuration" if need else "more than 10,000 seeds")
         )
-    kind = "paired residual" if len(paired) else "unpaired seed noise"
-    stalls = f", {stalled} of {judged} runs stalled" if judged else ""
+    judged = int(config_table["seeds_judged"].sum())
+    stalls = (
+        f", {int(config_table['seeds_stalled'].sum())} of {judged} runs stalled" if judged else ""
+    )
     return (
         f"With {n} seed{'s' if n != 1 else ''} per configuration {now}{plan} (from the seed "
-        f"noise measured here, σ = {sigma:.3f} in log tokens to target, the {kind}{stalls}; "
-        "`ablate plan --noise-from` plans each comparison)."
+        f"noise measured here, σ = {noise.sigma:.3f} in log tokens to target, the "
+        f"{noise.source}{stalls}; `ablate plan --noise-from` plans each comparison)."
     )
 
 

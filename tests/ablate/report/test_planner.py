@@ -14,7 +14,6 @@ from ablate.report.planner import (
     DEFAULT_NOISE,
     Noise,
     default_margin,
-    half_width,
     noise_of,
     seeds_needed,
 )
@@ -49,9 +48,6 @@ def test_bad_noise_and_margins_are_refused():
     with pytest.raises(ValueError, match="margin"):
         seeds_needed(0.0, DEFAULT_NOISE)
     assert math.isnan(default_margin(1.0)) and default_margin(1.2) == pytest.approx(math.log(1.2))
-    assert half_width(Noise(0.1), 5, 4) == pytest.approx(
-        t_quantile(0.975, 12) * 0.1 * math.sqrt(0.4)
-    )
 
 
 def test_a_finished_studys_noise_is_its_median_paired_sigma_and_stall_rate():
