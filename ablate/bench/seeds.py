@@ -71,11 +71,12 @@ SETTINGS = {
 
 @dataclass(frozen=True)
 class SimulatedStudy:
-    """One simulated study: per configuration, every run's (seed, tokens, reached), and the set
-    of (configuration, seed) found stalled."""
+    """One simulated study: per configuration, every run's (seed, tokens, reached); the set of
+    (configuration, seed) found stalled, and the set drawn to stall (what the check should find)."""
 
     runs: dict[str, list[tuple[int, float, bool]]]
     stalled: frozenset[tuple[str, int]]
+    drawn_stalls: frozenset[tuple[str, int]] = frozenset()
 
     def seeds(self, drop_stalled: bool) -> dict[str, Seeds]:
         out = {}
@@ -118,7 +119,8 @@ def draw(setting: Setting, n: int, seed: int) -> Iterator[SimulatedStudy]:
         flags = stalled_runs(
             {(names[x], i): float(mid[k, x, i]) for x in range(j) for i in range(s)}
         )
-        yield SimulatedStudy(runs, frozenset(key for key, v in flags.items() if v))
+        drawn = frozenset((names[x], i) for x in range(j) for i in range(s) if stalls[k, x, i])
+        yield SimulatedStudy(runs, frozenset(key for key, v in flags.items() if v), drawn)
 
 
 def estimates(study: SimulatedStudy, method: str) -> dict[str, Estimate]:

@@ -138,12 +138,9 @@ def seed_curves(
     """(tokens (E,), ppl (..., E)): seeds stretched by ``stretch`` (any shape) along the token
     axis, evaluated every ``T_SCALE / evals`` tokens up to ``budget`` (so a budget of 1.5 *
     T_SCALE has 1.5 * evals evaluations, the first ``evals`` of them an ordinary run's), with
-    evaluation noise ``noise`` in loss."""
-    every = T_SCALE / evals
-    tokens = every * np.arange(1, int(round(budget / every)) + 1)
-    k = np.asarray(stretch, dtype=float)[..., None]
-    loss = base_loss(tokens / k) + noise * rng.standard_normal((*k.shape[:-1], len(tokens)))
-    return tokens, np.exp(loss)
+    evaluation noise ``noise`` in loss: ``stall_curves`` without a stall."""
+    escape = np.zeros(np.shape(stretch))
+    return stall_curves(rng, stretch, escape, budget, evals=evals, noise=noise)
 
 
 def stall_curves(
