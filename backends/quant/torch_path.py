@@ -151,22 +151,47 @@ PlanRunner = Callable[
 ``double_block.run``: the quantizers only this torch path runs)."""
 
 
+RECOMPILE_LIMIT = 64
+"""Dynamo's recompile limit once a quantizer plan compiles (raised, never lowered; process-wide, as
+Dynamo keeps it). Its default, 8 variants per code object, is too few for one plan: an operand and
+its transpose (two stride orders), FP32 and BF16 inputs, calls from eager autograd and from inside a
+compiled model's op (different dispatch keys), each first with static sizes, then dynamic ones. A
+training step of full MXFP4 with SR met 9 and more on an H200 and on the CPU, and past the limit a
+``fullgraph`` compile fails: the plan then ran eagerly, many times slower."""
+
+
 @functools.cache
 def compiled(p: Plan, impl: PlanRunner | None = None) -> Runner:
     """``impl`` (default ``run``) for plan ``p`` as one compiled function (dynamic shapes after the
-    first recompile).
+    first recompile), by ``ABLATE_COMPILE_BACKEND`` (default Inductor).
 
     Each plan compiles a copy of the function under its own code object: Dynamo keeps its cache and
-    its recompile limit per code object, and one plan's layouts and dtypes fit in that limit where
-    all plans together would not (a recipe uses up to six plans: two operands of three GEMMs).
+    its recompile limit per code object, and one plan's variants fit in that limit
+    (``RECOMPILE_LIMIT``) where all plans together would not (a recipe uses up to six plans: two
+    operands of three GEMMs).
     """
     impl = impl or run
     code = impl.__code__.replace(co_name=f"quantize_plan_{next(_plan_ids)}")
     fn = types.FunctionType(code, impl.__globals__, code.co_name, (p,))  # p as the default of p
-    return torch.compile(fn, fullgraph=True)
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    _codes.append(code)
+    backend = os.environ.get("ABLATE_COMPILE_BACKEND", "inductor")
+    return torch.compile(fn, fullgraph=True, backend=backend)
 
 
 _plan_ids = itertools.count()
+_codes: list[types.CodeType] = []
+
+
+def compiled_variants() -> int:
+    """How many graphs the compiled plans hold (Dynamo's cache entries, summed over plans): what a
+    quantizer has compiled in this process, apart from a compiled model's own graphs."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return sum(len(_debug_get_cache_entry_list(c)) for c in list(_codes))
 
 
 def call(

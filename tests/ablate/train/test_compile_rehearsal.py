@@ -51,7 +51,7 @@ from ablate.train.parallel import process_group
 from ablate.train.state import TrainState
 from backends import QuantLinear, Recipe, named_recipe
 from backends.gemm.native import NativeBackend
-from backends.quant import QuantSpec
+from backends.quant import QuantSpec, ckernel, torch_path
 from backends.recipes import GEMMS, GemmRecipe, HadamardSpec
 
 pytestmark = pytest.mark.slow
@@ -129,10 +129,12 @@ def _steps(
                     m.backend = NativeBackend()
         state = TrainState()
         for _ in range(STEPS):
-            before = counters["stats"]["unique_graphs"]
+            # the model's graphs: Dynamo counts a quantizer plan's compiles (on CUDA) with them
+            before = counters["stats"]["unique_graphs"] - torch_path.compiled_variants()
             step = run.optimizer_step(state)
             losses.append(float(step.loss))
-            graphs.append(counters["stats"]["unique_graphs"] - before)
+            after = counters["stats"]["unique_graphs"] - torch_path.compiled_variants()
+            graphs.append(after - before)
     return losses, graphs, sum(counters["graph_break"].values()) - breaks
 
 
@@ -175,4 +177,24 @@ def test_the_compiled_step_compiles_once_and_trains_as_the_eager_one(
     compiled, graphs, breaks = _steps(name, parallel, compiled=True, device=device)
     assert graphs == [2] + [0] * (STEPS - 1)  # blocks + head, then no recompile
     assert breaks == 0
+    assert compiled == pytest.approx(eager, rel=5e-3)
+
+
+def test_the_quantizer_compiled_per_plan_trains_eager_and_compiled_models_as_on_a_gpu(monkeypatch):
+    """What CUDA runs: every quantize call on the torch path, compiled per plan, from an eager model
+    and then from inside a compiled one (its opaque op). Each plan meets more variants than Dynamo's
+    default limit of 8 (layouts, dtypes, dispatch keys, static then dynamic sizes); past it the
+    plan's compile fails and it runs eagerly, with a warning (an error here). Forced on the CPU, the
+    plans and the model compiled by ``aot_eager`` (Dynamo's guards, and so its recompiles, are the
+    backend's and the device's alike). The composite recipe: NVFP4 with 16x16 weight tiles, MXFP4
+    with SR and a random Hadamard transform, six plans."""
+    name = "composite"
+    monkeypatch.setattr(torch_path, "compile_enabled", lambda device: True)
+    monkeypatch.setattr(ckernel, "usable", lambda x: False)  # the torch path, as on a GPU
+    monkeypatch.setenv("ABLATE_COMPILE_BACKEND", "aot_eager")
+    before = torch_path.compiled_variants()
+    eager, _, _ = _steps(name, "none", compiled=False, device="cpu")
+    compiled, graphs, breaks = _steps(name, "none", compiled=True, device="cpu")
+    assert torch_path.compiled_variants() > before  # the plans did compile
+    assert graphs == [2] + [0] * (STEPS - 1) and breaks == 0
     assert compiled == pytest.approx(eager, rel=5e-3)
