@@ -189,7 +189,10 @@ def process_group(config: RunConfig, device: torch.device) -> Iterator[None]:
             "executor), not in this process"
         )
     if device.type == "cuda":  # NCCL's collectives (and object broadcasts) use the current GPU
-        torch.cuda.set_device(device)
+        # (``cuda`` names no index: the current device, as torch.cuda.set_device will not take it)
+        torch.cuda.set_device(
+            device.index if device.index is not None else torch.cuda.current_device()
+        )
     with tempfile.TemporaryDirectory(prefix="ablate-pg-") as tmp:
         store = dist.FileStore(os.path.join(tmp, "store"), 1)
         dist.init_process_group(backend_for(device), store=store, rank=0, world_size=1)
