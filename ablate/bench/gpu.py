@@ -183,7 +183,17 @@ def measure(
     prof_preset = "125m" if "125m" in presets else presets[-1]
     profiles: list[dict[str, Any]] = []
 
+    for q in result.get("quantizer", []):
+        _progress(
+            f"quantizer {q['quantizer']}: {q['ms']:.3f} ms, {q['copy_fraction']:.2f} of the copy "
+            "bandwidth"
+        )
+
     def after(row: dict[str, Any], run: Run, state: TrainState) -> None:
+        _progress(
+            f"{row['preset']} {row['recipe']} ({row['backend']}): {row['step_ms']:.1f} ms a step, "
+            f"{row['tokens_per_s']:,.0f} tokens/s"
+        )
         if profile_steps and row["preset"] == prof_preset and row["recipe"] == "mxfp4":
             try:
                 profiles.append(profile(run, state, profile_steps, row["step_ms"]))
@@ -222,6 +232,11 @@ def measure(
     result["profile"] = profiles[0] if profiles else None
     result["goals"] = goals(result, prof_preset)
     return result
+
+
+def _progress(line: str) -> None:
+    """One line as each part ends: a run stopped at its time limit still says what it measured."""
+    print(f"bench: {line}", flush=True)
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:

@@ -7,15 +7,41 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 
 import pytest
 
 from ablate.bench import gpu_check
 
+GPU_MACHINE_LACKS = ("ray", "mlflow", "optuna")
+"""Packages a GPU machine's image does not have (docs/gpus.md): the check must run without them."""
+
+
+@pytest.fixture
+def without_ray_mlflow_optuna(tmp_path, monkeypatch):
+    """Every stage's process as on a GPU machine: importing Ray, MLflow or Optuna fails."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Lacking:\n"
+        f"    names = {GPU_MACHINE_LACKS!r}\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in self.names:\n"
+        "            raise ModuleNotFoundError(f'{name} is not installed on a GPU machine')\n"
+        "sys.meta_path.insert(0, _Lacking())\n"
+    )
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    )
+
 
 @pytest.mark.slow
-def test_the_gpu_check_runs_every_stage_on_the_cpu_and_writes_its_summary(tmp_path, capsys):
+def test_the_gpu_check_runs_every_stage_on_the_cpu_and_writes_its_summary(
+    tmp_path, capsys, without_ray_mlflow_optuna
+):
     out = tmp_path / "check"
     assert gpu_check.main(["--device", "cpu", "--out", str(out), "--budget", "900"]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -27,6 +53,11 @@ def test_the_gpu_check_runs_every_stage_on_the_cpu_and_writes_its_summary(tmp_pa
     env = summary["environment"]
     assert env["device_name"] == "cpu" and env["torch"] and env["git_commit"]
     assert "collected only" in stages["tests"]["detail"]
+    tests_log = (out / "tests.log").read_text()
+    assert "ERROR collecting" not in tests_log, (
+        tests_log
+    )  # every module collects without Ray/MLflow
+    assert "test_native_block_formats_match_emulated_on_the_gpu" in tests_log
     assert {m: r["status"] for m, r in summary["parallel"].items()} == {
         "ddp": "finished",
         "fsdp": "finished",
@@ -53,17 +84,21 @@ def two_stages(monkeypatch):
     monkeypatch.setattr(gpu_check, "STAGES", ("environment", "tests"))
     monkeypatch.setattr(gpu_check, "LIMITS", {"environment": 2, "tests": 60})
     monkeypatch.setattr(gpu_check, "MINIMUM", {"environment": 1, "tests": 10})
-    real = gpu_check.subprocess.run
+    real = gpu_check.subprocess.Popen
+    # the hanging stage also starts a child of its own that would write into the log later (as
+    # pytest under the tests stage does): stopping the stage must stop it too
+    late = "import time; time.sleep(4); print('the stage child wrote on', flush=True)"
     scripts = {
-        "environment": "import time; print('started', flush=True); time.sleep(30)",
+        "environment": "import subprocess, sys, time; print('started', flush=True); "
+        f"subprocess.Popen([sys.executable, '-c', {late!r}]); time.sleep(30)",
         "tests": "print('RESULT: fine')",
     }
 
-    def run(cmd, **kw):
+    def popen(cmd, **kw):
         stage = cmd[cmd.index("--stage") + 1]
         return real([sys.executable, "-c", scripts[stage]], **kw)
 
-    monkeypatch.setattr(gpu_check.subprocess, "run", run)
+    monkeypatch.setattr(gpu_check.subprocess, "Popen", popen)
 
 
 def test_a_stage_past_its_limit_is_stopped_and_the_next_one_still_runs(tmp_path, two_stages):
@@ -75,6 +110,8 @@ def test_a_stage_past_its_limit_is_stopped_and_the_next_one_still_runs(tmp_path,
     assert 2 <= stages[0].seconds < 10
     assert "started" in (tmp_path / "environment.log").read_text()  # its log survives
     assert stages[1].detail == "fine"
+    time.sleep(5)  # the stage's child would have written by now, had it outlived the stage
+    assert "child wrote on" not in (tmp_path / "environment.log").read_text()
 
 
 def test_a_stage_without_its_minimum_time_left_is_skipped(tmp_path, two_stages):
