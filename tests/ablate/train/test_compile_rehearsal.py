@@ -186,9 +186,8 @@ def test_the_quantizer_compiled_per_plan_trains_eager_and_compiled_models_as_on_
     default limit of 8 (layouts, dtypes, dispatch keys, static then dynamic sizes); past it the
     plan's compile fails and it runs eagerly, with a warning (an error here). Forced on the CPU, the
     plans and the model compiled by ``aot_eager`` (Dynamo's guards, and so its recompiles, are the
-    backend's and the device's alike). The composite recipe: NVFP4 with 16x16 weight tiles, MXFP4
-    with SR and a random Hadamard transform, six plans."""
-    name = "composite"
+    backend's and the device's alike). Full MXFP4 with SR passed 8 at a plan of its own."""
+    name = "mxfp4_sr"
     monkeypatch.setattr(torch_path, "compile_enabled", lambda device: True)
     monkeypatch.setattr(ckernel, "usable", lambda x: False)  # the torch path, as on a GPU
     monkeypatch.setenv("ABLATE_COMPILE_BACKEND", "aot_eager")
