@@ -87,7 +87,7 @@ def two_stages(monkeypatch):
     real = gpu_check.subprocess.Popen
     # the hanging stage also starts a child of its own that would write into the log later (as
     # pytest under the tests stage does): stopping the stage must stop it too
-    late = "import time; time.sleep(4); print('the stage child wrote on', flush=True)"
+    late = "import time; time.sleep(3); print('the stage child wrote on', flush=True)"
     scripts = {
         "environment": "import subprocess, sys, time; print('started', flush=True); "
         f"subprocess.Popen([sys.executable, '-c', {late!r}]); time.sleep(30)",
@@ -110,7 +110,7 @@ def test_a_stage_past_its_limit_is_stopped_and_the_next_one_still_runs(tmp_path,
     assert 2 <= stages[0].seconds < 10
     assert "started" in (tmp_path / "environment.log").read_text()  # its log survives
     assert stages[1].detail == "fine"
-    time.sleep(5)  # the stage's child would have written by now, had it outlived the stage
+    time.sleep(2)  # the stage's child would have written by now, had it outlived the stage
     assert "child wrote on" not in (tmp_path / "environment.log").read_text()
 
 
