@@ -8,15 +8,17 @@ next ones their time and its own log:
 
 1. ``environment``: device, driver (``nvidia-smi``), torch, CUDA, Python, the git commit, the
    command (``environment.json``);
-2. ``tests``: the test suite's GPU tests (``pytest -m gpu`` over ``tests/backends`` and
+2. ``native``: the native GEMMs' self-check against the emulation for every format the device
+   runs (``backends.gemm.selfcheck``; ``native_check.json``);
+3. ``tests``: the test suite's GPU tests (``pytest -m gpu`` over ``tests/backends`` and
    ``tests/ablate/train``: native GEMMs against emulated, the compiled quantizer, and the compiled
    training step against the eager one for three recipes, ``REHEARSALS``);
-3. ``parallel``: two steps of the ``ddp`` and ``fsdp`` paths in a process group of one on NCCL,
+4. ``parallel``: two steps of the ``ddp`` and ``fsdp`` paths in a process group of one on NCCL,
    compiled as a cell on CUDA is (``parallel.json``);
-4. ``bench``: ``python -m ablate.bench.gpu`` on the ``125m`` preset (its goals: emulated MXFP4
+5. ``bench``: ``python -m ablate.bench.gpu`` on the ``125m`` preset (its goals: emulated MXFP4
    step <= 1.25x BF16, quantizer >= 0.70 of the copy bandwidth, native FP8 faster than BF16, and
    native against emulated FP8 GEMMs);
-5. ``study``: ``studies/gpu_check.yaml`` (BF16, native FP8, emulated full MXFP4 and MXFP4 + DHT16
+6. ``study``: ``studies/gpu_check.yaml`` (BF16, native FP8, emulated full MXFP4 and MXFP4 + DHT16
    on ``small``, two seeds), each cell trained in this machine's one process as the local executor
    would, without MLflow, and its report (``study/report.md``, figures, ``summary.csv``).
 
@@ -53,15 +55,22 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: ablate/bench/ is two below it
 STUDY = ROOT / "studies" / "gpu_check.yaml"
-STAGES = ("environment", "tests", "parallel", "bench", "study")
-LIMITS = {"environment": 30, "tests": 170, "parallel": 120, "bench": 200, "study": 200}
+STAGES = ("environment", "native", "tests", "parallel", "bench", "study")
+LIMITS = {
+    "environment": 30,
+    "native": 60,
+    "tests": 170,
+    "parallel": 120,
+    "bench": 200,
+    "study": 200,
+}
 """Each stage's own time limit in seconds (within what the budget leaves it). On a fresh H200
 (2026-11-26, cold compile caches) ``parallel`` took 94 s, two compiled runs of ``small``."""
 REHEARSALS = ("fp8_native-none-cuda", "mxfp4_rht16-ddp-cuda", "nvidia_nvfp4-fsdp-cuda")
 """The compile rehearsal's CUDA cases the ``tests`` stage runs (native FP8, MXFP4 + RHT16 under DDP,
 NVIDIA's NVFP4 recipe under FSDP2): each compiles a model cold, 30-100 s on an H200, and all ten
 took the stage past its limit. ``pytest -m gpu`` runs them all."""
-MINIMUM = {"environment": 5, "tests": 30, "parallel": 20, "bench": 40, "study": 40}
+MINIMUM = {"environment": 5, "native": 10, "tests": 30, "parallel": 20, "bench": 40, "study": 40}
 """Below this much time a stage is skipped ("out of time") rather than started."""
 CPU_VAL_TOKENS = 1024  # the study's 65,536 would take 512 evaluation forwards of CPU_SIZES
 CPU_SIZES: dict[str, Any] = {
@@ -168,7 +177,7 @@ def _last_line(path: Path) -> str:
 def summarize(stages: list[Stage], out: Path, args: argparse.Namespace, wall: float) -> Path:
     """``summary.json`` (the stages and every stage's JSON) and ``summary.md``."""
     figures = {}
-    for name in ("environment", "parallel", "study"):
+    for name in ("environment", "native_check", "parallel", "study"):
         f = out / f"{name}.json"
         if f.exists():
             figures[name] = json.loads(f.read_text())
@@ -277,6 +286,28 @@ def _packages() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
+
+
+def stage_native(args: argparse.Namespace, out: Path) -> None:
+    """The native GEMMs' self-check (``ablate native-check``) for every format the device runs,
+    uncached: ``native_check.json``."""
+    import torch
+
+    from backends.gemm.selfcheck import check_device, versions
+
+    results = check_device(torch.device(args.device), use_cache=False, log=print)
+    (out / "native_check.json").write_text(
+        json.dumps({"device": versions(torch.device(args.device)), "results": results}, indent=1)
+        + "\n"
+    )
+    for name, result in results.items():
+        print(f"{name}: {result}")
+    failed = [n for n, r in results.items() if r.startswith("FAILED")]
+    print(
+        f"RESULT: {len(results) - len(failed)} of {len(results)} format families equal to the "
+        f"emulation{'; failed: ' + ', '.join(failed) if failed else ''}"
+    )
+    sys.exit(1 if failed else 0)
 
 
 def stage_tests(args: argparse.Namespace, out: Path) -> None:
@@ -459,6 +490,7 @@ def run_study(
 
 _STAGE_FUNCS: dict[str, Callable[[argparse.Namespace, Path], None]] = {
     "environment": stage_environment,
+    "native": stage_native,
     "tests": stage_tests,
     "parallel": stage_parallel,
     "bench": stage_bench,

@@ -11,6 +11,7 @@ Modules, one per group of commands (``main`` gathers them):
     seeds    ``plan``'s seed section: the seeds each comparison needs, from a noise model
     study    ``run``, ``status``, ``adopt`` and ``ui``: running a study, looking at its runs
     recipe   ``recipe``: what a recipe resolves to, operand by operand
+    native   ``native-check``: the native GEMMs' self-check on this machine
     data     ``data prepare`` and ``data show``: a study's data prepared before it runs
     results  ``report`` and ``tune``
     probe    ``probe``: gradient-fidelity probes on saved checkpoints
@@ -23,7 +24,7 @@ from __future__ import annotations
 import click
 
 from ablate import __version__
-from ablate.cli import data, export, plan, probe, recipe, results, slurm, study
+from ablate.cli import data, export, native, plan, probe, recipe, results, slurm, study
 
 
 @click.group()
@@ -47,5 +48,6 @@ for command in (
     probe.probe,
     export.export,
     slurm.slurm,
+    native.native_check,
 ):
     main.add_command(command)

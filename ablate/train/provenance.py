@@ -17,6 +17,9 @@ a number in a report can be traced to the code, device and precision that produc
     device          the device kind (cpu, cuda) and device_name (CPU model or GPU name)
     precision       the resolved autocast precision (bf16, fp32)
     backend         the GEMM backend
+    native_check    with ``backend: native``: the native GEMMs' self-check against the emulation
+                    (``backends.gemm.selfcheck``): ``passed: <the GEMMs>``, ``passed (cached
+                    <when>): ...`` or ``skipped: ...``; a failed check refuses the cell instead
 
 The code hash is computed once per process (a few ms of reading files).
 """
@@ -113,4 +116,9 @@ def environment(config: RunConfig) -> dict[str, str]:
     }
     if kind == "cuda" and torch.version.cuda:
         env["cuda"] = str(torch.version.cuda)
+    if config.backend == "native":  # run (or found cached) once per process and machine
+        from backends.gemm.selfcheck import self_check
+
+        device = kind if config.device == "auto" else config.device
+        env["native_check"] = self_check(config.recipe, torch.device(device))
     return env

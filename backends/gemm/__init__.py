@@ -5,6 +5,8 @@
 - ``emulated``: quantize, dequantize and multiply with FP32 accumulation, on any device;
 - ``native``: the hardware's scaled GEMM (``torch._scaled_mm``) on the same codes and scales;
 - ``capabilities``: which device runs which format natively, and the check before a run;
+- ``selfcheck``: the native GEMMs held to the emulation before a cell trains (``ablate
+  native-check``);
 - ``registry``: a run's ``backend`` name to its backend.
 """
 

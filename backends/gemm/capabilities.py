@@ -30,8 +30,12 @@ CAPABILITIES: dict[str, frozenset[str]] = {
     # AMD, by gfx arch.
     "gfx942": _FP8,  # MI300X, MI325X: FNUZ FP8, codes mapped exactly (``to_fnuz``)
     "gfx950": _FP8 | _MXFP8 | {"mxfp4"},  # MI350X, MI355X: no NVFP4 on ROCm
+    # the CPU: torch._scaled_mm's CPU kernel multiplies per-tensor FP8 (what the native backend's
+    # self-check and its tests run without a GPU)
+    "cpu": _FP8,
 }
-"""Formats each device runs natively through ``torch._scaled_mm`` (arch -> format names)."""
+"""Formats each device runs natively through ``torch._scaled_mm`` (arch, or ``cpu``, -> format
+names)."""
 
 _BLOCK = {"e8m0": 32, "nv": 16}  # the only block sizes the hardware GEMMs take
 _NO_DEVICE_HINT = (
@@ -52,6 +56,12 @@ def device_arch(device: torch.device | str) -> str | None:
     if torch.version.hip:
         return str(props.gcnArchName).split(":")[0]  # "gfx942:sramecc+:xnack-" -> "gfx942"
     return f"sm_{props.major}{props.minor}"
+
+
+def capability_key(device: torch.device | str) -> str | None:
+    """The key of ``CAPABILITIES`` for ``device``: its arch, ``cpu``, or None (no scaled GEMM)."""
+    device = torch.device(device)
+    return "cpu" if device.type == "cpu" else device_arch(device)
 
 
 def device_name(device: torch.device | str) -> str:
@@ -120,7 +130,7 @@ def formats_for(arch: str | None, limits: Mapping[str, str] | None = None) -> se
 def supported_formats(device: torch.device | str) -> set[str]:
     """Formats this device runs natively with this torch build."""
     arch = device_arch(device)
-    return formats_for(arch, build_limits(arch))
+    return formats_for(capability_key(device), build_limits(arch))
 
 
 def check_recipe(

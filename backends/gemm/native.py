@@ -58,6 +58,7 @@ from backends.gemm.base import GemmKeys, UnsupportedFormatError
 from backends.gemm.capabilities import (
     CAPABILITIES,
     build_limits,
+    capability_key,
     check_recipe,
     device_arch,
     device_name,
@@ -344,9 +345,12 @@ class NativeBackend:
         self._layouts: dict[torch.device, Layout] = {}
 
     def check(self, recipe: Recipe, device: torch.device) -> None:
+        """Refuse what the device cannot run (``check_recipe``; ``convert_model`` then holds the
+        GEMMs to the emulation: ``selfcheck.self_check``)."""
+        device = torch.device(device)
         arch = device_arch(device)
-        check_recipe(recipe, arch, device_name(device), build_limits(arch))
-        self._layouts[torch.device(device)] = layout_for(arch)  # before any traced call
+        check_recipe(recipe, capability_key(device), device_name(device), build_limits(arch))
+        self._layouts[device] = layout_for(arch)  # before any traced call
 
     def mm(
         self,

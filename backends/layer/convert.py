@@ -6,6 +6,9 @@ not linears, and the LM head (``lm_head``/``output``/``head``) stays in high pre
 logits feed the softmax directly and every published FP4 recipe keeps it there. A recipe's layer
 selection (``Recipe.layer_types``, ``blocks``, ``keep_first``/``keep_last``) reads a linear's type and
 block from its path (``layer_type``; ``layers.3.attention.wq`` is an attention linear of block 3).
+Before any linear is swapped the backend checks the recipe against the device, and the native
+backend's GEMMs are held to the emulation (``backends.gemm.selfcheck``): a refusal leaves the model
+as it was.
 
 ``convert`` replaces the linears of a model's decoder layers by ``QuantLinear`` under ``recipe``, the
 same three GEMMs and random-stream keys per layer as ``ablate``'s own trainer uses. What a linear is
@@ -33,6 +36,8 @@ from typing import Any
 from torch import nn
 
 from backends.gemm import get_backend
+from backends.gemm.native import NativeBackend
+from backends.gemm.selfcheck import self_check
 from backends.layer.linear import QuantLinear
 from backends.recipes import Recipe
 
@@ -87,7 +92,11 @@ def convert_model(
     n_blocks = max(blocks) + 1 if blocks else None
     if n_blocks is not None:
         recipe.check_blocks(n_blocks)
-    get_backend(backend).check(recipe, next(model.parameters()).device)
+    device = next(model.parameters()).device
+    gemms = get_backend(backend)
+    gemms.check(recipe, device)
+    if isinstance(gemms, NativeBackend):  # the device's GEMMs held to the emulation, once
+        self_check(recipe, device, gemms)
     for layer_id, (name, mod, block) in enumerate(targets):
         q = QuantLinear.from_linear(
             mod,

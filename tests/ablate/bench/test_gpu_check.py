@@ -52,6 +52,9 @@ def test_the_gpu_check_runs_every_stage_on_the_cpu_and_writes_its_summary(
         assert (out / s["log"]).read_text().strip()
     env = summary["environment"]
     assert env["device_name"] == "cpu" and env["torch"] and env["git_commit"]
+    assert summary["native_check"]["results"] == {
+        "fp8": "passed: fprop fp8_e4m3, dgrad fp8_e5m2|fp8_e4m3"
+    }  # the CPU's own FP8 GEMM, checked uncached
     assert "collected only" in stages["tests"]["detail"]
     tests_log = (out / "tests.log").read_text()
     assert "ERROR collecting" not in tests_log, (

@@ -1,0 +1,174 @@
+"""The native GEMMs' start-up self-check (``backends.gemm.selfcheck``): the CPU's own scaled GEMM
+(per-tensor FP8, ``torch._scaled_mm``) passes it and the pass is cached; a damaged cache is
+rebuilt; faults injected into what the GEMM is handed (a swizzle applied twice, a transposed scale,
+an inverted decode scale) are caught and refused, naming the device, the versions, the format,
+the GEMM and the first differing element; a CPU cell with ``backend: native`` records the check,
+and one whose GEMM is faulty is refused before its first step."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from ablate.data import DataConfig
+from ablate.model import ModelConfig
+from ablate.train import MemoryLogger, RunConfig, TrainConfig, train
+from ablate.train.provenance import environment
+from backends.gemm import native, selfcheck
+from backends.gemm.native import NativeBackend, scaled_mm_reference
+from backends.gemm.selfcheck import NativeCheckError, self_check
+from backends.recipes import GEMMS, Recipe
+
+FP8 = Recipe.from_shorthand([], base="fp8")  # E4M3 forward, E5M2 x E4M3 backward
+MXFP4 = Recipe.from_shorthand(list(GEMMS))
+NVFP4 = Recipe.from_shorthand(list(GEMMS), "sr+rht16", fp4_format="nvfp4")
+
+
+@pytest.fixture(autouse=True)
+def _fresh(tmp_path, monkeypatch):
+    monkeypatch.setenv("ABLATE_CACHE_DIR", str(tmp_path / "cache"))
+    selfcheck.forget()
+    yield
+    selfcheck.forget()
+
+
+def test_the_cpus_fp8_gemm_passes_and_the_pass_is_cached():
+    assert self_check(FP8, "cpu") == "passed: fprop fp8_e4m3, dgrad fp8_e5m2|fp8_e4m3"
+    cached = json.loads(selfcheck.cache_path().read_text())
+    assert cached["version"] == selfcheck.CHECK_VERSION
+    (entry,) = cached["passes"].values()
+    assert (
+        entry["result"] == "passed" and entry["what"] == "fprop fp8_e4m3, dgrad fp8_e5m2|fp8_e4m3"
+    )
+    selfcheck.forget()  # a new process on the same machine
+    assert self_check(FP8, "cpu").startswith("passed (cached 20")
+
+
+@pytest.mark.parametrize("recipe", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4_sr_rht16"])
+def test_the_block_formats_pass_on_a_gemm_that_reads_their_layout_as_written(recipe):
+    """No CPU GEMM takes block scales: the stand-in is the FP32 GEMM of what the packed operands
+    decode to (``scaled_mm_reference``), which reads cuBLAS's swizzled layout as the hardware
+    does."""
+    result = self_check(recipe, "cpu", NativeBackend(scaled_mm_reference), use_cache=False)
+    assert result.startswith("passed: fprop ")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json {",
+        json.dumps({"version": 999, "passes": {}}),
+        json.dumps({"version": selfcheck.CHECK_VERSION, "passes": ["a list"]}),
+    ],
+)
+def test_a_damaged_cache_is_ignored_and_rewritten(text):
+    path = selfcheck.cache_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    assert self_check(FP8, "cpu").startswith("passed: ")  # checked again, not read
+    assert json.loads(path.read_text())["version"] == selfcheck.CHECK_VERSION
+
+
+def test_a_cached_entry_that_is_not_a_pass_counts_for_nothing():
+    key = selfcheck.cache_key(torch.device("cpu"), selfcheck.cases(FP8))
+    path = selfcheck.cache_path()
+    path.parent.mkdir(parents=True)
+    forged = {key: {"result": "failed", "when": "x"}, "other": {"result": "passed", "when": 5}}
+    path.write_text(json.dumps({"version": selfcheck.CHECK_VERSION, "passes": forged}))
+    assert self_check(FP8, "cpu").startswith("passed: ")  # ran: the entry was no pass
+    assert set(json.loads(path.read_text())["passes"]) == {key}  # the bad ones are gone
+
+
+def _refused(recipe: Recipe, backend: NativeBackend) -> str:
+    with pytest.raises(NativeCheckError) as e:
+        self_check(recipe, "cpu", backend, use_cache=False)
+    msg = str(e.value)
+    assert f"on cpu, torch {torch.__version__}" in msg  # the device and the versions
+    assert "first difference at [" in msg and "emulated" in msg and "backend: emulated" in msg
+    return msg
+
+
+def test_a_swizzle_applied_twice_is_refused(monkeypatch):
+    once = native.swizzle_scales
+    monkeypatch.setattr(native, "swizzle_scales", lambda s: once(once(s).view(-1, 4)))
+    msg = _refused(MXFP4, NativeBackend(scaled_mm_reference))
+    assert "fprop mxfp4" in msg  # the GEMM and the format
+
+
+def test_a_transposed_scale_is_refused(monkeypatch):
+    """ROCm's row-major scales, handed over transposed: the same element count, read wrongly."""
+    rocm = native.Layout(swizzle=False, row_align=128, k_align=128)
+    monkeypatch.setattr(native, "layout_for", lambda arch: rocm)
+    real = native.pack_quantized
+
+    def transposed(q, **kw):
+        p = real(q, **kw)
+        s = p.scale.view(torch.uint8)
+        return dataclasses.replace(p, scale=s.t().contiguous().view(s.shape).view(p.scale.dtype))
+
+    monkeypatch.setattr(native, "pack_quantized", transposed)
+    msg = _refused(MXFP4, NativeBackend(scaled_mm_reference))
+    assert "(M, N, K) = (64, 48, 256)" in msg  # the shape it was found on
+
+
+def test_an_inverted_decode_scale_on_the_cpus_own_fp8_gemm_is_refused(monkeypatch):
+    real = native.pack_quantized
+    monkeypatch.setattr(
+        native,
+        "pack_quantized",
+        lambda q, **kw: dataclasses.replace(p := real(q, **kw), scale=1 / p.scale),
+    )
+    msg = _refused(FP8, NativeBackend())  # torch._scaled_mm's CPU kernel
+    assert "fprop fp8_e4m3" in msg
+
+
+def _cell(tmp_path) -> RunConfig:
+    return RunConfig(
+        model=ModelConfig(preset="tiny"),
+        data=DataConfig(val_tokens=1024),
+        train=TrainConfig(steps=2, batch_size=2, seq_len=32, eval_every=2, warmup_steps=1),
+        recipe=FP8,
+        backend="native",
+        device="cpu",
+    )
+
+
+def test_a_cpu_cell_on_native_fp8_records_its_check(tmp_path):
+    cfg = _cell(tmp_path)
+    res = train(cfg, MemoryLogger())
+    assert res.status == "finished"
+    assert environment(cfg)["native_check"] == ("passed: fprop fp8_e4m3, dgrad fp8_e5m2|fp8_e4m3")
+    emulated = dataclasses.replace(cfg, backend="emulated")
+    assert "native_check" not in environment(emulated)
+
+
+def test_a_cell_whose_native_gemm_is_faulty_is_refused_before_its_first_step(tmp_path, monkeypatch):
+    real = native.pack_quantized
+    monkeypatch.setattr(
+        native,
+        "pack_quantized",
+        lambda q, **kw: dataclasses.replace(p := real(q, **kw), scale=p.scale * 2),
+    )
+    logger = MemoryLogger()
+    with pytest.raises(NativeCheckError, match="does not compute what the emulation does"):
+        train(_cell(tmp_path), logger)
+    assert not logger.series("train_loss")  # no step was taken
+
+
+def test_the_command_checks_every_format_the_device_runs():
+    from click.testing import CliRunner
+
+    from ablate.cli import main
+
+    res = CliRunner().invoke(main, ["native-check", "--device", "cpu", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["device"] == f"cpu, torch {torch.__version__}"
+    assert out["results"] == {"fp8": "passed: fprop fp8_e4m3, dgrad fp8_e5m2|fp8_e4m3"}
+    res = CliRunner().invoke(main, ["native-check", "--device", "cpu", "--format", "mxfp4"])
+    assert res.exit_code == 1 and "mxfp4 (fprop, dgrad, wgrad) has no native GEMM" in res.output
+    res = CliRunner().invoke(main, ["native-check", "--format", "mxfp9"])
+    assert res.exit_code == 2 and "allowed: mxfp4" in res.output
