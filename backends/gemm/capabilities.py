@@ -100,13 +100,13 @@ def build_limits(arch: str | None) -> dict[str, str]:
     elif cuda_mxfp4 and "USE_MSLK" not in config and "USE_FBGEMM_GENAI" not in config:
         out["mxfp4"] = "this torch build has no MSLK kernels, which torch uses for MXFP4 on CUDA"
     hip = _hip_version()
-    pre_swizzled = hasattr(torch.nn.functional.ScalingType, "BlockWiseBlk32Ue8m0_32_8_EXT")
-    if arch.startswith("gfx") and hip is not None and pre_swizzled:
-        # torch after 2.13, built with ROCm >= 7.13 (7.14 for MXFP8), takes hipBLASLt's
-        # pre-swizzled 32x8 MX scale layout, which this backend does not produce; torch 2.13 and
-        # earlier ROCm builds take row-major scales
+    if arch.startswith("gfx") and hip is not None:
+        # a torch built against ROCm >= 7.13 (7.14 for MXFP8) takes hipBLASLt's pre-swizzled 32x8
+        # MX scale layout, which this backend does not produce, and its row-major path is compiled
+        # out: refused by the ROCm version torch was built with, whatever names its ScalingType
+        # has (torch._scaled_mm would read row-major scales as swizzled without an error)
         for fmt, since in (("mxfp4", (7, 13)), ("mxfp8_e4m3", (7, 14)), ("mxfp8_e5m2", (7, 14))):
-            if hip >= since:
+            if hip >= since and fmt in CAPABILITIES.get(arch, ()):
                 out[fmt] = (
                     f"ROCm {hip[0]}.{hip[1]}'s pre-swizzled MX scale layout is not implemented"
                 )

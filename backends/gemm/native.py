@@ -34,12 +34,16 @@ gfx950 both to 128: the MX GEMM needs K % 128, and torch's check of the scale co
 (128·⌈rows/128⌉ · 4·⌈K/128⌉) holds for row-major scales only when rows are a multiple of 128. Padding
 is zero codes, which add nothing, and is cut from the output.
 
-Calls (torch 2.13): ``torch._scaled_mm(a, b.t(), scale_a, scale_b, out_dtype=float32,
-use_fast_accum=False)`` for FP8, MXFP8 and NVFP4 (cuBLASLt / hipBLASLt); MXFP4 on CUDA goes through
-``F.scaled_mm(a, b.t(), scale_a, ScalingType.BlockWise1x32, scale_b, ScalingType.BlockWise1x32,
-swizzle_a=SwizzleType.SWIZZLE_32_4_4, swizzle_b=..., output_dtype=bfloat16)``, the route torchao
-uses and torch 2.13 sends to MSLK's CUTLASS kernel (B200/B300 only, bf16 output; later torch
-releases also accept MXFP4 in ``_scaled_mm`` through cuBLASLt).
+Calls (``gemm_call``): ``F.scaled_mm(a, b.t(), scale_a, ScalingType.X, scale_b, ScalingType.X,
+swizzle_a=S, swizzle_b=S, output_dtype=..., use_fast_accum=False)``, the explicit API (v2), with X
+TensorWise (FP8), BlockWise1x32 (MX) or BlockWise1x16 (NVFP4) and S SWIZZLE_32_4_4 (cuBLAS's
+tiles), NO_SWIZZLE (ROCm's row-major MX scales, ROCm before 7.13) or none (a tensor scale): v2 names
+the layout, where ``torch._scaled_mm`` (v1) infers it from the scale's element count, which for
+rows % 32 == 0 and K % 256 == 0 is the same for both layouts. v1 only on a torch without v2. MXFP4
+on CUDA goes to MSLK's CUTLASS kernel (B200/B300, bf16 output). ROCm built against 7.13 or later
+(7.14 for MXFP8) takes hipBLASLt's pre-swizzled scales, which this backend does not produce:
+``capabilities.build_limits`` refuses those formats there, and the self-check
+(``selfcheck.py``) holds every GEMM to the emulation before a cell trains.
 
 ``check`` runs before any training step: it refuses a recipe whose formats the device cannot run
 (``CAPABILITIES``), naming the device, the formats and GEMMs, what the device supports, and
@@ -273,33 +277,77 @@ def dequantize_packed(p: PackedOperand) -> torch.Tensor:
 # the GEMM
 
 
+HAS_V2 = hasattr(torch.nn.functional, "scaled_mm")
+"""Whether this torch has the explicit scaled GEMM, ``torch.nn.functional.scaled_mm`` (v2)."""
+_SCALING = {"tensor": "TensorWise", "e8m0": "BlockWise1x32", "nv": "BlockWise1x16"}
+
+
+@dataclass(frozen=True, slots=True)
+class GemmCall:
+    """How one packed format is handed to the device's scaled GEMM."""
+
+    api: str
+    """``scaled_mm``: ``torch.nn.functional.scaled_mm`` (v2), which takes the scaling and the
+    scale layout by name and refuses a mismatch; ``_scaled_mm``: ``torch._scaled_mm`` (v1), which
+    infers the layout from the scale's element count (for rows % 32 == 0 and K % 256 == 0 a
+    swizzled and a row-major MX scale have the same count: it cannot tell them apart)."""
+    scaling: str
+    """``ScalingType`` member: TensorWise (FP8), BlockWise1x32 (MX), BlockWise1x16 (NVFP4)."""
+    swizzle: str | None
+    """``SwizzleType`` member for block scales: SWIZZLE_32_4_4 (cuBLAS's 128x4 tiles) or
+    NO_SWIZZLE (row-major: ROCm before 7.13); None for a tensor scale."""
+
+
+def gemm_call(spec: QuantSpec, swizzled: bool, v2: bool = HAS_V2) -> GemmCall:
+    """The call for operands of ``spec`` packed ``swizzled`` (or row-major): v2 wherever this torch
+    has it, with the scaling and the layout named; v1 (``torch._scaled_mm``) only on a torch
+    without v2, where it is the one call there is. MXFP4 on CUDA has no v1 route in the torch
+    versions this project runs (torch 2.13 sends it to MSLK's kernel through v2 only)."""
+    scaling = _SCALING[spec.fmt.scale]
+    swizzle = (
+        None if spec.fmt.scale == "tensor" else ("SWIZZLE_32_4_4" if swizzled else "NO_SWIZZLE")
+    )
+    if v2:
+        return GemmCall("scaled_mm", scaling, swizzle)
+    if spec.format == "mxfp4" and swizzled:
+        raise UnsupportedFormatError(
+            f"backend native: MXFP4 on CUDA needs torch.nn.functional.scaled_mm, which torch "
+            f"{torch.__version__} does not have"
+        )
+    return GemmCall("_scaled_mm", scaling, swizzle)
+
+
 def scaled_mm(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
-    """``a @ b^T`` (pa.rows, pb.rows) float32 on the device's scaled GEMM, FP32 accumulation."""
+    """``a @ b^T`` (pa.rows, pb.rows) float32 on the device's scaled GEMM, FP32 accumulation
+    (``gemm_call`` says how)."""
     if pa.data.shape[1] != pb.data.shape[1]:
         raise ValueError(
             f"scaled_mm: operands differ in K: {tuple(pa.data.shape)} and {tuple(pb.data.shape)}"
         )
-    if pa.spec.format == "mxfp4" and pa.swizzled:
+    call = gemm_call(pa.spec, pa.swizzled)
+    if call.api == "scaled_mm":
         F = torch.nn.functional
+        swizzle = None if call.swizzle is None else getattr(F.SwizzleType, call.swizzle)
         out = F.scaled_mm(
             pa.data,
-            pb.data.t(),
+            pb.data.t(),  # column-major, as cuBLASLt's FP8 GEMM on Hopper requires
             pa.scale,
-            F.ScalingType.BlockWise1x32,
+            getattr(F.ScalingType, call.scaling),
             pb.scale,
-            F.ScalingType.BlockWise1x32,
-            swizzle_a=F.SwizzleType.SWIZZLE_32_4_4,
-            swizzle_b=F.SwizzleType.SWIZZLE_32_4_4,
+            getattr(F.ScalingType, gemm_call(pb.spec, pb.swizzled).scaling),
+            swizzle_a=swizzle,
+            swizzle_b=swizzle,
             output_dtype=pa.out_dtype,
+            use_fast_accum=False,  # periodic promotion to FP32 of the tensor-core partial sums
         )
     else:
         out = torch._scaled_mm(
             pa.data,
-            pb.data.t(),  # column-major, as cuBLASLt's FP8 GEMM on Hopper requires
+            pb.data.t(),
             pa.scale,
             pb.scale,
             out_dtype=pa.out_dtype,
-            use_fast_accum=False,  # periodic promotion to FP32 of the tensor-core partial sums
+            use_fast_accum=False,
         )
     out = out.float()
     if pa.global_scale is not None and pb.global_scale is not None:
@@ -408,6 +456,8 @@ __all__ = [
     "CAPABILITIES",
     "CUDA_LAYOUT",
     "NV_ALPHA",
+    "GemmCall",
+    "HAS_V2",
     "Layout",
     "NativeBackend",
     "alpha",
@@ -418,6 +468,7 @@ __all__ = [
     "device_arch",
     "device_name",
     "formats_for",
+    "gemm_call",
     "layout_for",
     "pack_operand",
     "pack_quantized",

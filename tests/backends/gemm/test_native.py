@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from backends.gemm import GemmKeys, UnsupportedFormatError, supported_formats
+from backends.gemm import GemmKeys, UnsupportedFormatError, native, supported_formats
 from backends.gemm.emulated import EmulatedBackend
 from backends.gemm.native import (
     CUDA_LAYOUT,
@@ -479,3 +479,49 @@ def test_a_weight_quantized_once_packs_as_it_is_and_matches_emulated():
     assert torch.equal(p1.data.view(torch.uint8), p2.data.view(torch.uint8))
     assert torch.equal(p1.scale.view(torch.uint8), p2.scale.view(torch.uint8))
     assert torch.equal(dequantize_packed(p1), dequantize_packed(p2))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "swizzled", "v2", "call"),
+    [
+        ("fp8_e4m3", False, True, ("scaled_mm", "TensorWise", None)),
+        ("mxfp8_e4m3", True, True, ("scaled_mm", "BlockWise1x32", "SWIZZLE_32_4_4")),
+        ("mxfp8_e4m3", False, True, ("scaled_mm", "BlockWise1x32", "NO_SWIZZLE")),  # ROCm < 7.13
+        ("mxfp4", True, True, ("scaled_mm", "BlockWise1x32", "SWIZZLE_32_4_4")),
+        ("mxfp4", False, True, ("scaled_mm", "BlockWise1x32", "NO_SWIZZLE")),
+        ("nvfp4", True, True, ("scaled_mm", "BlockWise1x16", "SWIZZLE_32_4_4")),
+        ("fp8_e5m2", False, False, ("_scaled_mm", "TensorWise", None)),  # a torch without v2
+        ("nvfp4", True, False, ("_scaled_mm", "BlockWise1x16", "SWIZZLE_32_4_4")),
+    ],
+)
+def test_every_call_names_its_scaling_and_layout(fmt, swizzled, v2, call):
+    got = native.gemm_call(QuantSpec(format=fmt), swizzled, v2=v2)
+    assert (got.api, got.scaling, got.swizzle) == call
+    F = torch.nn.functional  # the names exist in this torch's enums
+    assert hasattr(F.ScalingType, got.scaling)
+    assert got.swizzle is None or hasattr(F.SwizzleType, got.swizzle)
+
+
+def test_mxfp4_on_cuda_without_the_explicit_api_is_refused():
+    with pytest.raises(UnsupportedFormatError, match="needs torch.nn.functional.scaled_mm"):
+        native.gemm_call(QuantSpec(format="mxfp4"), True, v2=False)
+
+
+@pytest.mark.parametrize(("rows", "K"), [(128, 256), (256, 1024), (4096, 4096)])
+def test_swizzled_and_row_major_mx_scales_can_have_the_same_element_count(rows, K):
+    """Why the layout must be named: for rows % 32 == 0 and K % 256 == 0 (every LLM shape of a
+    multiple of 128 rows) the swizzled scales of ``swizzle_scales`` hold as many elements as the
+    row-major ones, so a call that infers the layout from the count (v1) cannot tell them apart."""
+    scales = torch.randint(100, 140, (rows, K // 32), dtype=torch.uint8)
+    blocked = swizzle_scales(scales)
+    assert blocked.numel() == scales.numel()
+    assert not torch.equal(blocked, scales.flatten())  # the same count, other bytes
+    assert torch.equal(unswizzle_scales(blocked, rows, K // 32), scales)  # the round trip
+
+
+def test_the_explicit_api_multiplies_fp8_as_torch_scaled_mm_does_on_the_cpu():
+    a, b = _x(70, 200, seed=1), _x(33, 200, seed=2)
+    e4m3 = QuantSpec(format="fp8_e4m3")
+    pa, pb = pack_operand(a, e4m3), pack_operand(b, e4m3)
+    v1 = torch._scaled_mm(pa.data, pb.data.t(), pa.scale, pb.scale, out_dtype=torch.float32)
+    assert native.HAS_V2 and torch.equal(scaled_mm(pa, pb), v1[:70, :33])

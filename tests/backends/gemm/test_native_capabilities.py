@@ -167,3 +167,23 @@ def test_convert_model_with_native_fails_before_training_on_a_cpu():
         convert_model(model, recipe, backend="native")
     assert "mxfp4 (fprop, dgrad, wgrad)" in str(e.value)
     assert not any(isinstance(m, QuantLinear) for m in model.modules())  # nothing was swapped
+
+
+@pytest.mark.parametrize(
+    ("hip", "refused"),
+    [
+        ("7.12.60610", set()),
+        ("7.13.0", {"mxfp4"}),
+        ("7.14.1", {"mxfp4", "mxfp8_e4m3", "mxfp8_e5m2"}),
+    ],
+)
+def test_rocm_builds_that_take_pre_swizzled_mx_scales_are_refused_by_their_version(
+    hip, refused, monkeypatch
+):
+    """The MX scale layout follows the ROCm version torch was built against (row-major before
+    7.13, hipBLASLt's pre-swizzled tiles from 7.13, MXFP8 from 7.14), not the names torch has."""
+    monkeypatch.setattr(torch.version, "hip", hip)
+    limits = build_limits("gfx950")
+    assert set(limits) == refused
+    assert all("pre-swizzled MX scale layout is not implemented" in why for why in limits.values())
+    assert build_limits("gfx942") == {}  # FP8 only: no block scales
