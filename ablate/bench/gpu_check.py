@@ -13,11 +13,11 @@ next ones their time and its own log:
 3. ``tests``: the test suite's GPU tests (``pytest -m gpu`` over ``tests/backends`` and
    ``tests/ablate/train``: native GEMMs against emulated, the compiled quantizer, and the compiled
    training step against the eager one for three recipes, ``REHEARSALS``);
-4. ``parallel``: two steps of the ``ddp`` and ``fsdp`` paths in a process group of one on NCCL,
-   compiled as a cell on CUDA is (``parallel.json``);
-5. ``bench``: ``python -m ablate.bench.gpu`` on the ``125m`` preset (its goals: emulated MXFP4
+4. ``bench``: ``python -m ablate.bench.gpu`` on the ``125m`` preset (its goals: emulated MXFP4
    step <= 1.25x BF16, quantizer >= 0.70 of the copy bandwidth, native FP8 faster than BF16, and
    native against emulated FP8 GEMMs);
+5. ``parallel``: two steps of the ``ddp`` and ``fsdp`` paths in a process group of one on NCCL,
+   compiled as a cell on CUDA is (``parallel.json``);
 6. ``study``: ``studies/gpu_check.yaml`` (BF16, native FP8, emulated full MXFP4 and MXFP4 + DHT16
    on ``small``, two seeds), each cell trained in this machine's one process as the local executor
    would, without MLflow, and its report (``study/report.md``, figures, ``summary.csv``).
@@ -55,7 +55,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: ablate/bench/ is two below it
 STUDY = ROOT / "studies" / "gpu_check.yaml"
-STAGES = ("environment", "native", "tests", "parallel", "bench", "study")
+STAGES = ("environment", "native", "tests", "bench", "parallel", "study")
+"""In the order of what a short loan of a GPU must show first: the numerics, then the figures."""
 LIMITS = {
     "environment": 30,
     "native": 60,
