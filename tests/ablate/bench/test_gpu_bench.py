@@ -20,12 +20,11 @@ def test_dry_run_on_the_cpu_measures_every_row_and_writes_the_report(tmp_path, c
         result["command"] == f"python -m ablate.bench.gpu --device cpu --dry-run --out {tmp_path}"
     )
 
-    # the step rows: every recipe per preset, fp8 skipped with the reason (no FP8 GEMM on a CPU)
+    # the step rows: every recipe per preset, fp8 on the CPU's own (native) FP8 GEMM
     steps = {r["recipe"]: r for r in result["steps"]}
     assert list(steps) == list(gpu_bench.RECIPES)
-    assert steps["fp8"]["backend"] == "native" and "no native FP8" in steps["fp8"]["skipped"]
-    assert steps["fp8"]["step_ms"] is None
-    for name in ("bf16", "mxfp4", "nvfp4", "mxfp4_h16"):
+    assert steps["fp8"]["backend"] == "native" and "skipped" not in steps["fp8"]
+    for name in ("bf16", "fp8", "mxfp4", "nvfp4", "mxfp4_h16"):
         r = steps[name]
         assert r["step_ms"] > 0 and r["tokens_per_s"] > 0 and r["compiled"] is False
         assert (r["batch"], r["seq_len"]) == gpu_bench.DRY_RUN["batch"]["tiny"]
@@ -35,7 +34,9 @@ def test_dry_run_on_the_cpu_measures_every_row_and_writes_the_report(tmp_path, c
     assert ratios["emulated_mxfp4_step_over_bf16"] == pytest.approx(
         steps["mxfp4"]["step_ms"] / steps["bf16"]["step_ms"]
     )
-    assert ratios["native_fp8_step_over_bf16"] is None
+    assert ratios["native_fp8_step_over_bf16"] == pytest.approx(
+        steps["fp8"]["step_ms"] / steps["bf16"]["step_ms"]
+    )
     assert result["train"]["compile"] == "auto" and result["train"]["compiled"] is False
 
     # the quantizer: each path checked bit for bit on the device and against the CPU
@@ -56,7 +57,7 @@ def test_dry_run_on_the_cpu_measures_every_row_and_writes_the_report(tmp_path, c
         == quant["mxfp4_rne"]["copy_fraction"]
     )
     fp8_goal = goals["native_fp8_step_over_bf16"]
-    assert fp8_goal["met"] is None and "no native FP8" in fp8_goal["why"]
+    assert fp8_goal["met"] == (fp8_goal["measured"] < 1.0)
 
     # the profile of the emulated MXFP4 step: the top entries with their share of the step
     prof = result["profile"]
@@ -66,7 +67,8 @@ def test_dry_run_on_the_cpu_measures_every_row_and_writes_the_report(tmp_path, c
     assert "gemm" in prof["by_kind"]
 
     # the GEMM rows, and the Markdown with every section
-    assert [g["gemm"] for g in result["gemms"]] == ["bf16", "emulated_mxfp4"]
+    gemms = [g["gemm"] for g in result["gemms"]]
+    assert gemms[0] == "bf16" and gemms[-1] == "emulated_mxfp4" and "native_fp8_e4m3" in gemms
     text = md.read_text()
     for heading in ("## Goals", "## Step time, `tiny`", "## Quantizer", "## Profile", "## GEMMs"):
         assert heading in text

@@ -53,9 +53,11 @@ def test_torchao_row_is_measured_or_says_why_not():
 
 def test_measure_and_report_with_and_without_gemms():
     result = bench.measure(CPU, 16, 1, kn=[(64, 96)], quant_shape=(32, 64))
-    assert [r["gemm"] for r in result["gemms"]] == ["bf16", "emulated_mxfp4"]  # no native here
-    assert [(r["M"], r["K"], r["N"]) for r in result["gemms"]] == [(16, 64, 96)] * 2
-    assert result["quantizer_shape"] == [32, 64] and result["native_formats"] == []
+    gemms = [r["gemm"] for r in result["gemms"]]  # the CPU's own FP8 GEMM is a native one
+    assert gemms[0] == "bf16" and gemms[-1] == "emulated_mxfp4" and "native_fp8_e4m3" in gemms
+    assert {(r["M"], r["K"], r["N"]) for r in result["gemms"]} == {(16, 64, 96)}
+    assert result["quantizer_shape"] == [32, 64]
+    assert result["native_formats"] == ["fp8_e4m3", "fp8_e5m2"]
     text = "\n".join(bench.report_lines(result))
     assert all(name in text for name in ["bf16", "emulated_mxfp4", *QUANTIZER_ROWS])
     assert text.count("bit-exact: True") == len(QUANTIZER_ROWS) - 1
@@ -84,7 +86,8 @@ def test_command_line_gemms_and_check_on_the_cpu(capsys, monkeypatch):
     assert bench.main([*argv, "--check", "--json"]) == 0
     out = capsys.readouterr().out
     result = _last_json(out)
-    assert [r["gemm"] for r in result["gemms"]] == ["bf16", "emulated_mxfp4"]
+    gemms = [r["gemm"] for r in result["gemms"]]
+    assert gemms[0] == "bf16" and gemms[-1] == "emulated_mxfp4" and "native_fp8_e4m3" in gemms
     assert all(result[f"{row}_bit_exact"] for row in QUANTIZER_ROWS[1:])
     assert "emulated_mxfp4" in out and "TFLOP/s" in out
 
