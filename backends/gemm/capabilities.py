@@ -48,7 +48,8 @@ _NO_DEVICE_HINT = (
 
 
 def device_arch(device: torch.device | str) -> str | None:
-    """``sm_90``, ``gfx942``, ...; None for devices without a scaled GEMM (cpu, mps, ...)."""
+    """``sm_90``, ``gfx942``, ...; None for devices without a GPU arch (the CPU, whose scaled GEMM
+    ``capability_key`` names ``cpu``; mps, ...)."""
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
