@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
@@ -44,9 +45,10 @@ from pathlib import Path
 import torch
 
 from backends.gemm.base import GemmKeys, UnsupportedFormatError
-from backends.gemm.capabilities import device_name
+from backends.gemm.capabilities import device_name, supported_formats
 from backends.gemm.emulated import EmulatedBackend
 from backends.gemm.native import NativeBackend, dequantize_packed, pack_operand
+from backends.quant.ckernel import cache_dir
 from backends.quant.hadamard import DETERMINISTIC
 from backends.recipes import GEMMS, GemmRecipe, Recipe
 
@@ -185,6 +187,7 @@ def versions(device: torch.device) -> str:
     return ", ".join(parts)
 
 
+@functools.cache
 def _code_hash() -> str:
     h = hashlib.sha256()
     for mod in ("native.py", "selfcheck.py", "capabilities.py"):
@@ -198,9 +201,7 @@ def cache_key(device: torch.device, checked: Iterable[Case]) -> str:
 
 
 def cache_path() -> Path:
-    return Path(os.environ.get("ABLATE_CACHE_DIR", Path.home() / ".cache" / "ablate")) / (
-        "native_check.json"
-    )
+    return cache_dir() / "native_check.json"
 
 
 def _read_cache(path: Path) -> dict[str, dict[str, str]]:
@@ -314,26 +315,18 @@ def check_device(
 ) -> dict[str, str]:
     """``self_check`` of every format ``device`` runs natively (or ``formats``), one recipe per
     family (``format_recipes``): recipe name -> its result, ``FAILED: <why>`` for a failure."""
-    from backends.gemm.capabilities import (
-        build_limits,
-        capability_key,
-        check_recipe,
-        device_arch,
-        supported_formats,
-    )
-
     device = torch.device(device)
     fmts = sorted(supported_formats(device) if formats is None else formats)
-    limits = build_limits(device_arch(device))
     results: dict[str, str] = {}
     for name, recipe in format_recipes(fmts).items():
+        native = NativeBackend()
         try:
-            check_recipe(recipe, capability_key(device), device_name(device), limits)
+            native.check(recipe, device)  # what convert_model asks first
         except UnsupportedFormatError as e:
             results[name] = f"FAILED: not native here: {e}"
             continue
         try:
-            results[name] = self_check(recipe, device, use_cache=use_cache, log=log)
+            results[name] = self_check(recipe, device, native, use_cache=use_cache, log=log)
         except UnsupportedFormatError as e:
             results[name] = f"FAILED: {e}"
     return results

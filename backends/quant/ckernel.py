@@ -90,7 +90,8 @@ def _cpu_signature() -> str:
     return platform.machine() + flags
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """``$ABLATE_CACHE_DIR``, default ``~/.cache/ablate``: where built kernels and checks are kept."""
     return Path(os.environ.get("ABLATE_CACHE_DIR", Path.home() / ".cache" / "ablate"))
 
 
@@ -100,7 +101,7 @@ def _build() -> ctypes.CDLL:
         raise RuntimeError("no C compiler found (set CC or install gcc)")
     src = _SRC.read_bytes()
     digest = hashlib.sha256(src + " ".join(_FLAGS).encode() + _cpu_signature().encode())
-    out = _cache_dir() / "kernels" / digest.hexdigest()[:16] / "quant.so"
+    out = cache_dir() / "kernels" / digest.hexdigest()[:16] / "quant.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
