@@ -314,23 +314,22 @@ def stage_native(args: argparse.Namespace, out: Path) -> None:
 def stage_tests(args: argparse.Namespace, out: Path) -> None:
     """The tests marked ``gpu``; on the CPU only collected (they would skip, or compile for the
     CPU for minutes: the suite runs them there)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rs"]
+    cpu = args.device == "cpu"
+    # on a GPU one line per test as it ends (-v): a stage cut off at its limit still says which
+    # passed; on the CPU the collected names (-q)
+    cmd = [sys.executable, "-m", "pytest", "-q" if cpu else "-v", "-m", "gpu", "-p"]
+    cmd += ["no:cacheprovider", "-rs"]
     # a test module that needs a package this machine lacks must not hide the GPU tests
     cmd.append("--continue-on-collection-errors")
     cmd += ["--junitxml", str(out / "tests.xml"), "tests/backends", "tests/ablate/train"]
     cmd += ["-k", " or ".join(["not compiles_once_and_trains", *REHEARSALS])]
-    if args.device == "cpu":
-        cmd.append("--collect-only")
-    else:  # one line per test as it ends: a stage cut off at its limit still says which passed
-        cmd += ["-v", "--durations=10"]
+    cmd.append("--collect-only" if cpu else "--durations=10")
     print(shlex.join(cmd), flush=True)
     rc = subprocess.run(cmd, cwd=ROOT).returncode
     if rc == 5:  # nothing selected
         print("RESULT: no GPU tests selected")
         sys.exit(3)
-    what = (
-        "collected only, on the CPU" if args.device == "cpu" else _junit_counts(out / "tests.xml")
-    )
+    what = "collected only, on the CPU" if cpu else _junit_counts(out / "tests.xml")
     print(f"RESULT: pytest exit status {rc} ({what})")
     sys.exit(0 if rc == 0 else 1)
 
