@@ -32,6 +32,7 @@ from backends.gemm.native import (
     to_fnuz,
     unswizzle_scales,
 )
+from backends.gemm.selfcheck import accumulation_bits
 from backends.layer import QuantLinear
 from backends.quant import (
     E4M3,
@@ -385,14 +386,10 @@ def _needs(fmt: str, key: str) -> Callable[[Any], Any]:
 
 
 def _tolerances(fmt: str) -> tuple[int, int]:
-    """(acc_bits, out_bits) of the hardware GEMM for ``fmt`` on this device.
-
-    Ada/Hopper FP8 tensor cores add products in fixed point, keeping about 14 bits below the
-    largest exponent (DeepSeek-V3 report, 3.5.2), and cuBLAS promotes the partial sums to FP32
-    every few k-steps: a 32-product chunk can lose 32 * 2^-13 of its largest product, 2^-8 of the
-    chunk's sum of magnitudes. Blackwell's FP8/FP4 MMA keeps 25 or more bits.
-    """
-    acc = 8 if fmt.startswith("fp8") and _ARCH in ("sm_89", "sm_90") else 24
+    """(acc_bits, out_bits) of the hardware GEMM for ``fmt`` on this device: the self-check's
+    accumulation model (``selfcheck.accumulation_bits``: FP8 on Ada/Hopper adds in fixed point),
+    and an 8-bit (bf16) output for MXFP4 on CUDA and the block formats on ROCm."""
+    acc = accumulation_bits(fmt, _ARCH)
     block = FORMATS[fmt].scale != "tensor"
     out = 8 if block and (fmt == "mxfp4" or (_ARCH or "").startswith("gfx")) else 24
     return acc, out

@@ -2,7 +2,8 @@
 (per-tensor FP8, ``torch._scaled_mm``) passes it and the pass is cached; a damaged cache is
 rebuilt; faults injected into what the GEMM is handed (a swizzle applied twice, a transposed scale,
 an inverted decode scale) are caught and refused, naming the device, the versions, the format,
-the GEMM and the first differing element; a CPU cell with ``backend: native`` records the check,
+the GEMM and the first differing element; FP8 accumulated in fixed point, as on Ada and Hopper,
+passes only where the device has it; a CPU cell with ``backend: native`` records the check,
 and one whose GEMM is faulty is refused before its first step."""
 
 from __future__ import annotations
@@ -123,6 +124,40 @@ def test_an_inverted_decode_scale_on_the_cpus_own_fp8_gemm_is_refused(monkeypatc
     )
     msg = _refused(FP8, NativeBackend())  # torch._scaled_mm's CPU kernel
     assert "fprop fp8_e4m3" in msg
+
+
+def _fixed_point_mm(pa, pb):
+    """A GEMM that adds like Hopper's FP8 tensor cores: each 32-product chunk of K in fixed point,
+    every product aligned to 13 bits below the chunk's largest (truncated), the chunks in FP32."""
+    a, b = native.dequantize_packed(pa).double(), native.dequantize_packed(pb).double()
+    out = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float32)
+    for k in range(0, a.shape[1], 32):
+        prods = a[:, None, k : k + 32] * b[None, :, k : k + 32]
+        top = prods.abs().amax(-1).clamp(min=2.0**-126)
+        ulp = torch.exp2(torch.floor(torch.log2(top)) - 13)
+        out += (torch.trunc(prods / ulp[..., None]) * ulp[..., None]).sum(-1).float()
+    return native._unpad(out, pa.rows, pb.rows)
+
+
+def test_fixed_point_fp8_accumulation_passes_where_the_device_has_it(monkeypatch):
+    """Ada and Hopper add FP8 products in fixed point (H200, torch 2.11: 0.0046 off on an output
+    of 6.08, past the FP32 bound): the check allows it there (``accumulation_bits``), nowhere
+    else, and still refuses a wrong scale there."""
+    hopper = NativeBackend(_fixed_point_mm)
+    msg = _refused(FP8, hopper)  # a CPU claims FP32 accumulation: held to it
+    assert "FP32 accumulation order" in msg
+    monkeypatch.setattr(selfcheck, "device_arch", lambda device: "sm_90")
+    assert self_check(FP8, "cpu", hopper, use_cache=False).startswith("passed: fprop fp8_e4m3")
+    assert selfcheck.accumulation_bits("mxfp8_e4m3", "sm_100") == 24
+    assert selfcheck.accumulation_bits("fp8_e5m2", "sm_89") == 8
+    selfcheck.forget()
+    real = native.pack_quantized
+    monkeypatch.setattr(
+        native,
+        "pack_quantized",
+        lambda q, **kw: dataclasses.replace(p := real(q, **kw), scale=2 * p.scale),
+    )
+    _refused(FP8, hopper)
 
 
 def _cell(tmp_path) -> RunConfig:
