@@ -15,8 +15,9 @@ On one GPU and in one process it measures:
   path (plain RNE, +SR, +H16, and the other rows of ``ablate.bench.numerics``), each output checked bit for
   bit against the reference quantizer on the device and against the same input copied to the CPU
   (the CPU's fast path for every row; the pure reference for RNE, SR and H16);
-- a ``torch.profiler`` profile of a few emulated-MXFP4 steps of ``125m``: the kernels that take the
-  most device time (name, calls, total ms, % of the step) and the share per kind of kernel;
+- a ``torch.profiler`` profile of a few emulated-MXFP4 steps of ``125m`` (``--profile`` names other
+  recipes too): the kernels that take the most device time (name, calls, total ms, % of the step)
+  and the share per kind of kernel;
 - the GEMM rows of ``ablate.bench.numerics`` (BF16, native and emulated GEMM TFLOP/s on Llama-3-8B shapes;
   ``--no-gemms`` skips them).
 
@@ -26,7 +27,8 @@ and exits 0. ``--device cpu --dry-run`` runs the whole pipeline at toy sizes on 
 the file name ends in ``-dry-run``).
 
 Run on a GPU machine: ``python -m ablate.bench.gpu`` (``--compile auto|true|false``, ``--steps``,
-``--warmup``, ``--presets``, ``--profile-steps``, ``--out``; ``--help`` lists them).
+``--warmup``, ``--presets``, ``--recipes``, ``--profile``, ``--profile-steps``, ``--out``;
+``--help`` lists them).
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
-def profile(run: Run, state: TrainState, steps: int, step_ms: float, top: int = 15) -> dict:
+def profile(run: Run, state: TrainState, steps: int, step_ms: float, top: int = 25) -> dict:
     """``torch.profiler`` over ``steps`` optimizer steps of a warm ``run``: the ``top`` kernels by
     device time (CUDA; on the CPU, aten ops by self CPU time) with calls, total ms and % of the
     ``steps`` x ``step_ms`` the steps take untraced; the device time per kind of kernel; and the
@@ -161,10 +163,16 @@ def measure(
     quant_shape: tuple[int, int] = (8192, 4096),
     profile_steps: int = 3,
     check_cpu: bool = True,
+    recipes: Iterable[str] = RECIPES,
+    profiled: Iterable[str] = ("mxfp4",),
 ) -> dict[str, Any]:
     """Every row of the benchmark on ``device``, with the ratios and goals evaluated (sizes smaller
-    than the defaults only to check the benchmark itself: ``DRY_RUN``)."""
+    than the defaults only to check the benchmark itself: ``DRY_RUN``): the training steps of
+    ``recipes`` (``RECIPES`` by default), and a profile of each recipe in ``profiled`` on the
+    largest preset."""
     presets = list(presets)
+    recipes = list(recipes)
+    profiled = set(profiled)
     batch = {p: (batch or BATCH)[p] for p in presets}
     now = dt.datetime.now(dt.UTC)
     result = bench.measure(
@@ -194,15 +202,16 @@ def measure(
             f"{row['preset']} {row['recipe']} ({row['backend']}): {row['step_ms']:.1f} ms a step, "
             f"{row['tokens_per_s']:,.0f} tokens/s"
         )
-        if profile_steps and row["preset"] == prof_preset and row["recipe"] == "mxfp4":
+        if profile_steps and row["preset"] == prof_preset and row["recipe"] in profiled:
             try:
-                profiles.append(profile(run, state, profile_steps, row["step_ms"]))
+                pr = profile(run, state, profile_steps, row["step_ms"])
+                profiles.append({"name": row["recipe"], **pr})
             except Exception as e:  # noqa: BLE001 - the figures so far are kept, with why
-                profiles.append({"error": f"{type(e).__name__}: {e}"})
+                profiles.append({"name": row["recipe"], "error": f"{type(e).__name__}: {e}"})
 
     rows = train_bench.measure(
         presets,
-        list(RECIPES),
+        recipes,
         str(device),
         steps,
         {p: b for p, (b, _) in batch.items()},
@@ -225,11 +234,12 @@ def measure(
         "warmup": warmup,
         "compile": compile,
         "compiled": resolved_compile(compile, device.type),
-        "recipes": {r: train_bench.RECIPES[r].short() for r in RECIPES},
+        "recipes": {r: train_bench.RECIPES[r].short() for r in recipes},
         "hadamard": "deterministic (dht16: no random signs)",
     }
     result["ratios"] = ratios(rows)
-    result["profile"] = profiles[0] if profiles else None
+    result["profiles"] = profiles
+    result["profile"] = next((p for p in profiles if p["name"] == "mxfp4"), None)
     result["goals"] = goals(result, prof_preset)
     return result
 
@@ -302,15 +312,23 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"goal {name}: {_fmt(g['measured'])} (target {g['target']}): {_verdict(g['met'])}{why}"
         )
-    lines += _profile_lines(result.get("profile"))
+    for pr in _profiles(result):
+        lines += _profile_lines(pr)
     return lines
+
+
+def _profiles(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The profiles of a result (``profile`` alone in results written before ``profiles``)."""
+    if "profiles" in result:
+        return list(result["profiles"])
+    return [result["profile"]] if result.get("profile") else []
 
 
 def _profile_lines(pr: dict[str, Any] | None) -> list[str]:
     if not pr:
         return []
     if "error" in pr:
-        return [f"profile: failed: {pr['error']}"]
+        return [f"profile {pr.get('name', '')}: failed: {pr['error']}"]
     lines = [
         f"profile: {pr['preset']} {pr['recipe']}, {pr['steps']} steps, {pr['timed']}; busy "
         f"{pr['busy_fraction']:.2f} of the step ({pr['total_ms']:.1f} ms over "
@@ -397,33 +415,8 @@ def markdown(result: dict[str, Any]) -> str:
             str(q.get(k, "")) for k in ("bit_exact", "bit_exact_cpu", "bit_exact_cpu_reference")
         ]
         out.append(f"| {q['quantizer']} | {' | '.join(cells)} | {' | '.join(checks)} |")
-    pr = result.get("profile")
-    if pr and "error" in pr:
-        out += ["", "## Profile", "", f"failed: {pr['error']}"]
-    elif pr:
-        out += [
-            "",
-            f"## Profile, `{pr['preset']}` `{pr['recipe']}`, {pr['steps']} steps",
-            "",
-            f"{pr['timed']}; the kernels' time is {pr['busy_fraction']:.2f} of the steps' "
-            f"untraced time ({pr['total_ms']:.1f} ms over {pr['steps']} x {pr['step_ms']:.2f} ms; "
-            "on a GPU, well below 1 means the device waits on the host).",
-            "",
-            "| kind | ms | % of step |",
-            "|---|---:|---:|",
-            *(
-                f"| {k} | {v['total_ms']:.2f} | {v['pct_of_step']:.1f} |"
-                for k, v in pr["by_kind"].items()
-            ),
-            "",
-            "| kernel | kind | calls | ms | % of step |",
-            "|---|---|---:|---:|---:|",
-            *(
-                f"| `{k['name'][:120]}` | {k['kind']} | {k['calls']} | {k['total_ms']:.2f} | "
-                f"{k['pct_of_step']:.1f} |"
-                for k in pr["top"]
-            ),
-        ]
+    for pr in _profiles(result):
+        out += _profile_markdown(pr)
     if result.get("gemms"):
         out += [
             "",
@@ -438,6 +431,34 @@ def markdown(result: dict[str, Any]) -> str:
             ),
         ]
     return "\n".join(out) + "\n"
+
+
+def _profile_markdown(pr: dict[str, Any]) -> list[str]:
+    if "error" in pr:
+        return ["", f"## Profile, `{pr.get('name', '')}`", "", f"failed: {pr['error']}"]
+    return [
+        "",
+        f"## Profile, `{pr['preset']}` `{pr['recipe']}`, {pr['steps']} steps",
+        "",
+        f"{pr['timed']}; the kernels' time is {pr['busy_fraction']:.2f} of the steps' "
+        f"untraced time ({pr['total_ms']:.1f} ms over {pr['steps']} x {pr['step_ms']:.2f} ms; "
+        "on a GPU, well below 1 means the device waits on the host).",
+        "",
+        "| kind | ms | % of step |",
+        "|---|---:|---:|",
+        *(
+            f"| {k} | {v['total_ms']:.2f} | {v['pct_of_step']:.1f} |"
+            for k, v in pr["by_kind"].items()
+        ),
+        "",
+        "| kernel | kind | calls | ms | % of step |",
+        "|---|---|---:|---:|---:|",
+        *(
+            f"| `{k['name'][:120]}` | {k['kind']} | {k['calls']} | {k['total_ms']:.2f} | "
+            f"{k['pct_of_step']:.1f} |"
+            for k in pr["top"]
+        ),
+    ]
 
 
 def write(result: dict[str, Any], out: Path) -> Path:
@@ -463,7 +484,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="timed steps per recipe (default 20)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (they compile)")
     train_bench.add_compile_argument(ap)
+    ap.add_argument(
+        "--recipes", nargs="+", default=list(RECIPES), choices=RECIPES, help="recipes timed"
+    )
     ap.add_argument("--profile-steps", type=int, default=3, help="profiled steps (0: none)")
+    ap.add_argument(
+        "--profile",
+        nargs="*",
+        default=["mxfp4"],
+        choices=RECIPES,
+        help="recipes profiled on the largest preset (default mxfp4)",
+    )
     ap.add_argument("--tokens", type=int, default=8192, help="M of every GEMM row (default 8192)")
     ap.add_argument("--repeats", type=int, default=10, help="timed runs per GEMM/quantizer row")
     ap.add_argument("--no-gemms", action="store_true", help="skip the GEMM rows")
@@ -490,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
         "presets": args.presets,
         "warmup": args.warmup,
         "profile_steps": args.profile_steps,
+        "recipes": args.recipes,
+        "profiled": args.profile,
         "kn": None if args.no_gemms else bench.LLAMA3_8B,
     }
     if args.dry_run:
