@@ -39,7 +39,9 @@ swizzle_a=S, swizzle_b=S, output_dtype=..., use_fast_accum=False)``, the explici
 TensorWise (FP8), BlockWise1x32 (MX) or BlockWise1x16 (NVFP4) and S SWIZZLE_32_4_4 (cuBLAS's
 tiles), NO_SWIZZLE (ROCm's row-major MX scales, ROCm before 7.13) or none (a tensor scale): v2 names
 the layout, where ``torch._scaled_mm`` (v1) infers it from the scale's element count, which for
-rows % 32 == 0 and K % 256 == 0 is the same for both layouts. v1 only on a torch without v2. MXFP4
+rows % 32 == 0 and K % 256 == 0 is the same for both layouts. v1 only on a torch without v2. In
+a compiled model the v2 call is one opaque op (``ablate::scaled_mm_v2``): torch 2.11's Dynamo
+cannot trace it. MXFP4
 on CUDA goes to MSLK's CUTLASS kernel (B200/B300, bf16 output). ROCm built against 7.13 or later
 (7.14 for MXFP8) takes hipBLASLt's pre-swizzled scales, which this backend does not produce:
 ``capabilities.build_limits`` refuses those formats there, and the self-check
@@ -317,6 +319,54 @@ def gemm_call(spec: QuantSpec, swizzled: bool, v2: bool = HAS_V2) -> GemmCall:
     return GemmCall("_scaled_mm", scaling, swizzle)
 
 
+def _scaled_mm_v2(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    scaling_a: str,
+    scaling_b: str,
+    swizzle: str,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``torch.nn.functional.scaled_mm`` with the scaling and the layout named (``GemmCall``'s
+    ``scaling`` and ``swizzle``, "" for none)."""
+    F = torch.nn.functional
+    sw = getattr(F.SwizzleType, swizzle) if swizzle else None
+    return F.scaled_mm(
+        a,
+        b,
+        scale_a,
+        getattr(F.ScalingType, scaling_a),
+        scale_b,
+        getattr(F.ScalingType, scaling_b),
+        swizzle_a=sw,
+        swizzle_b=sw,
+        output_dtype=out_dtype,
+        use_fast_accum=False,  # periodic promotion to FP32 of the tensor-core partial sums
+    )
+
+
+_scaled_mm_v2_op = torch.library.custom_op("ablate::scaled_mm_v2", mutates_args=())(_scaled_mm_v2)
+"""``_scaled_mm_v2`` as one opaque op, for a compiled model: torch 2.11's Dynamo cannot trace
+``torch.nn.functional.scaled_mm`` (it stops at the builtin ``_scaled_mm_v2``, and a ``fullgraph``
+block fails to compile: every native FP8 cell on an H200), while the op is a node it keeps."""
+
+
+@_scaled_mm_v2_op.register_fake
+def _(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    scaling_a: str,
+    scaling_b: str,
+    swizzle: str,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
 def scaled_mm(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
     """``a @ b^T`` (pa.rows, pb.rows) float32 on the device's scaled GEMM, FP32 accumulation
     (``gemm_call`` says how)."""
@@ -326,19 +376,16 @@ def scaled_mm(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
         )
     call = gemm_call(pa.spec, pa.swizzled)
     if call.api == "scaled_mm":
-        F = torch.nn.functional
-        swizzle = None if call.swizzle is None else getattr(F.SwizzleType, call.swizzle)
-        out = F.scaled_mm(
+        v2 = _scaled_mm_v2_op if torch.compiler.is_compiling() else _scaled_mm_v2
+        out = v2(
             pa.data,
             pb.data.t(),  # column-major, as cuBLASLt's FP8 GEMM on Hopper requires
             pa.scale,
-            getattr(F.ScalingType, call.scaling),
             pb.scale,
-            getattr(F.ScalingType, gemm_call(pb.spec, pb.swizzled).scaling),
-            swizzle_a=swizzle,
-            swizzle_b=swizzle,
-            output_dtype=pa.out_dtype,
-            use_fast_accum=False,  # periodic promotion to FP32 of the tensor-core partial sums
+            call.scaling,
+            gemm_call(pb.spec, pb.swizzled).scaling,
+            call.swizzle or "",
+            pa.out_dtype,
         )
     else:
         out = torch._scaled_mm(

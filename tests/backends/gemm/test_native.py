@@ -351,6 +351,25 @@ def test_native_fp8_gemms_compile_with_inductor_as_cuda_needs_them(quantizer, mo
         torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
 
+def test_the_explicit_api_compiles_where_dynamo_cannot_trace_it(monkeypatch):
+    """torch 2.11's Dynamo stops at ``F.scaled_mm`` (the builtin ``_scaled_mm_v2``): every native
+    FP8 cell's ``fullgraph`` block failed to compile on an H200. Made untraceable here the same
+    way, the GEMM still compiles in one graph (``ablate::scaled_mm_v2``, an opaque op) and
+    multiplies as the eager call."""
+    real = torch.nn.functional.scaled_mm
+    monkeypatch.setattr(torch.nn.functional, "scaled_mm", torch._dynamo.disable(real))
+    e4m3, e5m2 = QuantSpec(format="fp8_e4m3"), QuantSpec(format="fp8_e5m2")
+
+    def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return scaled_mm(pack_operand(a, e5m2), pack_operand(b, e4m3))
+
+    a, b = _x(48, 96, seed=3), _x(40, 96, seed=4)
+    torch._dynamo.reset()
+    compiled = torch.compile(gemm, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(a, b), gemm(a, b), rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
 def test_scaled_mm_refuses_operands_of_different_k():
     pa = pack_operand(_x(16, 64), QuantSpec(format="fp8_e4m3"))
     pb = pack_operand(_x(16, 96), QuantSpec(format="fp8_e4m3"))
