@@ -19,12 +19,18 @@ from ablate.key import always, digest, key_fields, never, unless_default
 from ablate.model import PRESETS, ModelConfig
 from ablate.model.hf import check_config, check_weights
 from ablate.numerics import FIRST_KEYED, NUMERICS_VERSION
+from ablate.train.resolve import Compile as Compile
+from ablate.train.resolve import device_kind as device_kind
+from ablate.train.resolve import resolved_compile as resolved_compile
+from ablate.train.resolve import resolved_log_every as resolved_log_every
+from ablate.train.resolve import resolved_precision as resolved_precision
+from ablate.train.resolve import resolved_quantizer_graph as resolved_quantizer_graph
 from backends.recipes import GEMMS, Gemm, Recipe
 
 Precision = Literal["auto", "bf16", "fp32"]
-Compile = Literal["auto"] | bool
 Parallel = Literal["auto", "none", "ddp", "fsdp"]
 Checkpointing = Literal["none", "blocks"]
+QuantizerGraph = Literal["auto", "opaque", "inline"]
 Schedule = Literal["cosine", "wsd"]
 AllGather = Literal["fp32", "bf16"]
 ProbeGemm = Gemm
@@ -37,6 +43,12 @@ def _precision(v: Any, train: TrainConfig, kind: str) -> str:
 
 def _on(v: Any, train: TrainConfig, kind: str) -> bool:
     return resolved_compile(v, kind)
+
+
+def _quantizer_graph(v: Any, run: RunConfig, kind: str) -> str:
+    if run.recipe.high_precision:  # no quantizer in the graph
+        return "opaque"
+    return resolved_quantizer_graph(v, run.train.compile, kind)
 
 
 def _parallel(v: Any, train: TrainConfig, kind: str) -> str:
@@ -384,6 +396,18 @@ class RunConfig:
     serialisation."""
     backend: str = field(default="emulated", metadata=always())
     """GEMM backend: emulated (any device) or native (the hardware's FP8/FP4 GEMMs; see backends.gemm.native)."""
+    quantizer_graph: QuantizerGraph = field(
+        default="auto",
+        metadata=unless_default(resolve=_quantizer_graph, neutral="opaque"),
+    )
+    """How a compiled model (``train.compile``) holds its quantizers: ``opaque`` (one op node per
+    quantized operand, each a Python call into the quantizer's own compiled kernels: a block
+    compiles fast), ``inline`` (the quantizer's arithmetic traced into the block's graph: it fuses
+    with its neighbours and costs no Python call, and compiles longer), or auto (inline on CUDA,
+    where the opaque ops left an H200 idle half of an MXFP4 step; opaque on the CPU, whose C kernel
+    quantizes faster than the traced arithmetic and whose compile of an inline block takes
+    minutes). In the key only for a compiled run with quantized GEMMs that traces inline: the
+    fused arithmetic around the quantizer rounds differently."""
     seed: int = field(default=0, metadata=always())
     """Model initialization and stochastic-rounding seed (data order has its own data.data_seed)."""
     device: str = field(default="auto", metadata=always(resolve=_kind, name="device_kind"))
@@ -398,6 +422,11 @@ class RunConfig:
     """Gradient-fidelity probes (None: off). Not part of the run's key, nor of its params."""
 
     def __post_init__(self) -> None:
+        if self.quantizer_graph not in get_args(QuantizerGraph):
+            raise ValueError(
+                f"quantizer_graph: unknown {self.quantizer_graph!r}; allowed: "
+                f"{', '.join(get_args(QuantizerGraph))}"
+            )
         if not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"seed: must be in [0, 2^32), got {self.seed}")
         if self.data.val_tokens < self.train.seq_len + 1:
@@ -470,36 +499,6 @@ class RunConfig:
             data_cache=d.get("data_cache"),
             probe=ProbeConfig(**d["probe"]) if d.get("probe") is not None else None,
         )
-
-
-def device_kind(device: str) -> Literal["cpu", "cuda"]:
-    """The kind of device a run of ``RunConfig.device`` trains on: ``cuda`` for cuda and cuda:N;
-    ``auto`` is cuda when this process sees one (a study resolves ``auto`` when it expands, from
-    ``resources.gpus``, so that its keys do not depend on where a command runs)."""
-    if device == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cuda" if device.split(":", 1)[0] == "cuda" else "cpu"
-
-
-def resolved_precision(precision: str, kind: str) -> Literal["bf16", "fp32"]:
-    """What ``train.precision`` means on a device kind: ``auto`` is bf16 autocast on CUDA and fp32
-    on the CPU (every GPU this project targets, sm_80+ and CDNA, computes in bf16)."""
-    if precision == "auto":
-        return "bf16" if kind == "cuda" else "fp32"
-    return "bf16" if precision == "bf16" else "fp32"
-
-
-def resolved_log_every(log_every: int | None, kind: str) -> int:
-    """What ``train.log_every`` means on a device kind (None: 1 on the CPU, 10 on CUDA)."""
-    return log_every if log_every is not None else (10 if kind == "cuda" else 1)
-
-
-def resolved_compile(compile: Compile, kind: str) -> bool:
-    """What ``train.compile`` (or ``train.fused_adamw``) means on a device kind: ``auto`` is on
-    for CUDA, off on the CPU."""
-    return kind == "cuda" if compile == "auto" else bool(compile)
 
 
 KEY_EXCLUDED = (

@@ -63,6 +63,7 @@ from ablate.train.config import (
     resolved_compile,
     resolved_log_every,
     resolved_precision,
+    resolved_quantizer_graph,
     run_params,
 )
 from ablate.train.device import autocast, numerics_policy, resolve_device
@@ -72,6 +73,7 @@ from ablate.train.probe import make_prober
 from ablate.train.result import EvalPoint, RunResult
 from ablate.train.schedule import lr_at
 from ablate.train.state import TrainState
+from backends.quant.ops import set_traced_inline
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -429,6 +431,8 @@ def build_run(
         # per block and head, in place, before DDP or FSDP2 wraps the model (``compiling`` says
         # why); checkpoint names stay those of the eager model
         warn_slow_gemms(model, device, _compute_dtype(config, device))
+        graph = resolved_quantizer_graph(config.quantizer_graph, tc.compile, device.type)
+        set_traced_inline(graph == "inline")  # read as Dynamo traces the blocks
         compile_model(model)
     ranks = ranks_of(config)
     shared = ranks.wrap(model, device)  # DDP's wrapper, or the model itself (FSDP shards it)

@@ -15,9 +15,14 @@ compiles the block in well under a minute and each quantizer plan once. The pric
 per quantized operand per step (the op's dispatch and the compiled kernel's guard check) and no
 fusion of the quantizer with the op that produced its input; the bits are the same either way.
 
-``ABLATE_QUANT_OPS=0`` traces the quantizer into the graph as before (for a long run whose compile
-time does not matter and which wants the last fusion; ``torch_path.py``'s arithmetic compiles under
-Inductor bit for bit, see ``tests/backends/quant/test_quant.py``).
+Traced inline instead (``set_traced_inline(True)``: the trainer's ``train.quantizer_graph``, whose
+``auto`` traces inline on CUDA; or, for a caller without a trainer, ``ABLATE_QUANT_OPS=0``), the
+quantizer fuses with its neighbours and costs no Python call: on an H200 (torch 2.11, 125m, 16,384
+tokens a step) the emulated full-MXFP4 step took 151.0 ms with the opaque ops, the device busy 0.47
+of it (about 200 us of host work per quantized operand, 432 a step), and 64.9 ms inline, busy
+0.99, for a 42 s compile instead of 23 s. ``torch_path.py``'s arithmetic compiles under Inductor
+bit for bit (``tests/backends/quant/test_quant.py``); a compiled step differs from the eager one
+where the compiler fuses the high-precision arithmetic around the quantizer, either way.
 
 The ops quantize along the last dimension of their input (the caller moves the axis there and back,
 views that Dynamo traces); a spec travels as a JSON string of its fields, which is stable across
@@ -36,12 +41,25 @@ from backends.quant import quantizer
 from backends.quant.hadamard import Rotation, rotation
 from backends.quant.operand import QTensor, QuantSpec
 
-__all__ = ["fake_quantize", "quantize", "traced_inline"]
+__all__ = ["fake_quantize", "quantize", "set_traced_inline", "traced_inline"]
+
+
+_inline: bool | None = None
+
+
+def set_traced_inline(inline: bool | None) -> None:
+    """Whether models compiled from now on in this process trace the quantizer into their graph
+    (True) or call the opaque ops (False); None: as ``ABLATE_QUANT_OPS`` says (the trainer sets it
+    from ``train.quantizer_graph`` before it compiles a model)."""
+    global _inline
+    _inline = inline
 
 
 def traced_inline() -> bool:
-    """Whether a compiled model traces the quantizer into its graph (``ABLATE_QUANT_OPS=0``)
-    instead of calling the opaque ops."""
+    """Whether a compiled model traces the quantizer into its graph instead of calling the opaque
+    ops: ``set_traced_inline``'s choice, else ``ABLATE_QUANT_OPS=0``."""
+    if _inline is not None:
+        return _inline
     return os.environ.get("ABLATE_QUANT_OPS", "1") == "0"
 
 

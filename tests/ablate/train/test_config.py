@@ -169,3 +169,23 @@ def test_a_schedule_that_cannot_run_is_refused_naming_the_field(kw, match):
 def test_a_decay_that_fills_every_step_after_warmup_is_allowed():
     t = TrainConfig(schedule="wsd", steps=10, warmup_steps=5, decay_fraction=0.5)
     assert (t.decay_steps, t.decay_start) == (5, 5)
+
+
+def test_the_quantizer_graph_is_in_the_key_only_where_a_compiled_run_traces_it_inline():
+    from ablate.key import key_fields
+    from backends.recipes import GEMMS, Recipe
+
+    mx = Recipe.from_shorthand(GEMMS, "sr")
+
+    def graph(device: str, compile: bool | str = "auto", recipe: Recipe = mx, **kw) -> object:
+        cfg = RunConfig(device=device, recipe=recipe, train=TrainConfig(compile=compile), **kw)
+        return key_fields(cfg, device).get("quantizer_graph")
+
+    assert graph("cuda") == "inline"  # auto: compiled on CUDA, traced inline there
+    assert graph("cuda", quantizer_graph="opaque") is None  # the key CUDA cells had before
+    assert graph("cuda", compile=False) is None  # nothing is traced
+    assert graph("cuda", recipe=Recipe.bf16()) is None  # no quantizer to trace
+    assert graph("cpu", compile=True) is None  # auto: the opaque ops on the CPU
+    assert graph("cpu", compile=True, quantizer_graph="inline") == "inline"
+    with pytest.raises(ValueError, match="quantizer_graph: unknown 'fused'; allowed: auto, opaq"):
+        RunConfig(quantizer_graph="fused")  # type: ignore[arg-type]

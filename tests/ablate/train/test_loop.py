@@ -331,3 +331,28 @@ def test_evaluation_runs_in_training_micro_batches_and_weighs_them_by_tokens():
     micro = evaluate(model, batches, contextlib.nullcontext, micro_batch=2)
     assert max(rows) == 2 and sum(rows) == sum(x.shape[0] for x, _ in batches)
     assert micro == pytest.approx(whole, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("graph", "inline"), [("inline", True), ("opaque", False), ("auto", False)]
+)
+def test_the_trainer_compiles_the_quantizer_as_the_config_says(graph, inline, monkeypatch):
+    # what Dynamo reads as it traces the blocks (backends.quant.ops): set before they compile
+    from ablate.train.logger import NullLogger
+    from ablate.train.loop import build_run
+    from backends.quant import ops
+
+    monkeypatch.setenv("ABLATE_QUANT_OPS", "1" if inline else "0")  # the config wins over it
+    cfg = RunConfig(
+        model=ModelConfig(preset="tiny"),
+        data=DataConfig(val_tokens=1024),
+        train=TrainConfig(steps=1, batch_size=2, seq_len=32, compile=True),
+        recipe=Recipe.from_shorthand(["fprop"]),
+        quantizer_graph=graph,
+        device="cpu",
+    )
+    try:
+        build_run(cfg, NullLogger(), None)
+        assert ops.traced_inline() is inline
+    finally:
+        ops.set_traced_inline(None)
