@@ -93,3 +93,18 @@ def test_without_a_gpu_it_says_so_and_exits_0(capsys, tmp_path):
     assert gpu_bench.main(["--out", str(tmp_path / "gpu")]) == 0
     assert "no CUDA or ROCm device here" in capsys.readouterr().out
     assert not (tmp_path / "gpu").exists()
+
+
+def test_a_subset_of_recipes_is_timed_and_each_named_one_profiled(tmp_path, capsys):
+    argv = ["--device", "cpu", "--dry-run", "--no-gemms", "--out", str(tmp_path)]
+    argv += ["--recipes", "bf16", "fp8", "mxfp4", "--profile", "fp8", "mxfp4"]
+    assert gpu_bench.main(argv) == 0
+    result = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert [r["recipe"] for r in result["steps"]] == ["bf16", "fp8", "mxfp4"]
+    assert [p["name"] for p in result["profiles"]] == ["fp8", "mxfp4"]
+    assert result["profile"]["name"] == "mxfp4"  # the goals' profile
+    md = next(tmp_path.glob("*.md")).read_text()
+    assert md.count("## Profile, `tiny`") == 2
+    with pytest.raises(SystemExit):  # argparse names the allowed recipes
+        gpu_bench.main(["--device", "cpu", "--recipes", "fp4"])
+    assert "invalid choice: 'fp4'" in capsys.readouterr().err
