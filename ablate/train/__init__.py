@@ -9,6 +9,7 @@ Modules, one concept each:
 
 - ``config``: ``RunConfig``/``TrainConfig``/``ProbeConfig``, ``config_hash`` (a cell's identity)
   and ``flatten`` (the params a tracker records); ``result``: ``RunResult``, what a run returns
+- ``resolve``: what ``auto`` and the other per-device settings mean on a device kind
 - ``loop``: ``train`` and ``evaluate``; ``state``: ``TrainState``, the progress a checkpoint stores
 - ``checkpoint``: atomic checkpoints, their ``checkpoint.json`` sidecar, resume
 - ``schedule``: the learning rate per step; ``device``: ``resolve_device`` and the autocast policy
