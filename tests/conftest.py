@@ -64,6 +64,16 @@ def _working_directory_kept() -> Iterator[None]:
     os.chdir(cwd)
 
 
+@pytest.fixture(autouse=True)
+def _quantizer_graph_forgotten() -> Iterator[None]:
+    """A trainer that compiled a model leaves its ``quantizer_graph`` choice to the process (the
+    models it compiles later); each test starts without one (``ABLATE_QUANT_OPS`` decides)."""
+    yield
+    ops = sys.modules.get("backends.quant.ops")
+    if ops is not None:
+        ops.set_traced_inline(None)
+
+
 @pytest.fixture
 def train_bpe() -> Callable[[Path, Iterable[str]], Path]:
     """``train_bpe(path, docs)``: a byte-level BPE tokenizer (vocabulary 300, ``<|endoftext|>`` its
