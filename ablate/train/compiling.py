@@ -18,8 +18,9 @@ Why these units and this order (as torchtitan does it):
   overlaps the backward of earlier ones; a model compiled before DDP wraps it has one backward node
   for all of it, and every all-reduce waits for its end.
 - **Fullgraph.** Each unit compiles with ``fullgraph=True``: a graph break inside a block is an
-  error, not a silent slow path. The quantizers inside a block are opaque ops of one node each
-  (``backends.quant.ops``).
+  error, not a silent slow path. The quantizers inside a block are traced into its graph on CUDA
+  and are opaque ops of one node each on the CPU (``RunConfig.quantizer_graph``,
+  ``backends.quant.ops``).
 
 In place: a block's ``forward`` and the model's ``output`` become their compiled versions on the
 instances, so parameter and buffer names, hence checkpoints, are those of the eager model. The

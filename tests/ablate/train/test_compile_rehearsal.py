@@ -7,11 +7,11 @@ and under DDP and FSDP2 (process groups of one, gloo), native FP8 through the CP
 Pinned per step: the graphs compiled (the first step compiles one graph for all blocks, which share
 a recipe, and one for the head; later steps compile nothing: no recompile), no graph break (each
 unit is ``fullgraph``: a break would raise), and the losses equal the eager step's within a stated
-tolerance (rel 5e-3 after 2 steps; observed: at most ~1e-3): the quantizers are opaque ops that
-compute the eager bits (``backends.quant.ops``), so a compiled step differs from the eager one only
-where the compiler fuses the high-precision arithmetic around them (RMSNorm, RoPE, SwiGLU, the
-loss) and rounds its bf16 casts elsewhere, which can move an element across a quantization
-boundary.
+tolerance (rel 5e-3 after 2 steps; observed: at most ~1e-3): the quantizers compute the eager bits
+(opaque ops on the CPU, traced inline on CUDA: ``backends.quant.ops``), so a compiled step differs
+from the eager one only where the compiler fuses the high-precision arithmetic around them
+(RMSNorm, RoPE, SwiGLU, the loss) and rounds its bf16 casts elsewhere, which can move an element
+across a quantization boundary.
 
 Two compilers, for the suite's time on a 2-core CPU (Inductor's C++ build of one recipe's block
 takes a minute or more there):
