@@ -324,9 +324,7 @@ def _profiles(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [result["profile"]] if result.get("profile") else []
 
 
-def _profile_lines(pr: dict[str, Any] | None) -> list[str]:
-    if not pr:
-        return []
+def _profile_lines(pr: dict[str, Any]) -> list[str]:
     if "error" in pr:
         return [f"profile {pr.get('name', '')}: failed: {pr['error']}"]
     lines = [

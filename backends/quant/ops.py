@@ -15,9 +15,9 @@ compiles the block in well under a minute and each quantizer plan once. The pric
 per quantized operand per step (the op's dispatch and the compiled kernel's guard check) and no
 fusion of the quantizer with the op that produced its input; the bits are the same either way.
 
-Traced inline instead (``set_traced_inline(True)``: the trainer's ``train.quantizer_graph``, whose
-``auto`` traces inline on CUDA; or, for a caller without a trainer, ``ABLATE_QUANT_OPS=0``), the
-quantizer fuses with its neighbours and costs no Python call: on an H200 (torch 2.11, 125m, 16,384
+Traced inline instead (``set_traced_inline(True)``: the trainer's ``RunConfig.quantizer_graph``,
+whose ``auto`` traces inline on CUDA; or, for a caller without a trainer, ``ABLATE_QUANT_OPS=0``),
+the quantizer fuses with its neighbours and costs no Python call: on an H200 (torch 2.11, 125m, 16,384
 tokens a step) the emulated full-MXFP4 step took 151.0 ms with the opaque ops, the device busy 0.47
 of it (about 200 us of host work per quantized operand, 432 a step), and 64.9 ms inline, busy
 0.99, for a 42 s compile instead of 23 s. ``torch_path.py``'s arithmetic compiles under Inductor
@@ -50,7 +50,7 @@ _inline: bool | None = None
 def set_traced_inline(inline: bool | None) -> None:
     """Whether models compiled from now on in this process trace the quantizer into their graph
     (True) or call the opaque ops (False); None: as ``ABLATE_QUANT_OPS`` says (the trainer sets it
-    from ``train.quantizer_graph`` before it compiles a model)."""
+    from ``RunConfig.quantizer_graph`` before it compiles a model)."""
     global _inline
     _inline = inline
 
