@@ -17,12 +17,12 @@ fusion of the quantizer with the op that produced its input; the bits are the sa
 
 Traced inline instead (``set_traced_inline(True)``: the trainer's ``RunConfig.quantizer_graph``,
 whose ``auto`` traces inline on CUDA; or, for a caller without a trainer, ``ABLATE_QUANT_OPS=0``),
-the quantizer fuses with its neighbours and costs no Python call: on an H200 (torch 2.11, 125m, 16,384
-tokens a step) the emulated full-MXFP4 step took 151.0 ms with the opaque ops, the device busy 0.47
-of it (about 200 us of host work per quantized operand, 432 a step), and 64.9 ms inline, busy
-0.99, for a 42 s compile instead of 23 s. ``torch_path.py``'s arithmetic compiles under Inductor
-bit for bit (``tests/backends/quant/test_quant.py``); a compiled step differs from the eager one
-where the compiler fuses the high-precision arithmetic around the quantizer, either way.
+the quantizer fuses with its neighbours and costs no Python call: on an H200 (torch 2.11, 125m,
+16,384 tokens a step) the emulated full-MXFP4 step took 151.0 ms with the opaque ops, the device
+busy 0.47 of it (about 200 us of host work per quantized operand, 432 a step), and 64.9 ms inline,
+busy 0.99, for a 42 s compile instead of 23 s. ``torch_path.py``'s arithmetic compiles under
+Inductor bit for bit (``tests/backends/quant/test_quant.py``); a compiled step differs from the
+eager one where the compiler fuses the high-precision arithmetic around the quantizer, either way.
 
 The ops quantize along the last dimension of their input (the caller moves the axis there and back,
 views that Dynamo traces); a spec travels as a JSON string of its fields, which is stable across
