@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ranks
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.checkpoint import checkpoint
 
 from ablate.model.recompute import checkpointed
@@ -180,7 +180,7 @@ def _rank_main(rank: int, world: int, tmp: str, d: dict[str, Any]) -> None:
 
 def _two_ranks(d: dict[str, Any]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank_main, args=(2, tmp, d), nprocs=2)
+        ranks.spawn(_rank_main, args=(2, tmp, d), nprocs=2)
         return torch.load(Path(tmp, "rank0.pt")) | {
             "__evals__": json.loads(Path(tmp, "rank0.json").read_text())["evals"]
         }

@@ -1,7 +1,7 @@
 """Data-parallel training (``ablate.train.parallel``): the ranks' random streams, the equivalence of
 W workers with one, sharded checkpoints and exact resume, in real torch.distributed process groups
-(gloo): a group of one in this process, and two processes started with torch.multiprocessing. The
-Ray Train path through ``ablate run`` is in test_distributed_ray.py."""
+(gloo): a group of one in this process, and two processes forked from a server that has imported
+torch (``ranks.spawn``). The Ray Train path through ``ablate run`` is in test_distributed_ray.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ranks
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ablate.train import RunConfig, train
 from ablate.train.checkpoint import checkpoint_info
@@ -194,7 +194,7 @@ def _rank_main(rank: int, world: int, tmp: str, d: dict[str, Any]) -> None:
 
 def two_ranks(d: dict[str, Any]) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank_main, args=(2, tmp, d), nprocs=2)
+        ranks.spawn(_rank_main, args=(2, tmp, d), nprocs=2)
         return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
 
 
