@@ -53,6 +53,18 @@ class _Starts:
         return self.stop
 
 
+def cell_task_env() -> dict[str, Any]:
+    """The ``runtime_env`` of a multi-worker cell's task: ``RAY_ADDRESS`` set to this Ray's own GCS.
+    Ray Train's controller inherits it (its own ``env_vars`` merge with the task's), and so does the
+    placement-group cleaner the controller starts, which asks the state API whether the controller
+    lives at the address it finds itself: without it, the last ``ray start`` on the machine
+    (``/tmp/ray/ray_current_cluster``), another cluster or a dead one; a dead one kept every
+    multi-worker cell's end waiting 12 s ("Failed to stop PlacementGroupCleaner gracefully")."""
+    import ray
+
+    return {"env_vars": {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}}
+
+
 class RayExecutor:
     """Each task a Ray task with the study's resources; at most ``max_concurrent`` in flight (the
     rest wait here, in submission order), outcomes as they finish."""
@@ -106,7 +118,11 @@ class RayExecutor:
         self._started: set[str] = set()
         self._remote: Any
         if workers > 1:  # the cell's task holds nothing: its Ray Train workers hold the resources
-            opts: dict[str, Any] = {"num_cpus": 0, "max_retries": max_retries}
+            opts: dict[str, Any] = {
+                "num_cpus": 0,
+                "max_retries": max_retries,
+                "runtime_env": cell_task_env(),
+            }
             self._remote = ray.remote(run_distributed).options(**opts)  # type: ignore[arg-type]
             self._kwargs: dict[str, Any] = dict(
                 workers=workers, cpus=cpus, gpus=gpus, max_failures=max_retries

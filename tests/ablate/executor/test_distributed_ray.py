@@ -150,6 +150,26 @@ def test_workers_no_set_of_nodes_can_place_are_refused_when_ray_starts():
     import ray
 
     from ablate.executor import RayExecutor
+    from ablate.executor.ray_executor import cell_task_env
+
+    def _controller_like() -> tuple[str | None, str | None]:
+        """As a Ray Train cell's task does: start an actor with ``env_vars`` of its own (the
+        controller), which starts one without a runtime environment (the placement-group
+        cleaner); what ``RAY_ADDRESS`` each of the two sees. Defined here: Ray pickles it by
+        value (a worker has no tests on its path)."""
+
+        class _Bare:
+            def address(self) -> str | None:
+                return os.environ.get("RAY_ADDRESS")
+
+        class _Controller:
+            def addresses(self) -> tuple[str | None, str | None]:
+                bare = ray.remote(num_cpus=0)(_Bare).remote()
+                return os.environ.get("RAY_ADDRESS"), ray.get(bare.address.remote())
+
+        env = {"env_vars": {"RAY_TRAIN_V2_ENABLED": "1"}}
+        controller = ray.remote(num_cpus=0)(_Controller).options(runtime_env=env).remote()
+        return ray.get(controller.addresses.remote())
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
     try:
@@ -163,5 +183,13 @@ def test_workers_no_set_of_nodes_can_place_are_refused_when_ray_starts():
                 RayExecutor(**kw)
         RayExecutor(cpus=1, workers=2).close()  # fits: taken (and Ray left running: not its own)
         assert ray.is_initialized()
+        # a multi-worker cell's task names this Ray to what Ray Train starts from it: an actor
+        # with env_vars of its own (the controller) and the one it starts bare (the cleaner)
+        gcs = ray.get_runtime_context().gcs_address
+        assert cell_task_env() == {"env_vars": {"RAY_ADDRESS": gcs}}
+        seen = ray.get(
+            ray.remote(num_cpus=0)(_controller_like).options(runtime_env=cell_task_env()).remote()
+        )
+        assert seen == (gcs, gcs), seen
     finally:
         ray.shutdown()
