@@ -28,9 +28,8 @@ PRELOAD = [
     "test_distributed",
     "test_recompute",
 ]
-"""What the server imports once; the rank functions' own modules among them."""
-
-_ready = False
+"""What the server imports once; the rank functions' own modules among them (a setting that counts
+only until the server starts, at the first call)."""
 
 
 def _enter(
@@ -45,10 +44,7 @@ def _enter(
 def spawn(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) -> None:
     """``fn(rank, *args)`` in ``nprocs`` processes, joined; raises as ``mp.spawn`` does when one
     fails."""
-    global _ready
-    if not _ready:
-        multiprocessing.set_forkserver_preload(PRELOAD)
-        _ready = True
+    multiprocessing.set_forkserver_preload(PRELOAD)
     mp.start_processes(
         _enter,
         args=(dict(os.environ), os.getcwd(), fn, args),
