@@ -58,8 +58,9 @@ def cell_task_env() -> dict[str, Any]:
     Ray Train's controller inherits it (its own ``env_vars`` merge with the task's), and so does the
     placement-group cleaner the controller starts, which asks the state API whether the controller
     lives at the address it finds itself: without it, the last ``ray start`` on the machine
-    (``/tmp/ray/ray_current_cluster``), another cluster or a dead one; a dead one kept every
-    multi-worker cell's end waiting 12 s ("Failed to stop PlacementGroupCleaner gracefully")."""
+    (``/tmp/ray/ray_current_cluster``), another cluster or a dead one. Asking a dead one times out,
+    and the controller's shutdown then waits up to 12 s for the cleaner ("Failed to stop
+    PlacementGroupCleaner gracefully")."""
     import ray
 
     return {"env_vars": {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}}
