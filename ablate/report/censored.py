@@ -113,10 +113,12 @@ def log_ndtr(z: float) -> float:
     return -0.5 * z2 - math.log(-z) - _LOG_SQRT_2PI + math.log1p(-1 / z2 + 3 / (z2 * z2))
 
 
-def mills(z: float) -> float:
-    """phi(z) / Phi(z) (the hazard of a censored point), stable for very negative z."""
+def mills(z: float, log_cdf: float | None = None) -> float:
+    """phi(z) / Phi(z) (the hazard of a censored point), stable for very negative z; ``log_cdf``
+    is ``log_ndtr(z)`` where the caller has it."""
     if z > -20.0:
-        return math.exp(-0.5 * z * z - _LOG_SQRT_2PI - log_ndtr(z))
+        lc = log_ndtr(z) if log_cdf is None else log_cdf
+        return math.exp(-0.5 * z * z - _LOG_SQRT_2PI - lc)
     return -z / (1 - 1 / (z * z) + 3 / (z**4))  # asymptotic: ~ -z
 
 
@@ -127,23 +129,25 @@ class _Group:
         self.y = [math.log(t) for t in seeds.reached]
         self.c = [math.log(t) for t in seeds.censored]
         self.s = sigma
+        self._log_s = math.log(sigma) if sigma > 0 else math.nan  # s = 0: ll divides by it first
+        self._s2 = sigma**2
 
     def ll(self, mu: float) -> float:
-        s = self.s
-        out = sum(-0.5 * ((y - mu) / s) ** 2 - math.log(s) - _LOG_SQRT_2PI for y in self.y)
-        return out + sum(log_ndtr((mu - c) / s) for c in self.c)
+        s, log_s = self.s, self._log_s
+        out = sum([-0.5 * ((y - mu) / s) ** 2 - log_s - _LOG_SQRT_2PI for y in self.y])
+        return out + sum([log_ndtr((mu - c) / s) for c in self.c])
 
     def d1(self, mu: float) -> float:
-        s = self.s
-        return sum((y - mu) / s**2 for y in self.y) + sum(mills((mu - c) / s) / s for c in self.c)
+        s, s2 = self.s, self._s2
+        return sum([(y - mu) / s2 for y in self.y]) + sum([mills((mu - c) / s) / s for c in self.c])
 
     def d2(self, mu: float) -> float:
-        s = self.s
-        out = -len(self.y) / s**2
+        s, s2 = self.s, self._s2
+        out = -len(self.y) / s2
         for c in self.c:
             z = (mu - c) / s
             m = mills(z)
-            out -= m * (z + m) / s**2
+            out -= m * (z + m) / s2
         return out
 
     def start(self) -> float:

@@ -158,36 +158,49 @@ class _Tobit:
 
     def __init__(self, d: Design, x: np.ndarray, sigma: float, offset: np.ndarray) -> None:
         self.d, self.x, self.s, self.offset = d, x, sigma, offset
+        self._ok = np.flatnonzero(d.reached)
+        self._cens = np.flatnonzero(~d.reached)
+        self._log_s_ok = len(self._ok) * math.log(sigma)
 
-    def _parts(self, beta: np.ndarray, full: bool = True) -> tuple[float, np.ndarray, np.ndarray]:
-        """(log-likelihood, gradient, Hessian) at ``beta``; without ``full`` the first only."""
-        d, s = self.d, self.s
-        with np.errstate(over="ignore", invalid="ignore"):  # a trial step far out: -inf or NaN
-            eta = self.x @ beta + self.offset
-            z = (d.y - eta) / s
-            ok = d.reached
-            ll = float(-0.5 * (z[ok] ** 2).sum()) - int(ok.sum()) * math.log(s)
+    def _ll(self, beta: np.ndarray) -> tuple[float, tuple[np.ndarray, list[float], list[float]]]:
+        """The log-likelihood at ``beta`` (-inf where it is not finite: a trial step far out) and
+        what ``_derivatives`` takes there. Under ``np.errstate(over="ignore", invalid="ignore")``
+        (``maximize``)."""
+        z = (self.d.y - (self.x @ beta + self.offset)) / self.s
+        ll = float(-0.5 * (z[self._ok] ** 2).sum()) - self._log_s_ok
         if not math.isfinite(ll):
-            return -math.inf, self.x, self.x
-        cens = np.flatnonzero(~ok)
-        zc = [-float(z[k]) for k in cens]  # log P(log T > log c) = log Phi((eta - c) / s)
-        ll += sum(log_ndtr(v) for v in zc)
-        if not full:
-            return ll, self.x, self.x
-        g, h = np.empty(d.n), np.empty(d.n)
+            return -math.inf, (z, [], [])
+        zc = (-z[self._cens]).tolist()  # log P(log T > log c) = log Phi((eta - c) / s)
+        logs = list(map(log_ndtr, zc))
+        return ll + sum(logs), (z, zc, logs)
+
+    def _derivatives(
+        self, at: tuple[np.ndarray, list[float], list[float]]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(gradient, Hessian) at the point ``_ll`` returned ``at`` for."""
+        z, zc, logs = at
+        s, ok = self.s, self._ok
+        g, h = np.empty(self.d.n), np.empty(self.d.n)
         g[ok] = z[ok] / s
         h[ok] = -1 / s**2
-        for k, v in zip(cens, zc, strict=True):
-            m = mills(v)
+        for k, v, lv in zip(self._cens.tolist(), zc, logs, strict=True):
+            m = mills(v, lv)
             g[k] = m / s
             h[k] = -m * (v + m) / s**2
-        return ll, self.x.T @ g, (self.x.T * h) @ self.x
+        return self.x.T @ g, (self.x.T * h) @ self.x
 
     def maximize(self, beta: np.ndarray) -> tuple[np.ndarray, float]:
         """The coefficients that maximize the log-likelihood from ``beta``, and the maximum: damped
         Newton steps, each halved until the log-likelihood does not fall (a step that cannot be
         made to rise within 60 halvings ends the search where it is)."""
-        f, g, h = self._parts(beta)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._maximize(beta)
+
+    def _maximize(self, beta: np.ndarray) -> tuple[np.ndarray, float]:
+        f, at = self._ll(beta)
+        if not math.isfinite(f):
+            return beta, f
+        g, h = self._derivatives(at)
         for _ in range(100):
             try:
                 step = np.linalg.solve(-h, g)
@@ -196,16 +209,18 @@ class _Tobit:
             if not np.isfinite(step).all():  # a Hessian too near singular to solve
                 step = np.linalg.lstsq(-h, g, rcond=None)[0]
             for _ in range(60):
-                nf = self._parts(beta + step, full=False)[0]
+                trial = beta + step
+                nf, at = self._ll(trial)
                 if nf >= f - 1e-12 or float(np.abs(step).max()) < 1e-12:
                     break
                 step = step / 2
             else:
                 break
-            beta = beta + step
-            done = float(np.abs(step).max()) < 1e-9
-            f, g, h = self._parts(beta)
-            if done:
+            beta, f = trial, nf
+            if not math.isfinite(f):
+                break
+            g, h = self._derivatives(at)
+            if float(np.abs(step).max()) < 1e-9:
                 break
         return beta, f
 
