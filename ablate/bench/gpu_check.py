@@ -79,6 +79,7 @@ CPU_SIZES: dict[str, Any] = {
     "batch_size": 4,
     "seq_len": 32,
     "eval_every": 2,
+    "eval_batches": 2,  # of 8: evaluating took 64% of the CPU study's time
     "warmup_steps": 1,
 }
 """The study's training sizes on the CPU (``--device cpu``), the ``tiny`` preset."""
@@ -365,7 +366,7 @@ def stage_parallel(args: argparse.Namespace, out: Path) -> None:
     for mode in ("ddp", "fsdp"):
         cfg = RunConfig(
             model=ModelConfig(preset="tiny" if cpu else "small"),
-            data=DataConfig(val_tokens=8192),
+            data=DataConfig(val_tokens=CPU_VAL_TOKENS if cpu else 8192),
             train=TrainConfig(
                 steps=2,
                 batch_size=4,
