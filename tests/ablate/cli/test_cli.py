@@ -128,7 +128,7 @@ name: clitest
 base:
   model: {preset: tiny}
   data: {val_tokens: 4096}
-  train: {steps: 4, batch_size: 4, seq_len: 32, eval_every: 2, warmup_steps: 1}
+  train: {steps: 4, batch_size: 4, seq_len: 32, eval_every: 2, eval_batches: 4, warmup_steps: 1}
 grid:
   fp4_gemms: [[], [fprop]]
 baseline: {fp4_gemms: []}

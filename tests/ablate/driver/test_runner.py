@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,7 +26,11 @@ from ablate.tracking import CellRun
 METRICS = ("train_loss", "lr", "grad_norm", "tokens_per_s")  # every step from 1; tokens from 0
 
 
-def tiny_study(tmp_path: Path, *, steps: int = 6, name: str = "t", **grid) -> Study:
+def tiny_study(
+    tmp_path: Path, *, steps: int = 6, name: str = "t", eval_batches: int = 4, **grid: Any
+) -> Study:
+    """A study of the ``tiny`` preset; each evaluation reads ``eval_batches`` of its 32 validation
+    batches (0: all)."""
     raw = {
         "name": name,
         "base": {
@@ -36,6 +41,7 @@ def tiny_study(tmp_path: Path, *, steps: int = 6, name: str = "t", **grid) -> St
                 "batch_size": 4,
                 "seq_len": 32,
                 "eval_every": 3,
+                "eval_batches": eval_batches,
                 "warmup_steps": 2,
             },
         },
@@ -313,7 +319,7 @@ output: {tmp_path / "out"}
 base:
   model: {{preset: tiny}}
   data: {{val_tokens: 4096}}
-  train: {{steps: 30, batch_size: 4, seq_len: 32, eval_every: 5, warmup_steps: 2}}
+  train: {{steps: 30, batch_size: 4, seq_len: 32, eval_every: 5, eval_batches: 4, warmup_steps: 2}}
 grid: {{seed: [0, 1, 2]}}
 """
     )

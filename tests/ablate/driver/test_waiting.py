@@ -32,7 +32,7 @@ def one_cpu_ray():
 @pytest.mark.slow
 def test_a_cell_queued_behind_the_studys_own_running_cell_gets_no_warning(tmp_path, one_cpu_ray):
     # one CPU, two cells of one CPU each: the second waits for the first, well past the threshold
-    study = tiny_study(tmp_path, steps=80, seed=[0, 1])
+    study = tiny_study(tmp_path, steps=80, seed=[0, 1], eval_batches=0)  # every batch: a long cell
     out = io.StringIO()
     began = time.time()
     res = run_study(study, executor="ray", progress=False, stream=out, wait_warning_s=6.0)

@@ -29,7 +29,7 @@ name: gpus
 base:
   model: {preset: tiny}
   data: {val_tokens: 4096}
-  train: {steps: 2, batch_size: 4, seq_len: 32, eval_every: 2, warmup_steps: 1}
+  train: {steps: 2, batch_size: 4, seq_len: 32, eval_every: 2, eval_batches: 4, warmup_steps: 1}
   BASE
 grid:
   fp4_gemms: [[], [fprop]]

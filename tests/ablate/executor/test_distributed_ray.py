@@ -40,6 +40,7 @@ def study(tmp_path: Path, *, steps: int, workers: int = 2, cpus: float = 1, **gr
                 "eval_every": 3,
                 "warmup_steps": 2,
                 "checkpoint_every": 3,
+                "eval_batches": 8,  # of 32: a full evaluation took half of a worker's steps
             },
         },
         "grid": grid or {"seed": [0]},
@@ -88,15 +89,20 @@ def test_ddp_and_fsdp_cells_finish_alike_and_a_killed_worker_resumes_bit_identic
     import mlflow.store.tracking.sqlalchemy_store  # noqa: F401  (not first from the thread)
 
     def killer() -> None:
-        client = MlflowClient(tracking_uri=s.tracking_uri)
+        # the store is asked only once the cell has checkpointed: a client made before the driver
+        # has made the store creates it (every MLflow migration, 5 s of CPU), and a search every
+        # 0.2 s from the start took 12 s
         deadline = time.time() + 240
         while time.time() < deadline and not killed:
             time.sleep(0.2)
+            if not sidecar.exists():
+                continue
             try:
+                client = MlflowClient(tracking_uri=s.tracking_uri)
                 runs = [r for r in cell_runs(s) if r.data.tags["ablate.key"] == killed_cell.key]
             except Exception:
                 continue
-            if not runs or "ablate.worker_pids" not in runs[0].data.tags or not sidecar.exists():
+            if not runs or "ablate.worker_pids" not in runs[0].data.tags:
                 continue
             logged = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train_loss")]
             if logged and max(logged) >= 8:

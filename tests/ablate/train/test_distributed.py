@@ -49,6 +49,7 @@ def cfg(
             "batch_size": 4,
             "seq_len": 32,
             "eval_every": 3,
+            "eval_batches": 4,
             "warmup_steps": 2,
             "parallel": parallel,
             "workers": workers,

@@ -34,6 +34,7 @@ def _cfg(fused: bool | str, parallel: str = "none", steps: int = 4) -> RunConfig
                 "batch_size": 4,
                 "seq_len": 32,
                 "eval_every": 2,
+                "eval_batches": 4,
                 "warmup_steps": 1,
                 "parallel": parallel,
                 "fused_adamw": fused,

@@ -20,7 +20,8 @@ name: probetest
 base:
   model: {preset: tiny, n_layers: 2}
   data: {val_tokens: 4096}
-  train: {steps: 4, batch_size: 4, seq_len: 32, eval_every: 2, warmup_steps: 1}
+  train: {steps: 4, batch_size: 4, seq_len: 32, eval_every: 2, eval_batches: 4,
+          warmup_steps: 1}
   base_format: fp8
 grid:
   - fp4_gemms: [[]]

@@ -30,7 +30,7 @@ name: t
 base:
   model: {preset: tiny}
   data: {val_tokens: 4096}
-  train: {steps: 3, batch_size: 4, seq_len: 32, eval_every: 3, warmup_steps: 2}
+  train: {steps: 3, batch_size: 4, seq_len: 32, eval_every: 3, eval_batches: 4, warmup_steps: 2}
 grid: {fp4_gemms: [[], [fprop, dgrad, wgrad]]}
 resources: {cpus: 1}
 """
@@ -89,6 +89,7 @@ def test_a_moved_output_folder_and_a_new_checkpoint_frequency_keep_the_results(f
                 "batch_size": 4,
                 "seq_len": 32,
                 "eval_every": 3,
+                "eval_batches": 4,
                 "warmup_steps": 2,
                 "checkpoint_every": 1,
             },
