@@ -227,7 +227,7 @@ def study_over(tmp_path: Path, axis: str, values: list[str], **train: Any) -> li
             "device": "cpu",
             "model": {"preset": "tiny"},
             "data": {"val_tokens": 4096},
-            "train": {"batch_size": 4, "seq_len": 32, "eval_every": 2} | train,
+            "train": {"batch_size": 4, "seq_len": 32, "eval_every": 2, "eval_batches": 4} | train,
             "fp4_gemms": ["fprop", "dgrad", "wgrad"],
             "intervention": "sr+rht16",
         },
