@@ -32,7 +32,7 @@ description: a two-configuration study for the browser tests
 base:
   model: {{preset: tiny}}
   data: {{val_tokens: 2048}}
-  train: {{steps: 8, batch_size: 4, seq_len: 32, eval_every: 4, warmup_steps: 1}}
+  train: {{steps: 8, batch_size: 4, seq_len: 32, eval_every: 4, warmup_steps: 1, eval_batches: 4}}
   base_format: fp8
 grid:
   - {{seed: [0, 1]}}

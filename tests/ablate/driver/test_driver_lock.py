@@ -144,7 +144,7 @@ tracking: {{uri: "sqlite:///{store / "mlflow.db"}"}}
 base:
   model: {{preset: tiny}}
   data: {{val_tokens: 4096}}
-  train: {{steps: 300, batch_size: 4, seq_len: 32, eval_every: 100, warmup_steps: 2}}
+  train: {{steps: 300, batch_size: 4, seq_len: 32, eval_every: 100, warmup_steps: 2, eval_batches: 4}}
 grid: {{seed: [0]}}
 """
     )

@@ -428,7 +428,13 @@ def test_a_worker_killed_between_checkpoints_loses_no_step_on_resume(uri, tmp_pa
     cfg = RunConfig(
         data=DataConfig(val_tokens=4096),
         train=TrainConfig(
-            steps=16, batch_size=4, seq_len=32, eval_every=4, checkpoint_every=5, warmup_steps=2
+            steps=16,
+            batch_size=4,
+            seq_len=32,
+            eval_every=4,
+            checkpoint_every=5,
+            warmup_steps=2,
+            eval_batches=4,  # of 32: the steps, not the evaluations, are what is checked
         ),
         checkpoint_dir=str(tmp_path / "ckpt"),
     )
