@@ -17,6 +17,7 @@ ordinary cell's bit for bit. The rest of its curve serves the equal-loss ratio.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -26,7 +27,7 @@ import pandas as pd
 
 from ablate.errors import ReportError
 from ablate.report.censored import NONE, Estimate, Seeds, tokens_estimate
-from ablate.report.equal_loss import ratio_at, ratio_curve, seed_offsets
+from ablate.report.equal_loss import paired_ratio, ratio_at, ratio_curve, seed_offsets
 from ablate.report.inputs import CLEAN, budget_steps, check_inputs, clean_evals, curves
 from ablate.report.notes import (
     baseline_notes,
@@ -286,8 +287,9 @@ def per_config(
     _df; seeds_stalled of seeds_judged with the exact interval stall_rate_lo/_hi and stall_p
     (``stalls``: Fisher's one-sided test against the baseline's rate); equal_loss_token_ratio with
     _lo/_hi/_kind (``equal_loss``: observed, censored, bound; needs ``evals``, the cleaned
-    evaluations); not_reached_after (no seed reached: the tokens every seed trained, in multiples
-    of the baseline's median tokens to target); throughput_gain,
+    evaluations) and _method (paired when two or more seeds are shared with the baseline,
+    ``equal_loss.paired_ratio``; else unpaired); not_reached_after (no seed reached: the tokens
+    every seed trained, in multiples of the baseline's median tokens to target); throughput_gain,
     speedup_source ("measured" or "model:<device>"), projected_speedup with _lo/_hi (gain / (1 +
     cost) over the cost's interval; no point for a bounded cost, only the upper end); note.
     """
@@ -320,7 +322,9 @@ def per_config(
     }
     base_seeds = live_seeds[base_cfg]
     base_median = tokens_estimate(base_seeds).value
-    base_curves = list(_curves_by_key(evals, live[base_cfg]).values())
+    base_by_key = _curves_by_key(evals, live[base_cfg])
+    base_curves = list(base_by_key.values())
+    base_by_seed = _by_seed(base_by_key, live[base_cfg])
     extended = bool(base["extended_tokens"].notna().any()) if "extended_tokens" in base else False
 
     def order(cfg: str) -> tuple[Any, ...]:
@@ -346,9 +350,14 @@ def per_config(
             ratio = Estimate(1.0, math.nan, math.nan, "reference")
         elif evals is not None:
             mine = _curves_by_key(evals, live[cfg])
-            ratio, pairing = ratio_at(list(mine.values()), base_curves)
             seed_of = dict(zip(sub["key"], sub["seed"], strict=True))
-            off_curve = off_curve_note(pairing, [seed_of[k] for k in mine], extended)
+            paired = paired_ratio(_by_seed(mine, live[cfg]), base_by_seed)
+            if paired is not None:
+                ratio = paired
+            else:
+                ratio, pairing = ratio_at(list(mine.values()), base_curves)
+                ratio = dataclasses.replace(ratio, method="unpaired")
+                off_curve = off_curve_note(pairing, [seed_of[k] for k in mine], extended)
         else:
             ratio = NONE
         gain, source, gain_note = _gain(sub, base, spec)
@@ -403,6 +412,7 @@ def per_config(
                 "equal_loss_token_ratio_lo": ratio.lo,
                 "equal_loss_token_ratio_hi": ratio.hi,
                 "equal_loss_token_ratio_kind": ratio.kind,
+                "equal_loss_token_ratio_method": ratio.method,
                 "not_reached_after": after,
                 "throughput_gain": gain,
                 "speedup_source": source,
@@ -442,6 +452,14 @@ def _censored_offsets(evals: Any | None, sub: Any) -> list[float] | None:
     if len(found) != len(keys):
         return None
     return [float(x) for x in seed_offsets([found[k] for k in keys])]
+
+
+def _by_seed(by_key: dict[str, Curve], sub: Any) -> dict[int, Curve]:
+    """The curves of ``by_key`` by seed number (``sub``'s rows name each key's seed); empty when a
+    seed number repeats, which leaves nothing to pair by."""
+    seed_of = dict(zip(sub["key"], sub["seed"].astype(int), strict=True))
+    out = {int(seed_of[k]): c for k, c in by_key.items()}
+    return out if len(out) == len(by_key) else {}
 
 
 def _curves_by_key(evals: Any | None, sub: Any) -> dict[str, Curve]:

@@ -186,7 +186,7 @@ def _summary_rows(config_table: Any) -> tuple[list[str], list[list[str]]]:
         "tokens to target [95% CI]",
         "relative token cost [95% CI] (method)",
         "stalled seeds [95% CI]",
-        "equal-loss token ratio [95% CI]",
+        "equal-loss token ratio [95% CI] (method)",
         "final ppl",
         "step throughput gain",
         "projected speedup [95% CI]",
@@ -344,10 +344,18 @@ def _method(spec: SpeedupSection, config_table: Any, cell_table: Any) -> list[st
         "baseline's median tokens to target, the report says what was observed (*not reached "
         "after 1.36x the baseline's tokens*).",
         "**Equal-loss token ratio**: at the end of training, the configuration's tokens divided by "
-        "the tokens each baseline seed needed to first reach the same validation loss "
-        "(interpolated on its curve): geometric mean over all (seed, baseline seed) pairs, 95% "
-        "interval from the spread of both sides (Welch). Defined also where the target is never "
-        "reached. A pair whose configuration seed ended below the baseline seed's lowest loss is "
+        "the tokens the baseline needed to first reach the same validation loss (interpolated on "
+        "its curve), with the method behind each interval in the table. Defined also where the "
+        "target is never reached. *paired*: the configuration and the baseline share two or more "
+        "seeds, and seed i of one is compared with seed i of the other (the same weights, data "
+        "order and random streams: what the seed does to training cancels), each pair at the "
+        "higher of its two final losses, which both reached; the geometric mean over the pairs "
+        "and the one-sample t interval on their log ratios (pairs − 1 degrees of freedom), which "
+        "covers 94–96% over 2,000 simulated studies a setting, with shared seed effects and "
+        "either side noisier (checked in the test suite). "
+        "*unpaired*: fewer than two shared seeds: the geometric mean over all (seed, baseline "
+        "seed) pairs, 95% interval from the spread of both sides (Welch). In the unpaired "
+        "estimate a pair whose configuration seed ended below the baseline seed's lowest loss is "
         "*censored*: the baseline would have needed more tokens than it trained, nothing more is "
         "known, and nothing is imputed; the seeds' offsets on their own curves place the other "
         "pairs, and the interval stays two-sided (*censored*). Only when every pair is censored "

@@ -98,7 +98,9 @@ def ratio_text(r: Mapping[str, Any]) -> str:
         r["equal_loss_token_ratio_hi"],
         markup.ratio,
     )
-    return text + (" (censored)" if kind == "censored" else "")
+    text += " (censored)" if kind == "censored" else ""
+    method = r.get("equal_loss_token_ratio_method")
+    return text + (f" ({method})" if isinstance(method, str) and method else "")
 
 
 def _item(r: Mapping[str, Any], why: str) -> str:

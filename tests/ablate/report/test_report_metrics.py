@@ -297,12 +297,29 @@ def test_a_baseline_trained_past_the_budget_counts_up_to_it_and_says_so(study):
     )
     assert "trained 1.50x the budget (baseline_extend)" in table.loc["fp8", "note"]
     assert "seed 1 reached the target only after the budget" in table.loc["fp8", "note"]
-    # the equal-loss ratio reads the whole curves: x ends (4.6, 4.7) on both baseline seeds'
+    # the equal-loss ratio reads the whole curves: x ends (4.6, 4.7) on both baseline seeds';
+    # x shares seeds 0 and 1 with the baseline: paired, seed by seed
     assert table.loc["x", "equal_loss_token_ratio_kind"] == "observed"
+    assert table.loc["x", "equal_loss_token_ratio_method"] == "paired"
     cut = evals[~(evals["key"].isin(["b0", "b1"]) & (evals["step"] > 400))]
     plain = per_config(per_cell(cells, cut, 4.8), evals=clean_evals(cells, cut)).set_index("config")
-    # without the extension b1 never gets down to x's losses: censored pairs, said in the notes
+    # paired, no pair is censored without the extension either: each pair is read at the higher of
+    # its two final losses, which both runs reached (x1 against b1 at b1's 5.0)
+    assert plain.loc["x", "equal_loss_token_ratio_kind"] == "observed"
+    assert plain.loc["x", "equal_loss_token_ratio_method"] == "paired"
+    b0_at = 300e3 + 100e3 * math.log(5.0 / 4.6) / math.log(5.0 / 4.5)  # b0 first at x0's 4.6
+    x1_at = 300e3 + 100e3 * math.log(5.3 / 5.0) / math.log(5.3 / 4.7)  # x1 first at b1's 5.0
+    x_pairs = [math.log(400e3 / b0_at), math.log(x1_at / 400e3)]
+    assert plain.loc["x", "equal_loss_token_ratio"] == pytest.approx(math.exp(np.mean(x_pairs)))
+    # unpaired (x's seeds 2 and 3 are not the baseline's): without the extension b1 never gets
+    # down to x's losses: censored pairs, said in the notes
+    other = {**runs, "x0": {**runs["x0"], "seed": 2}, "x1": {**runs["x1"], "seed": 3}}
+    cells2, evals2 = study(other)
+    cut2 = evals2[~(evals2["key"].isin(["b0", "b1"]) & (evals2["step"] > 400))]
+    plain = per_config(per_cell(cells2, cut2, 4.8), evals=clean_evals(cells2, cut2))
+    plain = plain.set_index("config")
     assert plain.loc["x", "equal_loss_token_ratio_kind"] == "censored"
+    assert plain.loc["x", "equal_loss_token_ratio_method"] == "unpaired"
     assert "pairs are off the baseline's curve" in plain.loc["x", "note"]
     # a baseline seed that diverges only in its extension is, up to the budget, a finished run
     runs["b1"].update(ppl=[8, 6.5, 5.5, 5.0, 4.4, math.nan], status="diverged", diverged_at=600)
