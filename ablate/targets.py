@@ -45,10 +45,13 @@ def tokens_to_target(
 
 # --- the target perplexity -------------------------------------------------------------------------
 
-TARGET_MODES = ("final", "best", "slowest")
+TARGET_MODES = ("final", "best", "slowest", "median")
 """How a target is derived from the baseline's finished seeds (``target.from_baseline``)."""
 DEFAULT_AT = 0.75
-"""``slowest``: the fraction of the baseline's budget by which every baseline seed reaches it."""
+"""``slowest`` and ``median``: the fraction of the baseline's budget by which every baseline seed
+(``slowest``) or the median one (``median``) reaches it."""
+AT_MODES = ("slowest", "median")
+"""The rules that read the baseline's curves at ``at`` of the budget."""
 HEADROOM_WARN_AT = 0.75
 """Warn when the baseline needs more than this fraction of its budget to reach the target."""
 
@@ -110,6 +113,8 @@ def target_ppl(
         slowest  the highest perplexity that every seed has reached by ``at`` (default 0.75) of its
                  budget: each seed reaches the target by then, leaving 1/at - 1 (+33%) of the budget
                  for configurations that need more tokens
+        median   the median over the seeds of the perplexity each has reached by ``at`` of its
+                 budget: the median seed reaches it then (one slow seed does not move it earlier)
     """
     given = [
         n
@@ -148,7 +153,8 @@ def target_ppl(
         frac = DEFAULT_AT if at is None else at
         if not 0 < frac <= 1:
             raise ValueError(f"target.at: a fraction of the budget in (0, 1], got {frac}")
-        value = max(ppl_at(c, frac * c.budget) for c in curves)
+        reached = [ppl_at(c, frac * c.budget) for c in curves]
+        value = max(reached) if from_baseline == "slowest" else float(np.median(reached))
     return value * (1.0 + tolerance)
 
 
@@ -178,7 +184,7 @@ def schedule_fraction(from_baseline: str | None, at: float | None) -> float | No
     tolerance), or None for an absolute target (unknown until the baseline has run)."""
     if from_baseline in ("final", "best"):
         return 1.0
-    if from_baseline == "slowest":
+    if from_baseline in AT_MODES:
         return DEFAULT_AT if at is None else at
     return None
 

@@ -13,6 +13,8 @@ command that runs it:
 - ``ladder``: how often a ladder's 95% intervals hold, on synthetic ladders of known laws;
 - ``seeds``: how often the report's token-cost intervals hold, paired and unpaired, on simulated
   studies with shared seed effects, censoring and stalls;
+- ``targets``: which target rule reads a token cost that grows late in training, on simulated
+  studies (the rules of ``ablate.targets`` beside the end-of-training equal-loss ratio);
 - ``ui``: the MLflow UI's start-up time and memory, MLflow's own against ``ablate ui``;
 - ``gpu``: the GPU benchmark (step times, quantizer bandwidth, a profile) into ``reports/gpu/``;
 - ``gpu_check``: ``make gpu-check``, a GPU machine checked end to end.

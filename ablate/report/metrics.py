@@ -176,6 +176,12 @@ def describe_target(target: TargetLike | Mapping[str, Any]) -> str:
             f"from_baseline: slowest, at: {frac:g} (the lowest perplexity that every baseline "
             f"seed reaches within {frac:.0%} of its budget{tol})"
         )
+    if from_baseline == "median":
+        frac = DEFAULT_AT if at is None else at
+        return (
+            f"from_baseline: median, at: {frac:g} (the perplexity the median baseline seed "
+            f"reaches within {frac:.0%} of its budget{tol})"
+        )
     return f"from_baseline: {from_baseline} (baseline mean {from_baseline} perplexity{tol})"
 
 

@@ -333,14 +333,15 @@ class Target(BaseModel):
 
     val_ppl: float | None = Field(default=None, gt=1, lt=MAX_TARGET_PPL, strict=True)
     val_loss: float | None = Field(default=None, gt=0, lt=MAX_TARGET_LOSS, strict=True)
-    from_baseline: Literal["final", "best", "slowest"] | None = None
+    from_baseline: Literal["final", "best", "slowest", "median"] | None = None
     """slowest: the highest perplexity every baseline seed reaches by ``at`` of its budget (the
-    default target); final/best: the mean final/best perplexity of the baseline's seeds..."""
+    default target); median: the median over the baseline's seeds of the perplexity each reaches
+    by ``at`` of its budget; final/best: the mean final/best perplexity of the baseline's seeds..."""
     tolerance: float = Field(default=0.0, ge=0)
     """...times (1 + tolerance)."""
     at: float | None = Field(default=None, gt=0, le=1)
-    """For from_baseline: slowest, the fraction of the budget (default 0.75): configurations that
-    cost up to 1/at - 1 more tokens (+33%) can still show their cost."""
+    """For from_baseline: slowest or median, the fraction of the budget (default 0.75):
+    configurations that cost up to 1/at - 1 more tokens (+33%) can still show their cost."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Target:
@@ -353,8 +354,8 @@ class Target(BaseModel):
             )
         if self.tolerance and self.from_baseline is None:
             raise ValueError("tolerance applies to from_baseline only")
-        if self.at is not None and self.from_baseline != "slowest":
-            raise ValueError("at applies to from_baseline: slowest only")
+        if self.at is not None and self.from_baseline not in ("slowest", "median"):
+            raise ValueError("at applies to from_baseline: slowest or median only")
         return self
 
 

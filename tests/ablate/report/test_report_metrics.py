@@ -434,6 +434,14 @@ def test_target_from_the_slowest_baseline_seed_is_reached_by_every_seed_in_time(
     assert resolve_target({"from_baseline": "slowest", "at": 1.0}, evals, cells) == pytest.approx(
         3.0
     )
+    # median: the median seed's perplexity at 75% (with two seeds, the mean of b0's 2.95 at 375k,
+    # between 3.0 and 2.9, and b1's): one slow seed no longer sets it alone
+    b0 = math.exp(0.25 * math.log(3.0) + 0.75 * math.log(2.9))
+    median = resolve_target({"from_baseline": "median"}, evals, cells)
+    assert median == pytest.approx((b0 + expected) / 2, rel=1e-12)
+    assert resolve_target({"from_baseline": "median", "at": 1.0}, evals, cells) == pytest.approx(
+        2.9
+    )
 
 
 def test_mlflow_gets_only_the_upper_end_of_an_equal_loss_ratio_that_is_a_bound():
