@@ -32,6 +32,7 @@ from ablate.report.inputs import CLEAN, budget_steps, check_inputs, clean_evals,
 from ablate.report.notes import (
     baseline_notes,
     config_notes,
+    late_cost_note,
     not_reached_after,
     off_curve_note,
     report_notes,
@@ -373,6 +374,9 @@ def per_config(
             notes.extend(baseline_notes(sub))
         if off_curve:
             notes.append(off_curve)
+        late = None if is_base else late_cost_note(cost, ratio)
+        if late:
+            notes.append(late)
         if gain_note:
             notes.append(gain_note)
         backends = sorted(set(sub["backend"]))

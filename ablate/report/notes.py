@@ -93,6 +93,22 @@ def config_notes(
     return notes
 
 
+def late_cost_note(cost: Estimate, ratio: Estimate) -> str | None:
+    """The note when the paired equal-loss ratio at the end of training lies above the whole token
+    cost interval at the target: the configuration's cost grows after the target, which a token
+    cost read there cannot show (``ablate.bench.targets``)."""
+    if ratio.method != "paired" or cost.kind not in ("observed", "censored"):
+        return None
+    if not (math.isfinite(ratio.lo) and math.isfinite(cost.hi)) or ratio.lo <= 1 + cost.hi:
+        return None
+    return (
+        f"pays late: its equal-loss ratio at the end of training, {ratio.value:.3g} "
+        f"[{ratio.lo:.3g}, {ratio.hi:.3g}] (paired), lies above the whole token-cost interval at "
+        f"the target ({cost.lo:+.1%} to {cost.hi:+.1%}): its cost grows after the target, and the "
+        "verdict, read at the target, does not show it"
+    )
+
+
 def off_curve_note(pairing: Pairing, seeds: Sequence[Any], extended: bool) -> str | None:
     """The note when some of a configuration's final losses lie below a baseline seed's lowest
     (``seeds``: the configuration's seed numbers in the pairing's order)."""

@@ -460,3 +460,32 @@ def test_mlflow_gets_only_the_upper_end_of_an_equal_loss_ratio_that_is_a_bound()
     out = config_summaries(pd.DataFrame([row("a", "bound"), row("b", "censored")]), {})
     assert "equal_loss_token_ratio.a" not in out and out["equal_loss_token_ratio_hi.a"] == 1.1
     assert out["equal_loss_token_ratio.b"] == 0.9 and out["equal_loss_token_ratio_lo.b"] == 0.8
+
+
+@pytest.mark.parametrize(("gamma", "late"), [(3.0, True), (0.0, False)], ids=["late", "constant"])
+def test_a_cost_that_grows_after_the_target_is_noted_from_the_paired_end_ratio(study, gamma, late):
+    # five paired seeds drawn as ablate.bench.targets draws them: a cost of +60% at the end, which
+    # comes late (gamma 3: about +20% where the target is read) or stays constant (gamma 0)
+    from ablate.bench.targets import runs
+
+    rng = np.random.default_rng(7)
+    seeds = 5
+    a = 0.1 * rng.standard_normal(seeds)
+    spec = {}
+    for config, cost in (("fp8", 0.0), ("x", 0.6)):
+        k = np.exp(a + 0.01 * rng.standard_normal(seeds))
+        tokens, ppl = runs(rng, k, cost, gamma, 40)
+        for i in range(seeds):
+            spec[f"{config}{i}"] = {
+                "config": config, "seed": i, "baseline": config == "fp8",
+                "ppl": ppl[i].tolist(), "tokens": tokens.tolist(),
+                "steps": list(range(1, len(tokens) + 1)),
+            }  # fmt: skip
+    cells, evals = study(spec)
+    target = resolve_target({"from_baseline": "slowest"}, evals, cells)
+    table = per_config(per_cell(cells, evals, target), evals=clean_evals(cells, evals))
+    x = table.set_index("config").loc["x"]
+    assert x["equal_loss_token_ratio_method"] == "paired"
+    assert ("pays late" in x["note"]) is late, x["note"]
+    if late:  # read at the target, the cost is a fraction of what the end of training shows
+        assert x["rel_token_cost_hi"] < 0.25 < x["equal_loss_token_ratio_lo"] - 1  # +22%, x1.30
