@@ -90,7 +90,7 @@ def executor_opt(each: str) -> Callable[[F], F]:
 def preflight_or_exit(study: Study, address: str | None, *, memory: bool = True) -> None:
     """``preflight.preflight`` (what ``run`` checks before it starts), its refusal as exit 2; then the
     target-headroom warning (``planning.target_headroom``) on stderr."""
-    from ablate.driver.planning import target_headroom
+    from ablate.driver.planning import ladder_brackets, target_headroom
     from ablate.driver.preflight import auto_cpu_cells, preflight
 
     try:
@@ -107,3 +107,5 @@ def preflight_or_exit(study: Study, address: str | None, *, memory: bool = True)
     warning = target_headroom(study)
     if warning:
         click.echo(f"warning: {warning}", err=True)
+    for line in ladder_brackets(study):
+        click.echo(f"warning: {line}", err=True)

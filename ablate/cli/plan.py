@@ -267,7 +267,7 @@ def _checks(study: Study, address: str | None, *, memory: bool = True) -> None:
     checked, and `run` still refuses it."""
     import torch
 
-    from ablate.driver.planning import target_headroom
+    from ablate.driver.planning import ladder_brackets, target_headroom
     from ablate.driver.preflight import check_devices, check_ray_devices
     from ablate.errors import CannotRunError, TrackingError
     from ablate.tracking import check_store
@@ -297,6 +297,8 @@ def _checks(study: Study, address: str | None, *, memory: bool = True) -> None:
     )
     if warning := target_headroom(study):
         click.echo(f"warning: {warning}", err=True)
+    for line in ladder_brackets(study):
+        click.echo(f"warning: {line}", err=True)
 
 
 def _memory_estimates(

@@ -1,6 +1,8 @@
 """What ``ablate run`` does to each cell of a study, planned against what MLflow already holds
-(``plan``; read only: planning creates nothing), and the warning when the study's target leaves no
-room to measure a cost (``target_headroom``). ``ablate plan`` prints the plan; the runner follows it.
+(``plan``; read only: planning creates nothing), the warning when the study's target leaves no
+room to measure a cost (``target_headroom``), and a ladder's sizes whose budgets do not bracket the
+tokens per parameter of its prediction (``ladder_brackets``). ``ablate plan`` prints the plan;
+the runner follows it.
 
 - ``run``: no MLflow run has its key yet -> create one and train;
 - ``skip``: finished or diverged (both are results);
@@ -131,6 +133,52 @@ def target_headroom(study: Study) -> str | None:
     except ValueError:
         return None
     return headroom_warning(reached_fraction(curves, target), measured=True)
+
+
+BRACKET = 2.0
+"""A ladder size's budgets should reach this factor below and above the prediction's tokens per
+parameter: the fits read each size near the target's ratio of tokens to parameters, and a size
+whose budgets all lie on one side of it is extrapolated in D as well as in N."""
+
+
+def ladder_brackets(study: Study) -> list[str]:
+    """One warning per ladder size whose budgets do not bracket ``ladder.predict``'s tokens per
+    parameter by ``BRACKET`` on both sides, naming the budgets that would (empty without a
+    prediction)."""
+    from ablate.model import non_embedding_params
+
+    ladder = study.file.ladder
+    if ladder is None or ladder.predict is None:
+        return []
+    want = ladder.predict.tokens / ladder.predict.params
+    budgets: dict[int, set[tuple[int, int]]] = {}
+    for c in study.cells:
+        t = c.config.train
+        n = non_embedding_params(c.config.model)
+        budgets.setdefault(n, set()).add((t.steps, t.tokens_per_step))
+    out = []
+    for n, steps in sorted(budgets.items()):
+        per_step = max(p for _, p in steps)
+        ratios = sorted(s * p / n for s, p in steps)
+        low, high = want / BRACKET, want * BRACKET
+        if ratios[0] <= low and ratios[-1] >= high:
+            continue
+        need = []
+        if ratios[0] > low:
+            need.append(
+                f"at or below {low:.3g} tokens per parameter (train.steps <= {int(low * n // per_step)})"
+            )
+        if ratios[-1] < high:
+            need.append(
+                f"at or above {high:.3g} tokens per parameter (train.steps >= {-int(-high * n // per_step)})"
+            )
+        out.append(
+            f"ladder: the size of N = {n / 1e6:.3g}M trains {', '.join(f'{r:.3g}' for r in ratios)} "
+            f"tokens per parameter, which does not bracket the prediction's {want:.3g} by "
+            f"{BRACKET:g}x on both sides: add a budget {' and one '.join(need)}, or the fits read "
+            "this size on one side of the target's ratio only"
+        )
+    return out
 
 
 def summarize(planned: Iterable[PlannedCell]) -> dict[str, int]:

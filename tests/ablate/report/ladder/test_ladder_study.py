@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
@@ -113,3 +114,38 @@ def test_validate_refuses_a_ladder_with_one_size_exit_2(tmp_path):
     p.write_text(yaml.safe_dump(spec))
     out = CliRunner().invoke(main, ["validate", str(p)])
     assert out.exit_code == 2 and "a ladder needs two sizes" in out.output
+
+
+def test_sizes_whose_budgets_do_not_bracket_the_target_are_named_with_the_budgets_that_would(
+    tmp_path,
+):
+    from click.testing import CliRunner
+
+    from ablate.cli import main
+    from ablate.driver.planning import ladder_brackets
+
+    # 128 tokens a step; 4 and 64 steps: the three sizes (N = 9,312, 50,928, 98,624) train
+    # 0.055-0.88, 0.010-0.16 and 0.0052-0.083 tokens per parameter; the prediction's is 0.12,
+    # bracketed by 2x (0.06 to 0.24) by the first size's budgets only
+    r = raw(tmp_path, ladder={"predict": {"params": 1e6, "tokens": 1.2e5}, "boot": 200})
+    r["grid"]["train.steps"] = [4, 64]
+    study = parse_study(r, output=tmp_path / "out", text="# a ladder\n")
+    got = ladder_brackets(study)
+    assert [line.split(" trains ")[0] for line in got] == [
+        "ladder: the size of N = 0.0509M",
+        "ladder: the size of N = 0.0986M",
+    ]
+    assert "add a budget at or above 0.24 tokens per parameter (train.steps >= 96)" in got[0]
+    assert "(train.steps >= 185)" in got[1] and "at or below" not in got[1]
+    r["ladder"] = {"predict": {"params": 1e6, "tokens": 1e3}, "boot": 200}  # 0.001: below all
+    low = ladder_brackets(parse_study(r, output=tmp_path / "out", text="# a ladder\n"))
+    assert len(low) == 3 and all("at or below 0.0005 tokens per parameter" in x for x in low)
+    r["ladder"] = {"boot": 200}  # no prediction: nothing to bracket
+    assert ladder_brackets(parse_study(r, output=tmp_path / "out", text="# a ladder\n")) == []
+    # validate says so, and still accepts the study
+    path = tmp_path / "ladder.yaml"
+    r["ladder"] = {"predict": {"params": 1e6, "tokens": 1.2e5}, "boot": 200}
+    path.write_text(yaml.safe_dump(r))
+    res = CliRunner().invoke(main, ["validate", "-o", str(tmp_path / "o"), str(path)])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("warning: ladder: the size of N") == 2
