@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bpe-vocab", type=int, default=8192)
     ap.add_argument("--sizes", nargs="+", default=["10MB", "1GB"], help="start-up corpora")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20, help="training steps timed for the loader")
     ap.add_argument(
         "--work", default=None, help="folder for the corpora (default: a temporary one)"
     )
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}",
             "preparation": preparation(work, args.prep_mb, args.bpe_vocab),
             "start_up": start_up(work, args.sizes, args.repeats),
-            "loader": loader_share(),
+            "loader": loader_share(args.steps),
         }
     finally:
         if args.work is None:

@@ -22,6 +22,8 @@ def test_the_data_benchmark_reports_preparation_start_up_and_the_loaders_share(c
             "600KB",
             "--repeats",
             "1",
+            "--steps",
+            "5",
             "--bpe-vocab",
             "300",
             "--json",
