@@ -17,7 +17,7 @@ def _mean(tally) -> float:
 
 
 def test_a_constant_cost_is_read_alike_and_covered_at_75_percent_of_the_budget():
-    n = 200
+    n = 120
     found = simulate(Setting(seeds=3, gamma=0.0, costs=(0.1,)), n)
     for rule in ("slowest@0.75", "median@0.75", EQUAL_LOSS):
         t = found[rule][0.1]

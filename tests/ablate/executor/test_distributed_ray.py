@@ -40,7 +40,7 @@ def study(tmp_path: Path, *, steps: int, workers: int = 2, cpus: float = 1, **gr
                 "eval_every": 3,
                 "warmup_steps": 2,
                 "checkpoint_every": 3,
-                "eval_batches": 8,  # of 32: a full evaluation took half of a worker's steps
+                "eval_batches": 2,  # of 32: a full evaluation took half of a worker's steps
             },
         },
         "grid": grid or {"seed": [0]},
