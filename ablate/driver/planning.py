@@ -152,10 +152,12 @@ def ladder_brackets(study: Study) -> list[str]:
         return []
     want = ladder.predict.tokens / ladder.predict.params
     budgets: dict[int, set[tuple[int, int]]] = {}
+    sizes: dict[str, int] = {}  # N once per model (a model.hf one is built on the meta device)
     for c in study.cells:
-        t = c.config.train
-        n = non_embedding_params(c.config.model)
-        budgets.setdefault(n, set()).add((t.steps, t.tokens_per_step))
+        t, model = c.config.train, repr(c.config.model.to_dict())
+        if model not in sizes:
+            sizes[model] = non_embedding_params(c.config.model)
+        budgets.setdefault(sizes[model], set()).add((t.steps, t.tokens_per_step))
     out = []
     for n, steps in sorted(budgets.items()):
         per_step = max(p for _, p in steps)
