@@ -93,6 +93,15 @@ def _pairs(ends: Sequence[tuple[float, float]], base: Sequence[Curve]) -> tuple[
     return m, cens
 
 
+def _log_stretch(a: Curve, b: Curve) -> float:
+    """log(tokens of ``a`` / tokens of ``b``) at the higher of their two final losses, which both
+    reached: the one that ended there at its last tokens, the other where it first got down to it
+    (NaN where that crossing is unknown)."""
+    if float(a.ppl[-1]) >= float(b.ppl[-1]):
+        return math.log(a.budget / _crossing(b, float(a.ppl[-1])))
+    return math.log(_crossing(a, float(b.ppl[-1])) / b.budget)
+
+
 def seed_offsets(seeds: Sequence[Curve]) -> Any:
     """Each seed's offset from its configuration's mean on the log-token axis (summing to zero),
     from the seeds' own curves: two seeds compared at the higher of their last losses (the one
@@ -107,10 +116,7 @@ def seed_offsets(seeds: Sequence[Curve]) -> Any:
             a, b = seeds[i], seeds[j]
             if not (len(a.tokens) and len(b.tokens)):
                 continue
-            if a.ppl[-1] >= b.ppl[-1]:
-                d[i, j] = math.log(a.budget / _crossing(b, float(a.ppl[-1])))
-            else:
-                d[i, j] = math.log(_crossing(a, float(b.ppl[-1])) / b.budget)
+            d[i, j] = _log_stretch(a, b)
             d[j, i] = -d[i, j]
     with np.errstate(all="ignore"):
         out = np.nanmean(d, axis=1) if n else np.zeros(0)
@@ -205,10 +211,7 @@ def pair_logs(seeds: Mapping[int, Curve], base: Mapping[int, Curve]) -> Any:
         c, b = seeds[s], base[s]
         if not (len(c.tokens) and len(b.tokens)) or c.budget <= 0 or b.budget <= 0:
             continue
-        if float(c.ppl[-1]) >= float(b.ppl[-1]):  # the configuration ended higher: at its end
-            logs.append(math.log(c.budget / _crossing(b, float(c.ppl[-1]))))
-        else:  # the baseline ended higher: where the configuration first got down to it
-            logs.append(math.log(_crossing(c, float(b.ppl[-1])) / b.budget))
+        logs.append(_log_stretch(c, b))
     m = np.asarray(logs, dtype=float)
     return m[np.isfinite(m)]
 
