@@ -210,7 +210,7 @@ def status(
 
 
 def _print_cells(study: Study, *, as_json: bool) -> None:
-    from ablate.tracking import StudyTracker, study_status
+    from ablate.tracking import StudyTracker, shared_order_note, study_status
     from ablate.tracking.status import count
 
     try:
@@ -263,6 +263,8 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         )
     counts = count([row["status"] for row in rows])
     click.echo(", ".join(f"{n} {s}" for s, n in counts.items()))
+    if note := shared_order_note(study, tracker.cell_runs()):
+        click.echo(note.strip())
     n_stale = sum(bool(row["stale"]) for row in rows)
     if n_stale:
         click.echo(

@@ -127,8 +127,11 @@ class DataConfig:
     val: ValData | None = field(default=None, metadata=unless_default())
     """A validation corpus of its own (``{corpus: hf, hf_dataset: allenai/c4, hf_config: en,
     hf_split: validation}``); then the whole training stream is trained on. None: the tail."""
-    data_seed: int = field(default=0, metadata=always())
-    """Seed of the order of training batches; separate from the model initialization seed."""
+    data_seed: int | None = field(default=None, metadata=always())
+    """Seed of the order of training batches. None (the default): the run's ``seed``, so each seed
+    of a study reads its own batch order and a conclusion does not rest on one order (a
+    ``RunConfig`` resolves it, and its key holds the number); an integer fixes one order for every
+    seed (0 is the order every seed read before 2026-11-26)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.val, dict):  # from a run's config.json or a task's dict
@@ -140,9 +143,12 @@ class DataConfig:
             )
         if not is_int(self.val_tokens) or self.val_tokens < 1:
             raise ValueError(f"data.val_tokens: must be an integer >= 1, got {self.val_tokens!r}")
-        if not is_int(self.data_seed) or not 0 <= self.data_seed < SEED_LIMIT:
+        if self.data_seed is not None and (
+            not is_int(self.data_seed) or not 0 <= self.data_seed < SEED_LIMIT
+        ):
             raise ValueError(
-                f"data.data_seed: must be an integer in [0, 2^32), got {self.data_seed!r}"
+                "data.data_seed: must be an integer in [0, 2^32), or null for the run's seed; "
+                f"got {self.data_seed!r}"
             )
 
 

@@ -51,7 +51,7 @@ from ablate.driver.setup import (
 from ablate.executor import Executor, ExecutorName, RayExecutor
 from ablate.executor.task import Outcome, Task
 from ablate.study import Cell, Study
-from ablate.tracking import StudyTracker, join_runs
+from ablate.tracking import StudyTracker, join_runs, shared_order_note
 from ablate.tracking.vocab import (
     cell_params,
     cell_tags,
@@ -114,9 +114,10 @@ def run_study(
         )
         try:
             tracker, parent = held.enter_context(open_study(study, ex, out=out))
+            runs = tracker.cell_runs()
             planned = plan_cells(
                 study,
-                join_runs(study, tracker.cell_runs()),
+                join_runs(study, runs),
                 rerun_failed=rerun_failed,
                 rerun_stale=rerun_stale,
             )
@@ -126,6 +127,8 @@ def run_study(
                 f"tracking {study.tracking_uri})",
                 file=out,
             )
+            if note := shared_order_note(study, runs):
+                print(note, file=out)
             result = StudyResult({}, planned, parent_run_id=parent)
             launched.append(True)
             run = _StudyRun(

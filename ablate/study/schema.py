@@ -109,7 +109,7 @@ class CellConfig(BaseModel):
     """GEMM backend: emulated (exact emulation, any device) or native (hardware FP4/FP8 GEMMs)."""
 
     seed: int = Field(default=0, ge=0, lt=2**32)
-    """Model initialization and stochastic-rounding seed (data order: data.data_seed)."""
+    """Initial weights, stochastic-rounding and batch-order seed (unless data.data_seed is set)."""
     device: str = "auto"
     """cpu, cuda, cuda:N or auto: cuda when resources.gpus > 0, else cpu. The kind (cpu or cuda)
     is part of a cell's key, which GPU is not."""

@@ -4,6 +4,7 @@ target derived from the baseline needs (tune, the validate/plan headroom warning
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from ablate.study.cells import Cell, Study
 from ablate.targets import Curve
 from ablate.tracking.history import read_histories
 from ablate.tracking.runs import CellRun, read_cells
+from ablate.train.config import config_hash
 
 NOT_STARTED = "not started"
 
@@ -32,6 +34,30 @@ class CellStatus:
 def join_runs(study: Study, runs: Mapping[str, CellRun]) -> list[CellStatus]:
     """The study's cells in study order, each with its run from ``runs`` (by cell key)."""
     return [CellStatus(c, runs.get(c.key)) for c in study.cells]
+
+
+def shared_order_note(study: Study, runs: Mapping[str, CellRun]) -> str | None:
+    """The line saying which of the study's seeds have no run of their own but a run recorded when
+    every seed read batch order 0 (``data.data_seed`` has followed the seed since 2026-11-26): that
+    run trained on another batch order, so it is kept but not this cell's; a study that fixes
+    ``data: {data_seed: 0}`` finds it again. None when there is none."""
+    seeds: set[int] = set()
+    for c in study.cells:
+        cfg = c.config
+        if c.key in runs or cfg.seed == 0 or cfg.data.data_seed != cfg.seed:
+            continue
+        old = copy.copy(cfg)
+        old.data = copy.copy(cfg.data)
+        old.data.data_seed = 0
+        if config_hash(old) in runs:
+            seeds.add(cfg.seed)
+    if not seeds:
+        return None
+    return (
+        f"  seed(s) {', '.join(map(str, sorted(seeds)))}: runs recorded when every seed read batch "
+        "order 0 are kept, not reused: each seed now reads its own order (data.data_seed follows "
+        "the seed); `data: {data_seed: 0}` in the study's base reuses them"
+    )
 
 
 def study_status(study: Study) -> list[CellStatus]:

@@ -9,6 +9,7 @@ the plain nested form that the study resolves into and MLflow records as params 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -409,7 +410,7 @@ class RunConfig:
     minutes). In the key only for a compiled run with quantized GEMMs that traces inline: the
     fused arithmetic around the quantizer rounds differently."""
     seed: int = field(default=0, metadata=always())
-    """Model initialization and stochastic-rounding seed (data order has its own data.data_seed)."""
+    """Initial weights, stochastic-rounding and batch-order seed (unless data.data_seed is set)."""
     device: str = field(default="auto", metadata=always(resolve=_kind, name="device_kind"))
     """cpu, cuda, cuda:N, or auto (cuda when available). In the key as its kind (cpu, cuda), not
     which device of that kind."""
@@ -422,6 +423,9 @@ class RunConfig:
     """Gradient-fidelity probes (None: off). Not part of the run's key, nor of its params."""
 
     def __post_init__(self) -> None:
+        if self.data.data_seed is None:  # the batch order follows the seed (on a copy: one
+            self.data = copy.copy(self.data)  # DataConfig may serve the configs of several seeds)
+            self.data.data_seed = self.seed
         if self.quantizer_graph not in get_args(QuantizerGraph):
             raise ValueError(
                 f"quantizer_graph: unknown {self.quantizer_graph!r}; allowed: "

@@ -443,6 +443,7 @@ def build_run(
         eps=tc.eps,
         fused=True if resolved_compile(tc.fused_adamw, device.type) else None,
     )
+    assert config.data.data_seed is not None  # a RunConfig resolves it (the run's seed)
     sampler = BatchSampler(data.train, tc.seq_len, tc.batch_size, config.data.data_seed)
     val = val_batches(data.val, tc.seq_len, tc.batch_size)
     if tc.eval_batches:

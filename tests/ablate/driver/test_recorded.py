@@ -1,5 +1,6 @@
-"""A study recorded by earlier code: its cells were keyed under numerics 1 (the keys pinned in
-``test_key``, as the code before the layout change computed them). This code keys them the same at
+"""A study recorded by earlier code: its cells were keyed under numerics 1 (the keys pinned here,
+as the code before the layout change computed them, when every seed read batch order 0: the
+study finds them with ``data: {data_seed: 0}``). This code keys them the same at
 numerics 1, so nothing of the layout moved a key; its own numerics are newer, so the study resumed
 now trains new cells instead of mixing two sets of numbers, and ``ablate adopt`` takes the old runs
 over knowingly, after which every cell is found finished."""
@@ -7,11 +8,9 @@ over knowingly, after which every cell is found finished."""
 from __future__ import annotations
 
 import io
-import shutil
 from pathlib import Path
 
 from click.testing import CliRunner
-from test_key import STUDY_KEYS
 
 from ablate.cli import main
 from ablate.driver.planning import plan
@@ -21,19 +20,42 @@ from ablate.tracking import StudyTracker
 from ablate.train.config import config_hash
 
 ROOT = Path(__file__).resolve().parents[3]
+RECORDED = [
+    "102bfa95ffa67696",
+    "1105cedba6017bb8",
+    "262d8e5bb085d50d",
+    "3c700967c3db0fbe",
+    "4d3ffdf6a96650ec",
+    "6598c418a3809cd8",
+    "811849d113a16e49",
+    "96f068940779384a",
+    "9a007da48651ceee",
+    "9cd7518d4dcfd8b0",
+    "a908ff38e3843e65",
+    "bc1b9b8b57c9e91b",
+    "ca97318674b60a56",
+    "f1e288f86b42749a",
+    "f264ce3c6b3f80dc",
+    "fd653921c0c15777",
+]
+"""The quickstart's keys under numerics 1, every seed on batch order 0."""
 
 
 def test_a_quickstart_recorded_under_numerics_1_reruns_unless_adopted(tmp_path, monkeypatch):
     # the study as a user has it: its file, its output folder, its store
-    shutil.copy(ROOT / "studies" / "quickstart.yaml", tmp_path / "quickstart.yaml")
+    text = (ROOT / "studies" / "quickstart.yaml").read_text()
+    order0 = "data: {corpus: builtin, val_tokens: 8192, data_seed: 0}"
+    (tmp_path / "quickstart.yaml").write_text(
+        text.replace("data: {corpus: builtin, val_tokens: 8192}", order0)
+    )
     monkeypatch.chdir(tmp_path)
     study = load_study(tmp_path / "quickstart.yaml")
     old = {config_hash(c.config, numerics=1): c.label for c in study.cells}
-    assert sorted(old) == STUDY_KEYS["quickstart"]  # the layout moved no key
+    assert sorted(old) == RECORDED  # the layout moved no key
     # what the earlier code recorded: a finished run per cell, under the key it computed
     tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
     parent = tracker.parent_run(study.text)
-    for key in STUDY_KEYS["quickstart"]:
+    for key in RECORDED:
         run_id = tracker.create_run(parent, key, old[key], {}, {})
         tracker.set_status(run_id, "finished")
     # resumed across the numerics change: every cell is new

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from ablate.data import DataConfig
 from ablate.tracking.adopt import legacy_config_hash
 from ablate.train.config import (
     RunConfig,
@@ -28,7 +29,12 @@ def test_config_hash_values_are_stable():
     # study cells and existing results are looked up by these: a change here orphans them
     assert key1(RunConfig(device="cpu")) == "1f94548535cb9ce6"
     assert config_hash(RunConfig(device="cpu")) == "8ecffaed5be74830"  # numerics 2's
-    assert key1(RunConfig(device="cpu", seed=3, train=TrainConfig(lr=1e-2))) == "d2a4e0ab013c6a73"
+    # seed 3 on the batch order every seed read before the order followed the seed
+    order0 = DataConfig(data_seed=0)
+    assert (
+        key1(RunConfig(device="cpu", seed=3, data=order0, train=TrainConfig(lr=1e-2)))
+        == "d2a4e0ab013c6a73"
+    )
     # an eager CUDA run keeps the key CUDA runs had before train.compile; a compiled one (auto on
     # CUDA) has its own, and the CPU's auto (eager) changes nothing; log_every is not in the key
     eager = TrainConfig(compile=False)
@@ -59,7 +65,11 @@ def test_config_hash_of_shorthand_recipes_is_stable():
 def test_the_legacy_key_is_the_key_before_device_and_precision_counted():
     # the values cells had before: `ablate adopt` finds old runs by them
     assert legacy_config_hash(RunConfig()) == "cf1710eca5a47d3d"
-    assert legacy_config_hash(RunConfig(seed=3, train=TrainConfig(lr=1e-2))) == "7a18b7f77c876a21"
+    order0 = DataConfig(data_seed=0)  # every seed's batch order then
+    assert (
+        legacy_config_hash(RunConfig(seed=3, data=order0, train=TrainConfig(lr=1e-2)))
+        == "7a18b7f77c876a21"
+    )
 
 
 def test_config_hash_ignores_where_a_run_lives_and_how_often_it_checkpoints():
