@@ -60,6 +60,7 @@ seed effects shared by both sides.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -277,7 +278,8 @@ def ratio_curve(seeds: Sequence[Curve], base: Sequence[Curve]) -> tuple[Any, Any
         logs = np.log(tokens[None, :, None] / tb)
     present = np.isfinite(at)
     censored = (present[..., None] & np.isnan(tb)).any(axis=(0, 2))
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an evaluation no pair reads: NaN
         mean = np.nanmean(np.where(present[..., None], logs, np.nan), axis=(0, 2))
     ratios, bounded = np.exp(mean), np.zeros(len(tokens), dtype=bool)
     for e in np.flatnonzero(censored):  # the censored evaluations: the estimator itself
@@ -286,3 +288,29 @@ def ratio_curve(seeds: Sequence[Curve], base: Sequence[Curve]) -> tuple[Any, Any
         est = final_ratio(cut, base)
         ratios[e], bounded[e] = est.value, est.kind == "bound"
     return tokens, ratios, bounded
+
+
+def paired_ratio_curve(seeds: Mapping[int, Curve], base: Mapping[int, Curve]) -> Any:
+    """``ratio_curve`` read as ``paired_ratio`` reads the end: each seed the configuration shares
+    with the baseline (both by seed number) against that baseline seed only, the geometric mean
+    over the pairs at each evaluation, ``bounded`` where every pair there is; None with fewer than
+    two shared seeds (the figure then crosses every pair, as the unpaired ratio does)."""
+    parts = [
+        ratio_curve([seeds[s]], [base[s]])
+        for s in sorted(set(seeds) & set(base))
+        if len(seeds[s].tokens) and len(base[s].tokens)
+    ]
+    if len(parts) < 2:
+        return None
+    tokens = np.unique(np.concatenate([t for t, _, _ in parts]))
+    logs = np.full((len(parts), len(tokens)), np.nan)
+    bounded = np.ones((len(parts), len(tokens)), dtype=bool)  # a pair absent bounds nothing
+    for i, (t, r, b) in enumerate(parts):
+        idx = np.searchsorted(tokens, t)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs[i, idx] = np.log(r)
+        bounded[i, idx] = b
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an evaluation no pair reads: NaN
+        mean = np.nanmean(logs, axis=0)
+    return tokens, np.exp(mean), bounded.all(axis=0) & np.isfinite(mean)

@@ -27,7 +27,13 @@ import pandas as pd
 
 from ablate.errors import ReportError
 from ablate.report.censored import NONE, Estimate, Seeds, tokens_estimate
-from ablate.report.equal_loss import paired_ratio, ratio_at, ratio_curve, seed_offsets
+from ablate.report.equal_loss import (
+    paired_ratio,
+    paired_ratio_curve,
+    ratio_at,
+    ratio_curve,
+    seed_offsets,
+)
 from ablate.report.inputs import CLEAN, budget_steps, check_inputs, clean_evals, curves
 from ablate.report.notes import (
     baseline_notes,
@@ -438,16 +444,26 @@ def per_config(
 def equal_loss_curves(cell_table: Any, evals: Any) -> dict[str, tuple[Any, Any, Any]]:
     """Per non-baseline configuration, (tokens, equal-loss ratio, bounded) over training from its
     seeds' curves (diverged ones cut before the divergence) against the baseline's finished
-    seeds (``equal_loss.ratio_curve``)."""
+    seeds: seed i against baseline seed i where two or more seeds are shared
+    (``equal_loss.paired_ratio_curve``, as the table's paired ratio), else every pair
+    (``equal_loss.ratio_curve``). Stalled runs are left out, as from the table's ratio."""
+    if "stalled" in cell_table:
+        cell_table = cell_table[~cell_table["stalled"].astype(bool)]
     base = cell_table[cell_table["baseline"].astype(bool)]
-    base_curves = list(_curves_by_key(evals, base).values())
+    base_by_key = _curves_by_key(evals, base)
+    base_by_seed = _by_seed(base_by_key, base)
     out = {}
     for cfg, sub in cell_table[~cell_table["baseline"].astype(bool)].groupby("config"):
-        seeds = [
-            Curve.of(tok, ppl)
-            for _, _, tok, ppl in curves(evals[evals["key"].isin(set(sub["key"]))])
-        ]
-        out[str(cfg)] = ratio_curve(seeds, base_curves)
+        mine = {
+            key: Curve.of(tok, ppl)
+            for key, _, tok, ppl in curves(evals[evals["key"].isin(set(sub["key"]))])
+        }
+        paired = paired_ratio_curve(_by_seed(mine, sub), base_by_seed)
+        out[str(cfg)] = (
+            paired
+            if paired is not None
+            else ratio_curve(list(mine.values()), list(base_by_key.values()))
+        )
     return out
 
 

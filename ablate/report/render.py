@@ -50,7 +50,8 @@ FIGURES = {
     "token_cost": "Tokens to target relative to the baseline, 95% interval over seeds (hollow: "
     "some seeds did not reach the target)",
     "speedup": "Projected end-to-end speedup vs the baseline, 95% interval from the token cost",
-    "equal_loss": "Equal-loss token ratio over training (geometric mean over seed pairs)",
+    "equal_loss": "Equal-loss token ratio over training (geometric mean over seed pairs: seed i "
+    "against baseline seed i where two or more seeds are shared, else every pair)",
 }
 
 

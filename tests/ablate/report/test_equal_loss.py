@@ -13,6 +13,7 @@ import pytest
 from ablate.report.equal_loss import (
     final_ratio,
     paired_ratio,
+    paired_ratio_curve,
     ratio_at,
     ratio_curve,
     seed_offsets,
@@ -241,3 +242,24 @@ def test_fewer_than_two_shared_seeds_leave_the_ratio_to_the_unpaired_estimate():
     assert est.value == pytest.approx(math.sqrt(1.1 * 1.2), rel=2e-3)
     same = paired_ratio({0: _curve(1.1), 1: _curve(1.1)}, {0: _curve(1.0), 1: _curve(1.0)})
     assert same is not None and math.isnan(same.lo) and math.isnan(same.hi)  # no spread: no CI
+
+
+def test_the_paired_curve_reads_each_seed_against_its_own_baseline_seed():
+    # a strong seed effect shared by both arms (stretches 0.6 and 1.6) and a cost of +20%: each
+    # seed against its own baseline seed reads 1.2 at every evaluation, none of them censored
+    cfg = {0: _curve(0.6 * 1.2), 1: _curve(1.6 * 1.2)}
+    base = {0: _curve(0.6), 1: _curve(1.6)}
+    paired = paired_ratio_curve(cfg, base)
+    assert paired is not None
+    tok, ratio, bounded = paired
+    late = tok >= 100
+    assert np.allclose(ratio[late], 1.2, rtol=1e-2) and not bounded.any()
+    # the seeds differ by pair: 1.1 and 1.3 give their geometric mean at every evaluation
+    mixed = paired_ratio_curve({0: _curve(0.6 * 1.1), 1: _curve(1.6 * 1.3)}, base)
+    assert mixed is not None
+    assert np.allclose(mixed[1][mixed[0] >= 100], math.sqrt(1.1 * 1.3), rtol=1e-2)
+    # the end of the curve is the table's paired ratio
+    end = paired_ratio(cfg, base)
+    assert end is not None and ratio[-1] == pytest.approx(end.value, rel=1e-2)
+    # fewer than two shared seeds: no paired curve (the figure crosses every pair)
+    assert paired_ratio_curve(cfg, {0: base[0], 7: base[1]}) is None

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from ablate.bench.seeds import SETTINGS, Setting, draw
-from ablate.report.metrics import per_cell, per_config, resolve_target
+from ablate.report.metrics import (
+    clean_evals,
+    equal_loss_curves,
+    per_cell,
+    per_config,
+    resolve_target,
+)
 from ablate.report.stalls import clopper_pearson, fisher_greater, stall_rate, stalled_runs
 from ablate.report.verdict import verdict
 from ablate.study.schema import Target
@@ -70,7 +76,7 @@ def test_stalls_are_found_and_ordinary_runs_are_not_taken_for_them(
         assert found / drawn >= found_at_least
 
 
-def _plateau_study(study, stalled_seed: int | None):
+def _plateau_study(study, stalled_seed: int | None, x_stretch: float = 0.9):
     """Baseline and x, two seeds each, 10 evaluations; ``stalled_seed`` of the baseline sits on
     the plateau until its last evaluations."""
 
@@ -84,7 +90,7 @@ def _plateau_study(study, stalled_seed: int | None):
         runs[f"b{s}"] = {"config": "fp8", "seed": s, "baseline": True,
                          "ppl": curve(1.0 + 0.02 * s, stall=s == stalled_seed)}  # fmt: skip
         runs[f"x{s}"] = {"config": "x", "seed": s, "fp4_gemms": "fprop",
-                         "ppl": curve(0.9 + 0.02 * s)}  # fmt: skip
+                         "ppl": curve(x_stretch + 0.02 * s)}  # fmt: skip
     return study(runs)
 
 
@@ -102,6 +108,14 @@ def test_a_stalled_baseline_seed_sets_neither_the_target_nor_the_costs(study):
     assert "stalled" in base["note"] and "seed 1" in base["note"]
     assert x["seeds_stalled"] == 0 and x["stall_p"] == pytest.approx(1.0)
     assert verdict(x.to_dict() | {"baseline": False})[0] != "worse"
+    # the figure of the equal-loss ratio leaves the stalled seed out as the table does: it ends
+    # at the table's ratio (x slower than the baseline here, so that the ratio is observed)
+    cells, evals = _plateau_study(study, stalled_seed=1, x_stretch=1.2)
+    ev = clean_evals(cells, evals)
+    cell_table = per_cell(cells, ev, ppl)
+    ratio = per_config(cell_table, None, ev).set_index("config").loc["x", "equal_loss_token_ratio"]
+    _, curve, _ = equal_loss_curves(cell_table, ev)["x"]
+    assert np.isfinite(ratio) and curve[-1] == pytest.approx(ratio, rel=1e-6)
 
 
 def test_a_configuration_that_stalls_more_often_than_its_baseline_is_worse():
