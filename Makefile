@@ -38,8 +38,11 @@ setup: $(VENV)/.installed
 
 setup-test: $(VENV)/.installed-test
 
+# the report of your own run goes to runs/quickstart/report/ (ignored by git): the kept one in
+# reports/quickstart/ is rewritten only by `ablate report studies/quickstart.yaml`
 quickstart: setup
-	$(VENV)/bin/ablate run studies/quickstart.yaml
+	$(VENV)/bin/ablate run studies/quickstart.yaml --no-report
+	$(VENV)/bin/ablate report studies/quickstart.yaml -o runs/quickstart/report
 
 test: setup-test
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)

@@ -458,3 +458,25 @@ def test_anchors_follow_github():
         "axes",
         "axes-1",
     }
+
+
+def test_make_quickstart_leaves_the_kept_report_alone():
+    # a newcomer's clone stays clean: the quickstart's own report goes under runs/ (ignored by
+    # git); the kept reports/quickstart/ is rewritten only by an explicit `ablate report`
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    dry = subprocess.run(
+        ["make", "-n", "quickstart"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    cmds = [shlex.split(line) for line in dry.splitlines() if "bin/ablate " in line]
+    runs = [c for c in cmds if c[1] == "run"]
+    reports = [c for c in cmds if c[1] == "report"]
+    assert runs and all("--no-report" in c for c in runs), dry
+    assert reports, dry
+    for c in reports:
+        out = c[c.index("-o") + 1] if "-o" in c else "reports/quickstart"
+        assert out.split("/")[0] == "runs", f"`make quickstart` writes its report into {out}"
+    assert "runs/" in (ROOT / ".gitignore").read_text().splitlines()
