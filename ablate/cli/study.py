@@ -210,11 +210,15 @@ def status(
 
 
 def _print_cells(study: Study, *, as_json: bool) -> None:
-    from ablate.tracking import StudyTracker, shared_order_note, study_status
+    from ablate.tracking import StudyTracker, join_runs, read_cells, shared_order_note
     from ablate.tracking.status import count
 
-    try:
-        statuses = study_status(study)
+    try:  # read once: the shared-order note below looks up keys the study's cells no longer have
+        runs = {
+            r.key: r
+            for r in read_cells(study.tracking_uri, study.name, experiment=study.experiment)
+        }
+        statuses = join_runs(study, runs)
     except AblateError as e:
         if as_json:
             click.echo(json.dumps({"study": study.name, "error": str(e), "cells": []}))
@@ -263,7 +267,7 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         )
     counts = count([row["status"] for row in rows])
     click.echo(", ".join(f"{n} {s}" for s, n in counts.items()))
-    if note := shared_order_note(study, tracker.cell_runs()):
+    if note := shared_order_note(study, runs):
         click.echo(note.strip())
     n_stale = sum(bool(row["stale"]) for row in rows)
     if n_stale:

@@ -103,6 +103,14 @@ def _log_stretch(a: Curve, b: Curve) -> float:
     return math.log(_crossing(a, float(b.ppl[-1])) / b.budget)
 
 
+def _quiet_nanmean(x: Any, axis: Any) -> Any:
+    """``np.nanmean`` that is NaN without a warning where a slice is all NaN (an evaluation that
+    no pair reads)."""
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(x, axis=axis)
+
+
 def seed_offsets(seeds: Sequence[Curve]) -> Any:
     """Each seed's offset from its configuration's mean on the log-token axis (summing to zero),
     from the seeds' own curves: two seeds compared at the higher of their last losses (the one
@@ -278,9 +286,7 @@ def ratio_curve(seeds: Sequence[Curve], base: Sequence[Curve]) -> tuple[Any, Any
         logs = np.log(tokens[None, :, None] / tb)
     present = np.isfinite(at)
     censored = (present[..., None] & np.isnan(tb)).any(axis=(0, 2))
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an evaluation no pair reads: NaN
-        mean = np.nanmean(np.where(present[..., None], logs, np.nan), axis=(0, 2))
+    mean = _quiet_nanmean(np.where(present[..., None], logs, np.nan), axis=(0, 2))
     ratios, bounded = np.exp(mean), np.zeros(len(tokens), dtype=bool)
     for e in np.flatnonzero(censored):  # the censored evaluations: the estimator itself
         t = tokens[e]
@@ -310,7 +316,5 @@ def paired_ratio_curve(seeds: Mapping[int, Curve], base: Mapping[int, Curve]) ->
         with np.errstate(divide="ignore", invalid="ignore"):
             logs[i, idx] = np.log(r)
         bounded[i, idx] = b
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an evaluation no pair reads: NaN
-        mean = np.nanmean(logs, axis=0)
+    mean = _quiet_nanmean(logs, axis=0)
     return tokens, np.exp(mean), bounded.all(axis=0) & np.isfinite(mean)
