@@ -3,7 +3,10 @@
 - ``base``: the interface (``GemmBackend``), the random-stream keys of one call (``GemmKeys``) and
   the refusal of a format a device cannot run (``UnsupportedFormatError``);
 - ``emulated``: quantize, dequantize and multiply with FP32 accumulation, on any device;
-- ``native``: the hardware's scaled GEMM (``torch._scaled_mm``) on the same codes and scales;
+- ``native``: the hardware's scaled GEMM (``torch.nn.functional.scaled_mm``) on the same codes
+  and scales;
+- ``layouts``: where each device's scaled GEMM reads its block scales (cuBLAS's 128x4 tiles,
+  ROCm's row-major and hipBLASLt's pre-swizzled 32x8 tiles), as pure functions;
 - ``capabilities``: which device runs which format natively, and the check before a run;
 - ``selfcheck``: the native GEMMs held to the emulation before a cell trains (``ablate
   native-check``);

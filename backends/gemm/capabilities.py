@@ -100,21 +100,42 @@ def build_limits(arch: str | None) -> dict[str, str]:
         out["mxfp4"] = "torch has no MXFP4 GEMM on Windows"
     elif cuda_mxfp4 and "USE_MSLK" not in config and "USE_FBGEMM_GENAI" not in config:
         out["mxfp4"] = "this torch build has no MSLK kernels, which torch uses for MXFP4 on CUDA"
-    hip = _hip_version()
-    if arch.startswith("gfx") and hip is not None:
-        # a torch built against ROCm >= 7.13 (7.14 for MXFP8) takes hipBLASLt's pre-swizzled 32x8
-        # MX scale layout, which this backend does not produce, and its row-major path is compiled
-        # out: refused by the ROCm version torch was built with, whatever names its ScalingType
-        # has (torch._scaled_mm would read row-major scales as swizzled without an error)
-        for fmt, since in (("mxfp4", (7, 13)), ("mxfp8_e4m3", (7, 14)), ("mxfp8_e5m2", (7, 14))):
-            if hip >= since and fmt in CAPABILITIES.get(arch, ()):
-                out[fmt] = (
-                    f"ROCm {hip[0]}.{hip[1]}'s pre-swizzled MX scale layout is not implemented"
-                )
+    hip = hip_version()
+    if hip is not None and not has_swizzle_32_8():
+        # a torch built against ROCm >= 7.13 (7.14 for MXFP8) takes hipBLASLt's pre-swizzled MX
+        # scales (``layouts.preswizzle_scales``) and has its row-major path compiled out; only a
+        # call that names that layout (v2's SwizzleType.SWIZZLE_32_8) reaches it: v1 would read
+        # row-major scales as pre-swizzled without an error (equal element counts)
+        for fmt in sorted(preswizzled_formats(arch, hip)):
+            out[fmt] = (
+                f"torch {torch.__version__} was built against ROCm {hip[0]}.{hip[1]}, whose MX GEMM "
+                "reads hipBLASLt's pre-swizzled scales, and its scaled_mm has no "
+                "SwizzleType.SWIZZLE_32_8 to name them"
+            )
     return out
 
 
-def _hip_version() -> tuple[int, int] | None:
+def preswizzled_formats(arch: str | None, hip: tuple[int, int] | None) -> frozenset[str]:
+    """Formats whose MX scales the GEMM of ``arch`` reads in hipBLASLt's pre-swizzled 32x8 tiles
+    on a torch built against ROCm ``hip``: MXFP4 from 7.13, MXFP8 from 7.14 (PyTorch's
+    ``ScaledBlas.cpp``: ``ROCM_VERSION >= 71300`` / ``>= 71400``); none before, on CUDA or without
+    MX GEMMs."""
+    if hip is None or arch is None or not arch.startswith("gfx"):
+        return frozenset()
+    caps = CAPABILITIES.get(arch, frozenset())
+    since = {"mxfp4": (7, 13), "mxfp8_e4m3": (7, 14), "mxfp8_e5m2": (7, 14)}
+    return frozenset(f for f, v in since.items() if hip >= v and f in caps)
+
+
+def has_swizzle_32_8() -> bool:
+    """Whether this torch's ``scaled_mm`` (v2) can name hipBLASLt's pre-swizzled MX scales
+    (``SwizzleType.SWIZZLE_32_8``; torch 2.11-2.13 cannot)."""
+    swizzle = getattr(torch.nn.functional, "SwizzleType", None)
+    return swizzle is not None and hasattr(swizzle, "SWIZZLE_32_8")
+
+
+def hip_version() -> tuple[int, int] | None:
+    """(major, minor) of the ROCm this torch was built against; None for a CUDA or CPU build."""
     hip = torch.version.hip
     if not hip:
         return None

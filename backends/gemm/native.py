@@ -1,19 +1,20 @@
-"""The ``native`` GEMM backend: the hardware's scaled GEMM through ``torch._scaled_mm``.
+"""The ``native`` GEMM backend: the hardware's scaled GEMM through ``torch.nn.functional.scaled_mm``
+(``torch._scaled_mm`` on a torch without it).
 
 Each operand is quantized by the same quantizer as ``emulated`` (``quantizer.quantize``, after the same
 Hadamard transform), so the codes and scales are identical; only the product differs: the hardware
 multiplies the codes and applies the scales instead of an FP32 GEMM on dequantized values. Hadamard
 transforms and stochastic rounding happen in the quantizer and need nothing from the GEMM; the
 clip-free SR prescale is undone on the output exactly as ``emulated`` does (16/9 when both operands
-use it). What ``torch._scaled_mm`` receives, for ``a`` (M, K) and ``b`` (N, K), out = a @ b^T:
+use it). What the scaled GEMM receives, for ``a`` (M, K) and ``b`` (N, K), out = a @ b^T:
 
     format          mat_a / mat_b (b passed as b.t(): column-major)      scale_a / scale_b
     fp8_e4m3/e5m2   float8_e4m3fn / float8_e5m2, (M, K) / (K, N)         float32 scalar decode scale
                     (MI300: float8_*_fnuz codes of half the value, decode scale doubled)
     mxfp8_*         float8, (M, K) / (K, N)                              float8_e8m0fnu per 1x32 block,
-                                                                         swizzled, flat
-    mxfp4           float4_e2m1fn_x2, (M, K/2) / (K/2, N)                float8_e8m0fnu per 1x32, swizzled
-    nvfp4           float4_e2m1fn_x2, (M, K/2) / (K/2, N)                float8_e4m3fn per 1x16, swizzled;
+                                                                         flat, in the device's layout
+    mxfp4           float4_e2m1fn_x2, (M, K/2) / (K/2, N)                float8_e8m0fnu per 1x32, same
+    nvfp4           float4_e2m1fn_x2, (M, K/2) / (K/2, N)                float8_e4m3fn per 1x16, 128x4;
                                                                          output x alpha (below)
 
 NVFP4's tensor scales enter as TransformerEngine applies them: the GEMM multiplies the codes with the
@@ -25,27 +26,28 @@ ordinary NVFP4 codes and E4M3 scales, so the hardware GEMM runs them; double-blo
 (``outer_block``, TetraJet-v2) has an FP32 scale per 128 elements, which no GEMM here takes:
 ``check`` refuses it.
 
-"Swizzled" is cuBLAS's block-scale layout: the (rows, K/block) scale matrix, zero-padded to
-(128·⌈rows/128⌉, 4·⌈cols/4⌉), cut into 128x4 tiles stored one after another (row tiles outer), each
-tile as 32x16 with row r = 32i + j at [j, 4i : 4i + 4] (``swizzle_scales``; torchao's ``to_blocked``).
-ROCm's MX GEMM takes the scales row-major instead. Rows are zero-padded to a multiple of 16 and K
-to a multiple of 32, as the GEMMs require (cuBLASLt: K and N multiples of 16; FP4 packs K/2); on
-gfx950 both to 128: the MX GEMM needs K % 128, and torch's check of the scale count
+Block scales (``layouts``): cuBLAS's 128x4 tiles on CUDA (``swizzle_scales``; torchao's
+``to_blocked``); on ROCm row-major for a torch built against ROCm before 7.13, and hipBLASLt's
+pre-swizzled 32x8 tiles (``preswizzle_scales``) for MXFP4 from 7.13 and MXFP8 from 7.14, the
+version read from the running torch (``torch.version.hip``). Rows are zero-padded to a multiple of
+16 and K to a multiple of 32, as the GEMMs require (cuBLASLt: K and N multiples of 16; FP4 packs
+K/2); on gfx950 both to 128: the MX GEMM needs K % 128, and torch's check of the scale count
 (128·⌈rows/128⌉ · 4·⌈K/128⌉) holds for row-major scales only when rows are a multiple of 128. Padding
 is zero codes, which add nothing, and is cut from the output.
 
 Calls (``gemm_call``): ``F.scaled_mm(a, b.t(), scale_a, ScalingType.X, scale_b, ScalingType.X,
 swizzle_a=S, swizzle_b=S, output_dtype=..., use_fast_accum=False)``, the explicit API (v2), with X
 TensorWise (FP8), BlockWise1x32 (MX) or BlockWise1x16 (NVFP4) and S SWIZZLE_32_4_4 (cuBLAS's
-tiles), NO_SWIZZLE (ROCm's row-major MX scales, ROCm before 7.13) or none (a tensor scale): v2 names
-the layout, where ``torch._scaled_mm`` (v1) infers it from the scale's element count, which for
-rows % 32 == 0 and K % 256 == 0 is the same for both layouts. v1 only on a torch without v2. In
-a compiled model the v2 call is one opaque op (``ablate::scaled_mm_v2``): torch 2.11's Dynamo
-cannot trace it. MXFP4
-on CUDA goes to MSLK's CUTLASS kernel (B200/B300, bf16 output). ROCm built against 7.13 or later
-(7.14 for MXFP8) takes hipBLASLt's pre-swizzled scales, which this backend does not produce:
-``capabilities.build_limits`` refuses those formats there, and the self-check
-(``selfcheck.py``) holds every GEMM to the emulation before a cell trains.
+tiles), NO_SWIZZLE (ROCm's row-major MX scales), SWIZZLE_32_8 (hipBLASLt's pre-swizzled tiles) or
+none (a tensor scale): v2 names the layout, where ``torch._scaled_mm`` (v1) infers it from the
+scale's element count, which for rows % 32 == 0 and K % 256 == 0 is the same for the row-major and
+the pre-swizzled layouts (and for rows % 128 == 0 for cuBLAS's too: ``layouts.element_count``).
+v1 only on a torch without v2 (before 2.10), never for MXFP4 on CUDA nor for pre-swizzled scales.
+In a compiled model the v2 call is one opaque op (``ablate::scaled_mm_v2``): torch 2.11's Dynamo
+cannot trace it. MXFP4 on CUDA goes to MSLK's CUTLASS kernel (B200/B300, bf16 output). A torch
+built against ROCm 7.13 or later whose ``SwizzleType`` has no SWIZZLE_32_8 (2.11-2.13 among them)
+cannot be told the pre-swizzled layout: ``capabilities.build_limits`` refuses those formats there;
+and the self-check (``selfcheck.py``) holds every GEMM to the emulation before a cell trains.
 
 ``check`` runs before any training step: it refuses a recipe whose formats the device cannot run
 (``CAPABILITIES``), naming the device, the formats and GEMMs, what the device supports, and
@@ -69,7 +71,19 @@ from backends.gemm.capabilities import (
     device_arch,
     device_name,
     formats_for,
+    has_swizzle_32_8,
+    hip_version,
+    preswizzled_formats,
     supported_formats,
+)
+from backends.gemm.layouts import (
+    from_layout,
+    pad2d,
+    preswizzle_scales,
+    round_up,
+    swizzle_scales,
+    unpreswizzle_scales,
+    unswizzle_scales,
 )
 from backends.quant import (
     E2M1,
@@ -98,7 +112,8 @@ class Layout:
     """What a device's scaled GEMM expects of its operands."""
 
     swizzle: bool = True
-    """Block scales in cuBLAS's 128x4 tiles (``swizzle_scales``); False: row-major (ROCm)."""
+    """Block scales in cuBLAS's 128x4 tiles (``swizzle_scales``); False: ROCm's, row-major or
+    pre-swizzled (``preswizzled``)."""
     row_align: int = 16
     """Rows of each operand (M and N) are zero-padded to a multiple of this."""
     k_align: int = 32
@@ -107,41 +122,32 @@ class Layout:
     """FP8 as ``float8_*_fnuz`` (MI300)."""
     block_out: torch.dtype = torch.float32
     """Output dtype of the block-scaled GEMMs (hipBLASLt's MX GEMM writes bf16 only)."""
+    preswizzled: frozenset[str] = frozenset()
+    """ROCm: formats whose block scales go in hipBLASLt's pre-swizzled 32x8 tiles
+    (``preswizzle_scales``: MXFP4 on a torch built against ROCm 7.13 or later, MXFP8 from 7.14)."""
+
+    def scale_layout(self, fmt: str) -> str:
+        """Where a GEMM of format ``fmt`` reads its block scales (``layouts.SCALE_LAYOUTS``)."""
+        if self.swizzle:
+            return "128x4"
+        return "32x8" if fmt in self.preswizzled else "row-major"
 
 
 CUDA_LAYOUT = Layout()
 
 
-def layout_for(arch: str | None) -> Layout:
-    """The operand layout of ``arch`` (CUDA's for None, so CPU tests exercise it)."""
+def layout_for(arch: str | None, hip: tuple[int, int] | None = None) -> Layout:
+    """The operand layout of ``arch`` (CUDA's for None, so CPU tests exercise it); on gfx950 the
+    MX scales' by the ROCm version torch was built against (``hip``, default the running torch's:
+    ``capabilities.preswizzled_formats``)."""
     if arch == "gfx942":
         return Layout(swizzle=False, fnuz=True)
     if arch is not None and arch.startswith("gfx"):
-        return Layout(swizzle=False, row_align=128, k_align=128, block_out=torch.bfloat16)
+        pre = preswizzled_formats(arch, hip_version() if hip is None else hip)
+        return Layout(
+            swizzle=False, row_align=128, k_align=128, block_out=torch.bfloat16, preswizzled=pre
+        )
     return CUDA_LAYOUT
-
-
-def swizzle_scales(scales: torch.Tensor) -> torch.Tensor:
-    """(rows, cols) block scales -> flat, in cuBLAS's tiled layout (see the module docstring).
-
-    Bit for bit torchao's ``to_blocked``: zero-padded to (128·⌈rows/128⌉, 4·⌈cols/4⌉); tile (t, u)
-    of 128 rows x 4 columns is stored at ``(t·⌈cols/4⌉ + u)·512``, its row 32i + j, column c at
-    offset 16j + 4i + c.
-    """
-    rows, cols = scales.shape
-    R, C = _round_up(rows, 128), _round_up(cols, 4)
-    byte = scales.element_size() == 1 and scales.dtype != torch.uint8  # e8m0 has no zero: pad bytes
-    padded = _pad(scales.view(torch.uint8) if byte else scales, R, C)
-    t = padded.view(R // 128, 4, 32, C // 4, 4)  # (row tile, i, j, col tile, c)
-    out = t.permute(0, 3, 2, 1, 4).reshape(-1)  # (row tile, col tile, j, i, c)
-    return out.view(scales.dtype) if byte else out
-
-
-def unswizzle_scales(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """Inverse of ``swizzle_scales``: the (rows, cols) scales."""
-    R, C = _round_up(rows, 128), _round_up(cols, 4)
-    t = blocked.reshape(R // 128, C // 4, 32, 4, 4)  # (row tile, col tile, j, i, c)
-    return t.permute(0, 3, 2, 1, 4).reshape(R, C)[:rows, :cols]
 
 
 def to_fnuz(codes: torch.Tensor, elem: ElementFormat) -> torch.Tensor:
@@ -165,14 +171,17 @@ class PackedOperand:
     """(R, Kp) float8, or (R, Kp/2) float4_e2m1fn_x2; row-major, rows and K zero-padded."""
     scale: torch.Tensor
     """float32 () decode scale (per-tensor FP8); else block scales as float8_e8m0fnu (MX) or
-    float8_e4m3fn (NVFP4), flat and swizzled, or (R, Kp/block) row-major."""
+    float8_e4m3fn (NVFP4), in ``scale_layout``: flat in cuBLAS's or hipBLASLt's tiles, or
+    (R, Kp/block) row-major."""
     global_scale: torch.Tensor | None
     """NVFP4: float32 () tensor amax (the output is multiplied by ``alpha``, see the module
     docstring), or MS-EDEN's tensor decode scale; else None."""
     rows: int
     """Rows before padding."""
     spec: QuantSpec
-    swizzled: bool
+    scale_layout: str
+    """``128x4`` (cuBLAS), ``row-major`` or ``32x8`` (hipBLASLt, gfx950): ``layouts.SCALE_LAYOUTS``;
+    ``row-major`` for a tensor scale."""
     out_dtype: torch.dtype
     """What the GEMM writes for this format on this device."""
     top: float | None = None
@@ -212,11 +221,11 @@ def pack_quantized(
     device = device if device is not None else q.codes.device
     f, B = spec.fmt, spec.block or 1
     rows, K = q.codes.shape
-    R, Kp = _round_up(rows, layout.row_align), _round_up(K, math.lcm(layout.k_align, B))
+    R, Kp = round_up(rows, layout.row_align), round_up(K, math.lcm(layout.k_align, B))
     # row-major (R, Kp) whatever the strides of the view that was quantized (``x.t()`` of dgrad
     # and wgrad): cuBLASLt multiplies only a row-major mat_a by a column-major mat_b (``b.t()`` of
     # a row-major b), and Inductor's lowering of ``_scaled_mm`` checks the same on the CPU
-    codes = _pad(q.codes, R, Kp).to(device).contiguous()
+    codes = pad2d(q.codes, R, Kp).to(device).contiguous()
     if f.is_fp4:
         data = pack_fp4(codes).view(torch.float4_e2m1fn_x2)
     elif layout.fnuz and f.scale == "tensor":  # MI300 has FNUZ FP8 and no MX GEMM
@@ -229,10 +238,14 @@ def pack_quantized(
         dec = q.global_dec.to(device=device, dtype=torch.float32).reshape(())
         if layout.fnuz:
             dec = dec * 2  # the FNUZ codes mean half as much
-        return PackedOperand(data, dec, None, rows, spec, False, torch.float32)
+        return PackedOperand(data, dec, None, rows, spec, "row-major", torch.float32)
     assert q.scales is not None
-    s = _pad(q.scales, R, Kp // B).to(device)
-    s = swizzle_scales(s) if layout.swizzle else s.contiguous()
+    s = pad2d(q.scales, R, Kp // B).to(device)
+    where = layout.scale_layout(spec.format)
+    if where == "128x4":  # through this module's names: tests inject faults into them
+        s = swizzle_scales(s)
+    else:
+        s = preswizzle_scales(s) if where == "32x8" else s.contiguous()
     s = s.view(torch.float8_e8m0fnu if f.scale == "e8m0" else torch.float8_e4m3fn)
     g = None
     if f.scale == "nv":
@@ -245,9 +258,9 @@ def pack_quantized(
         assert t is not None
         g = t.to(device=device, dtype=torch.float32).reshape(())
     out_dtype = layout.block_out
-    if spec.format == "mxfp4" and layout.swizzle:
+    if spec.format == "mxfp4" and where == "128x4":
         out_dtype = torch.bfloat16  # MSLK's MXFP4 kernel writes bf16
-    return PackedOperand(data, s, g, rows, spec, layout.swizzle, out_dtype, spec.nv_top)
+    return PackedOperand(data, s, g, rows, spec, where, out_dtype, spec.nv_top)
 
 
 def dequantize_packed(p: PackedOperand) -> torch.Tensor:
@@ -263,7 +276,7 @@ def dequantize_packed(p: PackedOperand) -> torch.Tensor:
     R, K = vals.shape
     B = p.spec.block
     codes = p.scale.view(torch.uint8)
-    s = unswizzle_scales(codes, R, K // B) if p.swizzled else codes.view(R, K // B)
+    s = from_layout(codes, p.scale_layout, R, K // B)
     if f.scale == "e8m0":
         sv = decode_e8m0(s)
     else:
@@ -296,22 +309,37 @@ class GemmCall:
     scaling: str
     """``ScalingType`` member: TensorWise (FP8), BlockWise1x32 (MX), BlockWise1x16 (NVFP4)."""
     swizzle: str | None
-    """``SwizzleType`` member for block scales: SWIZZLE_32_4_4 (cuBLAS's 128x4 tiles) or
-    NO_SWIZZLE (row-major: ROCm before 7.13); None for a tensor scale."""
+    """``SwizzleType`` member for block scales: SWIZZLE_32_4_4 (cuBLAS's 128x4 tiles),
+    NO_SWIZZLE (row-major: ROCm before 7.13) or SWIZZLE_32_8 (hipBLASLt's pre-swizzled gfx950
+    tiles: ROCm 7.13 or later, on a torch that names them); None for a tensor scale."""
 
 
-def gemm_call(spec: QuantSpec, swizzled: bool, v2: bool = HAS_V2) -> GemmCall:
-    """The call for operands of ``spec`` packed ``swizzled`` (or row-major): v2 wherever this torch
-    has it, with the scaling and the layout named; v1 (``torch._scaled_mm``) only on a torch
-    without v2, where it is the one call there is. MXFP4 on CUDA has no v1 route in the torch
-    versions this project runs (torch 2.13 sends it to MSLK's kernel through v2 only)."""
+_SWIZZLE = {"128x4": "SWIZZLE_32_4_4", "row-major": "NO_SWIZZLE", "32x8": "SWIZZLE_32_8"}
+
+
+def gemm_call(
+    spec: QuantSpec, scale_layout: str, v2: bool = HAS_V2, swizzle_32_8: bool | None = None
+) -> GemmCall:
+    """The call for operands of ``spec`` whose block scales are in ``scale_layout``
+    (``layouts.SCALE_LAYOUTS``): v2 wherever this torch has it, with the scaling and the layout
+    named; v1 (``torch._scaled_mm``) only on a torch without v2, where it is the one call there
+    is. MXFP4 on CUDA has no v1 route in the torch versions this project runs (torch 2.13 sends
+    it to MSLK's kernel through v2 only), and hipBLASLt's pre-swizzled scales none but v2's
+    ``SwizzleType.SWIZZLE_32_8`` (``swizzle_32_8``: whether this torch has it): v1 would tell
+    them from row-major ones by their element count, equal for every LLM shape."""
     scaling = _SCALING[spec.fmt.scale]
-    swizzle = (
-        None if spec.fmt.scale == "tensor" else ("SWIZZLE_32_4_4" if swizzled else "NO_SWIZZLE")
-    )
+    swizzle = None if spec.fmt.scale == "tensor" else _SWIZZLE[scale_layout]
+    if scale_layout == "32x8" and not (
+        v2 and (has_swizzle_32_8() if swizzle_32_8 is None else swizzle_32_8)
+    ):
+        raise UnsupportedFormatError(
+            f"backend native: {spec.format} with hipBLASLt's pre-swizzled scales needs "
+            f"torch.nn.functional.scaled_mm with SwizzleType.SWIZZLE_32_8, which torch "
+            f"{torch.__version__} does not have"
+        )
     if v2:
         return GemmCall("scaled_mm", scaling, swizzle)
-    if spec.format == "mxfp4" and swizzled:
+    if spec.format == "mxfp4" and scale_layout == "128x4":
         raise UnsupportedFormatError(
             f"backend native: MXFP4 on CUDA needs torch.nn.functional.scaled_mm, which torch "
             f"{torch.__version__} does not have"
@@ -374,7 +402,7 @@ def scaled_mm(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
         raise ValueError(
             f"scaled_mm: operands differ in K: {tuple(pa.data.shape)} and {tuple(pb.data.shape)}"
         )
-    call = gemm_call(pa.spec, pa.swizzled)
+    call = gemm_call(pa.spec, pa.scale_layout)
     if call.api == "scaled_mm":
         v2 = _scaled_mm_v2_op if torch.compiler.is_compiling() else _scaled_mm_v2
         out = v2(
@@ -383,7 +411,7 @@ def scaled_mm(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
             pa.scale,
             pb.scale,
             call.scaling,
-            gemm_call(pb.spec, pb.swizzled).scaling,
+            gemm_call(pb.spec, pb.scale_layout).scaling,
             call.swizzle or "",
             pa.out_dtype,
         )
@@ -480,23 +508,11 @@ class NativeBackend:
         return out * comp if comp != 1.0 else out
 
 
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
 def _unpad(out: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """The (rows, cols) top-left of a padded GEMM output, contiguous like ``emulated``'s."""
     if out.shape == (rows, cols):
         return out
     return out[:rows, :cols].contiguous()
-
-
-def _pad(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """Zero-pad a 2-D tensor at the bottom and right to (rows, cols)."""
-    r, c = t.shape
-    if (r, c) == (rows, cols):
-        return t
-    return torch.nn.functional.pad(t, (0, cols - c, 0, rows - r))
 
 
 __all__ = [
@@ -519,10 +535,12 @@ __all__ = [
     "layout_for",
     "pack_operand",
     "pack_quantized",
+    "preswizzle_scales",
     "scaled_mm",
     "scaled_mm_reference",
     "supported_formats",
     "swizzle_scales",
     "to_fnuz",
+    "unpreswizzle_scales",
     "unswizzle_scales",
 ]

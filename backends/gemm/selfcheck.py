@@ -212,7 +212,7 @@ def versions(device: torch.device) -> str:
 @functools.cache
 def _code_hash() -> str:
     h = hashlib.sha256()
-    for mod in ("native.py", "selfcheck.py", "capabilities.py"):
+    for mod in ("native.py", "layouts.py", "selfcheck.py", "capabilities.py"):
         h.update((Path(__file__).parent / mod).read_bytes())
     return h.hexdigest()[:16]
 

@@ -498,29 +498,39 @@ def test_a_weight_quantized_once_packs_as_it_is_and_matches_emulated():
 
 
 @pytest.mark.parametrize(
-    ("fmt", "swizzled", "v2", "call"),
+    ("fmt", "layout", "v2", "call"),
     [
-        ("fp8_e4m3", False, True, ("scaled_mm", "TensorWise", None)),
-        ("mxfp8_e4m3", True, True, ("scaled_mm", "BlockWise1x32", "SWIZZLE_32_4_4")),
-        ("mxfp8_e4m3", False, True, ("scaled_mm", "BlockWise1x32", "NO_SWIZZLE")),  # ROCm < 7.13
-        ("mxfp4", True, True, ("scaled_mm", "BlockWise1x32", "SWIZZLE_32_4_4")),
-        ("mxfp4", False, True, ("scaled_mm", "BlockWise1x32", "NO_SWIZZLE")),
-        ("nvfp4", True, True, ("scaled_mm", "BlockWise1x16", "SWIZZLE_32_4_4")),
-        ("fp8_e5m2", False, False, ("_scaled_mm", "TensorWise", None)),  # a torch without v2
-        ("nvfp4", True, False, ("_scaled_mm", "BlockWise1x16", "SWIZZLE_32_4_4")),
+        ("fp8_e4m3", "row-major", True, ("scaled_mm", "TensorWise", None)),
+        ("mxfp8_e4m3", "128x4", True, ("scaled_mm", "BlockWise1x32", "SWIZZLE_32_4_4")),
+        ("mxfp8_e4m3", "row-major", True, ("scaled_mm", "BlockWise1x32", "NO_SWIZZLE")),  # ROCm
+        ("mxfp4", "128x4", True, ("scaled_mm", "BlockWise1x32", "SWIZZLE_32_4_4")),
+        ("mxfp4", "row-major", True, ("scaled_mm", "BlockWise1x32", "NO_SWIZZLE")),  # < 7.13
+        ("nvfp4", "128x4", True, ("scaled_mm", "BlockWise1x16", "SWIZZLE_32_4_4")),
+        ("fp8_e5m2", "row-major", False, ("_scaled_mm", "TensorWise", None)),  # no v2
+        ("nvfp4", "128x4", False, ("_scaled_mm", "BlockWise1x16", "SWIZZLE_32_4_4")),
     ],
 )
-def test_every_call_names_its_scaling_and_layout(fmt, swizzled, v2, call):
-    got = native.gemm_call(QuantSpec(format=fmt), swizzled, v2=v2)
+def test_every_call_names_its_scaling_and_layout(fmt, layout, v2, call):
+    got = native.gemm_call(QuantSpec(format=fmt), layout, v2=v2)
     assert (got.api, got.scaling, got.swizzle) == call
     F = torch.nn.functional  # the names exist in this torch's enums
     assert hasattr(F.ScalingType, got.scaling)
     assert got.swizzle is None or hasattr(F.SwizzleType, got.swizzle)
 
 
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3"])
+def test_pre_swizzled_scales_go_only_through_the_call_that_names_them(fmt):
+    spec = QuantSpec(format=fmt)
+    call = native.gemm_call(spec, "32x8", v2=True, swizzle_32_8=True)
+    assert (call.api, call.scaling, call.swizzle) == ("scaled_mm", "BlockWise1x32", "SWIZZLE_32_8")
+    for v2, named in [(True, False), (False, True), (False, False)]:  # v1 would guess by count
+        with pytest.raises(UnsupportedFormatError, match="needs torch.nn.functional.scaled_mm wi"):
+            native.gemm_call(spec, "32x8", v2=v2, swizzle_32_8=named)
+
+
 def test_mxfp4_on_cuda_without_the_explicit_api_is_refused():
     with pytest.raises(UnsupportedFormatError, match="needs torch.nn.functional.scaled_mm"):
-        native.gemm_call(QuantSpec(format="mxfp4"), True, v2=False)
+        native.gemm_call(QuantSpec(format="mxfp4"), "128x4", v2=False)
 
 
 @pytest.mark.parametrize(("rows", "K"), [(128, 256), (256, 1024), (4096, 4096)])

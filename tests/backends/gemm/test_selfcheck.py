@@ -48,11 +48,22 @@ def test_the_cpus_fp8_gemm_passes_and_the_pass_is_cached():
     assert self_check(FP8, "cpu").startswith("passed (cached 20")
 
 
-@pytest.mark.parametrize("recipe", [MXFP4, NVFP4], ids=["mxfp4", "nvfp4_sr_rht16"])
-def test_the_block_formats_pass_on_a_gemm_that_reads_their_layout_as_written(recipe):
+ROCM_714 = native.layout_for("gfx950", hip=(7, 14))  # MX scales in hipBLASLt's 32x8 tiles
+
+
+@pytest.mark.parametrize(
+    ("recipe", "layout"),
+    [(MXFP4, None), (NVFP4, None), (MXFP4, ROCM_714)],
+    ids=["mxfp4", "nvfp4_sr_rht16", "mxfp4_rocm_7.14"],
+)
+def test_the_block_formats_pass_on_a_gemm_that_reads_their_layout_as_written(
+    recipe, layout, monkeypatch
+):
     """No CPU GEMM takes block scales: the stand-in is the FP32 GEMM of what the packed operands
-    decode to (``scaled_mm_reference``), which reads cuBLAS's swizzled layout as the hardware
-    does."""
+    decode to (``scaled_mm_reference``), which reads cuBLAS's swizzled layout (or hipBLASLt's
+    pre-swizzled one) as the hardware does."""
+    if layout is not None:
+        monkeypatch.setattr(native, "layout_for", lambda arch: layout)
     result = self_check(recipe, "cpu", NativeBackend(scaled_mm_reference), use_cache=False)
     assert result.startswith("passed: fprop ")
 
@@ -113,6 +124,15 @@ def test_a_transposed_scale_is_refused(monkeypatch):
     monkeypatch.setattr(native, "pack_quantized", transposed)
     msg = _refused(MXFP4, NativeBackend(scaled_mm_reference))
     assert "(M, N, K) = (64, 48, 256)" in msg  # the shape it was found on
+
+
+def test_row_major_scales_read_as_pre_swizzled_are_refused(monkeypatch):
+    """What ``torch._scaled_mm`` would do on a torch built against ROCm 7.13: row-major scales of
+    the same element count, read as hipBLASLt's 32x8 tiles."""
+    monkeypatch.setattr(native, "layout_for", lambda arch: ROCM_714)
+    monkeypatch.setattr(native, "preswizzle_scales", lambda s: s.contiguous().view(-1))
+    msg = _refused(MXFP4, NativeBackend(scaled_mm_reference))
+    assert "fprop mxfp4" in msg
 
 
 def test_an_inverted_decode_scale_on_the_cpus_own_fp8_gemm_is_refused(monkeypatch):
