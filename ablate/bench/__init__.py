@@ -13,6 +13,8 @@ command that runs it:
 - ``ladder``: how often a ladder's 95% intervals hold, on synthetic ladders of known laws;
 - ``seeds``: how often the report's token-cost intervals hold, paired and unpaired, on simulated
   studies with shared seed effects, censoring and stalls;
+- ``sequential``: how often sequential seeds decide wrongly over every look, and the runs they
+  spend, on simulated studies;
 - ``targets``: which target rule reads a token cost that grows late in training, on simulated
   studies (the rules of ``ablate.targets`` beside the end-of-training equal-loss ratio);
 - ``ui``: the MLflow UI's start-up time and memory, MLflow's own against ``ablate ui``;

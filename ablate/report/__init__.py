@@ -16,6 +16,8 @@ Modules, by concept:
                  censored-normal where seeds are censored), the method behind each interval
     stalls       runs held on a plateau: which stalled, the rate per configuration with its exact
                  interval, Fisher's test against the baseline
+    sequential   sequential seeds: a simultaneous confidence sequence per comparison over every
+                 look, the decision (faster, slower, equivalent, open), whole studies simulated
     planner      the seeds a decision needs at a stated power, from a noise model (``ablate
                  plan`` and the report's seed note)
     equal_loss   the equal-loss token ratio against the baseline's curves, censored pairs included
