@@ -22,7 +22,7 @@ from ablate.study.axes import fmt_value, with_values
 from ablate.study.cells import Cell, Study
 from ablate.study.grid import Grid, Matcher, grid_of, kept, matchers, matches
 from ablate.study.loader import parse_yaml, read_study_text
-from ablate.study.messages import pydantic_errors
+from ablate.study.messages import axis_booleans_as_numbers, booleans_as_numbers, pydantic_errors
 from ablate.study.recipe import recipe_axes
 from ablate.study.rungs import ladder_cells
 from ablate.study.schema import RECIPE_AXES, CellConfig, StudyFile
@@ -78,8 +78,12 @@ def parse_study(
         raise StudyError(pydantic_errors(e, StudyFile), source) from None
     if preset_beside_hf := _preset_beside_hf(raw):
         raise StudyError(preset_beside_hf, source)
+    if flagged := booleans_as_numbers({k: v for k, v in raw.items() if k != "grid"}, spec):
+        raise StudyError(flagged, source)
     out = Path(output) if output is not None else Path(spec.output or f"runs/{spec.name}")
     study = _expand(spec, raw, source, max_cells)
+    if flagged := axis_booleans_as_numbers(raw.get("grid"), [c.config for c in study.cells]):
+        raise StudyError(flagged, source)
     study.output_dir = out
     study.text = text
     if spec.tune is not None and (tune_errors := check_tune(spec.tune, study)):

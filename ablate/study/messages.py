@@ -1,6 +1,7 @@
 """Error messages of the study: pydantic's errors translated into ``StudyError`` lines (one per
 problem, each starting with its YAML path): unknown keys with the allowed ones and a did-you-mean,
-the trainer's own ``field: message`` texts placed at their path."""
+the trainer's own ``field: message`` texts placed at their path; booleans written where numbers
+are expected, which pydantic's lax mode would read as 1 or 0."""
 
 from __future__ import annotations
 
@@ -143,3 +144,48 @@ def _unwrap(t: Any, item: bool = False) -> Any:
     if item and origin is list:
         return get_args(t)[0]
     return t
+
+
+def booleans_as_numbers(raw: Any, validated: Any, path: str = "") -> list[str]:
+    """Each place where the study writes true or false and the validated value is a number
+    (pydantic's lax mode reads ``steps: true`` as 1 step): the YAML path and what is expected.
+    ``raw`` is the mapping as written, ``validated`` the model, dataclass or value it became."""
+    if isinstance(raw, bool):
+        if isinstance(validated, (int, float)) and not isinstance(validated, bool):
+            return [f"{path}: {str(raw).lower()} is a boolean; a number is expected here"]
+        return []
+    out: list[str] = []
+    if isinstance(raw, dict):
+        for k, v in raw.items():
+            if not isinstance(k, str):
+                continue
+            child = validated.get(k) if isinstance(validated, dict) else getattr(validated, k, None)
+            if child is not None:
+                out += booleans_as_numbers(v, child, f"{path}.{k}" if path else k)
+    elif (
+        isinstance(raw, list) and isinstance(validated, list | tuple) and len(raw) == len(validated)
+    ):
+        for i, (r, v) in enumerate(zip(raw, validated, strict=True)):
+            out += booleans_as_numbers(r, v, f"{path}[{i}]")
+    return out
+
+
+def axis_booleans_as_numbers(grids: Any, configs: Sequence[Any]) -> list[str]:
+    """``booleans_as_numbers`` for the grid's axes (``grid: {train.steps: [true]}``): an axis
+    value written as true or false where the cells' configs hold a number at that path."""
+    out: list[str] = []
+    for g in grids if isinstance(grids, list) else [grids]:
+        if not isinstance(g, dict):
+            continue
+        for name, values in g.items():
+            vals = values if isinstance(values, list) else [values]
+            if not isinstance(name, str) or not any(isinstance(v, bool) for v in vals):
+                continue
+            for cfg in configs:
+                held: Any = cfg
+                for part in name.split("."):
+                    held = getattr(held, part, None)
+                if isinstance(held, (int, float)) and not isinstance(held, bool):
+                    out.append(f"grid.{name}: a boolean value; numbers are expected on this axis")
+                    break
+    return out

@@ -347,3 +347,40 @@ def test_a_hub_validation_set_with_no_network_is_refused_by_validate_and_run(
     assert res.exit_code == 2, res.output
     assert all(n in res.output for n in named) and "Traceback" not in res.output
     assert not runs.exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize(
+    ("where", "says"),
+    [
+        ({"base": {"train": {"steps": True}}}, "base.train.steps: true is a boolean"),
+        ({"resources": {"workers": True}}, "resources.workers: true is a boolean"),
+        ({"resources": {"cpus": True}}, "resources.cpus: true is a boolean"),
+        ({"grid": {"seed": [0], "train.lr": [True, 0.001]}}, "grid.train.lr: a boolean value"),
+    ],
+)
+def test_a_boolean_where_a_number_belongs_is_refused_not_read_as_1(tmp_path, where, says):
+    """pydantic's lax mode reads true as 1: ``steps: true`` would train one step."""
+    study = _study()
+    for k, v in where.items():
+        if k == "base":
+            study["base"]["train"].update(v["train"])
+        else:
+            study[k] = v
+    code, out = _validate(tmp_path, study)
+    assert code == 2 and says in out, out
+
+
+def test_booleans_where_the_schema_takes_them_still_pass(tmp_path):
+    study = _study(
+        {
+            "train": {
+                "steps": 4,
+                "batch_size": 2,
+                "seq_len": 16,
+                "eval_every": 2,
+                "compile": False,
+            },
+        }
+    )
+    code, out = _validate(tmp_path, study)
+    assert code == 0, out
