@@ -217,6 +217,13 @@ def plan(
         mark = "".join(f" ({m})" for m in marks)
         click.echo(f"  {p.cell.key}  {p.cell.label:{width}s}  {p.action:7s} {p.why}{mark}")
     click.echo("would: " + ", ".join(f"{a} {n}" for a, n in summarize(planned).items()))
+    if (seq := study.sequential) is not None:
+        first = sum(c.seed < seq.initial for c in study.cells)
+        click.echo(
+            f"sequential seeds: at most these {len(study.cells)} cells (seeds.max {seq.max}); the "
+            f"first wave trains {first}, later waves only the seeds of comparisons still open "
+            "(the compute below is the most)"
+        )
     if members:
         n = len({m.family.key for m in members.values()})
         click.echo(

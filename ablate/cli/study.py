@@ -209,6 +209,15 @@ def status(
     _print_cells(study, as_json=as_json)
 
 
+def _waves(study: Study) -> Any:
+    """A sequential study's waves replayed from its store (``driver.waves.replay``), or None."""
+    if study.sequential is None:
+        return None
+    from ablate.driver.waves import replay
+
+    return replay(study)
+
+
 def _print_cells(study: Study, *, as_json: bool) -> None:
     from ablate.tracking import StudyTracker, join_runs, read_cells, shared_order_note
     from ablate.tracking.status import count
@@ -219,6 +228,7 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
             for r in read_cells(study.tracking_uri, study.name, experiment=study.experiment)
         }
         statuses = join_runs(study, runs)
+        waves = _waves(study)
     except AblateError as e:
         if as_json:
             click.echo(json.dumps({"study": study.name, "error": str(e), "cells": []}))
@@ -252,8 +262,17 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
                 "stale": stale(r) if r and cs.status in ("finished", "diverged") else "",
             }
         )
+    if waves is not None:  # sequential seeds: the cells its waves asked for, and their verdicts
+        asked = {c.key for c in waves.cells}
+        rows = [row for row in rows if row["key"] in asked]
     if as_json:
-        click.echo(json.dumps({"study": study.name, "cells": rows}, indent=2))
+        doc: dict[str, Any] = {"study": study.name, "cells": rows}
+        if waves is not None:
+            doc["comparisons"] = {
+                c.config: {"state": c.judgement.state, "seeds": c.seeds, "pairs": c.judgement.pairs}
+                for c in waves.judged.values()
+            }
+        click.echo(json.dumps(doc, indent=2))
         return
     width = max(len(row["label"]) for row in rows)
     for row in rows:
@@ -267,6 +286,11 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         )
     counts = count([row["status"] for row in rows])
     click.echo(", ".join(f"{n} {s}" for s, n in counts.items()))
+    if waves is not None:
+        where = "done" if waves.done else f"wave {waves.waves + 1} under way or to run"
+        click.echo(f"sequential seeds: {waves.waves} wave(s) judged, {where}")
+        for comp in waves.judged.values():
+            click.echo(f"  {comp.line()}")
     if note := shared_order_note(study, runs):
         click.echo(note.strip())
     n_stale = sum(bool(row["stale"]) for row in rows)

@@ -10,6 +10,8 @@
 - ``progress``: the progress display while cells run;
 - ``branching``: decay branches in ``run`` and ``plan`` (where each cell starts, the steps the
   study costs, the gate that holds a branch until its trunk has passed it);
+- ``waves``: sequential seeds (a study's ``seeds:``): the study in waves, each configuration given
+  more seeds only while its comparison with the baseline is open;
 - ``compute``: the FLOPs and GPU-hours of a study's cells to run (``ablate plan``).
 
 It imports the study, the executor and tracking; the trainer runs in the executor's workers.

@@ -101,6 +101,11 @@ def run_study(
     up, is reported, again every five times that long (at most every ``WAIT_REPEAT_S``) while it
     waits (0: never; ``progress.WaitWatch``). ``branches=False`` trains every budget of a family
     of wsd budgets from step 0, none waiting for a trunk (the same numbers: ``driver.branching``)."""
+    if study.sequential is not None:
+        kw = {k: v for k, v in locals().items() if k != "study"}  # every argument but the study
+        from ablate.driver.waves import run_waves
+
+        return run_waves(study, lambda part: run_study(part, **kw), stream or sys.stderr)[0]
     out = stream or sys.stderr
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
     prepare_study(study, out=out)  # tokenizes each data configuration once, records nothing

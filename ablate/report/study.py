@@ -19,6 +19,7 @@ from ablate.report.ladder.render import LadderResult, build_ladder_report, ladde
 from ablate.report.render import ReportResult, build_report
 from ablate.report.run_metrics import config_summaries
 from ablate.tracking import StudyTracker, read_histories, study_status
+from ablate.tracking.status import trained_part
 from ablate.tracking.vocab import env_of, short_name
 
 if TYPE_CHECKING:
@@ -86,7 +87,9 @@ def report_study(
 ) -> ReportResult | LadderResult:
     """Write the study's report (default ``reports/<study>/``) and attach it to the parent run;
     ``titles`` False leaves the figures' titles out; ``mix_numerics`` compares runs of two
-    numerics versions (``build_report``)."""
+    numerics versions (``build_report``). A study with sequential seeds reports the seeds its
+    waves trained (``trained_part``)."""
+    study = trained_part(study)
     cells, evals = study_frames(study)
     ended = cells["status"].isin(["finished", "diverged"])
     if not ended.any():

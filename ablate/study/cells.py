@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ablate.study.schema import StudyFile, Target
+from ablate.study.seeds import SeedPlan
 from ablate.train.config import RunConfig
 
 
@@ -84,6 +85,11 @@ class Study:
     @property
     def experiment(self) -> str:
         return self.file.tracking.experiment or self.file.name
+
+    @property
+    def sequential(self) -> SeedPlan | None:
+        """The sequential seed plan (``seeds:``), or None for a study of fixed seeds."""
+        return self.file.seeds
 
     @property
     def baseline_cells(self) -> list[Cell]:

@@ -26,6 +26,7 @@ from ablate.study.messages import axis_booleans_as_numbers, booleans_as_numbers,
 from ablate.study.recipe import recipe_axes
 from ablate.study.rungs import ladder_cells
 from ablate.study.schema import RECIPE_AXES, CellConfig, StudyFile
+from ablate.study.seeds import plan_problems, with_seed_axis
 from ablate.study.tune import check_tune
 from ablate.train.config import ProbeConfig, RunConfig, TrainConfig, config_hash
 
@@ -80,6 +81,11 @@ def parse_study(
         raise StudyError(preset_beside_hf, source)
     if flagged := booleans_as_numbers({k: v for k, v in raw.items() if k != "grid"}, spec):
         raise StudyError(flagged, source)
+    if spec.seeds is not None:  # sequential seeds: every seed up to max is a cell
+        if problems := plan_problems(raw):
+            raise StudyError(problems, source)
+        raw = with_seed_axis(raw, spec.seeds)
+        spec = StudyFile.model_validate(raw)
     out = Path(output) if output is not None else Path(spec.output or f"runs/{spec.name}")
     study = _expand(spec, raw, source, max_cells)
     if flagged := axis_booleans_as_numbers(raw.get("grid"), [c.config for c in study.cells]):

@@ -32,6 +32,7 @@ from ablate.study.recipe import (
     explicit_recipe,
     select,
 )
+from ablate.study.seeds import SeedPlan
 from ablate.study.speedup import SpeedupSection
 from ablate.train.config import ProbeConfig, RunConfig, TrainConfig
 from backends.gemm import available_backends
@@ -410,6 +411,8 @@ class StudyFile(BaseModel):
     reads; tokens to target and a target derived from the baseline use the part up to the budget.
     In (0, 4]; the baseline's cells get their own keys."""
     target: Target | None = None
+    seeds: SeedPlan | None = None
+    """Sequential seeds instead of a seed axis: waves until each comparison is decided."""
     """Default, when a baseline is set: from_baseline slowest at 0.75 (every baseline seed reaches
     it by 75% of its budget)."""
     resources: Resources = Field(default_factory=Resources)
