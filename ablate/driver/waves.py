@@ -103,17 +103,25 @@ def _pairs(
     return d, low, up, stalled, missing
 
 
-def judge_study(study: Study, seeds: dict[str, int]) -> dict[str, Comparison]:
-    """Each configuration's comparison with the baseline on the seeds it has been given, from
-    the store (``study`` holds the cells trained so far)."""
+def cell_rows(study: Study) -> Any:
+    """Every cell of ``study`` with its tokens to the study's target, read from the store once
+    (``report.metrics.per_cell``: status, reached, stalled, tokens_to_target, last_tokens)."""
     from ablate.report.metrics import per_cell
     from ablate.report.study import study_frames
     from ablate.targets import target_ppl_of
 
-    plan = study.sequential
-    assert plan is not None and study.target is not None
+    assert study.target is not None
     cells, evals = study_frames(study)
-    rows = per_cell(cells, evals, target_ppl_of(study.target))
+    return per_cell(cells, evals, target_ppl_of(study.target))
+
+
+def judge_study(study: Study, seeds: dict[str, int], rows: Any = None) -> dict[str, Comparison]:
+    """Each configuration's comparison with the baseline on the seeds it has been given, from
+    ``rows`` (``cell_rows``; default: read now from the store)."""
+    plan = study.sequential
+    assert plan is not None
+    if rows is None:
+        rows = cell_rows(study)
     configs = configs_of(study)
     out = {}
     for cfg in configs:
@@ -193,13 +201,13 @@ class Replay:
 
 
 def replay(study: Study) -> Replay:
-    """The waves a sequential study has run, replayed from its store: each wave whose cells have
-    all ended is judged and grows the next, as ``run_waves`` did (the same pure function)."""
-    from ablate.tracking.status import study_status
-
+    """The waves a sequential study has run, replayed from its store (read once): each wave whose
+    cells have all ended is judged and grows the next, as ``run_waves`` did (the same pure
+    function)."""
     plan = study.sequential
     assert plan is not None
-    ended = {cs.cell.key for cs in study_status(study) if cs.status in ("finished", "diverged")}
+    rows = cell_rows(study)
+    ended = set(rows["key"][rows["status"].isin(["finished", "diverged"])])
     seeds = {c: plan.initial for c in configs_of(study)}
     judged: dict[str, Comparison] = {}
     wave = 0
@@ -208,7 +216,7 @@ def replay(study: Study) -> Replay:
         if any(c.key not in ended for c in cells):
             return Replay(seeds, cells, judged, wave, False)
         wave += 1
-        judged = judge_study(dataclasses.replace(study, cells=cells), seeds)
+        judged = judge_study(dataclasses.replace(study, cells=cells), seeds, rows)
         nxt = grow(plan, seeds, judged)
         if nxt == seeds:
             return Replay(seeds, cells, judged, wave, True)

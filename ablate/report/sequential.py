@@ -51,9 +51,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ablate.report.stats import t975, t_quantile
+from ablate.study.seeds import N_MIN  # the fewest pairs a comparison is judged on (2 df)
 
-N_MIN = 3
-"""The fewest pairs a comparison is judged on (two degrees of freedom)."""
 ALPHA = 0.05
 MARGIN = math.log(1.05)
 """Equivalence margin on the log token ratio: token costs within 5% of each other."""

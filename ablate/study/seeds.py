@@ -12,7 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-N_MIN = 3  # ablate.report.sequential.N_MIN, without importing numpy here
+N_MIN = 3
+"""The fewest pairs a comparison is judged on (two degrees of freedom; ``report.sequential``)."""
 MAX_SEEDS = 100
 
 
