@@ -23,18 +23,21 @@ from ablate.train.config import device_kind
 
 
 def check_devices(study: Study, cells: Iterable[Cell] | None = None) -> None:
-    """Ask each cell's GEMM backend whether this machine's device can run its recipe (before any
-    cell starts); raises ``CannotRunError`` listing every refusal. On a Ray cluster (``--address``)
+    """Ask each cell's GEMM backend whether this machine's device can run its recipe and its
+    phases' (before any cell starts); raises ``CannotRunError`` listing every refusal. On a Ray cluster (``--address``)
     the workers' devices are not this machine's, so the check then runs in the workers."""
     from ablate.train.device import resolve_device
     from backends.gemm import UnsupportedFormatError, get_backend
 
     problems: dict[str, list[str]] = {}
     for c in study.cells if cells is None else cells:
-        try:
-            get_backend(c.config.backend).check(c.config.recipe, resolve_device(c.config.device))
-        except (UnsupportedFormatError, ValueError) as e:
-            problems.setdefault(str(e), []).append(c.label)
+        for phase, recipe in [("", c.config.recipe)] + [
+            (f"{p.name or 'phase'}: ", p.recipe) for p in c.config.phases
+        ]:  # a precision schedule's phases too (their names say which)
+            try:
+                get_backend(c.config.backend).check(recipe, resolve_device(c.config.device))
+            except (UnsupportedFormatError, ValueError) as e:
+                problems.setdefault(phase + str(e), []).append(c.label)
     if problems:
         lines = [
             f"  cells {', '.join(labels[:4])}{' ...' if len(labels) > 4 else ''}:\n"

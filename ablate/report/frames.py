@@ -43,6 +43,7 @@ def cell_row(
         "intervention": c.recipe_axes.get("intervention", "none"),
         "fp4_format": c.recipe_axes.get("fp4_format", "mxfp4"),
         "base_format": c.recipe_axes.get("base_format", "bf16"),
+        "phases": c.recipe_axes.get("phases", ""),
         "backend": c.config.backend,
         "tokens_per_step": c.config.train.tokens_per_step,
         # a baseline trained past the budget (baseline_extend)

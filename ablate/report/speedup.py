@@ -47,6 +47,7 @@ model. Pure Python: no pandas, no matplotlib.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -157,13 +158,29 @@ def recipe_gain(cell: Mapping[str, Any], base: Mapping[str, Any], spec: SpeedupS
     ``cells`` row or a ``Cell.recipe_axes``; a missing one at ``report.frames.cell_row``'s
     default). ReportError where the model has no rate for a format."""
 
-    def axes(a: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, Costs]]:
-        gemms, iv = a.get("fp4_gemms", ""), a.get("intervention", "none")
-        formats = role_formats(gemms, a.get("fp4_format", "mxfp4"), a.get("base_format", "bf16"))
-        return formats, role_interventions(gemms, iv)
+    return schedule_time(base, spec) / schedule_time(cell, spec)
 
-    (cell_formats, cell_iv), (base_formats, base_iv) = axes(cell), axes(base)
-    return throughput_gain(cell_formats, base_formats, spec, cell_iv, base_iv)
+
+def schedule_time(a: Mapping[str, Any], spec: SpeedupSection) -> float:
+    """Modelled step time of a cell's recipe, given by its recipe axes: with a precision schedule
+    (``phases``, ``ablate.study.phases.timeline_axes``), the mean of its segments' step times
+    weighted by their share of the steps (the run's time is the sum of its steps' times)."""
+    segments = a.get("phases") or ""
+    if isinstance(segments, str) and segments:
+        total = 0.0
+        for seg in json.loads(segments):
+            roles = seg["gemms"]
+            formats: dict[str, str] = {r: roles[r]["format"] for r in ROLES}
+            iv: dict[str, Costs] = {
+                r: intervention_costs(roles[r]["intervention"])
+                for r in ROLES
+                if "intervention" in roles[r]
+            }
+            total += float(seg["share"]) * step_time(formats, spec, iv)
+        return total
+    gemms, label = a.get("fp4_gemms", ""), a.get("intervention", "none")
+    own = role_formats(gemms, a.get("fp4_format", "mxfp4"), a.get("base_format", "bf16"))
+    return step_time(own, spec, role_interventions(gemms, label))
 
 
 def throughput_gain(

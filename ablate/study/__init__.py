@@ -8,6 +8,8 @@ Modules, by concept:
     recipe    the recipe vocabulary beyond the shorthands: named, explicit per-GEMM, layer
               selection; a resolved recipe in the report's terms (recipe_axes)
     override  partial overrides of a named recipe, by GEMM and operand
+    phases    precision schedules in the study's words: warmup and tail sections, the trainer's
+              phases of them, their segments in the report's terms
     speedup   the ``speedup:`` section and the named device table it points at
     axes      axis names and dotted config paths (check_axis_name, with_values, fmt_value)
     cells     the expanded Study and its Cells
@@ -15,7 +17,8 @@ Modules, by concept:
               exclusions, and how exclude/baseline match a cell
     expand    load_study / parse_study: validation, the expansion's phases (each cell resolved
               with the study's defaults, then keyed and labelled)
-    families  cells that differ only in their wsd budget: a trunk and its decay branches
+    families  cells that differ only in their wsd budget: a trunk and its decay branches; cells
+              whose precision schedules share a prefix: a trunk and its schedule branches
     ladder    the ``ladder:`` section: sizes and budgets compared rung by rung, where to predict
     rungs     each cell's rung and configuration across rungs; what makes a ladder unfittable
     tune      the ``tune:`` section's searches and checks (plan_searches, trial_config, check_tune)
@@ -25,7 +28,7 @@ Modules, by concept:
 A study is a base configuration plus axes. An axis is a recipe shorthand (``fp4_gemms``,
 ``intervention``, ``fp4_format``, ``base_format``, ``scale_mode``, ``apply_to``, ``keep_first``,
 ``keep_last``), ``seed``, ``backend``, or any dotted config path (``train.lr``, ``model.preset``,
-``data.data_seed``). ``grid`` is one mapping of axes (their cartesian product) or a list of them (the
+``data.data_seed``, ``warmup.first``). ``grid`` is one mapping of axes (their cartesian product) or a list of them (the
 union of their products); inside a grid, ``zip`` holds axes that vary together. ``exclude`` removes
 cells, ``baseline`` selects the configuration others are compared with.
 

@@ -26,19 +26,28 @@ def check_axis_name(name: str) -> str | None:
     if section not in SECTIONS:
         hint = did_you_mean(name, _all_dotted())
         return f"unknown axis {name!r}{hint}; allowed: {', '.join(allowed)}"
-    names = [f.name for f in dataclasses.fields(SECTIONS[section])]
+    names = section_fields(section)
     if fname not in names:
         hint = did_you_mean(fname, names)
         return f"{section} has no field {fname!r}{hint}; allowed: {', '.join(names)}"
     return None
 
 
+def section_fields(section: str) -> list[str]:
+    """The field names of a section: a config dataclass's (``train``) or a pydantic model's
+    (``warmup``)."""
+    t = SECTIONS[section]
+    if dataclasses.is_dataclass(t):
+        return [f.name for f in dataclasses.fields(t)]
+    return list(t.model_fields)  # type: ignore[attr-defined]
+
+
 def _first_field(section: str) -> str:
-    return dataclasses.fields(SECTIONS[section])[0].name
+    return section_fields(section)[0]
 
 
 def _all_dotted() -> list[str]:
-    return [f"{s}.{f.name}" for s, t in SECTIONS.items() for f in dataclasses.fields(t)]
+    return [f"{s}.{f}" for s in SECTIONS for f in section_fields(s)]
 
 
 def with_values(base: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -47,7 +56,9 @@ def with_values(base: dict[str, Any], values: Mapping[str, Any]) -> dict[str, An
     for name, v in values.items():
         if "." in name:
             section, _, fname = name.partition(".")
-            d.setdefault(section, {})[fname] = v
+            if d.get(section) is None:  # a section the base leaves out (warmup: None)
+                d[section] = {}
+            d[section][fname] = v
         else:
             d[name] = v
     return d

@@ -23,12 +23,13 @@ from ablate.study.cells import Cell, Study
 from ablate.study.grid import Grid, Matcher, grid_of, kept, matchers, matches
 from ablate.study.loader import parse_yaml, read_study_text
 from ablate.study.messages import axis_booleans_as_numbers, booleans_as_numbers, pydantic_errors
+from ablate.study.phases import timeline_axes
 from ablate.study.recipe import recipe_axes
 from ablate.study.rungs import ladder_cells
 from ablate.study.schema import RECIPE_AXES, CellConfig, StudyFile
 from ablate.study.seeds import plan_problems, with_seed_axis
 from ablate.study.tune import check_tune
-from ablate.train.config import ProbeConfig, RunConfig, TrainConfig, config_hash
+from ablate.train.config import ProbeConfig, RunConfig, TrainConfig, config_hash, probe_problems
 
 # --- loading ---------------------------------------------------------------------------------------
 
@@ -338,10 +339,13 @@ def _resolve_cell(
             f"with {parallel} over resources.workers: {study.workers}; drop the probe section"
         )
     if study.probe is not None:
-        problems.extend(study.probe.problems(rc))
+        problems.extend(probe_problems(study.probe, rc))
     if problems:
         return Unresolved(vals, study=problems)
-    return Resolved(vals, rc, recipe_axes(rc.recipe, cc.base_format))
+    axes = recipe_axes(rc.recipe, cc.base_format)
+    if rc.phases:  # the segments the speedup model weighs
+        axes["phases"] = timeline_axes(rc.phases, rc.recipe, rc.train.steps)
+    return Resolved(vals, rc, axes)
 
 
 def _resolved(outcomes: list[Resolved | Unresolved]) -> tuple[list[Resolved], list[str]]:
@@ -433,11 +437,26 @@ def _labels(rc: RunConfig, vals: Mapping[str, Any], varying: Sequence[str]) -> t
     others = [a for a in varying if (a not in RECIPE_AXES or a == "scale_mode") and a != "seed"]
     if any(a in RECIPE_AXES for a in varying) or not others:
         parts.append(rc.recipe.short())
-    parts.extend(f"{a.rpartition('.')[2]}={fmt_value(vals[a])}" for a in others)
+    parts.extend(f"{_leaf(a)}={fmt_value(vals[a])}" for a in others)
+    # a precision schedule no axis varies (set in base): named with its recipe and steps
+    parts.extend(
+        f"{p.name}:{p.recipe.short()}={p.end - p.start}"
+        for p in rc.phases
+        if not any(a.startswith(f"{p.name}.") for a in varying)
+    )
     config_label = "/".join(parts)
     if "seed" in varying:
         return f"{config_label}/seed{rc.seed}", config_label
     return config_label, config_label
+
+
+def _leaf(axis: str) -> str:
+    """How a label names a dotted axis: its leaf (``lr``), but a phase's length by the phase
+    (``warmup.first`` -> ``warmup``; ``warmup.recipe`` as written)."""
+    section, _, leaf = axis.rpartition(".")
+    if section in ("warmup", "tail"):
+        return section if leaf in ("first", "last") else axis
+    return leaf
 
 
 def _axes_summary(cells: Sequence[Cell], axes: Sequence[str]) -> str:

@@ -25,6 +25,7 @@ from ablate.data import DataConfig
 from ablate.model import ModelConfig
 from ablate.study.ladder import LadderSection
 from ablate.study.override import RecipeOverride
+from ablate.study.phases import Tail, Warmup, phases
 from ablate.study.recipe import (
     ExplicitRecipe,
     LayerSelection,
@@ -55,7 +56,9 @@ RECIPE_AXES = (
 SHORTHANDS = ("fp4_gemms", "intervention", "apply_to")
 """The recipe shorthands that do not combine with a named (``recipe``) or explicit (``gemms``) one."""
 TOP_AXES = (*RECIPE_AXES, "seed", "backend")
-SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig, "data": DataConfig, "train": TrainConfig, "warmup": Warmup, "tail": Tail
+}  # fmt: skip
 LIST_AXES = ("fp4_gemms", "apply_to")  # axes whose single value is itself a list
 MAX_EXTEND = 4.0
 """The most ``baseline_extend`` allows: a baseline trained 5x the study's budget."""
@@ -143,6 +146,10 @@ class CellConfig(BaseModel):
     layers: LayerSelection | None = None
     """Which block linears follow the recipe: types (attention, mlp) and block indices (negative:
     from the end); default all. The rest stay in high precision, as keep_first/keep_last blocks."""
+    warmup: Warmup | None = None
+    """The first steps under another recipe: {recipe: fp8, first: 0.05} (ablate.study.phases)."""
+    tail: Tail | None = None
+    """The last steps under another recipe: {recipe: bf16, gemms: [fprop], last: 0.1}."""
 
     @field_validator("recipe", mode="before")
     @classmethod
@@ -231,11 +238,13 @@ class CellConfig(BaseModel):
         return select(r, keep_first=self.keep_first, keep_last=self.keep_last, layers=self.layers)
 
     def run_config(self) -> RunConfig:
+        own, steps = self.recipe_object(), self.train.steps
         return RunConfig(
             model=self.model,
             data=self.data,
             train=self.train,
-            recipe=self.recipe_object(),
+            recipe=own,
+            phases=phases(self.warmup, self.tail, own, self.base_format, steps),
             backend=self.backend,
             seed=self.seed,
             device=self.device,

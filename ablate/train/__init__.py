@@ -7,14 +7,16 @@ Imports torch, ``backends``, ``ablate.model`` and ``ablate.data`` only; it repor
 
 Modules, one concept each:
 
-- ``config``: ``RunConfig``/``TrainConfig``/``ProbeConfig``, ``config_hash`` (a cell's identity)
+- ``config``: ``RunConfig``/``TrainConfig``, ``config_hash`` (a cell's identity)
   and ``flatten`` (the params a tracker records); ``result``: ``RunResult``, what a run returns
 - ``resolve``: what ``auto`` and the other per-device settings mean on a device kind
 - ``loop``: ``train`` and ``evaluate``; ``state``: ``TrainState``, the progress a checkpoint stores
 - ``checkpoint``: atomic checkpoints, their ``checkpoint.json`` sidecar, resume
 - ``schedule``: the learning rate per step; ``device``: ``resolve_device`` and the autocast policy
 - ``parallel``: DDP and FSDP2 over ``torch.distributed``; ``compiling``: ``torch.compile``
-- ``memory``: the memory estimate of a cell; ``probe``: gradient-fidelity probes during training
+- ``memory``: the memory estimate of a cell; ``probe``: gradient-fidelity probes during training,
+  ``probe_config``: their settings (``ProbeConfig``)
+- ``phases``: precision schedules, the steps a run trains under another recipe
 - ``provenance``: the code, device and precision a run records; ``logger``: the ``Logger`` protocol
 - ``branch``: decay branches, the shorter budgets of a wsd run trained from its checkpoints
 
@@ -28,14 +30,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ablate.train.config import ProbeConfig, RunConfig, TrainConfig
+    from ablate.train.config import RunConfig, TrainConfig
     from ablate.train.logger import Logger, MemoryLogger, NullLogger
     from ablate.train.loop import train
+    from ablate.train.probe_config import ProbeConfig
     from ablate.train.result import EvalPoint, RunResult
 
 _LAZY = {
     "EvalPoint": "ablate.train.result",
-    "ProbeConfig": "ablate.train.config",
+    "ProbeConfig": "ablate.train.probe_config",
     "RunConfig": "ablate.train.config",
     "RunResult": "ablate.train.result",
     "TrainConfig": "ablate.train.config",

@@ -20,13 +20,15 @@ from ablate.key import always, digest, key_fields, never, unless_default
 from ablate.model import PRESETS, ModelConfig
 from ablate.model.hf import check_config, check_weights
 from ablate.numerics import FIRST_KEYED, NUMERICS_VERSION
+from ablate.train.phases import Phase, check, normalized
+from ablate.train.probe_config import ProbeConfig as ProbeConfig
 from ablate.train.resolve import Compile as Compile
 from ablate.train.resolve import device_kind as device_kind
 from ablate.train.resolve import resolved_compile as resolved_compile
 from ablate.train.resolve import resolved_log_every as resolved_log_every
 from ablate.train.resolve import resolved_precision as resolved_precision
 from ablate.train.resolve import resolved_quantizer_graph as resolved_quantizer_graph
-from backends.recipes import GEMMS, Gemm, Recipe
+from backends.recipes import Recipe
 
 Precision = Literal["auto", "bf16", "fp32"]
 Parallel = Literal["auto", "none", "ddp", "fsdp"]
@@ -34,7 +36,6 @@ Checkpointing = Literal["none", "blocks"]
 QuantizerGraph = Literal["auto", "opaque", "inline"]
 Schedule = Literal["cosine", "wsd"]
 AllGather = Literal["fp32", "bf16"]
-ProbeGemm = Gemm
 
 
 # How the fields below enter a cell's key (``ablate.key``): the value the key holds on a device kind
@@ -289,96 +290,12 @@ class TrainConfig:
         return self.parallel
 
 
-@dataclass(kw_only=True, slots=True)
-class ProbeConfig:
-    """Gradient-fidelity probes during training (``ablate.train.probe``, numerics in
-    ``backends.layer.probe``): at every ``every``-th step, on fixed probe batches, each quantized GEMM of
-    the chosen layers is compared with the exact GEMM on the same operands. Probes change nothing
-    the run computes: a run is bit-identical with them on or off, and they are not in its key."""
-
-    every: int = 10
-    """Probe at step 0 and every N optimizer steps."""
-    batches: int = 1
-    """Probe batches: the first N full validation batches (train.batch_size x train.seq_len each,
-    split into train.grad_accum micro-batches as a training step is)."""
-    gemms: list[ProbeGemm] = field(default_factory=lambda: ["wgrad"])
-    """GEMMs to probe, any of fprop, dgrad, wgrad (those a layer runs in high precision are
-    skipped). Default wgrad, the GEMM of the structured-error diagnosis; each GEMM adds about a
-    training step's worth of work to a probe step on the CPU (see the README's measured cost)."""
-    layers: list[int] | Literal["all"] = "all"
-    """Transformer blocks to probe: all, or a list of block indices."""
-    repeats: int = 2
-    """Draws of the randomness of a random GEMM (SR, random Hadamard) for its bias and variance;
-    each draw beyond the first costs about one quantized GEMM per probed GEMM."""
-    window: int = 4
-    """K: probes summed for the error-structure ratio |sum of K errors| / (K x mean error)."""
-
-    def __post_init__(self) -> None:
-        for name in ("every", "batches", "repeats"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"probe.{name}: must be >= 1, got {getattr(self, name)}")
-        if self.window < 2:
-            raise ValueError(f"probe.window: must be >= 2, got {self.window}")
-        allowed = GEMMS
-        if not self.gemms:
-            raise ValueError(f"probe.gemms: empty; allowed: {', '.join(allowed)}")
-        for i, g in enumerate(self.gemms):
-            if g not in allowed:
-                raise ValueError(f"probe.gemms[{i}]: unknown {g!r}; allowed: {', '.join(allowed)}")
-        if len(set(self.gemms)) != len(self.gemms):
-            raise ValueError(f"probe.gemms: a GEMM is listed twice in {self.gemms}")
-        if isinstance(self.layers, str):
-            if self.layers != "all":
-                raise ValueError(
-                    f"probe.layers: unknown {self.layers!r}; allowed: all or a list of block indices"
-                )
-        else:
-            if not self.layers:
-                raise ValueError("probe.layers: empty; give all or a list of block indices")
-            for i, b in enumerate(self.layers):
-                if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-                    raise ValueError(
-                        f"probe.layers[{i}]: {b!r} is not a block index (an integer >= 0)"
-                    )
-            if len(set(self.layers)) != len(self.layers):
-                raise ValueError(f"probe.layers: a block is listed twice in {self.layers}")
-
-    def problems(self, run: RunConfig) -> list[str]:
-        """What stops these probes on ``run``'s model and data (each line names its path)."""
-        out: list[str] = []
-        n_layers = run.model.resolved().n_layers
-        if self.layers != "all" and n_layers is not None:
-            for i, b in enumerate(self.layers):
-                if b >= n_layers:
-                    out.append(
-                        f"probe.layers[{i}]: block {b} does not exist; the model has "
-                        f"{n_layers} blocks (0-{n_layers - 1})"
-                    )
-        tc = run.train
-        full = ((run.data.val_tokens - 1) // tc.seq_len) // tc.batch_size
-        if self.batches > full:
-            need = self.batches * tc.batch_size * tc.seq_len + 1
-            out.append(
-                f"probe.batches: {self.batches} probe batches of train.batch_size x train.seq_len "
-                f"= {tc.batch_size} x {tc.seq_len} tokens need data.val_tokens >= {need} (it is "
-                f"{run.data.val_tokens}: {full} full batches); lower probe.batches or raise "
-                "data.val_tokens"
-            )
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "every": self.every,
-            "batches": self.batches,
-            "gemms": list(self.gemms),
-            "layers": self.layers if isinstance(self.layers, str) else list(self.layers),
-            "repeats": self.repeats,
-            "window": self.window,
-        }
-
-
 def _recipe(r: Recipe, run: RunConfig, kind: str) -> dict[str, Any]:
     return r.to_dict()
+
+
+def _phases(v: tuple[Phase, ...], run: RunConfig, kind: str) -> list[dict[str, Any]]:
+    return [p.key() for p in v]
 
 
 def _kind(v: str, run: RunConfig, kind: str) -> str:
@@ -395,6 +312,10 @@ class RunConfig:
     recipe: Recipe = field(default_factory=Recipe.bf16, metadata=always(resolve=_recipe))
     """Numerics of every block linear (see backends.recipes.recipe); in the key as its canonical
     serialisation."""
+    phases: tuple[Phase, ...] = field(default=(), metadata=unless_default(resolve=_phases))
+    """Steps trained under another recipe (``ablate.train.phases``: an FP8 warmup, a BF16 tail),
+    in order, without overlap; those that change nothing are dropped. In the key only when there
+    are any: a run without phases keeps its key."""
     backend: str = field(default="emulated", metadata=always())
     """GEMM backend: emulated (any device) or native (the hardware's FP8/FP4 GEMMs; see backends.gemm.native)."""
     quantizer_graph: QuantizerGraph = field(
@@ -431,6 +352,8 @@ class RunConfig:
                 f"quantizer_graph: unknown {self.quantizer_graph!r}; allowed: "
                 f"{', '.join(get_args(QuantizerGraph))}"
             )
+        check(self.phases, self.train.steps)
+        self.phases = normalized(self.phases, self.recipe)
         if not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"seed: must be in [0, 2^32), got {self.seed}")
         if self.data.val_tokens < self.train.seq_len + 1:
@@ -474,6 +397,7 @@ class RunConfig:
                 "data": dataclasses.asdict(self.data),
                 "train": dataclasses.asdict(self.train),
                 "recipe": self.recipe.to_dict(),
+                "phases": [p.to_dict() for p in self.phases],
                 "backend": self.backend,
                 "seed": self.seed,
                 "device": self.device,
@@ -496,6 +420,7 @@ class RunConfig:
             data=DataConfig(**d.get("data", {})),
             train=TrainConfig(**d.get("train", {})),
             recipe=Recipe.from_dict(d["recipe"]) if "recipe" in d else Recipe.bf16(),
+            phases=tuple(Phase.from_dict(p) for p in d.get("phases") or ()),
             backend=d.get("backend", "emulated"),
             seed=d.get("seed", 0),
             device=d.get("device", "auto"),
@@ -523,6 +448,18 @@ def config_hash(cfg: RunConfig, numerics: int = NUMERICS_VERSION) -> str:
     if numerics >= FIRST_KEYED:
         d["numerics"] = numerics
     return digest(d)
+
+
+def probe_problems(probe: ProbeConfig, run: RunConfig) -> list[str]:
+    """What stops ``probe`` on ``run``'s model and data (each line names its path)."""
+    tc = run.train
+    n_layers = run.model.resolved().n_layers
+    return probe.problems(
+        n_layers=n_layers,
+        seq_len=tc.seq_len,
+        batch_size=tc.batch_size,
+        val_tokens=run.data.val_tokens,
+    )
 
 
 def run_params(cfg: RunConfig) -> dict[str, Any]:

@@ -69,10 +69,13 @@ from ablate.train.config import (
 from ablate.train.device import autocast, numerics_policy, resolve_device
 from ablate.train.logger import Logger, NullLogger
 from ablate.train.parallel import Ranks, ranks_of
+from ablate.train.phases import quantizes, recipe_at
 from ablate.train.probe import make_prober
 from ablate.train.result import EvalPoint, RunResult
 from ablate.train.schedule import lr_at
 from ablate.train.state import TrainState
+from backends import Recipe
+from backends.layer import check_recipe, set_recipe
 from backends.quant.ops import set_traced_inline
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -263,6 +266,28 @@ class Run:
     config_hash: str
     t_start: float
     """``time.perf_counter()`` when ``train`` was called (the result's wall time)."""
+    recipe: Recipe | None = None
+    """The recipe the model trains under now (a precision schedule switches it: ``follow``);
+    None: a plain model, which no recipe of the run quantizes."""
+
+    def follow(self, step: int, *, record: bool = True) -> None:
+        """Put the model under the recipe that trains optimizer step ``step`` (``phases``), and
+        record where the recipe changes: the metric ``recipe_phase`` at the switch's step (0: the
+        run's own recipe, i: ``phases[i - 1]``; at step 0 too)."""
+        cfg = self.config
+        if self.recipe is None:
+            return
+        want = recipe_at(cfg.phases, cfg.recipe, step)
+        if want is not self.recipe:
+            set_recipe(self.model, want)
+            self.recipe = want
+        if (
+            record
+            and cfg.phases
+            and (step == 0 or recipe_at(cfg.phases, cfg.recipe, step - 1) is not want)
+        ):
+            phase = next((i + 1 for i, p in enumerate(cfg.phases) if p.recipe is want), 0)
+            self.log.log_metrics({"recipe_phase": float(phase)}, step)
 
     def ctx(self) -> AbstractContextManager[Any]:
         """The autocast context of one forward pass."""
@@ -287,6 +312,8 @@ class Run:
             state = load_checkpoint(self.checkpoint_dir, config_hash=self.config_hash, **kw)
         if state is None and self.branches is not None:
             state = load_branch(self.branches, **kw)
+            for step in range(state.step if state is not None else 0):  # its phases up to there
+                self.follow(step)  # (the trunk's curve has the trunk's, not this run's)
         return state if state is not None else TrainState()
 
     def optimizer_step(self, state: TrainState) -> _Step:
@@ -295,6 +322,7 @@ class Run:
         gradient norm stay on the device (``read`` brings them over)."""
         tc = self.config.train
         t0 = time.perf_counter()
+        self.follow(state.step)
         lr = lr_at(state.step, tc)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -345,7 +373,9 @@ class Run:
         return out
 
     def record_eval(self, state: TrainState, metrics: dict[str, float]) -> None:
-        """Evaluate, append to the state's history and add val_loss/val_ppl to ``metrics``."""
+        """Evaluate, append to the state's history and add val_loss/val_ppl to ``metrics``: under
+        the recipe that trained the last step."""
+        self.follow(max(state.step - 1, 0), record=False)
         loss = evaluate(self.model, self.val, self.ctx, self.ranks, self.config.train.micro_batch)
         state.evals.append(EvalPoint(step=state.step, tokens=state.tokens, val_loss=loss))
         metrics.update(val_loss=loss, val_ppl=math.exp(min(loss, 700.0)))
@@ -415,15 +445,19 @@ def build_run(
     if branches is not None:
         branches.check(config)  # a member of the family, one process
 
+    own = quantizes(config.phases, config.recipe)  # the model is converted if any phase quantizes
     model = build_model(
         config.model,
         data.vocab_size,
-        recipe=config.recipe,
+        recipe=own,
         backend=config.backend,
         seed=config.seed,
         device=device,
         seq_len=tc.seq_len,
     )
+    for p in config.phases:  # each phase's recipe checked before anything trains
+        if own is not None and p.recipe != own:
+            check_recipe(model, p.recipe, config.backend)
     n_params = count_parameters(model)  # before FSDP shards them
     n_non_embedding = count_non_embedding(model)
     set_checkpointing(model, tc.activation_checkpointing)  # before compile, DDP and FSDP2
@@ -469,6 +503,7 @@ def build_run(
         branches=branches,
         config_hash=config_hash(config),
         t_start=t_start,
+        recipe=own,
     )
 
 

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ablate.data import val_batches
-from ablate.train.config import ProbeConfig, RunConfig, config_hash
+from ablate.train.config import ProbeConfig, RunConfig, config_hash, probe_problems
 from backends.layer import QuantLinear
 from backends.layer.probe import ErrorHistory, GemmCall, capture, draws_for, probe_gemm
 
@@ -171,7 +171,7 @@ def make_prober(
     cfg = config.probe
     if cfg is None:
         return None
-    problems = cfg.problems(config)
+    problems = probe_problems(cfg, config)
     if problems:
         raise ValueError("; ".join(problems))
     tc = config.train
@@ -216,7 +216,7 @@ def probe_checkpoints(
     from ablate.train.device import autocast, resolve_device
 
     cfg = cfg or config.probe or ProbeConfig()
-    problems = cfg.problems(config)
+    problems = probe_problems(cfg, config)
     if problems:
         raise ValueError("; ".join(problems))
     dev = resolve_device(device or config.device)

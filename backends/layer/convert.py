@@ -90,13 +90,7 @@ def convert_model(
         targets.append((name, mod, int(m.group(1)) if m else None))
     blocks = [b for _, _, b in targets if b is not None]
     n_blocks = max(blocks) + 1 if blocks else None
-    if n_blocks is not None:
-        recipe.check_blocks(n_blocks)
-    device = next(model.parameters()).device
-    gemms = get_backend(backend)
-    gemms.check(recipe, device)
-    if isinstance(gemms, NativeBackend):  # the device's GEMMs held to the emulation, once
-        self_check(recipe, device, gemms)
+    check_recipe(model, recipe, backend, n_blocks=n_blocks)
     for layer_id, (name, mod, block) in enumerate(targets):
         q = QuantLinear.from_linear(
             mod,
@@ -109,6 +103,43 @@ def convert_model(
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, q)
     return [n for n, _, _ in targets]
+
+
+def check_recipe(
+    model: nn.Module, recipe: Recipe, backend: str = "emulated", *, n_blocks: int | None = None
+) -> None:
+    """Refuse ``recipe`` where it cannot run on ``model``: its layer selection against the model's
+    ``n_blocks`` blocks (None: counted from its converted linears, else its linears), the backend
+    against the device, the native backend's GEMMs against the emulation."""
+    blocks = n_blocks or _block_count(model, QuantLinear) or _block_count(model, nn.Linear)
+    if blocks is not None:
+        recipe.check_blocks(blocks)
+    device = next(model.parameters()).device
+    gemms = get_backend(backend)
+    gemms.check(recipe, device)
+    if isinstance(gemms, NativeBackend):  # the device's GEMMs held to the emulation, once
+        self_check(recipe, device, gemms)
+
+
+def set_recipe(model: nn.Module, recipe: Recipe) -> None:
+    """Put a converted model's ``QuantLinear`` layers under ``recipe`` in place (a precision
+    schedule's switch), each layer as ``convert_model`` would have selected it; their weights and
+    random streams stay as they are. Check the recipe first (``check_recipe``)."""
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, QuantLinear)]
+    n_blocks = _block_count(model, QuantLinear)
+    for name, q in layers:
+        q.recipe = recipe.for_layer(layer_type(name), _block_of(name), n_blocks)
+
+
+def _block_of(name: str) -> int | None:
+    m = _BLOCK_INDEX.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _block_count(model: nn.Module, kind: type[nn.Module]) -> int | None:
+    found = [_block_of(n) for n, m in model.named_modules() if type(m) is kind]
+    blocks = [b for b in found if b is not None]
+    return max(blocks) + 1 if blocks else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +278,8 @@ def convert(
 
 __all__ = [
     "ARCHITECTURES",
+    "check_recipe",
+    "set_recipe",
     "SELECT_KEYS",
     "Architecture",
     "UnknownArchitectureError",

@@ -14,7 +14,7 @@ from ablate.data import DataConfig
 from ablate.model import ModelConfig
 from ablate.train import MemoryLogger, RunConfig, TrainConfig, train
 from ablate.train.checkpoint import CHECKPOINT
-from ablate.train.config import ProbeConfig
+from ablate.train.config import ProbeConfig, probe_problems
 from ablate.train.probe import aggregate, block_of, probe_checkpoints
 from backends import Recipe
 from backends.recipes import GEMMS
@@ -170,12 +170,12 @@ def test_bad_probe_settings_name_their_path():
             ProbeConfig(**kw)
     cfg = _cfg(probe=ProbeConfig(layers=[1, 2], batches=7))
     assert cfg.probe is not None
-    assert cfg.probe.problems(cfg) == [
+    assert probe_problems(cfg.probe, cfg) == [
         "probe.layers[1]: block 2 does not exist; the model has 2 blocks (0-1)"
     ]
     cfg = _cfg(probe=ProbeConfig(batches=8))
     assert cfg.probe is not None
-    (msg,) = cfg.probe.problems(cfg)
+    (msg,) = probe_problems(cfg.probe, cfg)
     assert msg.startswith("probe.batches: 8 probe batches") and "data.val_tokens >= 4097" in msg
     with pytest.raises(ValueError, match="probe.batches: 8 probe batches"):
         train(cfg)
