@@ -21,7 +21,7 @@ from ablate.cli.common import (
     tracking_uri_opt,
 )
 from ablate.errors import AblateError
-from ablate.study import Study
+from ablate.study import Cell, Study
 
 if TYPE_CHECKING:
     from ablate.driver.branching import Member
@@ -225,17 +225,23 @@ def plan(
             "(the compute below is the most)"
         )
     if members:
-        n = len({m.family.key for m in members.values()})
+        kinds = {m.family.key: m.family.kind for m in members.values()}
+        told = {"decay": "of wsd budgets", "schedule": "of precision schedules"}
+        said = []
+        for kind, what in told.items():
+            n = sum(k == kind for k in kinds.values())
+            if n:
+                said.append(f"{n} famil{'ies' if n > 1 else 'y'} {what}")
         click.echo(
-            f"decay branches: {n} famil{'ies' if n > 1 else 'y'} of wsd budgets; the cells to run "
-            f"train {trained:,} steps (trunks, then each branch's decay), {budgets:,} without "
-            "branches"
+            f"branches: {' and '.join(said)}; the cells to run train {trained:,} steps (trunks, "
+            f"then each branch from its branch point), {budgets:,} without branches"
         )
     click.echo(
         f"compute: {cost.tokens:.3g} tokens, {cost.flops:.3g} FLOPs to train; "
         f"{cost.gpu_hours(tflops):,.0f} GPU-hours at {tflops:g} TFLOP/s sustained per GPU "
         "(--gpu-tflops; training only, as native GEMMs run it)"
     )
+    _echo_schedules(study)
     echo_seed_plan(study, model, margin, power, tflops)
     from ablate.train.memory import format_bytes
 
@@ -248,6 +254,38 @@ def plan(
         of = f" (device: {format_bytes(limit)})" if limit is not None else ""
         click.echo(f"  {len(cells)} cell(s) ({shown}): {est.short()}{of}")
     _memory_warnings(mem, planned)
+
+
+def _echo_schedules(study: Study) -> None:
+    """The configurations with a precision schedule: their segments, and the step-throughput
+    gain the speedup model projects for each over the baseline, its segments weighted by their
+    share of the steps."""
+    from ablate.errors import ReportError
+    from ablate.report.speedup import recipe_gain
+    from ablate.train.phases import timeline
+
+    by_config: dict[str, Cell] = {}
+    for c in study.cells:
+        if c.config.phases:
+            by_config.setdefault(c.config_label, c)
+    if not by_config:
+        return
+    base = next((c for c in study.cells if c.baseline), None)
+    click.echo("precision schedules (optimizer steps [start, end), the recipe of each):")
+    for name, c in by_config.items():
+        steps = c.config.train.steps
+        parts = [
+            f"[{a}, {b}) {r.short()}"
+            for a, b, r in timeline(c.config.phases, c.config.recipe, steps)
+        ]
+        gain = ""
+        if base is not None:
+            try:
+                g = recipe_gain(c.recipe_axes, base.recipe_axes, study.file.speedup)
+                gain = f"; modelled gain {g:.3f}x over the baseline, the segments weighted by steps"
+            except ReportError as e:
+                gain = f"; no modelled gain ({e})"
+        click.echo(f"  {name}: {', '.join(parts)}{gain}")
 
 
 def _branch_row(

@@ -16,7 +16,7 @@ from pathlib import Path
 from ablate.driver.planning import TO_RUN, PlannedCell
 from ablate.executor.task import Task
 from ablate.study import Cell, Study
-from ablate.study.families import Family, families
+from ablate.study.families import Family, families, schedule_families
 from ablate.train.branch import Branches
 from ablate.train.checkpoint import checkpoint_info, remove_checkpoint
 
@@ -41,9 +41,12 @@ class Member:
 
 
 def members(study: Study) -> dict[str, Member]:
-    """Every member of the study's families, by cell key."""
+    """Every member of the study's families, by cell key: of wsd budgets, then of precision
+    schedules among the other cells."""
     out: dict[str, Member] = {}
-    for f in families(study.cells):
+    decays = families(study.cells)
+    taken = {c.key for f in decays for c in (f.trunk, *(c for c, _ in f.branches))}
+    for f in (*decays, *schedule_families(study.cells, taken)):
         for c in (f.trunk, *(c for c, _ in f.branches)):
             out[c.key] = Member(f, c, f.branches_of(c, study.output_dir))
     return out
@@ -96,14 +99,17 @@ def notes(study: Study, planned: Iterable[PlannedCell]) -> dict[str, str]:
     by_key = {p.cell.key: p for p in planned}
     out: dict[str, str] = {}
     for key, m in members(study).items():
+        kind = "decay" if m.family.kind == "decay" else "schedule"
         if m.trunk is None:
             n = len(m.family.branches)
             points = ", ".join(map(str, m.family.points))
             at = f"step{'s' if len(m.family.points) > 1 else ''} {points}"
-            out[key] = f"trunk of {n} decay branch{'es' if n > 1 else ''}: checkpoints at {at}"
+            out[key] = f"trunk of {n} {kind} branch{'es' if n > 1 else ''}: checkpoints at {at}"
             continue
         p = by_key.get(key)
-        here = f"decay branch of {m.trunk.key} from step {m.point}"
+        here = f"{kind} branch of {m.trunk.key} from step {m.point}"
+        if kind == "schedule":
+            here += ", the trunk's steps before it"
         if p is not None and p.action in TO_RUN and start_step(study, p, by_key, m) == 0:
             here += ": no checkpoint there, and its trunk does not pass it now: from step 0"
         out[key] = here

@@ -3,6 +3,15 @@ differ only in their budget (``train.steps``) and train the wsd schedule in one 
 trunk is the member that decays last (its longest budget); each other member is a branch that
 starts from the trunk's state at its own decay start, so k budgets cost one run and k - 1 decays.
 A member that decays from step 0 shares nothing and is no branch.
+
+Precision schedules make families too (``schedule_families``): cells whose configs differ only in
+their recipes and phases (``ablate.train.phases``) train the same steps, bits included, until
+their recipes first differ (``ablate.train.branch.shared_prefix``): an FP8 warmup of MXFP4 is the
+FP8 run up to the warmup's end, a BF16 tail is the run without it up to the tail. The trunk is a
+cell that branches from no other (the fewest segments first, then the study's order); every other
+cell with a prefix in common with a trunk branches from the trunk it shares the most steps with,
+from the trunk's checkpoint at the step where they part. Its checkpoints are written under the
+prefix's hash (``prefix_hash``), which the branch checks against its own.
 """
 
 from __future__ import annotations
@@ -11,8 +20,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ablate.key import digest
 from ablate.study.cells import Cell
-from ablate.train.branch import Branches, branch_point, family_hash
+from ablate.train.branch import Branches, branch_point, family_hash, prefix_hash, shared_prefix
+from ablate.train.phases import timeline
 
 
 @dataclass(frozen=True)
@@ -22,6 +33,14 @@ class Family:
     trunk: Cell
     branches: tuple[tuple[Cell, int], ...]
     """(cell, branch point: the step its decay starts), by branch point."""
+    hashes: tuple[tuple[int, str], ...] = ()
+    """A family of precision schedules: its checkpoints' hashes by step (``prefix_hash``);
+    empty for a family of wsd budgets, whose checkpoints are all under ``key``."""
+
+    @property
+    def kind(self) -> str:
+        """What its branches are: ``decay`` (wsd budgets) or ``schedule`` (precision schedules)."""
+        return "schedule" if self.hashes else "decay"
 
     @property
     def points(self) -> tuple[int, ...]:
@@ -49,8 +68,10 @@ class Family:
         starts from its own."""
         root = str(branch_root(output_dir, self.key).resolve())
         if cell.key == self.trunk.key:
-            return Branches(root=root, family=self.key, save_at=self.points)
-        return Branches(root=root, family=self.key, start_at=self.point(cell))
+            return Branches(root=root, family=self.key, save_at=self.points, hashes=self.hashes)
+        point = self.point(cell)
+        hashes = tuple(h for h in self.hashes if h[0] == point)
+        return Branches(root=root, family=self.key, start_at=point, hashes=hashes)
 
 
 def families(cells: Iterable[Cell]) -> list[Family]:
@@ -67,6 +88,36 @@ def families(cells: Iterable[Cell]) -> list[Family]:
         members.sort(key=lambda m: (m[1], m[0].config.train.steps))
         (trunk, _), branches = members[-1], members[:-1]
         out.append(Family(key, trunk, tuple(branches)))
+    return out
+
+
+def schedule_families(cells: Iterable[Cell], taken: Iterable[str] = ()) -> list[Family]:
+    """The families of precision schedules among ``cells`` that train in one process (those in
+    ``taken``, the wsd families' members, left out), in order of their trunks."""
+    cand = [
+        c for c in cells if c.key not in set(taken) and c.config.train.resolved_parallel == "none"
+    ]
+
+    def segments(c: Cell) -> int:
+        return len(timeline(c.config.phases, c.config.recipe, c.config.train.steps))
+
+    trunks: list[Cell] = []
+    branches: dict[str, list[tuple[Cell, int]]] = {}
+    for c in sorted(cand, key=segments):  # stable: the study's order among equals
+        shared = [(shared_prefix(t.config, c.config), -i, t) for i, t in enumerate(trunks)]
+        best = max(shared, default=(0, 0, c), key=lambda x: x[:2])
+        if 0 < best[0] < c.config.train.steps:
+            branches.setdefault(best[2].key, []).append((c, best[0]))
+        else:
+            trunks.append(c)
+    out = []
+    for t in trunks:
+        if t.key not in branches:
+            continue
+        members = tuple(sorted(branches[t.key], key=lambda m: m[1]))
+        points = sorted({b for _, b in members})
+        hashes = tuple((b, prefix_hash(t.config, b)) for b in points)
+        out.append(Family(digest({"schedule_trunk": t.key}), t, members, hashes))
     return out
 
 

@@ -20,6 +20,12 @@ untrusted) in ``<family folder>/step-<step>/``, written under the family's hash
 member of its family loads it. ``Branches`` tells ``train`` what to save or where to start; the
 driver makes it (``ablate.driver.branching``). Families train in one process (a sharded branch
 checkpoint is not written).
+
+Precision schedules (``ablate.train.phases``) branch the same way at a different point: two runs
+whose configs differ only in their recipes and phases are the same run until their recipes first
+differ (``shared_prefix``). Their branch checkpoints are written under the hash of what was trained
+up to them (``prefix_hash``: the key without recipe and phases, the recipes of the steps so far,
+whether the model is converted), which the branch computes from its own config and must match.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from ablate.key import digest, key_fields
 from ablate.numerics import NUMERICS_VERSION
 from ablate.train.checkpoint import checkpoint_info, load_checkpoint, save_checkpoint
 from ablate.train.config import RunConfig, device_kind
+from ablate.train.phases import prefix, quantizes, timeline
 from ablate.train.state import TrainState
 
 
@@ -47,6 +54,33 @@ def family_hash(cfg: RunConfig, numerics: int = NUMERICS_VERSION) -> str:
     for name in ("steps", "schedule_steps"):
         d["train"].pop(name, None)
     return digest({"family": d, "numerics": numerics})
+
+
+def prefix_hash(cfg: RunConfig, step: int, numerics: int = NUMERICS_VERSION) -> str:
+    """What ``cfg`` trains before optimizer step ``step``: its key with the recipe and phases
+    replaced by the recipes of its steps up to there (``phases.prefix``), and whether its model is
+    converted. Two runs with equal prefix hashes at ``step`` are the same run up to it, bits
+    included: a precision schedule's branch starts from the other's checkpoint there."""
+    d = key_fields(cfg, device_kind(cfg.device))
+    for name in ("recipe", "phases", "quantizer_graph"):
+        d.pop(name, None)
+    timeline = prefix(cfg.phases, cfg.recipe, cfg.train.steps, step)
+    converted = quantizes(cfg.phases, cfg.recipe) is not None
+    return digest({"prefix": d, "timeline": timeline, "converted": converted, "numerics": numerics})
+
+
+def shared_prefix(a: RunConfig, b: RunConfig) -> int:
+    """The steps two runs share from step 0 (``prefix_hash`` equal up to there): 0 where anything
+    but their recipes and phases differs, else up to the first step their recipes differ."""
+    if prefix_hash(a, 0) != prefix_hash(b, 0):
+        return 0
+    ta = timeline(a.phases, a.recipe, a.train.steps)
+    tb = timeline(b.phases, b.recipe, b.train.steps)
+    shared, i, j = 0, 0, 0
+    while i < len(ta) and j < len(tb) and ta[i][2].to_dict() == tb[j][2].to_dict():
+        shared = min(ta[i][1], tb[j][1])
+        i, j = i + (ta[i][1] == shared), j + (tb[j][1] == shared)
+    return shared
 
 
 def branch_point(cfg: RunConfig) -> int | None:
@@ -72,6 +106,14 @@ class Branches:
     """Trunk: the steps where shorter budgets branch off."""
     start_at: int | None = None
     """Branch: its branch point (its decay start)."""
+    hashes: tuple[tuple[int, str], ...] = ()
+    """A family of precision schedules (``prefix_hash``): the hash of each branch checkpoint by
+    its step, as the driver computed it from the trunk (the run checks its own against it).
+    Empty: a family of wsd budgets, every checkpoint under ``family``."""
+
+    def hash_at(self, step: int) -> str:
+        """The config hash the branch checkpoint at ``step`` is written under."""
+        return dict(self.hashes).get(step, self.family)
 
     def dir(self, step: int) -> Path:
         """The folder of the branch checkpoint at ``step``."""
@@ -82,7 +124,9 @@ class Branches:
         its sidecar; the checkpoint itself is checked when it loads)."""
         info = checkpoint_info(self.dir(step))
         return (
-            info is not None and info.get("step") == step and info.get("config_hash") == self.family
+            info is not None
+            and info.get("step") == step
+            and info.get("config_hash") == self.hash_at(step)
         )
 
     @property
@@ -97,6 +141,7 @@ class Branches:
             "family": self.family,
             "save_at": list(self.save_at),
             "start_at": self.start_at,
+            "hashes": [list(h) for h in self.hashes],
         }
 
     @classmethod
@@ -106,10 +151,14 @@ class Branches:
             family=str(d["family"]),
             save_at=tuple(int(s) for s in d.get("save_at", ())),
             start_at=None if d.get("start_at") is None else int(d["start_at"]),
+            hashes=tuple((int(s), str(h)) for s, h in d.get("hashes", ())),
         )
 
     def check(self, cfg: RunConfig) -> None:
         """ValueError unless ``cfg`` is a member of this family that can save or start here."""
+        if self.hashes:
+            self._check_prefix(cfg)
+            return
         if family_hash(cfg) != self.family:
             raise ValueError(
                 f"branches: {cfg.train.steps} steps of this config are not of family "
@@ -132,6 +181,17 @@ class Branches:
                 f"{late} are not"
             )
 
+    def _check_prefix(self, cfg: RunConfig) -> None:
+        if cfg.train.resolved_parallel != "none":
+            raise ValueError("branches: a precision schedule's family trains in one process")
+        steps = [*self.save_at, *([] if self.start_at is None else [self.start_at])]
+        wrong = [s for s in steps if prefix_hash(cfg, s) != self.hash_at(s)]
+        if wrong or not steps:
+            raise ValueError(
+                f"branches: this config does not train the family's shared prefix up to step(s) "
+                f"{wrong or steps} (its recipes or its config differ there)"
+            )
+
 
 def save_branch(
     branches: Branches,
@@ -145,7 +205,7 @@ def save_branch(
     that ``ready`` never sees half of one)."""
     save_checkpoint(
         branches.dir(state.step),
-        config_hash=branches.family,
+        config_hash=branches.hash_at(state.step),
         state=state,
         model=model,
         optimizer=optimizer,
@@ -169,7 +229,11 @@ def load_branch(
     path = branches.dir(step)
     try:
         state = load_checkpoint(
-            path, config_hash=branches.family, model=model, optimizer=optimizer, sampler=sampler
+            path,
+            config_hash=branches.hash_at(step),
+            model=model,
+            optimizer=optimizer,
+            sampler=sampler,
         )
     except CheckpointError:
         raise

@@ -138,7 +138,9 @@ def test_plan_shows_the_family_and_counts_the_steps_trained(tmp_path):
     assert f"decay branch of {trunk} from step 6" in res.output
     assert f"decay branch of {trunk} from step 10" in res.output
     # one run of 16 steps and decays of 2 and 2, not 8 + 12 + 16
-    assert "train 20 steps (trunks, then each branch's decay), 36 without branches" in res.output
+    assert (
+        "train 20 steps (trunks, then each branch from its branch point), 36 without" in res.output
+    )
     res = CliRunner().invoke(main, ["plan", str(path), "-o", str(tmp_path / "out"), "--json"])
     doc = json.loads(res.output)
     assert (doc["steps_to_train"], doc["budget_steps"]) == (20, 36)
