@@ -57,13 +57,17 @@ def family_hash(cfg: RunConfig, numerics: int = NUMERICS_VERSION) -> str:
 
 
 def prefix_hash(cfg: RunConfig, step: int, numerics: int = NUMERICS_VERSION) -> str:
-    """What ``cfg`` trains before optimizer step ``step``: its key with the recipe and phases
-    replaced by the recipes of its steps up to there (``phases.prefix``), and whether its model is
-    converted. Two runs with equal prefix hashes at ``step`` are the same run up to it, bits
+    """What ``cfg`` trains before optimizer step ``step`` (at most its schedule's end): its key
+    with the recipe and phases replaced by the recipes of its steps up to there
+    (``phases.prefix``), its budget by its schedule's, and whether its model is converted. Two runs with equal prefix hashes at ``step`` are the same run up to it, bits
     included: a precision schedule's branch starts from the other's checkpoint there."""
     d = key_fields(cfg, device_kind(cfg.device))
     for name in ("recipe", "phases", "quantizer_graph"):
         d.pop(name, None)
+    # a run trained past its schedule (a baseline's baseline_extend) is, up to the schedule's
+    # end, the run of that many steps
+    d["train"]["steps"] = cfg.train.schedule_end
+    d["train"].pop("schedule_steps", None)
     timeline = prefix(cfg.phases, cfg.recipe, cfg.train.steps, step)
     converted = quantizes(cfg.phases, cfg.recipe) is not None
     return digest({"prefix": d, "timeline": timeline, "converted": converted, "numerics": numerics})
@@ -80,7 +84,7 @@ def shared_prefix(a: RunConfig, b: RunConfig) -> int:
     while i < len(ta) and j < len(tb) and ta[i][2].to_dict() == tb[j][2].to_dict():
         shared = min(ta[i][1], tb[j][1])
         i, j = i + (ta[i][1] == shared), j + (tb[j][1] == shared)
-    return shared
+    return min(shared, a.train.schedule_end, b.train.schedule_end)
 
 
 def branch_point(cfg: RunConfig) -> int | None:

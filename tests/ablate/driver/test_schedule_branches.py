@@ -1,5 +1,5 @@
 """Precision schedules' shared prefixes in a study (``ablate.study.families.schedule_families``): an
-FP8 run is the trunk of MXFP4 runs with FP8 warmups, an MXFP4 run the trunk of one with a BF16
+FP8 run (a baseline trained past its budget) is the trunk of MXFP4 runs with FP8 warmups, an MXFP4 run the trunk of one with a BF16
 tail; each branch starts from its trunk's checkpoint where their recipes part, on real MLflow and
 the in-process executor, and every recorded number and the final weights equal those of the cell
 trained from step 0; the branch checkpoints are removed once their branches have results;
@@ -48,6 +48,7 @@ def raw(name: str) -> dict:
             {"tail.last": [3]},
         ],
         "baseline": {"fp4_gemms": []},
+        "baseline_extend": 0.5,  # the FP8 trunk trains 12 steps, its schedule's 8 and 4 more
         "resources": {"cpus": 1},
     }  # fmt: skip
 
@@ -117,8 +118,8 @@ def test_plan_counts_the_steps_the_shared_prefixes_save(tmp_path):
     assert res.exit_code == 0, res.output
     assert "trunk of 2 schedule branches: checkpoints at steps 2, 3" in res.output
     assert "2 families of precision schedules" in res.output
-    # 5 runs of 8 steps; the branches train 6, 5 and 3 of theirs
-    assert "train 30 steps (trunks, then each branch from its branch point), 40 without" in (
+    # 4 runs of 8 steps and the FP8 baseline's 12; the branches train 6, 5 and 3 of theirs
+    assert "train 34 steps (trunks, then each branch from its branch point), 44 without" in (
         res.output
     )
     assert "[0, 2) fp8, [2, 8) mxfp4[fprop,dgrad,wgrad]+sr/fp8" in res.output
