@@ -12,6 +12,7 @@ import yaml
 
 from ablate.study.override import RecipeOverride
 from ablate.study.recipe import select
+from ablate.study.schedules import NAMED_SCHEDULES, NamedSchedule
 from backends.recipes import GEMMS, OPERANDS, Recipe, named_recipe
 
 
@@ -52,7 +53,8 @@ def recipe(
     operand.
 
     NAME is a named recipe (nvidia_nvfp4, tseng_mxfp4, amd_mxfp4_h16, quartet, four_over_six,
-    nvidia_nvfp4_4over6, quartet_ii, tetrajet_v2), or a variant written as a study writes it
+    nvidia_nvfp4_4over6, quartet_ii, tetrajet_v2), a named precision schedule (its phases, its
+    source and what the source leaves open, then its recipe), or a variant written as a study writes it
     ('{name: nvidia_nvfp4, wgrad: {hadamard: null}}'); --set changes fields of it the same way.
     Without NAME the shorthand options describe the recipe. --json prints {"gemms": {GEMM: {"a":
     OPERAND, "b": OPERAND, "hadamard": {"size", "signs"} | null}}, "keep_first", "keep_last",
@@ -68,6 +70,9 @@ def recipe(
         ablate recipe --fp4 fprop,dgrad,wgrad --intervention dht --base fp8
     """
     gemms = [g.strip() for g in fp4_gemms.split(",") if g.strip()]
+    if name is not None and name in NAMED_SCHEDULES:
+        _echo_schedule(NAMED_SCHEDULES[name], base, as_json)
+        return
     try:
         if name is not None:
             if gemms or intervention != "none" or fp4_format != "mxfp4":
@@ -101,6 +106,34 @@ def recipe(
     click.echo(recipe_table_text(r))
     for note in recipe_notes(r):
         click.echo(note)
+
+
+def _echo_schedule(sched: NamedSchedule, base: str, as_json: bool) -> None:
+    """A named precision schedule: its description, source and phases, then its recipe's table."""
+    r = named_recipe(str(sched.keys["recipe"]), base)
+    if as_json:
+        doc = {
+            "name": sched.name,
+            "description": sched.description,
+            "source": sched.source,
+            "keys": dict(sched.keys),
+            "open": list(sched.open),
+            "recipe": r.table(),
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"{sched.name}: {sched.description}")
+    click.echo(f"source: {sched.source}")
+    for phase in ("warmup", "tail"):
+        if (p := sched.keys.get(phase)) is not None:
+            length = p.get("first", p.get("last"))
+            gemms = ", ".join(p.get("gemms", GEMMS))
+            click.echo(f"{phase}: {p['recipe']} on {gemms} for {length} (of train.steps)")
+    if sched.open:
+        what = ", ".join(sched.open)
+        click.echo(f"set by the run more than by the recipe (the value above stands in): {what}")
+    click.echo(f"recipe: {r.short()}")
+    click.echo(recipe_table_text(r))
 
 
 def recipe_notes(r: Recipe) -> list[str]:

@@ -10,6 +10,7 @@ Modules, by concept:
     override  partial overrides of a named recipe, by GEMM and operand
     phases    precision schedules in the study's words: warmup and tail sections, the trainer's
               phases of them, their segments in the report's terms
+    schedules  the submitted runs' precision schedules by name (``schedule: NAME``)
     speedup   the ``speedup:`` section and the named device table it points at
     axes      axis names and dotted config paths (check_axis_name, with_values, fmt_value)
     cells     the expanded Study and its Cells

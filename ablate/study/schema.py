@@ -33,6 +33,7 @@ from ablate.study.recipe import (
     explicit_recipe,
     select,
 )
+from ablate.study.schedules import schedule_keys
 from ablate.study.seeds import SeedPlan
 from ablate.study.speedup import SpeedupSection
 from ablate.train.config import ProbeConfig, RunConfig, TrainConfig
@@ -52,6 +53,7 @@ RECIPE_AXES = (
     "recipe",
     "gemms",
     "layers",
+    "schedule",
 )
 SHORTHANDS = ("fp4_gemms", "intervention", "apply_to")
 """The recipe shorthands that do not combine with a named (``recipe``) or explicit (``gemms``) one."""
@@ -150,6 +152,9 @@ class CellConfig(BaseModel):
     """The first steps under another recipe: {recipe: fp8, first: 0.05} (ablate.study.phases)."""
     tail: Tail | None = None
     """The last steps under another recipe: {recipe: bf16, gemms: [fprop], last: 0.1}."""
+    schedule: str | None = None
+    """A named precision schedule: its recipe, warmup and tail (ablate.study.schedules)."""
+    _schedule = model_validator(mode="before")(schedule_keys)
 
     @field_validator("recipe", mode="before")
     @classmethod

@@ -106,3 +106,48 @@ def test_the_speedup_model_weighs_each_segment_by_its_share_of_the_steps():
     assert recipe_gain(cell.recipe_axes, base.recipe_axes, spec) == pytest.approx(
         fp8 / (0.5 * fp8 + 0.5 * mx)
     )
+
+
+def test_a_named_schedule_sets_its_recipe_and_phases_and_a_cell_overrides_them_key_by_key():
+    named = study(base={"schedule": "nvidia_nvfp4_bf16_tail", "train": {"steps": 100}})
+    spelled = study(
+        base={
+            "recipe": "nvidia_nvfp4",
+            "tail": {"recipe": "bf16", "gemms": ["fprop"], "last": 0.18},
+            "train": {"steps": 100},
+        }
+    )
+    assert named.cells[0].key == spelled.cells[0].key
+    (tail,) = named.cells[0].config.phases
+    assert (tail.name, tail.start, tail.end, tail.recipe.fprop.high_precision) == (
+        "tail",
+        82,
+        100,
+        True,
+    )
+    varied = study(
+        base={"schedule": "nvidia_nvfp4_bf16_tail", "train": {"steps": 100}},
+        grid={"tail.last": [0.1, 0.3]},
+    )
+    assert [[(p.start, p.recipe.fprop.high_precision) for p in c.config.phases]
+            for c in varied.cells] == [[(90, True)], [(70, True)]]  # fmt: skip
+    # the MLPerf MXFP4 schedule trains no FP8 step: its cell is amd_mxfp4_h16's
+    mlperf = study(base={"schedule": "amd_mlperf_mxfp4"}, grid={"warmup.first": [0, 0.1]})
+    plain = study(base={"recipe": "amd_mxfp4_h16"})
+    assert mlperf.cells[0].key == plain.cells[0].key and mlperf.cells[1].config.phases
+    text = " ".join(errors_of(base={"schedule": "nvidia_nvfp4_tail"}))
+    assert "schedule: unknown 'nvidia_nvfp4_tail'" in text and "amd_mlperf_mxfp4" in text
+
+
+def test_ablate_recipe_prints_a_named_schedule_with_its_source():
+    from click.testing import CliRunner
+
+    from ablate.cli import main
+
+    res = CliRunner().invoke(main, ["recipe", "nvidia_nvfp4_bf16_tail"])
+    assert res.exit_code == 0, res.output
+    assert "arXiv 2509.25149" in res.output and "tail: bf16 on fprop for 0.18" in res.output
+    assert "recipe: nvidia_nvfp4" in res.output
+    res = CliRunner().invoke(main, ["recipe", "amd_mlperf_mxfp4", "--json"])
+    doc = json.loads(res.output)
+    assert doc["keys"]["recipe"] == "amd_mxfp4_h16" and "SYNTH_WARMUP_STEPS=20" in doc["source"]
