@@ -31,6 +31,9 @@ from ablate.tracking import StudyTracker
 STALL_S = 60.0
 WAIT_WARN_S = 60.0
 WAIT_REPEAT_S = 300.0
+START_GRACE_S = 60.0
+"""How long after its dispatch a cell not yet heard from may be one that Ray has started: a Ray
+worker starting on a loaded machine takes seconds to import and say so (``WaitWatch``)."""
 
 
 @dataclass
@@ -182,6 +185,9 @@ class WaitWatch:
     after_s: float = WAIT_WARN_S
     """Report a cell not started this long after it was handed over (0: never)."""
     every_s: float = WAIT_REPEAT_S
+    before: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """What the cluster had in use just before each cell was handed to it, by key (the
+    executor's): what came into use after it may be that cell, started but not yet heard from."""
     _ended: int = 0
     _moved: float = -math.inf
     """When the study's queue last moved: a cell of it ended (time.monotonic)."""
@@ -206,7 +212,14 @@ class WaitWatch:
         free, total = self.resources()
         # what the study's running cells hold: no more than the cluster has in use (a cell whose
         # node left, retried by Ray, holds nothing)
-        held = {r: min(running * a, total.get(r, 0) - free.get(r, 0)) for r, a in self.ask.items()}
+        in_use = {r: total.get(r, 0) - free.get(r, 0) for r in self.ask}
+        held = {r: min(running * a, in_use[r]) for r, a in self.ask.items()}
+        # cells Ray may have started that have not said so yet: what came into use since they
+        # were handed over, within START_GRACE_S of it (unknown: nothing)
+        doubt = [k for k in flight if k not in started and now - self.dispatched[k] < START_GRACE_S]
+        for r, a in self.ask.items():
+            base = min((self.before.get(k, {}).get(r, in_use[r]) for k in doubt), default=0.0)
+            held[r] += min(len(doubt) * a, max(0.0, in_use[r] - held[r] - base))
         if all(free.get(r, 0) + held[r] >= a - 1e-9 for r, a in self.ask.items() if a > 0):
             return None  # the study's own queue: its running cells hold what the next one needs
         self._last = now

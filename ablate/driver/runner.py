@@ -396,7 +396,10 @@ def wait_watch(study: Study, ex: Executor, after_s: float) -> WaitWatch | None:
     ask = {"CPU": res.cpus * res.workers, "GPU": res.gpus * res.workers}
     labels = {c.key: c.label for c in study.cells}
     every = min(WAIT_REPEAT_S, 5 * after_s)
-    return WaitWatch(ex.dispatched, labels, ex.started, ex.resources, ask, asks, after_s, every)
+    return WaitWatch(
+        ex.dispatched, labels, ex.started, ex.resources, ask, asks, after_s, every,
+        before=ex.in_use_before,
+    )  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -139,6 +139,9 @@ class RayExecutor:
         self.dispatched: dict[str, float] = {}
         """When (time.monotonic) each task was handed to Ray, by key (it may wait there for
         resources; the runner reports a cell that waits long: ``progress.WaitWatch``)."""
+        self.in_use_before: dict[str, dict[str, float]] = {}
+        """What the cluster had in use (``CPU``, ``GPU``) just before each task was handed to Ray,
+        by key: what comes into use after it may be that task, started but not yet heard from."""
 
     def submit(self, task: Task) -> None:
         self._queue.append(task)
@@ -146,10 +149,15 @@ class RayExecutor:
 
     def _dispatch(self) -> None:
         limit = self.max_concurrent or math.inf
+        if not (self._queue and len(self._inflight) < limit):
+            return
+        free, total = self.resources()  # in use before these tasks (``in_use_before``)
+        in_use = {r: total.get(r, 0.0) - free.get(r, 0.0) for r in ("CPU", "GPU")}
         while self._queue and len(self._inflight) < limit:
             t = self._queue.popleft()
             self._inflight[self._remote.remote(t, **self._kwargs)] = t
             self.dispatched[t.key] = time.monotonic()
+            self.in_use_before[t.key] = in_use
 
     def wait(self, timeout: float) -> list[Outcome]:
         if not self._inflight:

@@ -41,9 +41,12 @@ _SCHEDULES = (
         "length 0) is there to be varied: warmup.first asks how long an FP8 warmup MXFP4 needs.",
         "AMD-AGI/Primus at fd1eeab: examples/mlperf/llama3.1_8b/config_MI355X_1x8x1.sh "
         "(FP4_RECIPE=mxfp4, NVTE_MXFP4_USE_HADAMARD=1, SYNTH_WARMUP_STEPS=20, "
-        "WARMUP_RECIPE=fp8_hybrid), configs/MI355X/llama3.1_8B-pretrain-FP4.yaml (fp4: e2m1, "
-        "fp4_recipe: mxfp4); Primus's synthetic-data warmup module (its docstring: parameters "
-        "restored from a pre-warmup snapshot, optimizer neutered during the warmup)",
+        "WARMUP_RECIPE=fp8_hybrid; the same file as the MLPerf Training v6.0 submission's "
+        "AMD/benchmarks/llama31_8b/implementations/MI355X_EPYC_9575F_primus), "
+        "configs/MI355X/llama3.1_8B-pretrain-FP4.yaml (fp4: e2m1, fp4_recipe: mxfp4); "
+        "AMD-AGI/mlperf-common at 56d8ca7, primus_mllog/warmup.py (the synthetic warmup: "
+        "optimizer neutered, parameters restored from a snapshot, Adam state zeroed, the "
+        "learning-rate schedule rolled back)",
         {"recipe": "amd_mxfp4_h16", "warmup": {"recipe": "fp8", "first": 0}},
     ),
     NamedSchedule(
@@ -52,9 +55,9 @@ _SCHEDULES = (
         "for the last 18% of training: the 12B model switched at 8.2T of its 10T tokens, which "
         "took its relative loss gap to FP8 from about 1.5% to 0.5%; switching the backward GEMMs "
         "as well added nothing there, and the forward alone is about a third of the tail's "
-        "compute (about 6% of the run's). The paper advises switching shortly before the "
-        "learning-rate decay starts: where a study's decay is not the last 18%, set tail.last "
-        "to its share.",
+        "compute (about 6% of the run's). That run decayed its learning rate over the last 20% "
+        "(warmup-stable-decay); the paper advises switching shortly before the decay starts: "
+        "where a study's decay is not the last 20%, set tail.last to about its share.",
         "Pretraining Large Language Models with NVFP4 (NVIDIA, arXiv 2509.25149), Appendix D, "
         "Switching to Higher Precision, and its figure of the 12B model's relative loss",
         {

@@ -94,6 +94,23 @@ def test_a_cell_waiting_for_resources_held_elsewhere_is_reported_now_and_then():
     assert watch.check({"a", "b"}, now=800.0) is None
 
 
+def test_a_cell_ray_started_but_not_yet_heard_from_explains_a_wait_for_a_while():
+    # one CPU free before the study; two cells handed over at 0; Ray started a, whose worker has
+    # not said so yet (a loaded machine): the CPU in use is a's, b waits behind it
+    cluster = Cluster(set(), {"CPU": 0.0, "GPU": 0.0}, {"CPU": 1.0, "GPU": 0.0})
+    watch = _watch({"a": 0.0, "b": 0.0}, cluster)
+    watch.after_s, watch.every_s = 6, 6
+    watch.before = {"a": {"CPU": 0.0, "GPU": 0.0}, "b": {"CPU": 0.0, "GPU": 0.0}}
+    assert watch.check(set(), now=7.0) is None
+    assert watch.check(set(), now=59.0) is None
+    line = watch.check(set(), now=61.0)  # a minute and still no word: something else holds it
+    assert line is not None and "this study's running cells hold 0 CPUs" in line
+    # what was in use before the cells were handed over is not theirs: said at once
+    blocked = _watch({"a": 0.0}, Cluster(set(), {"CPU": 0.0}, {"CPU": 1.0}))
+    blocked.after_s, blocked.before = 6, {"a": {"CPU": 1.0, "GPU": 0.0}}
+    assert blocked.check(set(), now=7.0) is not None
+
+
 def test_a_cell_that_no_node_has_room_for_is_reported():
     # two nodes of two CPUs, a cell asks for two; the node that ran cell a left: one CPU is left,
     # and a (started before, now retried by Ray) holds nothing
