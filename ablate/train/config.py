@@ -36,6 +36,7 @@ Checkpointing = Literal["none", "blocks"]
 QuantizerGraph = Literal["auto", "opaque", "inline"]
 Schedule = Literal["cosine", "wsd"]
 AllGather = Literal["fp32", "bf16"]
+RankDraws = Literal["per_rank", "shared"]
 
 
 # How the fields below enter a cell's key (``ablate.key``): the value the key holds on a device kind
@@ -156,6 +157,11 @@ class TrainConfig:
     """FSDP2's all-gather of the block linears' weights: fp32 (the master weights), or bf16: half
     the bytes, no autocast copy kept; needs bf16 precision, no compile; changes no number (tested
     bit-identical, ``ablate.train.parallel``). In the key when bf16."""
+    rank_draws: RankDraws = field(default="per_rank", metadata=unless_default())
+    """Data-parallel ranks' random draws for their own operands (X, dY: stochastic rounding) and
+    wgrad's Hadamard signs: ``per_rank`` (each rank its own stream, ``backends.layer.streams``) or
+    ``shared`` (every rank rank 0's, as Megatron draws them: the seed paper's multi-GPU noise).
+    The weight's draws are shared either way. In the key when shared."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "seq_len", "eval_every"):
@@ -199,6 +205,16 @@ class TrainConfig:
             raise ValueError(
                 f"train.fsdp_all_gather: unknown {self.fsdp_all_gather!r}; "
                 f"allowed: {', '.join(get_args(AllGather))}"
+            )
+        if self.rank_draws not in get_args(RankDraws):
+            raise ValueError(
+                f"train.rank_draws: unknown {self.rank_draws!r}; "
+                f"allowed: {', '.join(get_args(RankDraws))}"
+            )
+        if self.rank_draws == "shared" and self.resolved_parallel == "none":
+            raise ValueError(
+                "train.rank_draws: shared is how data-parallel ranks draw, but train.parallel "
+                "is none (one process draws alike either way); drop it or train with ddp/fsdp"
             )
         if self.fsdp_all_gather == "bf16" and self.resolved_parallel != "fsdp":
             raise ValueError(

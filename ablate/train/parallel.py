@@ -72,6 +72,8 @@ class Ranks:
     world: int = 1
     all_gather: Literal["fp32", "bf16"] = "fp32"
     """FSDP2's all-gather dtype of the block linears (``train.fsdp_all_gather``)."""
+    draws: Literal["per_rank", "shared"] = "per_rank"
+    """Whose random streams a rank's own operands draw (``train.rank_draws``)."""
 
     @property
     def distributed(self) -> bool:
@@ -145,8 +147,9 @@ class Ranks:
                         fully_shard(linear, mp_policy=bf16)
                 fully_shard(block, mp_policy=mp)
             fully_shard(model, mp_policy=mp)
-        if self.rank:  # after DDP's broadcast of rank 0's buffers: each rank's own keys (rank 0
-            # has them from construction; nothing set here on a compiled one-process model)
+        if self.rank and self.draws == "per_rank":  # after DDP's broadcast of rank 0's buffers:
+            # each rank's own keys (rank 0 has them from construction; nothing set here on a
+            # compiled one-process model); shared: every rank keeps rank 0's
             set_rank(model, self.rank)
         return model
 
@@ -168,7 +171,8 @@ def ranks_of(config: RunConfig) -> Ranks:
             f"resources.workers: the run trains with {config.train.workers} workers, but its "
             f"process group has {world}"
         )
-    return Ranks(mode, dist.get_rank(), world, config.train.fsdp_all_gather)
+    tc = config.train
+    return Ranks(mode, dist.get_rank(), world, tc.fsdp_all_gather, tc.rank_draws)
 
 
 def backend_for(device: torch.device) -> str:

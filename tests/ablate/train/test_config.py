@@ -199,3 +199,13 @@ def test_the_quantizer_graph_is_in_the_key_only_where_a_compiled_run_traces_it_i
     assert graph("cpu", compile=True, quantizer_graph="inline") == "inline"
     with pytest.raises(ValueError, match="quantizer_graph: unknown 'fused'; allowed: auto, opaq"):
         RunConfig(quantizer_graph="fused")  # type: ignore[arg-type]
+
+
+def test_shared_rank_draws_are_in_the_key_and_refused_without_ranks():
+    ddp = TrainConfig(parallel="ddp", workers=2)
+    shared = TrainConfig(parallel="ddp", workers=2, rank_draws="shared")
+    assert config_hash(RunConfig(train=ddp)) != config_hash(RunConfig(train=shared))
+    with pytest.raises(ValueError, match="train.rank_draws: shared is how data-parallel ranks"):
+        TrainConfig(rank_draws="shared")
+    with pytest.raises(ValueError, match="train.rank_draws: unknown 'all'; allowed: per_rank"):
+        TrainConfig(parallel="ddp", workers=2, rank_draws="all")  # type: ignore[arg-type]

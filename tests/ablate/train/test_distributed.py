@@ -226,6 +226,17 @@ def test_ranks_quantize_the_weight_alike_and_draw_their_own_noise(mode):
     assert r0["signs"] != r1["signs"]
 
 
+@pytest.mark.slow
+def test_ranks_with_shared_draws_draw_rank_0s_noise_as_megatron_does():
+    """``train.rank_draws: shared``: every rank rounds its own operands with rank 0's stream and
+    rotates wgrad with rank 0's signs (the seed paper's Megatron runs), the weight alike."""
+    d = cfg("ddp", 2, recipe=RHT_RECIPE, steps=2)
+    d["train"]["rank_draws"] = "shared"
+    r0, r1 = two_ranks(d)
+    assert r0["evals"] == r1["evals"] and r0["w_q"] == r1["w_q"]
+    assert r0["x_q"] == r1["x_q"] and r0["signs"] == r1["signs"]
+
+
 # --- the study vocabulary --------------------------------------------------------------------------------
 
 

@@ -136,3 +136,31 @@ def test_a_run_resumed_across_a_switch_is_bit_identical_to_the_uninterrupted_one
     assert log.series("recipe_phase") == whole_log.series("recipe_phase")
     a, b = load_file(tmp_path / CHECKPOINT)["model"], load_file(runs["tmp"] / "warm" / CHECKPOINT)
     assert a.keys() == b["model"].keys() and all(torch.equal(a[k], b["model"][k]) for k in a)
+
+
+@pytest.mark.slow
+def test_a_compiled_run_switches_its_recipe_and_trains_as_the_eager_one(monkeypatch):
+    """The switch changes the layers' recipe under a compiled model (``aot_eager`` here: Dynamo's
+    guards and recompiles are the backend's and the device's alike): the graphs of the new recipe
+    compile once, no more than the run without phases compiles, and the losses follow the eager
+    run's."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("ABLATE_COMPILE_BACKEND", "aot_eager")
+    phases = (Phase(0, 2, FP8, "warmup"),)
+    eager, compiled = MemoryLogger(), MemoryLogger()
+    train(cfg(MX, phases), eager)
+
+    def compiled_run(ps: tuple[Phase, ...], log: MemoryLogger) -> int:
+        c = dataclasses.replace(cfg(MX, ps), train=dataclasses.replace(TRAIN, compile=True))
+        before = counters["stats"]["unique_graphs"]
+        assert train(c, log).status == "finished"
+        return counters["stats"]["unique_graphs"] - before
+
+    plain = compiled_run((), MemoryLogger())
+    switched = compiled_run(phases, compiled)
+    assert plain < switched <= 2 * plain  # the FP8 graphs, then MXFP4's once
+    got, want = series(compiled)["train_loss"], series(eager)["train_loss"]
+    assert [s for s, _ in got] == [s for s, _ in want]
+    assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-4)
+    assert compiled.series("recipe_phase") == eager.series("recipe_phase")
