@@ -178,8 +178,10 @@ def _rank_main(rank: int, world: int, tmp: str, d: dict[str, Any]) -> None:
             w = layer.weight.full_tensor() if hasattr(layer.weight, "full_tensor") else layer.weight
             out["w_q"] = quantize(w.detach(), g.b, axis=1, key=k.b).dequantize().tolist()
             out["x_q"] = quantize(fixed, g.a, axis=1, key=k.a).dequantize().tolist()
-            out["signs"] = layer.signs("wgrad", layer.keys("wgrad", call)).tolist()
-            out["fprop_signs"] = layer.signs("fprop", k).tolist()
+            signs = layer.signs("wgrad", layer.keys("wgrad", call))
+            fprop_signs = layer.signs("fprop", k)  # None: no Hadamard transform there
+            out["signs"] = None if signs is None else signs.tolist()
+            out["fprop_signs"] = None if fprop_signs is None else fprop_signs.tolist()
         Path(tmp, f"rank{rank}.json").write_text(json.dumps(out))
     finally:
         dist.destroy_process_group()
@@ -224,6 +226,21 @@ def test_ranks_quantize_the_weight_alike_and_draw_their_own_noise(mode):
     assert r0["fprop_signs"] == r1["fprop_signs"]
     assert r0["x_q"] != r1["x_q"]
     assert r0["signs"] != r1["signs"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_warmup_on_two_ranks_trains_its_steps_as_the_warmup_recipe_does(mode):
+    """A precision schedule on two ranks: MXFP4 + SR + RHT16 after 3 steps of FP8 evaluates at
+    steps 0 and 3 exactly as the FP8 run on two ranks does, then as its own recipe; both ranks
+    hold the same numbers."""
+    fp8 = Recipe.from_shorthand([], base="fp8").to_dict()
+    d = cfg(mode, 2, recipe=RHT_RECIPE)
+    d["phases"] = [{"name": "warmup", "start": 0, "end": 3, "recipe": fp8}]
+    r0, r1 = two_ranks(d)
+    f0, _ = two_ranks(cfg(mode, 2, recipe=fp8))
+    assert r0["evals"] == r1["evals"] and len(r0["evals"]) == 3
+    assert r0["evals"][:2] == f0["evals"][:2] and r0["evals"][2] != f0["evals"][2]
 
 
 @pytest.mark.slow
