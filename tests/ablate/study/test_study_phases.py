@@ -151,3 +151,22 @@ def test_ablate_recipe_prints_a_named_schedule_with_its_source():
     res = CliRunner().invoke(main, ["recipe", "amd_mlperf_mxfp4", "--json"])
     doc = json.loads(res.output)
     assert doc["keys"]["recipe"] == "amd_mxfp4_h16" and "SYNTH_WARMUP_STEPS=20" in doc["source"]
+
+
+def test_a_phase_recipe_this_device_cannot_run_is_refused_naming_the_phase():
+    from ablate.driver.preflight import check_devices
+    from ablate.errors import CannotRunError
+
+    # native FP8 runs on this CPU (per-tensor scaled_mm); native MXFP4 does not
+    s = study(
+        base={
+            "backend": "native",
+            "device": "cpu",
+            "tail": {"recipe": "amd_mxfp4_h16", "last": 0.25},
+        },
+    )
+    with pytest.raises(CannotRunError) as e:
+        check_devices(s)
+    assert "this machine cannot run the study" in str(e.value)
+    assert "tail: " in str(e.value) and "mxfp4" in str(e.value)
+    check_devices(study(base={"backend": "native", "device": "cpu"}))  # the FP8 cell itself runs
