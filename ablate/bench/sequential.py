@@ -25,7 +25,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from ablate.report.sequential import MARGIN, Outcome, Seeds, simulate
+from ablate.report.sequential import MARGIN, Outcome, simulate
+from ablate.study.seeds import SeedPlan
 
 M = MARGIN
 
@@ -39,7 +40,7 @@ class Setting:
     sigma: float = 0.05
     stall_p: float = 0.0
     censor_at: float | None = None
-    plan: Seeds = field(default=Seeds())
+    plan: SeedPlan = field(default_factory=SeedPlan)
 
 
 SETTINGS = {

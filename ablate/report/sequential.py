@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ablate.report.stats import t975, t_quantile
-from ablate.study.seeds import N_MIN  # the fewest pairs a comparison is judged on (2 df)
+from ablate.study.seeds import N_MIN, SeedPlan  # N_MIN: the fewest pairs judged (2 df)
 
 ALPHA = 0.05
 MARGIN = math.log(1.05)
@@ -59,30 +59,6 @@ MARGIN = math.log(1.05)
 STATES = ("faster", "slower", "equivalent", "open")
 _MC_DRAWS = 200_000
 _MC_SEED = 20261126
-
-
-@dataclass(frozen=True)
-class Seeds:
-    """A sequential seed plan: ``initial`` seeds per configuration, then ``step`` more for each
-    open one after every wave, up to ``max``."""
-
-    initial: int = 3
-    step: int = 2
-    max: int = 10
-
-    def __post_init__(self) -> None:
-        if not N_MIN <= self.initial <= self.max:
-            raise ValueError(
-                f"seeds.initial: {self.initial}; between {N_MIN} (the fewest pairs a comparison "
-                f"is judged on) and seeds.max ({self.max})"
-            )
-        if self.step < 1:
-            raise ValueError(f"seeds.step: {self.step}; 1 or more")
-
-    def looks(self) -> list[int]:
-        """Seeds per configuration at each look."""
-        out = list(range(self.initial, self.max, self.step))
-        return [*out, self.max]
 
 
 @dataclass(frozen=True)
@@ -235,7 +211,7 @@ class Outcome:
 def simulate(
     deltas: Sequence[float],
     *,
-    plan: Seeds = Seeds(),
+    plan: SeedPlan | None = None,
     sigma: float = 0.05,
     seed_sd: float = 0.1,
     stall_p: float = 0.0,
@@ -249,9 +225,10 @@ def simulate(
     baseline: log tokens ``mu + delta_j + a_i + e_ij`` (a_i ~ N(0, seed_sd) shared by every
     configuration of seed i, e_ij ~ N(0, sigma)); each run stalls with probability ``stall_p``
     (its pair left out); a run past ``censor_at`` (log tokens over the baseline's mean) is
-    censored there. Waves as ``plan`` says; ``naive``: the intervals of a fixed-n t test
+    censored there. Waves as ``plan`` says (default: 3 seeds, then 2 more up to 10); ``naive``: the intervals of a fixed-n t test
     (t_0.975) at every look instead of the confidence sequence."""
     rng = np.random.default_rng(seed)
+    plan = plan if plan is not None else SeedPlan()
     J, N = len(deltas), plan.max
     delta = np.asarray(deltas, dtype=float)
     a = rng.normal(0.0, seed_sd, (studies, 1, N))

@@ -42,6 +42,10 @@ class SeedPlan(BaseModel):
     def log_margin(self) -> float:
         return math.log1p(self.margin)
 
+    def looks(self) -> list[int]:
+        """Seeds per configuration at each look: ``initial``, then ``step`` more up to ``max``."""
+        return [*range(self.initial, self.max, self.step), self.max]
+
 
 def _grids(raw: dict[str, Any]) -> list[dict[str, Any]]:
     g = raw.get("grid")

@@ -16,7 +16,6 @@ from ablate.bench.sequential import SETTINGS, run
 from ablate.report.sequential import (
     MARGIN,
     N_MIN,
-    Seeds,
     _abs_t,
     critical_value,
     decide,
@@ -25,6 +24,7 @@ from ablate.report.sequential import (
     tail_level,
 )
 from ablate.report.stats import t_quantile
+from ablate.study.seeds import SeedPlan
 
 
 @pytest.mark.parametrize("comparisons", [1, 4])
@@ -97,12 +97,13 @@ def test_an_open_comparison_says_how_many_pairs_would_decide_it():
 
 
 def test_a_seed_plan_looks_in_waves_and_refuses_what_cannot_be_judged():
-    assert Seeds(3, 2, 10).looks() == [3, 5, 7, 9, 10]
-    assert Seeds(4, 3, 10).looks() == [4, 7, 10]
-    with pytest.raises(ValueError, match=r"seeds.initial: 2; between 3 .* and seeds.max \(10\)"):
-        Seeds(2, 2, 10)
-    with pytest.raises(ValueError, match="seeds.step: 0; 1 or more"):
-        Seeds(3, 0, 10)
+    assert SeedPlan(initial=3, step=2, max=10).looks() == [3, 5, 7, 9, 10]
+    assert SeedPlan(initial=4, step=3, max=10).looks() == [4, 7, 10]
+    assert SeedPlan(initial=10, step=2, max=10).looks() == [10]
+    with pytest.raises(ValueError, match=r"initial\n  Input should be greater than or equal to 3"):
+        SeedPlan(initial=2, step=2, max=10)
+    with pytest.raises(ValueError, match=r"step\n  Input should be greater than or equal to 1"):
+        SeedPlan(initial=3, step=0, max=10)
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
