@@ -94,9 +94,8 @@ def families(cells: Iterable[Cell]) -> list[Family]:
 def schedule_families(cells: Iterable[Cell], taken: Iterable[str] = ()) -> list[Family]:
     """The families of precision schedules among ``cells`` that train in one process (those in
     ``taken``, the wsd families' members, left out), in order of their trunks."""
-    cand = [
-        c for c in cells if c.key not in set(taken) and c.config.train.resolved_parallel == "none"
-    ]
+    skip = set(taken)
+    cand = [c for c in cells if c.key not in skip and c.config.train.resolved_parallel == "none"]
 
     def segments(c: Cell) -> int:
         return len(timeline(c.config.phases, c.config.recipe, c.config.train.steps))

@@ -59,8 +59,9 @@ def family_hash(cfg: RunConfig, numerics: int = NUMERICS_VERSION) -> str:
 def prefix_hash(cfg: RunConfig, step: int, numerics: int = NUMERICS_VERSION) -> str:
     """What ``cfg`` trains before optimizer step ``step`` (at most its schedule's end): its key
     with the recipe and phases replaced by the recipes of its steps up to there
-    (``phases.prefix``), its budget by its schedule's, and whether its model is converted. Two runs with equal prefix hashes at ``step`` are the same run up to it, bits
-    included: a precision schedule's branch starts from the other's checkpoint there."""
+    (``phases.prefix``), its budget by its schedule's, and whether its model is converted. Two
+    runs with equal prefix hashes at ``step`` are the same run up to it, bits included: a
+    precision schedule's branch starts from the other's checkpoint there."""
     d = key_fields(cfg, device_kind(cfg.device))
     for name in ("recipe", "phases", "quantizer_graph"):
         d.pop(name, None)
@@ -68,9 +69,9 @@ def prefix_hash(cfg: RunConfig, step: int, numerics: int = NUMERICS_VERSION) -> 
     # end, the run of that many steps
     d["train"]["steps"] = cfg.train.schedule_end
     d["train"].pop("schedule_steps", None)
-    timeline = prefix(cfg.phases, cfg.recipe, cfg.train.steps, step)
+    trained = prefix(cfg.phases, cfg.recipe, cfg.train.steps, step)
     converted = quantizes(cfg.phases, cfg.recipe) is not None
-    return digest({"prefix": d, "timeline": timeline, "converted": converted, "numerics": numerics})
+    return digest({"prefix": d, "timeline": trained, "converted": converted, "numerics": numerics})
 
 
 def shared_prefix(a: RunConfig, b: RunConfig) -> int:

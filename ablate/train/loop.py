@@ -69,7 +69,7 @@ from ablate.train.config import (
 from ablate.train.device import autocast, numerics_policy, resolve_device
 from ablate.train.logger import Logger, NullLogger
 from ablate.train.parallel import Ranks, ranks_of
-from ablate.train.phases import quantizes, recipe_at
+from ablate.train.phases import quantizes, recipe_at, switches
 from ablate.train.probe import make_prober
 from ablate.train.result import EvalPoint, RunResult
 from ablate.train.schedule import lr_at
@@ -312,8 +312,10 @@ class Run:
             state = load_checkpoint(self.checkpoint_dir, config_hash=self.config_hash, **kw)
         if state is None and self.branches is not None:
             state = load_branch(self.branches, **kw)
-            for step in range(state.step if state is not None else 0):  # its phases up to there
-                self.follow(step)  # (the trunk's curve has the trunk's, not this run's)
+            cfg, upto = self.config, state.step if state is not None else 0
+            for step in (0, *switches(cfg.phases, cfg.recipe, cfg.train.steps)):
+                if step < upto:  # its phases up to there (the trunk's curve has the trunk's)
+                    self.follow(step)
         return state if state is not None else TrainState()
 
     def optimizer_step(self, state: TrainState) -> _Step:

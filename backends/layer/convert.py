@@ -86,8 +86,7 @@ def convert_model(
             continue
         if name.rsplit(".", 1)[-1] in excluded or (include is not None and not include(name, mod)):
             continue
-        m = _BLOCK_INDEX.search(name)
-        targets.append((name, mod, int(m.group(1)) if m else None))
+        targets.append((name, mod, _block_of(name)))
     blocks = [b for _, _, b in targets if b is not None]
     n_blocks = max(blocks) + 1 if blocks else None
     check_recipe(model, recipe, backend, n_blocks=n_blocks)
