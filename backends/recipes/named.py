@@ -80,8 +80,29 @@ def tseng_mxfp4(base: str = "bf16") -> Recipe:
     after the 3/4 prescale that keeps the block maximum from clipping (undone on the GEMM output,
     16/9), and a random Hadamard transform of 64 points with signs redrawn at every call, applied
     to both operands along the reduction dimension. The same as the shorthand
-    ``fp4_gemms: [dgrad, wgrad], intervention: sr+rht64``. Approximated: the random signs come
-    from this project's counter-based stream (per layer, GEMM and step), not the paper's RNG.
+    ``fp4_gemms: [dgrad, wgrad], intervention: sr+rht64``.
+
+    Every E2M1 code and E8M0 scale of the backward GEMMs equals the paper's code's
+    (amazon-science/mxfp4-llm at 0cc57fe: its microxcaling ``dither_scale`` rounding and Megatron
+    autograd Function, ``BW_USE_MXFP4=3``, ``HBS=64``) when both draw the same signs and uniforms
+    (tested against a transcription, ``tests/backends/recipes/test_tseng_reference.py``). A faithful reproduction of
+    the paper's runs differs from this recipe in what follows, none of it in the codes:
+
+    - the draws: the signs and SR uniforms come from this project's counter-based streams (per
+      layer, GEMM, operand and call), not from torch's global RNG (``torch.randn(64) > 0``,
+      ``rand_like``); the same distribution, other numbers;
+    - data parallelism: Megatron seeds torch's RNG alike on every data-parallel rank, so every rank
+      draws the same signs and uniforms and the SR noise of wgrad does not average over ranks;
+      ablate keys the per-rank streams by rank unless ``train.rank_draws: shared``;
+    - the 4/3 compensation: the paper multiplies each element by ``2^(e + 2) / 3`` and stores it in
+      bfloat16, so values with |q| in {0.5, 1, 2, 4} become x513/512 of the exact value (a bias of
+      about +0.19% on dgrad and wgrad, measured by the test); ablate undoes 16/9 exactly on the
+      float32 GEMM output;
+    - the Hadamard transform: the paper multiplies bfloat16 operands by the bfloat16 matrix
+      ``diag(s) H / 8`` and quantizes the product rounded to bfloat16; ablate rotates in float32;
+    - the FP8-forward variant (``te1.5/linear.py``, ``base="fp8"`` here): the paper's wgrad
+      re-quantizes the FP8-cast input to MXFP4 (``cast_from_fp8`` of the forward's FP8 copy);
+      ablate's wgrad quantizes the high-precision input.
     """
     if base not in BASE_FORMATS:
         raise ValueError(f"base: unknown {base!r}; allowed: {', '.join(BASE_FORMATS)}")

@@ -188,7 +188,7 @@ def test_only_tseng_uses_the_base_format():
 def test_each_named_recipe_cites_its_source():
     cites = {
         "nvidia_nvfp4": ["NVFP4BlockScaling", "2509.25149"],
-        "tseng_mxfp4": ["Tseng, Yu, Park", "AISTATS 2025"],
+        "tseng_mxfp4": ["Tseng, Yu, Park", "AISTATS 2025", "amazon-science/mxfp4-llm", "513/512"],
         "amd_mxfp4_h16": ["MI355X", "2605.09825"],
         "quartet": ["IST-DASLab", "2505.14669", "Approximated"],
         "four_over_six": ["mit-han-lab/fouroversix", "2512.02010", "Approximated"],
