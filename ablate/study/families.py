@@ -1,5 +1,5 @@
 """A study's families of decay branches (``ablate.train.branch``): cells whose resolved configs
-differ only in their budget (``train.steps``) and train the wsd schedule in one process. A family's
+differ only in their budget (``train.steps``) and train the wsd schedule. A family's
 trunk is the member that decays last (its longest budget); each other member is a branch that
 starts from the trunk's state at its own decay start, so k budgets cost one run and k - 1 decays.
 A member that decays from step 0 shares nothing and is no branch.
@@ -92,10 +92,10 @@ def families(cells: Iterable[Cell]) -> list[Family]:
 
 
 def schedule_families(cells: Iterable[Cell], taken: Iterable[str] = ()) -> list[Family]:
-    """The families of precision schedules among ``cells`` that train in one process (those in
-    ``taken``, the wsd families' members, left out), in order of their trunks."""
+    """The families of precision schedules among ``cells`` (those in ``taken``, the wsd families'
+    members, left out), in order of their trunks."""
     skip = set(taken)
-    cand = [c for c in cells if c.key not in skip and c.config.train.resolved_parallel == "none"]
+    cand = [c for c in cells if c.key not in skip]
 
     def segments(c: Cell) -> int:
         return len(timeline(c.config.phases, c.config.recipe, c.config.train.steps))

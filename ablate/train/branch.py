@@ -18,8 +18,9 @@ A branch checkpoint is an ordinary checkpoint (``ablate.train.checkpoint``: atom
 untrusted) in ``<family folder>/step-<step>/``, written under the family's hash
 (``family_hash``: the cell key with the budget left out) instead of a cell key, so that only a
 member of its family loads it. ``Branches`` tells ``train`` what to save or where to start; the
-driver makes it (``ablate.driver.branching``). Families train in one process (a sharded branch
-checkpoint is not written).
+driver makes it (``ablate.driver.branching``). A distributed family's branch checkpoints are
+sharded (``checkpoint.save_sharded``): the trunk's ranks write them, and a branch's ranks, as many
+(the worker count is in the key), read them, each its own shards and RNG states.
 
 Precision schedules (``ablate.train.phases``) branch the same way at a different point: two runs
 whose configs differ only in their recipes and phases are the same run until their recipes first
@@ -41,8 +42,15 @@ from ablate.data import BatchSampler
 from ablate.errors import CheckpointError
 from ablate.key import digest, key_fields
 from ablate.numerics import NUMERICS_VERSION
-from ablate.train.checkpoint import checkpoint_info, load_checkpoint, save_checkpoint
+from ablate.train.checkpoint import (
+    checkpoint_info,
+    load_checkpoint,
+    load_sharded,
+    save_checkpoint,
+    save_sharded,
+)
 from ablate.train.config import RunConfig, device_kind
+from ablate.train.parallel import Ranks
 from ablate.train.phases import prefix, quantizes, timeline
 from ablate.train.state import TrainState
 
@@ -90,9 +98,9 @@ def shared_prefix(a: RunConfig, b: RunConfig) -> int:
 
 def branch_point(cfg: RunConfig) -> int | None:
     """The step a budget branches off its family's trunk: its decay start (None: not a wsd
-    run, or a distributed one, or one that decays from step 0 and so shares nothing)."""
+    run, or one that decays from step 0 and so shares nothing)."""
     start = cfg.train.decay_start
-    if start is None or start < 1 or cfg.train.resolved_parallel != "none":
+    if start is None or start < 1:
         return None
     return start
 
@@ -172,8 +180,8 @@ class Branches:
         point = branch_point(cfg)
         if point is None:
             raise ValueError(
-                "branches: only a one-process wsd run that does not decay from step 0 has a "
-                "family (train.schedule: wsd, train.parallel: none)"
+                "branches: only a wsd run that does not decay from step 0 has a family "
+                "(train.schedule: wsd, train.decay_start > 0)"
             )
         if self.start_at is not None and self.start_at != point:
             raise ValueError(
@@ -187,8 +195,6 @@ class Branches:
             )
 
     def _check_prefix(self, cfg: RunConfig) -> None:
-        if cfg.train.resolved_parallel != "none":
-            raise ValueError("branches: a precision schedule's family trains in one process")
         steps = [*self.save_at, *([] if self.start_at is None else [self.start_at])]
         wrong = [s for s in steps if prefix_hash(cfg, s) != self.hash_at(s)]
         if wrong or not steps:
@@ -205,17 +211,17 @@ def save_branch(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     sampler: BatchSampler,
+    ranks: Ranks | None = None,
 ) -> None:
     """The trunk: write the branch checkpoint of step ``state.step`` (atomic; the sidecar last, so
-    that ``ready`` never sees half of one)."""
-    save_checkpoint(
-        branches.dir(state.step),
-        config_hash=branches.hash_at(state.step),
-        state=state,
-        model=model,
-        optimizer=optimizer,
-        sampler=sampler,
-    )
+    that ``ready`` never sees half of one); sharded, and collective, when ``ranks`` is a
+    distributed run's."""
+    kw: dict[str, Any] = dict(state=state, model=model, optimizer=optimizer, sampler=sampler)
+    path, config_hash = branches.dir(state.step), branches.hash_at(state.step)
+    if ranks is not None and ranks.distributed:
+        save_sharded(path, config_hash=config_hash, ranks=ranks, **kw)
+    else:
+        save_checkpoint(path, config_hash=config_hash, **kw)
 
 
 def load_branch(
@@ -224,22 +230,22 @@ def load_branch(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     sampler: BatchSampler,
+    ranks: Ranks | None = None,
 ) -> TrainState | None:
     """A branch: restore model, optimizer, data position and RNG states from its branch checkpoint
     and return its state at the branch point; None (nothing restored) when there is none. A file
-    that is not the family's checkpoint of that step is refused (``CheckpointError``)."""
+    that is not the family's checkpoint of that step is refused (``CheckpointError``). Sharded,
+    and collective, when ``ranks`` is a distributed run's."""
     step = branches.start
     if step is None:
         return None
     path = branches.dir(step)
+    kw: dict[str, Any] = dict(model=model, optimizer=optimizer, sampler=sampler)
     try:
-        state = load_checkpoint(
-            path,
-            config_hash=branches.hash_at(step),
-            model=model,
-            optimizer=optimizer,
-            sampler=sampler,
-        )
+        if ranks is not None and ranks.distributed:
+            state = load_sharded(path, config_hash=branches.hash_at(step), ranks=ranks, **kw)
+        else:
+            state = load_checkpoint(path, config_hash=branches.hash_at(step), **kw)
     except CheckpointError:
         raise
     except ValueError as e:  # another config's: never one ablate writes here

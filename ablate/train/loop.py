@@ -311,7 +311,7 @@ class Run:
         elif self.checkpoint_dir is not None:
             state = load_checkpoint(self.checkpoint_dir, config_hash=self.config_hash, **kw)
         if state is None and self.branches is not None:
-            state = load_branch(self.branches, **kw)
+            state = load_branch(self.branches, ranks=self.ranks, **kw)
             cfg, upto = self.config, state.step if state is not None else 0
             for step in (0, *switches(cfg.phases, cfg.recipe, cfg.train.steps)):
                 if step < upto:  # its phases up to there (the trunk's curve has the trunk's)
@@ -407,13 +407,8 @@ class Run:
         branch copies the trunk's curve up to here once the checkpoint exists)."""
         assert self.branches is not None
         self.log.flush()
-        save_branch(
-            self.branches,
-            state=state,
-            model=self.model,
-            optimizer=self.optimizer,
-            sampler=self.sampler,
-        )
+        kw: dict[str, Any] = dict(model=self.model, optimizer=self.optimizer, sampler=self.sampler)
+        save_branch(self.branches, state=state, ranks=self.ranks, **kw)
 
     def result(self, state: TrainState) -> RunResult:
         return RunResult(

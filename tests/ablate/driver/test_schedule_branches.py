@@ -92,6 +92,21 @@ def test_the_families_are_the_prefixes_the_cells_share(tmp_path):
     assert by_label["fp8/warmup=0/tail=0"].baseline and fp8.kind == "schedule"
 
 
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_distributed_cells_share_their_prefixes_alike(tmp_path, parallel):
+    """Cells of two workers make the same families (their branch checkpoints are sharded:
+    ``tests/ablate/train/test_distributed.py`` trains a warmup as a branch on two ranks)."""
+    spec = raw("dist") | {"tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}
+    spec["base"]["train"]["parallel"] = parallel
+    spec["resources"] = {"cpus": 1, "workers": 2}
+    s = parse_study(spec, output=tmp_path / "dist", text="# test\n")
+    one = study(tmp_path, "one")
+    shape = [(f.trunk.label, [(c.label, p) for c, p in f.branches]) for f in schedule_families(one.cells)]  # fmt: skip
+    fams = schedule_families(s.cells)
+    assert [(f.trunk.label, [(c.label, p) for c, p in f.branches]) for f in fams] == shape
+    assert all(c.config.train.resolved_parallel == parallel for f in fams for c, _ in f.branches)
+
+
 @pytest.mark.slow
 def test_schedule_branches_record_what_the_cells_trained_from_step_0_record(tmp_path):
     s = study(tmp_path, "sched")

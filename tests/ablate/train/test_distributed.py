@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ablate.train import RunConfig, train
+from ablate.train.branch import Branches, branch_point, family_hash, prefix_hash
 from ablate.train.checkpoint import checkpoint_info
 from ablate.train.device import resolve_device
 from ablate.train.parallel import process_group
@@ -163,8 +165,12 @@ def _rank_main(rank: int, world: int, tmp: str, d: dict[str, Any]) -> None:
             return built[-1]
 
         loop.build_model = keep  # type: ignore[assignment]
-        res = train(RunConfig.from_dict(d))
-        out: dict[str, Any] = {"evals": [e.val_loss for e in res.evals]}
+        d = dict(d)
+        branches = d.pop("_branches", None)  # a family's member: Branches.to_dict()
+        b = Branches.from_dict(branches) if branches else None
+        start = b.start if b is not None else None  # where a branch starts: its checkpoint's step
+        res = train(RunConfig.from_dict(d), branches=b)
+        out: dict[str, Any] = {"evals": [e.val_loss for e in res.evals], "start": start}
         layers = [m for m in built[0].modules() if isinstance(m, QuantLinear)]
         if layers and not layers[0].recipe.fprop.high_precision:
             # what this rank's layer 0 draws at the last call, for the same fixed operands
@@ -230,17 +236,48 @@ def test_ranks_quantize_the_weight_alike_and_draw_their_own_noise(mode):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_a_warmup_on_two_ranks_trains_its_steps_as_the_warmup_recipe_does(mode):
+def test_a_warmup_on_two_ranks_trains_its_steps_as_the_warmup_recipe_does(mode, tmp_path):
     """A precision schedule on two ranks: MXFP4 + SR + RHT16 after 3 steps of FP8 evaluates at
     steps 0 and 3 exactly as the FP8 run on two ranks does, then as its own recipe; both ranks
-    hold the same numbers."""
+    hold the same numbers. Trained as a branch of the FP8 run (whose ranks save a sharded branch
+    checkpoint at step 3), it ends with the same numbers, bits included."""
     fp8 = Recipe.from_shorthand([], base="fp8").to_dict()
     d = cfg(mode, 2, recipe=RHT_RECIPE)
     d["phases"] = [{"name": "warmup", "start": 0, "end": 3, "recipe": fp8}]
     r0, r1 = two_ranks(d)
-    f0, _ = two_ranks(cfg(mode, 2, recipe=fp8))
+    hashes = ((3, prefix_hash(RunConfig.from_dict(d), 3)),)
+    family = Branches(root=str(tmp_path), family="warmup", hashes=hashes)
+    trunk = {**cfg(mode, 2, recipe=fp8), "_branches": replace(family, save_at=(3,)).to_dict()}
+    f0, _ = two_ranks(trunk)
+    r0.pop("start"), r1.pop("start")
     assert r0["evals"] == r1["evals"] and len(r0["evals"]) == 3
     assert r0["evals"][:2] == f0["evals"][:2] and r0["evals"][2] != f0["evals"][2]
+    info = checkpoint_info(family.dir(3))
+    assert info is not None and info["format"] == "sharded" and info["world"] == 2
+    b0, b1 = two_ranks({**d, "_branches": replace(family, start_at=3).to_dict()})
+    assert b0.pop("start") == b1.pop("start") == 3  # from the trunk's sharded checkpoint
+    assert b0 == r0 and b1 == r1
+
+
+@pytest.mark.slow
+def test_a_wsd_budget_on_two_ranks_branches_from_its_trunks_sharded_checkpoint(tmp_path):
+    """Budgets 6 and 9 of one wsd config on two FSDP ranks: the 9-step trunk saves a sharded
+    branch checkpoint at the 6-step budget's decay start, and the budget trained from it ends
+    with the numbers of the budget trained from step 0."""
+
+    def wsd(steps: int) -> dict[str, Any]:
+        d = cfg("fsdp", 2, recipe=SR_RECIPE, steps=steps)
+        d["train"]["schedule"] = "wsd"
+        return d
+
+    point = branch_point(RunConfig.from_dict(wsd(6)))
+    assert point is not None and 0 < point < 6
+    family = Branches(root=str(tmp_path), family=family_hash(RunConfig.from_dict(wsd(9))))
+    two_ranks({**wsd(9), "_branches": replace(family, save_at=(point,)).to_dict()})
+    direct, _ = two_ranks(wsd(6))
+    b0, _ = two_ranks({**wsd(6), "_branches": replace(family, start_at=point).to_dict()})
+    assert b0.pop("start") == point and direct.pop("start") is None
+    assert b0 == direct
 
 
 @pytest.mark.slow
