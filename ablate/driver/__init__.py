@@ -12,7 +12,8 @@
   study costs, the gate that holds a branch until its trunk has passed it);
 - ``waves``: sequential seeds (a study's ``seeds:``): the study in waves, each configuration given
   more seeds only while its comparison with the baseline is open;
-- ``compute``: the FLOPs and GPU-hours of a study's cells to run (``ablate plan``).
+- ``compute``: the FLOPs and GPU-hours of a study's cells to run (``ablate plan``);
+- ``reuse``: baseline seeds copied from the store ``baseline_from`` names instead of trained.
 
 It imports the study, the executor and tracking; the trainer runs in the executor's workers.
 """

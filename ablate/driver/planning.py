@@ -11,7 +11,10 @@ the runner follows it.
 - ``failed``: ended with an error -> left alone unless ``--rerun-failed``;
 - ``rerun``: a failed cell with ``--rerun-failed`` (continued like ``resume``), or a finished or
   diverged cell that other numerics code produced (stale) with ``--rerun-stale`` (from step 0 in a
-  new run; the old run and its checkpoint are kept).
+  new run; the old run and its checkpoint are kept);
+- ``reuse``: a baseline seed with no run here whose key has a result in the store ``baseline_from``
+  names -> copied into this store, not trained (``ablate.driver.reuse``; ``run`` copies it before
+  it plans, so only ``plan`` shows this action).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from ablate.driver.reuse import baseline_plan
 from ablate.errors import TrackingError
 from ablate.study import Cell, Study
 from ablate.targets import headroom_warning, reached_fraction, schedule_fraction, target_ppl_of
@@ -29,8 +33,8 @@ from ablate.tracking.vocab import env_tag
 from ablate.train.checkpoint import checkpoint_info
 from ablate.train.provenance import code_hash
 
-Action = Literal["run", "skip", "resume", "failed", "rerun"]
-ACTIONS: tuple[Action, ...] = ("run", "resume", "rerun", "skip", "failed")
+Action = Literal["run", "skip", "resume", "failed", "rerun", "reuse"]
+ACTIONS: tuple[Action, ...] = ("run", "resume", "rerun", "reuse", "skip", "failed")
 TO_RUN = ("run", "resume", "rerun")
 
 
@@ -111,7 +115,18 @@ def plan(
         statuses = study_status(study)
     except TrackingError:  # nothing recorded yet: every cell is new
         statuses = join_runs(study, {})
-    return plan_cells(study, statuses, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
+    planned = plan_cells(study, statuses, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
+    reuse = baseline_plan(study, {p.cell.key: p.run for p in planned if p.run is not None})
+    if reuse is None or not reuse.copy:
+        return planned
+    theirs = {c.key: r for c, r in reuse.copy}
+    label = reuse.source.label
+    return [
+        PlannedCell(p.cell, "reuse", why=f"{label}, run {theirs[p.cell.key].run_id[:12]}")
+        if p.cell.key in theirs
+        else p
+        for p in planned
+    ]
 
 
 def target_headroom(study: Study) -> str | None:

@@ -14,7 +14,8 @@ import os
 import textwrap
 from collections.abc import Iterable
 
-from ablate.errors import CannotRunError, TrackingError
+from ablate.driver.reuse import baseline_plan
+from ablate.errors import CannotRunError, RunnerError, TrackingError
 from ablate.executor import ExecutorName, cluster_address, remote_cluster
 from ablate.executor.devices import cuda_index
 from ablate.study import Cell, Study
@@ -260,6 +261,10 @@ def preflight(
         check_store(study.tracking_uri)
     except TrackingError as e:
         raise CannotRunError(str(e)) from None
+    try:  # the store baseline_from names can be read (read only)
+        baseline_plan(study, {})
+    except RunnerError as e:
+        raise CannotRunError(f"{e} (run that study first, or drop baseline_from)") from None
     workers = study.file.resources.workers
     if executor == "local" and workers > 1:
         raise CannotRunError(

@@ -41,6 +41,7 @@ from ablate.driver.progress import (
     WaitWatch,
     fmt_s,
 )
+from ablate.driver.reuse import reuse_baselines
 from ablate.driver.setup import (
     clean_failed_start,
     open_study,
@@ -53,11 +54,8 @@ from ablate.executor.task import Outcome, Task
 from ablate.study import Cell, Study
 from ablate.tracking import StudyTracker, join_runs, shared_order_note
 from ablate.tracking.vocab import (
-    cell_params,
-    cell_tags,
     family_tags,
     outcome_details,
-    short_name,
 )
 
 
@@ -119,7 +117,7 @@ def run_study(
         )
         try:
             tracker, parent = held.enter_context(open_study(study, ex, out=out))
-            runs = tracker.cell_runs()
+            runs = reuse_baselines(study, tracker, parent, tracker.cell_runs(), out)
             planned = plan_cells(
                 study,
                 join_runs(study, runs),
@@ -225,15 +223,7 @@ class _StudyRun:
                 ckpt.rename(ckpt.with_name(f"{ckpt.name}.stale-{p.run.run_id[:12]}"))
         if p.run is not None and not p.fresh:
             return p.run.run_id
-        return self.tracker.create_run(
-            self.result.parent_run_id,
-            c.key,
-            c.label,
-            cell_tags(c),
-            c.config.to_dict(),
-            name=short_name(c),
-            params=cell_params(c),
-        )
+        return self.tracker.create_cell_run(self.result.parent_run_id, c)
 
     def task(self, cell: Cell, run_id: str) -> Task:
         """The cell's task, with its checkpoint folder (created here: a worker checks that it sees

@@ -138,6 +138,8 @@ def notes(cells: Any) -> list[str]:
         values = sorted(set(known[field]))
         if len(values) > 1:
             out.append(f"The runs ran on {len(values)} {what}: {', '.join(values)}.")
+    if line := reused_note(ran):
+        out.append(line)
     missing = len(ran) - len(known)
     if missing:
         out.append(
@@ -145,3 +147,29 @@ def notes(cells: Any) -> list[str]:
             "existed): which code produced them is unknown."
         )
     return out
+
+
+def reused_note(cells: Any) -> str | None:
+    """Where the baseline seeds copied from another store (``baseline_from``) were trained, and
+    which baseline seeds trained here (None: every run trained here, or the column is absent)."""
+    if "reused_from" not in cells.columns:
+        return None
+    base = cells[cells["baseline"]]
+    where = base["reused_from"].fillna("").astype(str)
+    if not (where != "").any():
+        return None
+    groups: dict[str, list[tuple[str, str]]] = {}  # source -> (seed, its run there)
+    for seed, w in zip(base["seed"], where, strict=True):
+        if w:
+            source, _, run = w.rpartition(", run ")
+            groups.setdefault(source or w, []).append((str(seed), run[:12]))
+    parts = [
+        f"seed(s) {', '.join(s for s, _ in g)} from {source} (runs {', '.join(r for _, r in g)})"
+        for source, g in groups.items()
+    ]
+    here = [str(seed) for seed, w in zip(base["seed"], where, strict=True) if w == ""]
+    trained = f"; trained here: seed(s) {', '.join(here)}" if here else ""
+    return (
+        "Baseline seeds reused, not trained here (`baseline_from`: the same keys, so the same "
+        f"runs): {'; '.join(parts)}{trained}."
+    )

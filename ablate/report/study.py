@@ -43,7 +43,8 @@ def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
             tokens_per_s=run.tokens_per_s if run else math.nan,
             env=env_of(run.tags) if run else {},
         )
-        rows.append({**row, "run_id": run.run_id if run else None})
+        reused = run.reused_from if run else ""  # a baseline seed copied from another store
+        rows.append({**row, "run_id": run.run_id if run else None, "reused_from": reused})
     cells = cells_frame(rows)
     run_ids = [r for r in cells["run_id"] if r]
     hist = (

@@ -24,6 +24,7 @@ Modules, by concept:
     rungs     each cell's rung and configuration across rungs; what makes a ladder unfittable
     tune      the ``tune:`` section's searches and checks (plan_searches, trial_config, check_tune)
     seeds     the ``seeds:`` section: sequential seeds in waves instead of a seed axis
+    baseline_from  the study or store whose runs of the baseline's keys are its seeds
     messages  pydantic's errors turned into ``yaml.path: what is wrong`` lines
 
 A study is a base configuration plus axes. An axis is a recipe shorthand (``fp4_gemms``,

@@ -1,6 +1,7 @@
 """Expanding a study: YAML -> ``StudyFile`` -> ``Study`` with one ``Cell`` per grid point (product per
 grid, union over grids, zipped axes, exclusions, baseline), each resolved into a ``RunConfig`` with
-its key and label. Every problem is collected and raised as one ``StudyError``."""
+its key and label. Every problem is collected and raised as one ``StudyError``. Also where a
+study's ``baseline_from`` points (``baseline_source``: the study file it names is loaded here)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 from ablate.data import already_prepared, check_counts, check_sources
 from ablate.errors import StudyError
 from ablate.study.axes import fmt_value, with_values
+from ablate.study.baseline_from import BaselineFrom, BaselineSource
 from ablate.study.cells import Cell, Study
 from ablate.study.grid import Grid, Matcher, grid_of, kept, matchers, matches
 from ablate.study.loader import parse_yaml, read_study_text
@@ -99,6 +101,11 @@ def parse_study(
         errors = []
         if (problem := _cache_problem(study)) is not None:
             errors.append(problem)
+        if spec.baseline_from is not None:  # the study file it names is read now
+            try:
+                baseline_source(spec.baseline_from)
+            except StudyError as e:
+                errors.extend(e.errors)
         for cfg in {
             json.dumps(dataclasses.asdict(c.config.data), sort_keys=True): c.config.data
             for c in study.cells
@@ -465,3 +472,19 @@ def _axes_summary(cells: Sequence[Cell], axes: Sequence[str]) -> str:
         vals = sorted({fmt_value(c.values[a]) for c in cells})
         parts.append(f"{a} in {{{', '.join(vals)}}}")
     return "; ".join(parts) or "no axes"
+
+
+def baseline_source(spec: BaselineFrom) -> BaselineSource:
+    """The store ``spec`` names: a study file is read and validated (``StudyError`` naming
+    ``baseline_from`` when it is missing or invalid); nothing is opened."""
+    if spec.uri is not None:
+        assert spec.name is not None
+        return BaselineSource(spec.uri, spec.name, spec.experiment or spec.name)
+    assert spec.study is not None
+    if not Path(spec.study).is_file():
+        raise StudyError([f"baseline_from: {spec.study}: no such study file"])
+    try:
+        other = load_study(spec.study, check_files=False)
+    except StudyError as e:
+        raise StudyError([f"baseline_from: {spec.study}: {p}" for p in e.errors]) from None
+    return BaselineSource(other.tracking_uri, other.name, other.experiment)

@@ -23,6 +23,7 @@ from pydantic import (
 
 from ablate.data import DataConfig
 from ablate.model import ModelConfig
+from ablate.study.baseline_from import BaselineFrom
 from ablate.study.ladder import LadderSection
 from ablate.study.override import RecipeOverride
 from ablate.study.phases import Tail, Warmup, phases
@@ -424,11 +425,13 @@ class StudyFile(BaseModel):
     configuration's final loss then lies on the baseline's curves, which the equal-loss ratio
     reads; tokens to target and a target derived from the baseline use the part up to the budget.
     In (0, 4]; the baseline's cells get their own keys."""
+    baseline_from: BaselineFrom | None = None
+    """A study or store whose runs of the baseline's keys are its seeds (``study.baseline_from``)."""
     target: Target | None = None
-    seeds: SeedPlan | None = None
-    """Sequential seeds instead of a seed axis: waves until each comparison is decided."""
     """Default, when a baseline is set: from_baseline slowest at 0.75 (every baseline seed reaches
     it by 75% of its budget)."""
+    seeds: SeedPlan | None = None
+    """Sequential seeds instead of a seed axis: waves until each comparison is decided."""
     resources: Resources = Field(default_factory=Resources)
     tracking: Tracking = Field(default_factory=Tracking)
     output: str | None = None
@@ -496,15 +499,12 @@ class StudyFile(BaseModel):
                 "ladder: a ladder reads each budget as trained to it; drop baseline_extend "
                 "(each rung's budgets are the baseline's curve)"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _extend_needs_a_baseline(self) -> StudyFile:
-        if self.baseline_extend is not None and self.baseline is None:
-            raise ValueError(
-                "baseline_extend: extends the baseline's cells, but the study has no baseline; "
-                "add `baseline: {axis: value}` or drop baseline_extend"
-            )
+        for field in ("baseline_extend", "baseline_from"):
+            if getattr(self, field) is not None and self.baseline is None:
+                raise ValueError(
+                    f"{field}: names the baseline's cells, but the study has no baseline; add "
+                    f"`baseline: {{axis: value}}` or drop {field}"
+                )
         return self
 
     @field_validator("probe", mode="before")

@@ -40,6 +40,8 @@ from ablate.tracking.store import (
 if TYPE_CHECKING:
     from mlflow.entities import Run
 
+    from ablate.study import Cell
+
 
 @dataclass
 class CellRun:
@@ -94,6 +96,13 @@ class CellRun:
     def node(self) -> str:
         """The SLURM node that trained it last ("" outside SLURM)."""
         return self.tags.get(vocab.NODE, "")
+
+    @property
+    def reused_from(self) -> str:
+        """Where a baseline seed copied from another store was trained: that study and store, and
+        its run there ("": trained in this study)."""
+        where = self.tags.get(vocab.REUSED_FROM, "")
+        return f"{where}, run {self.tags.get(vocab.REUSED_RUN, '?')}" if where else ""
 
 
 def latest_points(run: Run) -> dict[str, tuple[int, float]]:
@@ -323,6 +332,10 @@ class StudyTracker:
         elif mlflow_status is not None:
             self._client.set_terminated(run_id, mlflow_status)
 
+    def delete_run(self, run_id: str) -> None:
+        """Delete a run (MLflow keeps it, deleted, out of every search)."""
+        self._client.delete_run(run_id)
+
     def set_tags(self, run_id: str, info: Mapping[str, Any]) -> None:
         """Tag ``ablate.<k>`` = str(v) for each item, leaving the run's status alone."""
         log_details(self._client, run_id, info)
@@ -342,6 +355,53 @@ class StudyTracker:
         points = [Metric(k, float(v), now, step) for k, v in metrics.items()]
         for batch in chunks(points, MAX_METRICS):
             self._client.log_batch(run_id, metrics=batch)
+
+    def create_cell_run(self, parent_id: str, cell: Cell) -> str:
+        """A pending run for a study's cell: its tags, axis params and resolved config."""
+        return self.create_run(
+            parent_id,
+            cell.key,
+            cell.label,
+            vocab.cell_tags(cell),
+            cell.config.to_dict(),
+            name=vocab.short_name(cell),
+            params=vocab.cell_params(cell),
+        )
+
+    def copy_run(self, uri: str, source_id: str, run_id: str, *, reused_from: str) -> None:
+        """Copy run ``source_id`` of the store at ``uri`` into ``run_id`` (a cell's run the driver
+        created, its tags this study's): the params it lacks, every metric's whole history, the
+        other tags (provenance, status details; not another study's axes, family or branches),
+        the artifacts but ``config.json``; ``reused_from`` and the source run as tags, and the
+        source's status last, so that a copy cut short stays ``pending`` (``driver.reuse``)."""
+        from mlflow.entities import Param, RunTag
+
+        src = Client(uri, must_exist=True)
+        run = src.get_run(source_id)
+        have = self._client.get_run(run_id).data
+        params = [Param(k, v) for k, v in run.data.params.items() if k not in have.params]
+        for batch in chunks(params, MAX_PARAMS):
+            self._client.log_batch(run_id, params=batch)
+        for name in run.data.metrics:
+            history = src.get_metric_history(source_id, name)
+            for batch in chunks(history, MAX_METRICS):
+                self._client.log_batch(run_id, metrics=batch)
+        skip = (vocab.tag("axis."), vocab.FAMILY, vocab.TRUNK, vocab.BRANCH_POINT, vocab.BRANCH_OF,
+                vocab.BRANCH_STEP, vocab.STATUS, "mlflow.")  # fmt: skip
+        tags = {k: v for k, v in run.data.tags.items() if not k.startswith(skip)}
+        tags = {k: v for k, v in tags.items() if k not in have.tags}
+        tags |= {vocab.REUSED_FROM: reused_from, vocab.REUSED_RUN: source_id}
+        self._client.log_batch(run_id, tags=[RunTag(k, v[:MAX_TAG_LEN]) for k, v in tags.items()])
+        with tempfile.TemporaryDirectory() as tmp:
+            for f in src.list_artifacts(source_id):  # the top level: files and folders
+                if f.path == "config.json":
+                    continue
+                local = src.download_artifacts(source_id, f.path, tmp)
+                if f.is_dir:
+                    self._client.log_artifacts(run_id, local, f.path)
+                else:
+                    self._client.log_artifact(run_id, local)
+        self.set_status(run_id, run.data.tags.get(vocab.STATUS, "finished"))
 
     def statuses(self, run_ids: Iterable[str]) -> dict[str, str]:
         """run_id -> the run's ablate status (``vocab.STATUSES``)."""

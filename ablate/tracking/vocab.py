@@ -20,6 +20,8 @@ trained it last); a trial also ``tune_state`` and ``value``; the parent ``cells`
 ``tune_status`` and ``tune_trials``. A branch that started from its trunk's checkpoint has its
 trunk's metrics up to the branch point copied into it, and says so as ``branch_of`` (the trunk's
 run id) and ``branch_step`` (the last step copied); a branch without them trained from step 0.
+A baseline seed copied from another study's store (``baseline_from``) says where from as
+``reused_from`` (that study and store) and ``reused_run`` (its run id there).
 Readers get these through ``CellRun``'s typed fields, never by
 spelling a tag.
 
@@ -57,6 +59,8 @@ BRANCH_POINT = PREFIX + "branch_point"
 BRANCH_OF = PREFIX + "branch_of"
 BRANCH_STEP = PREFIX + "branch_step"
 NODE = PREFIX + "node"  # the SLURM node that trained the run last (``slurm_place`` in the worker)
+REUSED_FROM = PREFIX + "reused_from"  # a baseline seed copied from another store: which study
+REUSED_RUN = PREFIX + "reused_run"  # and which run there (``ablate.driver.reuse``)
 DRIVER = PREFIX + "driver."  # experiment tags: ablate.driver.<lock>.<holder id> (driver_tag)
 ENV = "env."  # provenance: env.<name> (ablate.train.provenance), and env.<name>.resumed
 PARENT = "mlflow.parentRunId"  # MLflow's own: the UI nests child runs under it
