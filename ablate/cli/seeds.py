@@ -65,7 +65,7 @@ def measured_noise(study_file: str, output: str | None, tracking_uri: str | None
     from ablate.errors import AblateError, ReportError
     from ablate.report.metrics import per_cell, per_config, resolve_target
     from ablate.report.planner import PAIRED_SOURCE, study_noise
-    from ablate.report.study import study_frames
+    from ablate.report.recorded import study_frames
 
     other = load(study_file, output, tracking_uri=tracking_uri)
     try:

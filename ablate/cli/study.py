@@ -210,10 +210,10 @@ def status(
 
 
 def _waves(study: Study) -> Any:
-    """A sequential study's waves replayed from its store (``driver.waves.replay``), or None."""
+    """A sequential study's waves replayed from its store (``report.waves.replay``), or None."""
     if study.sequential is None:
         return None
-    from ablate.driver.waves import replay
+    from ablate.report.waves import replay
 
     return replay(study)
 

@@ -18,6 +18,8 @@ Modules, by concept:
                  interval, Fisher's test against the baseline
     sequential   sequential seeds: a simultaneous confidence sequence per comparison over every
                  look, the decision (faster, slower, equivalent, open), whole studies simulated
+    waves        a sequential study's waves replayed from its store: each comparison after each
+                 wave, judged by ``sequential`` (``status``, the report, ``run``)
     planner      the seeds a decision needs at a stated power, from a noise model (``ablate
                  plan`` and the report's seed note)
     equal_loss   the equal-loss token ratio against the baseline's curves, censored pairs included
@@ -32,6 +34,7 @@ Modules, by concept:
     provenance   which code, commit, device and precision produced the runs (pandas)
     render       build_report: report.md, report.html, summary.csv, PNG + SVG figures
     run_metrics  the report's numbers as MLflow metrics of each child run and the parent run
+    recorded     a study's cells and evaluations read from its MLflow store (``study_frames``)
     study        a study's report from its MLflow store (``report_study``), a ladder's included
     synthetic    studies with known token costs (benchmark, tests, demos)
     ladder       the scaling ladder, a room of its own: Quartet's law and the model-free trend

@@ -87,12 +87,14 @@ def build_report(
     titles: bool = True,
     mix_numerics: bool = False,
     figures: Sequence[str] | None = None,
+    decisions: tuple[str, list[str]] | None = None,
 ) -> ReportResult:
     """Compute tokens to target per cell and configuration, draw the figures and write the report.
 
     ``notes`` are the caller's own lines (e.g. runs still in progress), shown under the target;
     ``titles`` False leaves the figures' titles out (a paper's captions carry them); ``figures``
-    names the ones to draw (default: every one of ``FIGURES``).
+    names the ones to draw (default: every one of ``FIGURES``). ``decisions`` (a lead and its
+    lines: ``report.waves.sequential_lines``) opens the verdict with a sequential study's decision.
     ``probes`` (the contract of ``report.probes``), when it has rows, adds the probe section.
     Runs of two numerics versions are refused (``provenance.check_numerics``) unless
     ``mix_numerics``, which notes them instead.
@@ -139,6 +141,9 @@ def build_report(
     blocks = _blocks(
         title, study, target, target_ppl, all_notes, config_table, cell_table, spec, paths
     )
+    if decisions is not None:
+        at = blocks.index(("h2", "Verdict")) + 1
+        blocks[at:at] = [("p", decisions[0]), ("ul", decisions[1])]
     at = next(i for i, b in enumerate(blocks) if b == ("h2", "Method"))
     blocks[at:at] = [
         ("h2", "Provenance"),

@@ -13,50 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from ablate.errors import ReportError, TrackingError
-from ablate.report.frames import cell_row, cells_frame
+from ablate.errors import ReportError
 from ablate.report.ladder.render import LadderResult, build_ladder_report, ladder_metrics
+from ablate.report.recorded import study_frames
 from ablate.report.render import ReportResult, build_report
 from ablate.report.run_metrics import config_summaries
+from ablate.report.waves import sequential_lines
 from ablate.tracking import StudyTracker, read_histories, study_status
 from ablate.tracking.status import trained_part
-from ablate.tracking.vocab import env_of, short_name
+from ablate.tracking.vocab import short_name
 
 if TYPE_CHECKING:
     from ablate.study import Study
-
-
-def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(cells, evals) in the report's input contract (``ablate.report.inputs``), the cells with
-    each run's provenance (``ablate.report.provenance.PROVENANCE``, "" where none was recorded)."""
-    try:
-        statuses = study_status(study)
-    except TrackingError as e:
-        raise ReportError(str(e)) from None
-    rows: list[dict[str, Any]] = []
-    for cs in statuses:
-        c, run = cs.cell, cs.run
-        row = cell_row(
-            c,
-            status=run.status if run else "pending",
-            diverged_at=run.diverged_at if run else math.nan,
-            tokens_per_s=run.tokens_per_s if run else math.nan,
-            env=env_of(run.tags) if run else {},
-        )
-        reused = run.reused_from if run else ""  # a baseline seed copied from another store
-        rows.append({**row, "run_id": run.run_id if run else None, "reused_from": reused})
-    cells = cells_frame(rows)
-    run_ids = [r for r in cells["run_id"] if r]
-    hist = (
-        read_histories(study.tracking_uri, run_ids, keys=("val_loss", "tokens")) if run_ids else {}
-    )
-    key_of = {r: k for k, r in zip(cells["key"], cells["run_id"], strict=True) if r}
-    ev: list[tuple[str, int, float, float]] = []
-    for rid, h in hist.items():
-        tokens = dict(h.get("tokens", []))
-        ev.extend((key_of[rid], s, tokens.get(s, math.nan), v) for s, v in h.get("val_loss", []))
-    evals = pd.DataFrame(ev, columns=["key", "step", "tokens", "val_loss"])
-    return cells.drop(columns=["run_id"]), evals
 
 
 def probe_frame(study: Study, cells: pd.DataFrame) -> pd.DataFrame:
@@ -90,6 +58,7 @@ def report_study(
     ``titles`` False leaves the figures' titles out; ``mix_numerics`` compares runs of two
     numerics versions (``build_report``). A study with sequential seeds reports the seeds its
     waves trained (``trained_part``)."""
+    decisions = sequential_lines(study)  # before trained_part: the waves replay from every seed
     study = trained_part(study)
     cells, evals = study_frames(study)
     ended = cells["status"].isin(["finished", "diverged"])
@@ -131,6 +100,7 @@ def report_study(
         probe_settings=study.file.probe.to_dict() if study.file.probe is not None else None,
         titles=titles,
         mix_numerics=mix_numerics,
+        decisions=decisions,
     )
     if attach:
         tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)

@@ -1,8 +1,8 @@
 """Sequential seeds as a study writes them: ``seeds: {initial, step, max, margin}`` instead of a
 seed axis. ``SeedPlan`` is the section, ``plan_problems`` what a study with one must also satisfy,
 and ``with_seed_axis`` the study as expanded: every seed up to ``max`` is a cell with the key it
-would have on a written ``seed`` axis (``ablate run`` trains them in waves, as
-``ablate.driver.waves`` decides; ``ablate.report.sequential`` judges each wave)."""
+would have on a written ``seed`` axis (``ablate run`` trains them in waves: ``ablate.driver.waves``
+trains them, ``ablate.report.waves`` replays them and ``ablate.report.sequential`` judges each)."""
 
 from __future__ import annotations
 

@@ -246,7 +246,7 @@ def test_a_baseline_trained_longer_is_recorded_so_and_read_up_to_the_budget(tmp_
         main, ["run", str(p), "-o", str(out), "--executor", "local", "--quiet"]
     )
     assert res.exit_code == 0, res.output
-    from ablate.report.study import study_frames
+    from ablate.report.recorded import study_frames
     from ablate.study import load_study
     from ablate.tracking import baseline_curves, read_histories, study_status
 

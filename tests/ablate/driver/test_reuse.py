@@ -19,7 +19,7 @@ from ablate.driver.planning import plan
 from ablate.driver.runner import run_study
 from ablate.errors import CannotRunError, StudyError
 from ablate.report.provenance import reused_note
-from ablate.report.study import study_frames
+from ablate.report.recorded import study_frames
 from ablate.study import load_study, parse_study
 from ablate.tracking import StudyTracker
 from ablate.tracking.runs import read_cells

@@ -2,8 +2,8 @@
 in waves on the local executor into a real MLflow store; a configuration decided after the first
 wave gets no more seeds, an open one gets ``step`` more up to ``max`` with the baseline beside it;
 ``ablate status`` replays the waves from the store and says each comparison's state; a second
-``ablate run`` trains nothing and reaches the same verdicts; the report reads only the seeds the
-waves trained. And what a study with ``seeds:`` may not write, refused before anything runs."""
+``ablate run`` trains nothing and reaches the same verdicts; the report opens with the waves'
+decisions and reads only the seeds the waves trained. And what a study with ``seeds:`` may not write, refused before anything runs."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import yaml
 from click.testing import CliRunner
 
 from ablate.cli import main
-from ablate.driver.waves import Comparison, configs_of, grow, wave_cells
 from ablate.errors import StudyError
 from ablate.report.sequential import Judgement
+from ablate.report.waves import Comparison, configs_of, grow, wave_cells
 from ablate.study import parse_study
 
 BASE = {
@@ -136,7 +136,14 @@ def test_a_study_with_seeds_trains_in_waves_and_stops_each_configuration_when_de
     assert f"{SLOW} (3 seeds): slower +" in again.output
     report = tmp_path / "reports" / "waves" / "report.md"
     assert report.exists()
-    assert "not ended" not in report.read_text()  # the seeds never asked for are not pending
+    md = report.read_text()
+    assert "not ended" not in md  # the seeds never asked for are not pending
+    # the verdict opens with the sequential decision, the lines `ablate run` printed
+    verdict = md[md.index("## Verdict") : md.index("## Summary")]
+    assert "**Sequential decision** (the study's `seeds:` rule, after 2 wave(s)" in verdict
+    last = [ln.strip() for ln in text.splitlines() if ln.strip().startswith((f"{SLOW} (3 seeds)", f"{FP4} (4 seeds)"))]  # fmt: skip
+    assert len(last) >= 2 and all(f"- {ln}" in verdict for ln in last[-2:])
+    assert verdict.index("Sequential decision") < verdict.index("Faster than the baseline")
 
 
 def test_plan_says_the_cells_are_the_most_and_what_the_first_wave_trains(tmp_path):

@@ -1,0 +1,52 @@
+"""A study's runs as the report reads them: its cells and their evaluations from its MLflow store,
+in the report's input contract (``ablate.report.inputs``), each run's provenance and where a
+reused baseline seed was trained with it. Read by the report (``report.study``), the sequential
+waves' replay (``report.waves``) and ``ablate plan --noise-from``."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from ablate.errors import ReportError, TrackingError
+from ablate.report.frames import cell_row, cells_frame
+from ablate.tracking import read_histories, study_status
+from ablate.tracking.vocab import env_of
+
+if TYPE_CHECKING:
+    from ablate.study import Study
+
+
+def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(cells, evals) in the report's input contract (``ablate.report.inputs``), the cells with
+    each run's provenance (``ablate.report.provenance.PROVENANCE``, "" where none was recorded)."""
+    try:
+        statuses = study_status(study)
+    except TrackingError as e:
+        raise ReportError(str(e)) from None
+    rows: list[dict[str, Any]] = []
+    for cs in statuses:
+        c, run = cs.cell, cs.run
+        row = cell_row(
+            c,
+            status=run.status if run else "pending",
+            diverged_at=run.diverged_at if run else math.nan,
+            tokens_per_s=run.tokens_per_s if run else math.nan,
+            env=env_of(run.tags) if run else {},
+        )
+        reused = run.reused_from if run else ""  # a baseline seed copied from another store
+        rows.append({**row, "run_id": run.run_id if run else None, "reused_from": reused})
+    cells = cells_frame(rows)
+    run_ids = [r for r in cells["run_id"] if r]
+    hist = (
+        read_histories(study.tracking_uri, run_ids, keys=("val_loss", "tokens")) if run_ids else {}
+    )
+    key_of = {r: k for k, r in zip(cells["key"], cells["run_id"], strict=True) if r}
+    ev: list[tuple[str, int, float, float]] = []
+    for rid, h in hist.items():
+        tokens = dict(h.get("tokens", []))
+        ev.extend((key_of[rid], s, tokens.get(s, math.nan), v) for s, v in h.get("val_loss", []))
+    evals = pd.DataFrame(ev, columns=["key", "step", "tokens", "val_loss"])
+    return cells.drop(columns=["run_id"]), evals
