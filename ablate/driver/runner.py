@@ -103,7 +103,12 @@ def run_study(
         kw = {k: v for k, v in locals().items() if k != "study"}  # every argument but the study
         from ablate.driver.waves import run_waves
 
-        return run_waves(study, lambda part: run_study(part, **kw), stream or sys.stderr)[0]
+        return run_waves(
+            study,
+            lambda part: run_study(part, **kw),
+            stream or sys.stderr,
+            fast_forward=not rerun_stale,  # a stale cell of an early wave reruns only through it
+        )[0]
     out = stream or sys.stderr
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
     prepare_study(study, out=out)  # tokenizes each data configuration once, records nothing

@@ -16,7 +16,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import IO, Any
 
-from ablate.report.waves import Comparison, configs_of, grow, judge_study, wave_cells
+from ablate.errors import AblateError
+from ablate.report.waves import Comparison, configs_of, grow, judge_study, replay, wave_cells
 from ablate.study import Study
 
 
@@ -24,15 +25,32 @@ def run_waves(
     study: Study,
     run_cells: Callable[[Study], Any],
     out: IO[str],
+    *,
+    fast_forward: bool = True,
 ) -> tuple[Any, dict[str, Comparison]]:
     """Train ``study`` in waves; ``run_cells`` runs a study of the wave's cells and fixed seeds
     (``run_study``) and returns its result. Returns the last wave's result and comparisons; stops early
-    when a wave is interrupted or leaves a cell failed (the next run replays the waves)."""
+    when a wave is interrupted or leaves a cell failed (the next run replays the waves).
+    ``fast_forward``: the waves whose cells have all ended are replayed from the store
+    (``report.waves.replay``, the same judgements) instead of passing each through ``run_cells``;
+    the run starts at the first wave with a cell to train (or, when every wave has ended, passes
+    the last one through, which trains nothing). Off, every wave passes through ``run_cells``
+    (``--rerun-stale`` reruns stale cells of any wave)."""
     plan = study.sequential
     assert plan is not None
     seeds = {c: plan.initial for c in configs_of(study)}
     wave = 0
     judged: dict[str, Comparison] = {}
+    if fast_forward:
+        try:
+            rp = replay(study)
+        except AblateError:  # nothing recorded yet
+            rp = None
+        if rp is not None and rp.waves:
+            seeds, judged = rp.seeds, rp.judged
+            wave = rp.waves - 1 if rp.done else rp.waves  # done: the last wave once more
+            if wave:
+                print(f"waves 1-{wave}: replayed from the store (every cell ended)", file=out)
     while True:
         wave += 1
         part = dataclasses.replace(study, cells=wave_cells(study, seeds))

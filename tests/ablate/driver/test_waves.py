@@ -12,6 +12,7 @@ import json
 import pytest
 import yaml
 from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
 
 from ablate.cli import main
 from ablate.errors import StudyError
@@ -132,8 +133,20 @@ def test_a_study_with_seeds_trains_in_waves_and_stops_each_configuration_when_de
         main, ["run", str(path), "-o", str(out), "--executor", "local", "--quiet", "--no-report"]
     )
     assert again.exit_code == 0, again.output
-    assert "9 cells: 9 skip" in again.output and "11 cells: 11 skip" in again.output
+    # wave 1 replayed from the store without passing through the runner; wave 2 once more
+    assert "waves 1-1: replayed from the store" in again.output and "9 cells" not in again.output
+    assert "wave 2: seeds per configuration" in again.output and "11 cells: 11 skip" in again.output
     assert f"{SLOW} (3 seeds): slower +" in again.output
+    # a wave-2 cell lost from the store: wave 1 still replays, wave 2 trains that cell alone
+    lost = next(row for row in doc["cells"] if row["label"].startswith(FP4) and row["label"].endswith("seed3"))  # fmt: skip
+    MlflowClient(f"sqlite:///{out / 'mlflow.db'}").delete_run(lost["run_id"])
+    third = runner.invoke(
+        main, ["run", str(path), "-o", str(out), "--executor", "local", "--quiet", "--no-report"]
+    )
+    assert third.exit_code == 0, third.output
+    assert "waves 1-1: replayed from the store" in third.output
+    assert "11 cells: 1 run, 10 skip" in third.output
+    assert "1 configuration(s) open at seeds.max (4)" in third.output
     report = tmp_path / "reports" / "waves" / "report.md"
     assert report.exists()
     md = report.read_text()
