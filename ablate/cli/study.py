@@ -209,13 +209,14 @@ def status(
     _print_cells(study, as_json=as_json)
 
 
-def _waves(study: Study) -> Any:
-    """A sequential study's waves replayed from its store (``report.waves.replay``), or None."""
+def _waves(study: Study, runs: Any) -> Any:
+    """A sequential study's waves replayed from its store (``report.waves.replay``) with its
+    ``runs`` by key as already read, or None."""
     if study.sequential is None:
         return None
     from ablate.report.waves import replay
 
-    return replay(study)
+    return replay(study, runs)
 
 
 def _print_cells(study: Study, *, as_json: bool) -> None:
@@ -228,7 +229,7 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
             for r in read_cells(study.tracking_uri, study.name, experiment=study.experiment)
         }
         statuses = join_runs(study, runs)
-        waves = _waves(study)
+        waves = _waves(study, runs)
     except AblateError as e:
         if as_json:
             click.echo(json.dumps({"study": study.name, "error": str(e), "cells": []}))

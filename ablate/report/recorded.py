@@ -6,24 +6,28 @@ waves' replay (``report.waves``) and ``ablate plan --noise-from``."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from ablate.errors import ReportError, TrackingError
 from ablate.report.frames import cell_row, cells_frame
-from ablate.tracking import read_histories, study_status
+from ablate.tracking import CellRun, join_runs, read_histories, study_status
 from ablate.tracking.vocab import env_of
 
 if TYPE_CHECKING:
     from ablate.study import Study
 
 
-def study_frames(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
+def study_frames(
+    study: Study, runs: Mapping[str, CellRun] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cells, evals) in the report's input contract (``ablate.report.inputs``), the cells with
-    each run's provenance (``ablate.report.provenance.PROVENANCE``, "" where none was recorded)."""
+    each run's provenance (``ablate.report.provenance.PROVENANCE``, "" where none was recorded).
+    ``runs``: the study's runs by key as the caller read them (default: read from the store)."""
     try:
-        statuses = study_status(study)
+        statuses = study_status(study) if runs is None else join_runs(study, runs)
     except TrackingError as e:
         raise ReportError(str(e)) from None
     rows: list[dict[str, Any]] = []

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ablate.report.sequential import Judgement, judge, seeds_to_decide
 from ablate.study import Cell, Study
 from ablate.study.seeds import SeedPlan
+from ablate.tracking import CellRun
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def _pairs(
     return d, low, up, stalled, missing
 
 
-def cell_rows(study: Study) -> Any:
+def cell_rows(study: Study, runs: Mapping[str, CellRun] | None = None) -> Any:
     """Every cell of ``study`` with its tokens to the study's target, read from the store once
     (``report.metrics.per_cell``: status, reached, stalled, tokens_to_target, last_tokens)."""
     from ablate.report.metrics import per_cell
@@ -106,7 +108,7 @@ def cell_rows(study: Study) -> Any:
     from ablate.targets import target_ppl_of
 
     assert study.target is not None
-    cells, evals = study_frames(study)
+    cells, evals = study_frames(study, runs)
     return per_cell(cells, evals, target_ppl_of(study.target))
 
 
@@ -154,13 +156,13 @@ class Replay:
     """Every comparison decided or at seeds.max."""
 
 
-def replay(study: Study) -> Replay:
+def replay(study: Study, runs: Mapping[str, CellRun] | None = None) -> Replay:
     """The waves a sequential study has run, replayed from its store (read once): each wave whose
     cells have all ended is judged and grows the next, as ``run_waves`` did (the same pure
     function)."""
     plan = study.sequential
     assert plan is not None
-    rows = cell_rows(study)
+    rows = cell_rows(study, runs)
     ended = set(rows["key"][rows["status"].isin(["finished", "diverged"])])
     seeds = {c: plan.initial for c in configs_of(study)}
     judged: dict[str, Comparison] = {}
