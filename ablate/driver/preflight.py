@@ -14,7 +14,7 @@ import os
 import textwrap
 from collections.abc import Iterable
 
-from ablate.driver.reuse import baseline_plan
+from ablate.driver.reuse import check_source
 from ablate.errors import CannotRunError, RunnerError, TrackingError
 from ablate.executor import ExecutorName, cluster_address, remote_cluster
 from ablate.executor.devices import cuda_index
@@ -262,7 +262,7 @@ def preflight(
     except TrackingError as e:
         raise CannotRunError(str(e)) from None
     try:  # the store baseline_from names can be read (read only)
-        baseline_plan(study, {})
+        check_source(study)
     except RunnerError as e:
         raise CannotRunError(f"{e} (run that study first, or drop baseline_from)") from None
     workers = study.file.resources.workers

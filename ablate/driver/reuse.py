@@ -9,7 +9,8 @@ found there, train here like any cell. Nothing in the other store is written; no
 recorded here is replaced. A copy cut short (the driver killed midway) leaves a ``pending`` run
 tagged ``reused_from``, which the next ``ablate run`` deletes and copies again.
 
-``baseline_plan`` says the same without writing anything, for ``ablate plan``.
+``baseline_plan`` says the same without writing anything, for ``ablate plan``; ``check_source``
+is what ``preflight`` asks first: that the store and study named can be read.
 """
 
 from __future__ import annotations
@@ -23,11 +24,8 @@ from ablate.study import Cell, Study
 from ablate.study.baseline_from import BaselineSource
 from ablate.study.expand import baseline_source
 from ablate.tracking import StudyTracker
-from ablate.tracking.runs import CellRun, read_cells
-from ablate.tracking.vocab import REUSED_FROM
-
-RESULTS = ("finished", "diverged")
-"""The statuses of a run that is a result, and so reused."""
+from ablate.tracking.runs import CellRun, check_study, read_cells
+from ablate.tracking.vocab import ENDED
 
 
 @dataclass
@@ -57,14 +55,33 @@ class BaselinePlan:
         return "baseline_from: " + "; ".join(parts)
 
 
+def source_of(study: Study) -> BaselineSource | None:
+    """Where the study's ``baseline_from`` points (None: it names none): as resolved when the
+    study was read, else resolved now (``expand.baseline_source``)."""
+    spec = study.file.baseline_from
+    if spec is None:
+        return None
+    return study.baseline_source or baseline_source(spec)
+
+
+def check_source(study: Study) -> None:
+    """``RunnerError`` naming ``baseline_from`` when the store or study it names cannot be read
+    (its runs are not read: what ``preflight`` asks before anything starts)."""
+    source = source_of(study)
+    if source is not None:
+        try:
+            check_study(source.uri, source.name, experiment=source.experiment)
+        except TrackingError as e:
+            raise RunnerError(f"baseline_from: {source.label}: {e}") from None
+
+
 def baseline_plan(study: Study, runs: Mapping[str, CellRun]) -> BaselinePlan | None:
     """What ``baseline_from`` would reuse, given this store's ``runs`` by key (None: the study
     names no source). ``RunnerError`` naming ``baseline_from`` when its store or study cannot be
     read; read only."""
-    spec = study.file.baseline_from
-    if spec is None:
+    source = source_of(study)
+    if source is None:
         return None
-    source = baseline_source(spec)
     try:
         theirs = {
             r.key: r for r in read_cells(source.uri, source.name, experiment=source.experiment)
@@ -78,7 +95,7 @@ def baseline_plan(study: Study, runs: Mapping[str, CellRun]) -> BaselinePlan | N
             plan.here += 1
         elif (r := theirs.get(c.key)) is None:
             plan.missing.append(c)
-        elif r.status in RESULTS:
+        elif r.status in ENDED:
             plan.copy.append((c, r))
         else:
             plan.unusable.append((c, r.status))
@@ -86,7 +103,8 @@ def baseline_plan(study: Study, runs: Mapping[str, CellRun]) -> BaselinePlan | N
 
 
 def _cut_short(run: CellRun) -> bool:
-    return bool(run.tags.get(REUSED_FROM)) and run.status == "pending"
+    """A copy the driver did not finish: its run tagged as reused, still pending."""
+    return bool(run.reused_from) and run.status == "pending"
 
 
 def reuse_baselines(

@@ -13,7 +13,8 @@ Input contract (the tracking layer builds these from MLflow):
     reads as unknown); schedule_steps float, the last step of the cell's learning-rate schedule
     when it trained past it (a baseline under ``baseline_extend``; NaN or missing: it did not):
     the report reads its tokens to target up to there (``budget_steps``); reused_from str, where a
-    baseline seed copied from another store (``baseline_from``) was trained ("" or missing: here).
+    baseline seed copied from another store (``baseline_from``) was trained ("" or missing: here),
+    and reused_run str, its run there.
 
 ``evals``, one row per (cell, evaluation):
     key, step int, tokens float, val_loss float. Duplicate (key, step) rows keep the last one (a resumed

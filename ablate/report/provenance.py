@@ -158,11 +158,12 @@ def reused_note(cells: Any) -> str | None:
     where = base["reused_from"].fillna("").astype(str)
     if not (where != "").any():
         return None
+    runs = base["reused_run"] if "reused_run" in base.columns else where.str[:0]  # none: ""
+    runs = runs.fillna("").astype(str)
     groups: dict[str, list[tuple[str, str]]] = {}  # source -> (seed, its run there)
-    for seed, w in zip(base["seed"], where, strict=True):
+    for seed, w, run in zip(base["seed"], where, runs, strict=True):
         if w:
-            source, _, run = w.rpartition(", run ")
-            groups.setdefault(source or w, []).append((str(seed), run[:12]))
+            groups.setdefault(w, []).append((str(seed), run[:12]))
     parts = [
         f"seed(s) {', '.join(s for s, _ in g)} from {source} (runs {', '.join(r for _, r in g)})"
         for source, g in groups.items()

@@ -40,8 +40,9 @@ def study_frames(
             tokens_per_s=run.tokens_per_s if run else math.nan,
             env=env_of(run.tags) if run else {},
         )
-        reused = run.reused_from if run else ""  # a baseline seed copied from another store
-        rows.append({**row, "run_id": run.run_id if run else None, "reused_from": reused})
+        # a baseline seed copied from another store: where from
+        reused = {"reused_from": run.reused_from, "reused_run": run.reused_run} if run else {}
+        rows.append({**row, "run_id": run.run_id if run else None, **reused})
     cells = cells_frame(rows)
     run_ids = [r for r in cells["run_id"] if r]
     hist = (

@@ -4,7 +4,8 @@ A baseline cell is a keyed, deterministic run: the same key trains the same numb
 runs. So a study may name another study (its file) or another MLflow store whose cells with this
 study's baseline keys serve as this study's baseline seeds; ``ablate run`` copies each such run
 that is a result (finished or diverged) into this study's store instead of training it
-(``ablate.driver.reuse``; ``expand.baseline_source`` resolves the source), and trains the seeds it does not find there. As MLPerf keeps its
+(``ablate.driver.reuse``; ``expand.baseline_source`` resolves the source, once, into
+``Study.baseline_source``), and trains the seeds it does not find there. As MLPerf keeps its
 reference convergence points, but exact: a seed is reused only under its own key, so a baseline
 of other numerics, data, budget or code numbers (the key holds them all) is never mixed in.
 

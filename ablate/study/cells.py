@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ablate.study.baseline_from import BaselineSource
 from ablate.study.schema import StudyFile, Target
 from ablate.study.seeds import SeedPlan
 from ablate.train.config import RunConfig
@@ -71,6 +72,9 @@ class Study:
     source: str | None = None
     notes: list[str] = field(default_factory=list)
     """Things the user should know that are not errors (duplicate cells merged, defaults taken)."""
+    baseline_source: BaselineSource | None = None
+    """Where ``baseline_from`` points, resolved once when the study was read with its files
+    checked (``expand.baseline_source``); None without ``baseline_from``, or not resolved yet."""
 
     @property
     def name(self) -> str:

@@ -101,9 +101,9 @@ def parse_study(
         errors = []
         if (problem := _cache_problem(study)) is not None:
             errors.append(problem)
-        if spec.baseline_from is not None:  # the study file it names is read now
+        if spec.baseline_from is not None:  # the study file it names is read now, once
             try:
-                baseline_source(spec.baseline_from)
+                study.baseline_source = baseline_source(spec.baseline_from)
             except StudyError as e:
                 errors.extend(e.errors)
         for cfg in {

@@ -73,9 +73,6 @@ class Adoption:
     """The numerics version the run trained with."""
 
 
-ENDED = ("finished", "diverged")
-
-
 def older_keys(cfg: RunConfig) -> list[tuple[str, int]]:
     """(key, numerics version) a cell had before its current key, newest first: each older
     numerics version's, then the legacy key (numerics 1, before keys named the device kind)."""
@@ -97,7 +94,7 @@ def adoptable(study: Study, tracker: StudyTracker) -> tuple[list[Adoption], list
                 run = runs[old]
                 ckpt = (study.output_dir / "cells" / old).exists()
                 a = Adoption(c, old, run.run_id, run.status, ckpt, version)
-                ok = version == NUMERICS_VERSION or run.status in ENDED
+                ok = version == NUMERICS_VERSION or run.status in vocab.ENDED
                 (adopt_ if ok else rerun).append(a)
                 break
     return adopt_, rerun

@@ -99,10 +99,14 @@ class CellRun:
 
     @property
     def reused_from(self) -> str:
-        """Where a baseline seed copied from another store was trained: that study and store, and
-        its run there ("": trained in this study)."""
-        where = self.tags.get(vocab.REUSED_FROM, "")
-        return f"{where}, run {self.tags.get(vocab.REUSED_RUN, '?')}" if where else ""
+        """Where a baseline seed copied from another store was trained: that study and store
+        ("": trained in this study; ``reused_run`` is its run there)."""
+        return self.tags.get(vocab.REUSED_FROM, "")
+
+    @property
+    def reused_run(self) -> str:
+        """The run a reused baseline seed was copied from, in the store ``reused_from`` names."""
+        return self.tags.get(vocab.REUSED_RUN, "")
 
 
 def latest_points(run: Run) -> dict[str, tuple[int, float]]:
@@ -423,6 +427,12 @@ def read_cells(uri: str, study: str, *, experiment: str | None = None) -> list[C
     client = Client(uri, must_exist=True)
     experiment_id = _study_experiment(client, study, experiment)
     return sorted(_cells(client, experiment_id).values(), key=lambda c: c.key)
+
+
+def check_study(uri: str, study: str, *, experiment: str | None = None) -> None:
+    """``TrackingError`` unless the store at ``uri`` holds the study's experiment (its runs are not
+    read)."""
+    _study_experiment(Client(uri, must_exist=True), study, experiment)
 
 
 def read_study_text(uri: str, study: str, *, experiment: str | None = None) -> str:

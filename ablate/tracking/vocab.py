@@ -83,6 +83,10 @@ AXIS_PARAMS = ("recipe", "fp4_gemms", "intervention", "fp4_format", "base_format
 
 Role = Literal["study", "cell", "trial"]
 
+ENDED = ("finished", "diverged")
+"""The statuses of a run that is a result: it ran to its end, or found out that the recipe
+diverges."""
+
 STATUSES: dict[str, str | None] = {
     # ablate status -> MLflow run status (None: leave the MLflow status alone)
     "pending": None,

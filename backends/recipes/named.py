@@ -85,8 +85,9 @@ def tseng_mxfp4(base: str = "bf16") -> Recipe:
     Every E2M1 code and E8M0 scale of the backward GEMMs equals the paper's code's
     (amazon-science/mxfp4-llm at 0cc57fe: its microxcaling ``dither_scale`` rounding and Megatron
     autograd Function, ``BW_USE_MXFP4=3``, ``HBS=64``) when both draw the same signs and uniforms
-    (tested against a transcription, ``tests/backends/recipes/test_tseng_reference.py``). A faithful reproduction of
-    the paper's runs differs from this recipe in what follows, none of it in the codes:
+    (tested against a transcription, ``tests/backends/recipes/test_tseng_reference.py``). A
+    faithful reproduction of the paper's runs differs from this recipe in what follows, none of it
+    in the codes:
 
     - the draws: the signs and SR uniforms come from this project's counter-based streams (per
       layer, GEMM, operand and call), not from torch's global RNG (``torch.randn(64) > 0``,
