@@ -214,9 +214,9 @@ def _waves(study: Study, runs: Any) -> Any:
     ``runs`` by key as already read, or None."""
     if study.sequential is None:
         return None
-    from ablate.report.waves import replay
+    from ablate.report.waves import cell_rows, replay
 
-    return replay(study, runs)
+    return replay(study, cell_rows(study, runs))
 
 
 def _print_cells(study: Study, *, as_json: bool) -> None:

@@ -21,7 +21,7 @@ from ablate.report.run_metrics import config_summaries
 from ablate.report.waves import sequential_lines
 from ablate.tracking import StudyTracker, read_histories, study_status
 from ablate.tracking.status import trained_part
-from ablate.tracking.vocab import short_name
+from ablate.tracking.vocab import ENDED, short_name
 
 if TYPE_CHECKING:
     from ablate.study import Study
@@ -58,15 +58,16 @@ def report_study(
     ``titles`` False leaves the figures' titles out; ``mix_numerics`` compares runs of two
     numerics versions (``build_report``). A study with sequential seeds reports the seeds its
     waves trained (``trained_part``)."""
-    decisions = sequential_lines(study)  # before trained_part: the waves replay from every seed
+    every_seed = study  # a sequential study's waves replay over its every seed
     study = trained_part(study)
     cells, evals = study_frames(study)
-    ended = cells["status"].isin(["finished", "diverged"])
+    ended = cells["status"].isin(ENDED)
     if not ended.any():
         raise ReportError(
             f"study {study.name}: no finished runs yet in {study.tracking_uri} "
             f"({len(cells)} cells: {_counts(cells)}); run `ablate run` first"
         )
+    decisions = sequential_lines(every_seed, cells, evals)
     notes = []
     if not ended.all():
         notes.append(

@@ -17,6 +17,7 @@ from ablate.report.sequential import Judgement, judge, seeds_to_decide
 from ablate.study import Cell, Study
 from ablate.study.seeds import SeedPlan
 from ablate.tracking import CellRun
+from ablate.tracking.vocab import ENDED
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,7 @@ def _pairs(
     mine = {int(r.seed): r for r in rows.itertuples() if r.config == config and not r.baseline}
     for s in range(seeds):
         c, b = mine.get(s), base.get(s)
-        ended = ("finished", "diverged")
-        if c is None or b is None or c.status not in ended or b.status not in ended:
+        if c is None or b is None or c.status not in ENDED or b.status not in ENDED:
             missing += 1
             continue
         if bool(c.stalled) or bool(b.stalled):
@@ -102,13 +102,20 @@ def _pairs(
 
 def cell_rows(study: Study, runs: Mapping[str, CellRun] | None = None) -> Any:
     """Every cell of ``study`` with its tokens to the study's target, read from the store once
-    (``report.metrics.per_cell``: status, reached, stalled, tokens_to_target, last_tokens)."""
-    from ablate.report.metrics import per_cell
+    (``report.metrics.per_cell``: status, reached, stalled, tokens_to_target, last_tokens), with
+    its ``runs`` by key where the caller has read them."""
     from ablate.report.recorded import study_frames
+
+    return rows_of(study, *study_frames(study, runs))
+
+
+def rows_of(study: Study, cells: Any, evals: Any) -> Any:
+    """``cell_rows`` from the report's frames of the study's cells (``study_frames``): a cell
+    without a row is one without a run, as a pending one is."""
+    from ablate.report.metrics import per_cell
     from ablate.targets import target_ppl_of
 
     assert study.target is not None
-    cells, evals = study_frames(study, runs)
     return per_cell(cells, evals, target_ppl_of(study.target))
 
 
@@ -156,14 +163,15 @@ class Replay:
     """Every comparison decided or at seeds.max."""
 
 
-def replay(study: Study, runs: Mapping[str, CellRun] | None = None) -> Replay:
-    """The waves a sequential study has run, replayed from its store (read once): each wave whose
-    cells have all ended is judged and grows the next, as ``run_waves`` did (the same pure
-    function)."""
+def replay(study: Study, rows: Any = None) -> Replay:
+    """The waves a sequential study has run, replayed from its store (read once; ``rows``: its
+    ``cell_rows`` as the caller read them): each wave whose cells have all ended is judged and
+    grows the next, as ``run_waves`` did (the same pure function)."""
     plan = study.sequential
     assert plan is not None
-    rows = cell_rows(study, runs)
-    ended = set(rows["key"][rows["status"].isin(["finished", "diverged"])])
+    if rows is None:
+        rows = cell_rows(study)
+    ended = set(rows["key"][rows["status"].isin(ENDED)])
     seeds = {c: plan.initial for c in configs_of(study)}
     judged: dict[str, Comparison] = {}
     wave = 0
@@ -179,18 +187,14 @@ def replay(study: Study, runs: Mapping[str, CellRun] | None = None) -> Replay:
         seeds = nxt
 
 
-def sequential_lines(study: Study) -> tuple[str, list[str]] | None:
-    """The report's sequential decision: (its lead, one line per comparison after the last wave
-    that ended); None for a study without ``seeds:``, or before its first wave has ended."""
+def sequential_lines(study: Study, cells: Any, evals: Any) -> tuple[str, list[str]] | None:
+    """The report's sequential decision from the frames it read (``study_frames`` of the cells
+    with runs): (its lead, one line per comparison after the last wave that ended); None for a
+    study without ``seeds:``, or before its first wave has ended."""
     plan = study.sequential
     if plan is None:
         return None
-    from ablate.errors import AblateError
-
-    try:
-        rp = replay(study)
-    except AblateError:  # nothing recorded yet: the report says so itself
-        return None
+    rp = replay(study, rows_of(study, cells, evals))
     if not rp.judged:
         return None
     where = "every comparison decided or at seeds.max" if rp.done else "the next wave to run"
