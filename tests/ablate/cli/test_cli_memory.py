@@ -28,8 +28,8 @@ def test_plan_prints_the_quickstart_estimate_and_fits_without_a_limit(tmp_path):
     res = CliRunner().invoke(main, ["plan", str(QUICKSTART), "-o", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     assert "memory per device (estimate):" in res.output
-    # one configuration of memory for all 16 cells: tiny, fp32 on the CPU, micro-batch 8 x 128
-    line = next(ln for ln in res.output.splitlines() if ln.startswith("  16 cell(s)"))
+    # one configuration of memory for all 18 cells: tiny, fp32 on the CPU, micro-batch 8 x 128
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("  18 cell(s)"))
     assert "MiB per device = params" in line and "fp32, micro-batch 8 x 128" in line
     assert "warning: memory" not in res.output  # a CPU study: no device memory to compare with
 
@@ -40,7 +40,7 @@ def test_plan_warns_when_the_device_is_too_small(tmp_path):
         main, ["plan", str(QUICKSTART), "-o", str(out), "--device-memory", "1MiB"]
     )
     assert res.exit_code == 0, res.output  # a warning, not an error
-    assert "warning: memory: 16 cell(s)" in res.output and "will not fit" in res.output
+    assert "warning: memory: 18 cell(s)" in res.output and "will not fit" in res.output
     res = CliRunner().invoke(
         main, ["plan", str(QUICKSTART), "-o", str(out), "--device-memory", "1MiB", "--json"]
     )
