@@ -76,6 +76,8 @@ class Judgement:
     critical: float
     censored: int = 0
     """Pairs carrying a bound instead of a value."""
+    lower_bounds: int = 0
+    """Of those, the lower bounds (the configuration's run censored); the rest are upper bounds."""
 
     @property
     def cost(self) -> tuple[float, float, float]:
@@ -166,7 +168,7 @@ def judge(
     mean = float(x.mean())
     half = c * float(x.std(ddof=1)) / math.sqrt(n)
     lo, hi = mean - half, mean + half
-    return Judgement(decide(lo, hi, margin, nl > 0, nu > 0), n, mean, lo, hi, c, nl + nu)
+    return Judgement(decide(lo, hi, margin, nl > 0, nu > 0), n, mean, lo, hi, c, nl + nu, nl)
 
 
 def seeds_to_decide(
@@ -174,13 +176,18 @@ def seeds_to_decide(
 ) -> int | None:
     """Pairs that would decide an open comparison if its mean and spread held (each n's critical
     value in a study planned to ``up_to`` pairs), or None when none up to ``up_to`` would: what
-    the report says of a comparison left open."""
-    if j.state != "open" or j.pairs < N_MIN or math.isnan(j.lo) or j.censored:
+    the report says of a comparison left open. A comparison with censored pairs is counted to
+    the one decision its bounds allow (``decide``), as the judge would read it; with bounds on
+    both sides none is."""
+    if j.state != "open" or j.pairs < N_MIN or math.isnan(j.lo):
+        return None
+    lower, upper = j.lower_bounds > 0, j.censored - j.lower_bounds > 0
+    if lower and upper:
         return None
     sd = (j.hi - j.lo) / 2 / j.critical * math.sqrt(j.pairs)  # the pairs' standard deviation
     for n in range(j.pairs + 1, up_to + 1):
         half = critical_value(n, max(up_to, n_max), comparisons) * sd / math.sqrt(n)
-        if decide(j.log_ratio - half, j.log_ratio + half, margin, False, False) != "open":
+        if decide(j.log_ratio - half, j.log_ratio + half, margin, lower, upper) != "open":
             return n
     return None
 

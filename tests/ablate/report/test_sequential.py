@@ -96,6 +96,27 @@ def test_an_open_comparison_says_how_many_pairs_would_decide_it():
     assert seeds_to_decide(judge([0.3, 0.31, 0.29], n_max=10), n_max=10) is None  # decided
 
 
+def test_a_censored_open_comparison_is_counted_to_the_decision_its_bounds_allow():
+    d = [0.10, 0.02, 0.15, 0.05, 0.08]
+    free = judge(d, n_max=10, comparisons=2)
+    low = judge(d, n_max=10, comparisons=2, lower=[False, False, True, False, False])
+    assert low.state == "open" and low.censored == low.lower_bounds == 1
+    # a lower bound allows "slower" only: the count is the one that takes the interval above 0
+    assert seeds_to_decide(low, n_max=10, comparisons=2, up_to=14) == seeds_to_decide(
+        free, n_max=10, comparisons=2, up_to=14
+    )
+    # near zero, an uncensored comparison is decided equivalent long before it could be slower;
+    # one with a lower bound can only become slower, which these pairs never do
+    flat = [0.04, -0.05, 0.05, 0.0, -0.03]
+    assert seeds_to_decide(judge(flat, n_max=10), n_max=10, up_to=50) is not None
+    assert seeds_to_decide(judge(flat, n_max=10, lower=[True] + [False] * 4), n_max=10) is None
+    # an upper bound allows "faster" only; bounds on both sides allow nothing
+    up = judge([-x for x in d], n_max=10, comparisons=2, upper=[False, True, False, False, False])
+    assert up.lower_bounds == 0 and seeds_to_decide(up, n_max=10, comparisons=2, up_to=14)
+    both = judge(d, n_max=10, lower=[True] + [False] * 4, upper=[False, True] + [False] * 3)
+    assert both.state == "open" and seeds_to_decide(both, n_max=10) is None
+
+
 def test_a_seed_plan_looks_in_waves_and_refuses_what_cannot_be_judged():
     assert SeedPlan(initial=3, step=2, max=10).looks() == [3, 5, 7, 9, 10]
     assert SeedPlan(initial=4, step=3, max=10).looks() == [4, 7, 10]
