@@ -290,7 +290,7 @@ def test_quickstart_decides_the_interventions_in_waves():
     assert {c.seed for c in s.cells} == set(range(6))  # every seed the waves may ask for
     plan = s.sequential
     assert plan is not None and plan.looks() == [4, 6] and plan.margin == 0.05
-    assert s.file.target.val_ppl == 24
+    assert s.file.target.val_ppl == 17.7
 
 
 def test_json_schema_describes_the_study():
