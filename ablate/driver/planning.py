@@ -4,7 +4,8 @@ room to measure a cost (``target_headroom``), and a ladder's sizes whose budgets
 tokens per parameter of its prediction (``ladder_brackets``). ``ablate plan`` prints the plan;
 the runner follows it.
 
-- ``run``: no MLflow run has its key yet -> create one and train;
+- ``run``: no MLflow run has its key yet -> create one and train from step 0 (a checkpoint of
+  the cell that no run owns, its run deleted, is set aside: ``runner``);
 - ``skip``: finished or diverged (both are results);
 - ``resume``: started but not ended (interrupted, worker lost, driver killed) -> continue from its
   checkpoint (or from step 0 when there is none) in the same run;

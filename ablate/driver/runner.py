@@ -25,6 +25,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -219,15 +220,21 @@ class _StudyRun:
             self.submit(p, task)
 
     def run_of(self, p: PlannedCell) -> str:
-        """The run a cell to run logs into: its recorded run when it resumes, a new one otherwise
-        (a stale result's checkpoint is kept aside, renamed after its run)."""
+        """The run a cell to run logs into: its recorded run when it resumes, a new one otherwise.
+        A new run starts from step 0: a stale result's checkpoint is kept aside, renamed after its
+        run, and so is a checkpoint that no run of the store owns (its run deleted, or the store
+        replaced), renamed after the time it was set aside; resumed into a new run, it would
+        leave that run without the curve before it."""
         c = p.cell
+        ckpt = self.study.checkpoint_dir(c)
         if p.fresh and p.run is not None:  # keep the stale run and its checkpoint, start anew
-            ckpt = self.study.checkpoint_dir(c)
             if ckpt.exists():
                 ckpt.rename(ckpt.with_name(f"{ckpt.name}.stale-{p.run.run_id[:12]}"))
         if p.run is not None and not p.fresh:
             return p.run.run_id
+        if p.run is None and ckpt.exists():
+            when = time.strftime("%Y%m%d-%H%M%S")
+            ckpt.rename(ckpt.with_name(f"{ckpt.name}.orphan-{when}"))
         return self.tracker.create_cell_run(self.result.parent_run_id, c)
 
     def task(self, cell: Cell, run_id: str) -> Task:

@@ -18,9 +18,8 @@ from ablate.report.ladder.render import LadderResult, build_ladder_report, ladde
 from ablate.report.recorded import study_frames
 from ablate.report.render import ReportResult, build_report
 from ablate.report.run_metrics import config_summaries
-from ablate.report.waves import sequential_lines
+from ablate.report.waves import asked_part, sequential_lines
 from ablate.tracking import StudyTracker, read_histories, study_status
-from ablate.tracking.status import trained_part
 from ablate.tracking.vocab import ENDED, short_name
 
 if TYPE_CHECKING:
@@ -57,9 +56,9 @@ def report_study(
     """Write the study's report (default ``reports/<study>/``) and attach it to the parent run;
     ``titles`` False leaves the figures' titles out; ``mix_numerics`` compares runs of two
     numerics versions (``build_report``). A study with sequential seeds reports the seeds its
-    waves trained (``trained_part``)."""
+    waves asked for and trained (``asked_part``)."""
     every_seed = study  # a sequential study's waves replay over its every seed
-    study = trained_part(study)
+    study = asked_part(study)
     cells, evals = study_frames(study)
     ended = cells["status"].isin(ENDED)
     if not ended.any():

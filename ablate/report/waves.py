@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ablate.errors import ReportError
 from ablate.report.sequential import Judgement, judge, seeds_to_decide
 from ablate.study import Cell, Study
 from ablate.study.seeds import SeedPlan
@@ -185,6 +186,23 @@ def replay(study: Study, rows: Any = None) -> Replay:
         if nxt == seeds:
             return Replay(seeds, cells, judged, wave, True)
         seeds = nxt
+
+
+def asked_part(study: Study) -> Study:
+    """A study with sequential seeds less the seeds its waves have not asked for or not trained:
+    what its report reads, the seeds its decision reads. Its store may hold other seeds (trained
+    under another plan or target, or by a study with a written seed axis): they are not the
+    waves', and the report leaves them out as the decision does. Any other study as it is."""
+    if study.sequential is None:
+        return study
+    try:
+        rows = cell_rows(study)
+    except ReportError:
+        return study  # nothing recorded: the report says so
+    recorded = set(rows["key"][rows["status"] != "pending"])
+    return dataclasses.replace(
+        study, cells=[c for c in replay(study, rows).cells if c.key in recorded]
+    )
 
 
 def sequential_lines(study: Study, cells: Any, evals: Any) -> tuple[str, list[str]] | None:

@@ -5,12 +5,10 @@ target derived from the baseline needs (tune, the validate/plan headroom warning
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ablate.errors import TrackingError
 from ablate.study.cells import Cell, Study
 from ablate.targets import Curve
 from ablate.tracking.history import read_histories
@@ -67,18 +65,6 @@ def study_status(study: Study) -> list[CellStatus]:
     experiment does not exist (nothing was ever recorded: callers decide what that means)."""
     runs = read_cells(study.tracking_uri, study.name, experiment=study.experiment)
     return join_runs(study, {r.key: r for r in runs})
-
-
-def trained_part(study: Study) -> Study:
-    """A study with sequential seeds (``seeds:``) less the seeds its waves have not trained
-    (what its report reads); any other study, or one with nothing recorded, as it is."""
-    if study.sequential is None:
-        return study
-    try:
-        keys = {cs.cell.key for cs in study_status(study) if cs.run is not None}
-    except TrackingError:
-        return study
-    return dataclasses.replace(study, cells=[c for c in study.cells if c.key in keys])
 
 
 def baseline_curves(study: Study, statuses: list[CellStatus] | None = None) -> list[Curve]:

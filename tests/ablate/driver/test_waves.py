@@ -3,7 +3,8 @@ in waves on the local executor into a real MLflow store; a configuration decided
 wave gets no more seeds, an open one gets ``step`` more up to ``max`` with the baseline beside it;
 ``ablate status`` replays the waves from the store and says each comparison's state; a second
 ``ablate run`` trains nothing and reaches the same verdicts; the report opens with the waves'
-decisions and reads only the seeds the waves trained. And what a study with ``seeds:`` may not write, refused before anything runs."""
+decisions and reads only the seeds the waves asked for and trained (not another seed of the
+same store). And what a study with ``seeds:`` may not write, refused before anything runs."""
 
 from __future__ import annotations
 
@@ -147,10 +148,32 @@ def test_a_study_with_seeds_trains_in_waves_and_stops_each_configuration_when_de
     assert "waves 1-1: replayed from the store" in third.output
     assert "11 cells: 1 run, 10 skip" in third.output
     assert "1 configuration(s) open at seeds.max (4)" in third.output
+    # the lost run's checkpoint is set aside, not resumed into the new run (which would hold no
+    # curve): the cell trained again from step 0 and its pair is whole
+    cells_dir = out / "cells"
+    assert len(list(cells_dir.glob(f"{lost['key']}.orphan-*"))) == 1
+    st = runner.invoke(main, ["status", str(path), "-o", str(out), "--json"])
+    assert json.loads(st.output)["comparisons"][FP4] == {"state": "open", "seeds": 4, "pairs": 4}
+    # a seed no wave asked for, trained into the same store by a study with a written seed axis
+    # (the same key as the sequential study's SLOW seed 3): neither the decision nor the report
+    # reads it
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(
+        yaml.safe_dump(
+            {"name": "waves", "base": BASE, "grid": {"train.lr": [0.00003], "seed": [3]}}
+        )
+    )
+    res = runner.invoke(
+        main, ["run", str(extra), "-o", str(out), "--executor", "local", "--quiet", "--no-report"]
+    )
+    assert res.exit_code == 0 and "1 cells: 1 run" in res.output, res.output
+    rep = runner.invoke(main, ["report", str(path), "--runs", str(out)])
+    assert rep.exit_code == 0, rep.output
     report = tmp_path / "reports" / "waves" / "report.md"
     assert report.exists()
     md = report.read_text()
     assert "not ended" not in md  # the seeds never asked for are not pending
+    assert f"{SLOW}/seed3" not in md and "11 runs" in md, md[:400]
     # the verdict opens with the sequential decision, the lines `ablate run` printed
     verdict = md[md.index("## Verdict") : md.index("## Summary")]
     assert "**Sequential decision** (the study's `seeds:` rule, after 2 wave(s)" in verdict
