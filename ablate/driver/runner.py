@@ -227,9 +227,8 @@ class _StudyRun:
         leave that run without the curve before it."""
         c = p.cell
         ckpt = self.study.checkpoint_dir(c)
-        if p.fresh and p.run is not None:  # keep the stale run and its checkpoint, start anew
-            if ckpt.exists():
-                ckpt.rename(ckpt.with_name(f"{ckpt.name}.stale-{p.run.run_id[:12]}"))
+        if p.fresh and p.run is not None and ckpt.exists():  # keep the stale run and checkpoint
+            ckpt.rename(ckpt.with_name(f"{ckpt.name}.stale-{p.run.run_id[:12]}"))
         if p.run is not None and not p.fresh:
             return p.run.run_id
         if p.run is None and ckpt.exists():

@@ -14,7 +14,8 @@ a number in a report can be traced to the code, device and precision that produc
                     number of a run: ``NOT_NUMERICS``): equal hashes, equal numerics. ``ablate plan`` marks a
                     finished cell whose hash differs from the current one as stale
     torch, python   versions; cuda the CUDA runtime torch was built with (GPU runs)
-    device          the device kind (cpu, cuda) and device_name (CPU model or GPU name)
+    device          the device kind (cpu, cuda) and device_name (GPU name, or CPU model with the
+                    vector kernels torch runs on it: ATen's capability, which decides last bits)
     precision       the resolved autocast precision (bf16, fp32)
     backend         the GEMM backend
     native_check    with ``backend: native``: the native GEMMs' self-check against the emulation
@@ -91,9 +92,12 @@ def _version() -> str:
 
 
 def device_name(kind: str) -> str:
-    """The GPU's name (with its architecture) on CUDA; the CPU's model name otherwise."""
+    """The GPU's name (with its architecture) on CUDA; otherwise the CPU's model name with the
+    vector kernels torch runs on it (ATen's CPU capability, e.g. ``AMD EPYC (AVX512)``): one CPU
+    under two capabilities (``ATEN_CPU_CAPABILITY``) trains other last bits."""
     cuda = kind == "cuda" and torch.cuda.is_available()
-    return device_description(torch.device("cuda" if cuda else "cpu"))
+    name = device_description(torch.device("cuda" if cuda else "cpu"))
+    return name if cuda else f"{name} ({torch.backends.cpu.get_cpu_capability()})"
 
 
 def environment(config: RunConfig) -> dict[str, str]:

@@ -179,6 +179,8 @@ def test_environment_names_the_device_kind_and_precision():
     env = environment(RunConfig(device="cpu", train=TrainConfig(precision="bf16")))
     assert env["device"] == "cpu" and env["precision"] == "bf16"
     assert env["device_name"] and env["python"].count(".") == 2
+    # a CPU's name says which of torch's vector kernels ran: they decide the last bits
+    assert env["device_name"].endswith(f" ({torch.backends.cpu.get_cpu_capability()})")
 
 
 # --- the target's headroom ------------------------------------------------------------------------
