@@ -28,44 +28,44 @@ def _summary_rows(report_md: str) -> list[dict[str, str]]:
     return rows
 
 
+DECISION = re.compile(
+    r"^- (?P<config>\S+) \((?P<seeds>\d+) seeds\): (?P<state>faster|slower|equivalent|open)"
+    r"(?: (?P<cost>[+-][\d.]+%) \[(?P<lo>[+-][\d.]+%), (?P<hi>[+-][\d.]+%)\] on (?P<pairs>\d+) "
+    r"pair\(s\)|: (?P<usable>\d+) usable pair\(s\))(?: \((?P<notes>.*)\))?$"
+)
+
+
 def quickstart_paragraph(report_md: str) -> str:
-    """The README's paragraph on the kept quickstart report, made from that report alone."""
+    """The README's paragraph on the kept quickstart report, made from that report alone: its
+    sequential decision (the verdict's first list), then the baseline's and the configurations'
+    final perplexities from the summary table."""
+    verdict = report_md[report_md.index("## Verdict") : report_md.index("## Summary")]
+    waves = re.search(r"after (\d+) wave\(s\)", verdict)
+    assert waves, "the kept quickstart report has no sequential decision"
+    said = []
+    for m in (DECISION.match(ln) for ln in verdict.splitlines()):
+        if not m:
+            continue
+        if m["usable"]:
+            how = f"*open* at {m['seeds']} seeds ({m['usable']} usable pairs)"
+        elif m["state"] == "open":
+            how = f"still *open* at {m['seeds']} seeds, {m['cost']} [{m['lo']}, {m['hi']}] tokens"
+        else:
+            how = f"*{m['state']}*, {m['cost']} [{m['lo']}, {m['hi']}] tokens on {m['pairs']} pairs"
+        more = re.search(r"about (\d+) pairs would decide it", m["notes"] or "")
+        if more:
+            how += f", about {more[1]} pairs would decide it"
+        said.append(f"`{m['config']}` {how}")
     rows = _summary_rows(report_md)
     base = next(r for r in rows if "(baseline)" in r["configuration"])
-    others = [r for r in rows if r is not base]
-    by: dict[str, list[str]] = {}
-    for r in others:
-        by.setdefault(r["verdict"], []).append(r["configuration"])
-    order = ["better", "indistinguishable", "worse", "undetermined"]
-    words = {
-        "better": "*faster*",
-        "indistinguishable": "*indistinguishable*",
-        "worse": "*slower*",
-        "undetermined": "*undetermined*",
-    }
-    if len(by) == 1:
-        (verdict,) = by
-        called = f"every configuration {words[verdict]}"
-    else:
-        called = "; ".join(
-            f"{words[v]}: " + ", ".join(f"`{c}`" for c in by[v]) for v in order if v in by
-        )
-    partial = [
-        r for r in others if "partial" in r["seeds reached"] or r["seeds reached"].startswith("0/")
-    ]
-    seeds = re.search(r"\*\*Seeds\*\*: (.*?)\(from the seed noise", report_md)
-    ppl = [float(r["final ppl"].split(" ± ")[0]) for r in others]
-    text = (
-        f"The kept report calls {called} against the FP8 baseline. {seeds.group(1).strip() + '.' if seeds else ''} "
-        f"The baseline's two seeds end at mean perplexity {base['final ppl']}; the other "
-        f"configurations' means lie between {min(ppl):g} and {max(ppl):g}"
+    ppl = [float(r["final ppl"].split(" ± ")[0]) for r in rows if r is not base]
+    n = waves[1]
+    return (
+        f"The kept report trained {n} wave{'s' if n != '1' else ''} of seeds and decides the "
+        f"token cost against the FP8 baseline: {'; '.join(said)}. The baseline's "
+        f"{base['seeds reached'].split('/')[1]} seeds end at mean perplexity {base['final ppl']}; "
+        f"the configurations' means lie between {min(ppl):g} and {max(ppl):g}."
     )
-    if partial:
-        text += ", and " + ", ".join(
-            f"`{r['configuration']}` reached the target with {r['seeds reached'].split()[0]} seeds"
-            for r in partial
-        )
-    return text + "."
 
 
 def test_the_readmes_quickstart_paragraph_is_the_kept_reports():

@@ -60,7 +60,7 @@ def export(
 
     \b
     Example:
-        ablate export studies/quickstart.yaml --cell 'bf16/seed0' -o exported/quickstart-bf16
+        ablate export studies/quickstart.yaml --cell 'fp8/seed0' -o exported/quickstart-fp8
     """
     from ablate.export import METADATA, export_cell
 
