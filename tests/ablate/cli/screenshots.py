@@ -47,8 +47,10 @@ def main(study_file: str, out: str) -> None:
             page.screenshot(path=str(out_dir / "charts.png"))
 
             page.goto(url)
-            cell = study.cells[-1]
+            from ablate.report.waves import asked_part
             from ablate.tracking.vocab import short_name
+
+            cell = asked_part(study).cells[-1]  # a cell with a run (not a seed no wave asked for)
 
             page.get_by_text(short_name(cell)).first.click()
             page.get_by_text("About this run").wait_for(timeout=60_000)
