@@ -18,7 +18,7 @@ from ablate.report.ladder.render import LadderResult, build_ladder_report, ladde
 from ablate.report.recorded import study_frames
 from ablate.report.render import ReportResult, build_report
 from ablate.report.run_metrics import config_summaries
-from ablate.report.waves import asked_part, sequential_lines
+from ablate.report.waves import asked_part, rows_of, sequential_lines
 from ablate.tracking import StudyTracker, read_histories, study_status
 from ablate.tracking.vocab import ENDED, short_name
 
@@ -58,8 +58,12 @@ def report_study(
     numerics versions (``build_report``). A study with sequential seeds reports the seeds its
     waves asked for and trained (``asked_part``)."""
     every_seed = study  # a sequential study's waves replay over its every seed
-    study = asked_part(study)
     cells, evals = study_frames(study)
+    if study.sequential is not None:  # the waves' seeds, from the frames read once
+        study = asked_part(study, rows_of(study, cells, evals))
+        keep = {c.key for c in study.cells}
+        cells = cells[cells["key"].isin(keep)].reset_index(drop=True)
+        evals = evals[evals["key"].isin(keep)].reset_index(drop=True)
     ended = cells["status"].isin(ENDED)
     if not ended.any():
         raise ReportError(

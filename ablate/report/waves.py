@@ -188,17 +188,19 @@ def replay(study: Study, rows: Any = None) -> Replay:
         seeds = nxt
 
 
-def asked_part(study: Study) -> Study:
+def asked_part(study: Study, rows: Any = None) -> Study:
     """A study with sequential seeds less the seeds its waves have not asked for or not trained:
     what its report reads, the seeds its decision reads. Its store may hold other seeds (trained
     under another plan or target, or by a study with a written seed axis): they are not the
-    waves', and the report leaves them out as the decision does. Any other study as it is."""
+    waves', and the report leaves them out as the decision does. Any other study as it is.
+    ``rows``: its ``cell_rows`` as the caller read them (default: read now)."""
     if study.sequential is None:
         return study
-    try:
-        rows = cell_rows(study)
-    except ReportError:
-        return study  # nothing recorded: the report says so
+    if rows is None:
+        try:
+            rows = cell_rows(study)
+        except ReportError:
+            return study  # nothing recorded: the report says so
     recorded = set(rows["key"][rows["status"] != "pending"])
     return dataclasses.replace(
         study, cells=[c for c in replay(study, rows).cells if c.key in recorded]
