@@ -3,6 +3,7 @@ store, resume after a killed worker or an interrupted driver, and nothing finish
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -55,7 +56,7 @@ def histories(client: MlflowClient, run_id: str, key: str) -> list[int]:
     return sorted(m.step for m in client.get_metric_history(run_id, key))
 
 
-def assert_store_holds(study: Study, *, expect_steps: int) -> dict[str, str]:
+def assert_store_holds(study: Study, *, expect_steps: int, eval_every: int = 3) -> dict[str, str]:
     """One child run per cell, params and tags as recorded, every step of every metric once."""
     client = MlflowClient(tracking_uri=study.tracking_uri)
     exp = client.get_experiment_by_name(study.name)
@@ -77,7 +78,7 @@ def assert_store_holds(study: Study, *, expect_steps: int) -> dict[str, str]:
         for key in METRICS:
             assert histories(client, r.info.run_id, key) == list(range(1, expect_steps + 1)), key
         assert histories(client, r.info.run_id, "tokens") == list(range(expect_steps + 1))
-        evals = list(range(0, expect_steps + 1, 3))
+        evals = list(range(0, expect_steps + 1, eval_every))
         assert histories(client, r.info.run_id, "val_loss") == evals
     return {k: r.info.run_id for k, r in by_key.items()}
 
@@ -222,11 +223,36 @@ def ray_cluster():
 
 
 @pytest.mark.slow
-def test_ray_executor_runs_cells_concurrently_into_one_store(tmp_path, ray_cluster):
-    s = tiny_study(tmp_path, steps=9, seed=[0, 1], fp4_gemms=[[], ["fprop", "dgrad", "wgrad"]])
-    res = run_study(s, executor="ray", progress=False)
-    assert len(res.outcomes) == 4 and {o.status for o in res.outcomes.values()} == {"finished"}
-    assert_store_holds(s, expect_steps=9)
+def test_waves_train_on_ray_and_a_drained_wave_goes_on_in_the_next_run(tmp_path, ray_cluster):
+    # what an allocation of `ablate slurm` does with a study of sequential seeds (Ray, drained on
+    # SLURM's signal, the requeued job running the study again): the first run is drained after a
+    # cell of wave 1 ended; the next finishes wave 1 from the store, judges it and trains wave 2
+    from test_waves import _raw
+
+    raw = _raw(grid={"fp4_gemms": [[], ["fprop", "dgrad", "wgrad"]]}, baseline={"fp4_gemms": []})
+    s = parse_study(raw, output=tmp_path / "out", text="# waves\n")
+    ended: dict[str, str] = {}
+    first, second = io.StringIO(), io.StringIO()
+    res = run_study(
+        s, executor="ray", progress=False, stream=first,
+        on_outcome=lambda cell, o: ended.setdefault(cell.key, o.status),
+        drain=lambda: "SIGTERM: the job is requeued" if ended else "",
+    )  # fmt: skip
+    assert res.interrupted, first.getvalue()
+    assert "wave 1:" in first.getvalue() and "wave 2" not in first.getvalue()
+    finished = [k for k, status in ended.items() if status == "finished"]
+    assert 1 <= len(finished) < 6, ended  # the others interrupted, or never started
+    res = run_study(s, executor="ray", progress=False, stream=second)
+    text = second.getvalue()
+    assert not res.interrupted and not res.failed, text
+    assert "replayed" not in text  # wave 1 had cells left: it runs again, its ended cells skipped
+    fp4 = "mxfp4[fprop,dgrad,wgrad]/bf16"
+    assert f"wave 1: seeds per configuration: {fp4} 3" in text
+    assert f"6 cells: {6 - len(finished)} resume, {len(finished)} skip" in text
+    assert f"wave 2: seeds per configuration: {fp4} 4" in text and "8 cells: 2 run, 6 skip" in text
+    assert f"{fp4} (4 seeds): open" in text and "open at seeds.max (4)" in text
+    # seeds 0-3 of both, on Ray's two CPUs into one store: each cell once, every step once
+    assert_store_holds(s, expect_steps=40, eval_every=4)
 
 
 @pytest.mark.slow
