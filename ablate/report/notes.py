@@ -155,8 +155,9 @@ def baseline_notes(sub: Any) -> list[str]:
     return notes
 
 
-def report_notes(config_table: Any, target_ppl: float) -> list[str]:
-    """Study-level messages for the top of the report (an unreachable baseline, missing seeds)."""
+def report_notes(config_table: Any, target_ppl: float, *, sequential: bool = False) -> list[str]:
+    """Study-level messages for the top of the report (an unreachable baseline, missing seeds;
+    ``sequential``: a study of sequential seeds, whose configurations stop when decided)."""
     notes = []
     base = config_table[config_table["baseline"]].iloc[0]
     if base["seeds_reached"] == 0:
@@ -192,5 +193,10 @@ def report_notes(config_table: Any, target_ppl: float) -> list[str]:
         listed = ", ".join(
             f"`{c}` ({n})" for c, n in zip(short["config"], short["seeds_total"], strict=True)
         )
-        notes.append(f"Some configurations have fewer than {most} seeds: {listed}.")
+        why = (
+            " (sequential seeds: each stopped once its comparison was decided)"
+            if sequential
+            else ""
+        )
+        notes.append(f"Some configurations have fewer than {most} seeds: {listed}{why}.")
     return notes

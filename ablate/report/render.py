@@ -113,7 +113,12 @@ def build_report(
     target_ppl = resolve_target(target, ev, cells)
     cell_table = per_cell(cells, ev, target_ppl)
     config_table = per_config(cell_table, spec, ev)
-    all_notes = [*notes, *report_notes(config_table, target_ppl), *provenance.notes(cells)]
+    seq = decisions is not None
+    all_notes = [
+        *notes,
+        *report_notes(config_table, target_ppl, sequential=seq),
+        *provenance.notes(cells),
+    ]
 
     data = plots.curves(cell_table, ev)
     t: dict[str, Any] = {"title": study, "titles": titles}

@@ -201,6 +201,11 @@ def test_a_missing_seed_is_counted_and_reported(study):
     assert y["tokens_to_target"] == pytest.approx(math.sqrt(200e3 * 400e3))
     notes = report_notes(table, 4.0)
     assert any("fewer than 3 seeds" in n and "mxfp4[fprop,dgrad]/fp8" in n for n in notes)
+    assert not any("sequential" in n for n in notes)
+    # a study of sequential seeds says why: a configuration stops once it is decided
+    (short,) = [n for n in report_notes(table, 4.0, sequential=True) if "fewer than" in n]
+    assert "mxfp4[fprop,dgrad]/fp8" in short
+    assert short.endswith("(sequential seeds: each stopped once its comparison was decided).")
 
 
 def test_a_seed_that_never_reaches_the_target_raises_the_cost_instead_of_vanishing(study):
