@@ -52,7 +52,7 @@ def test_decay_branches_cost_their_decays_only(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_8b_ladder_costs_a_third_of_the_8b_ablation():
+def test_the_8b_ladder_costs_two_thirds_of_the_8b_ablation():
     def planned(name: str) -> dict:
         res = CliRunner().invoke(
             main, ["plan", str(ROOT / "studies" / f"{name}.yaml"), "--json", "--gpu-tflops", "400"]
@@ -61,7 +61,7 @@ def test_the_8b_ladder_costs_a_third_of_the_8b_ablation():
         return json.loads(res.stdout[res.stdout.index("{") :])
 
     ladder, study = planned("ladder_8b"), planned("mxfp4_wgrad_8b")
-    assert 900 < ladder["compute"]["gpu_hours"] < 1400
+    assert 2000 < ladder["compute"]["gpu_hours"] < 2600  # budgets of 10, 20 and 40 per parameter
     assert 3000 < study["compute"]["gpu_hours"] < 4000
     # one GPU a cell, as the study says: every cell's estimate fits an 80 GB H100 (79.6 GiB)
     peak = max(c["memory"]["total"] for c in ladder["cells"])
