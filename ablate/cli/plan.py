@@ -203,7 +203,7 @@ def plan(
             },
             "seeds": seed_rows(study, model, margin, power, tflops),
         }
-        doc = {"study": study.name, "cells": rows, **totals}
+        doc = {"study": study.name, "cells": rows, **totals, "ladder_width": _ladder_width(study)}
         click.echo(json.dumps(doc, indent=2, default=str))
         _memory_warnings(mem, planned)
         return
@@ -242,6 +242,8 @@ def plan(
         "(--gpu-tflops; training only, as native GEMMs run it)"
     )
     _echo_schedules(study)
+    if (line := _ladder_width(study)) is not None:
+        click.echo(f"ladder: {line}")
     echo_seed_plan(study, model, margin, power, tflops)
     from ablate.train.memory import format_bytes
 
@@ -301,6 +303,18 @@ def _branch_row(
         return {"family": None, "trunk": None, "branch_point": None, "starts_at": start}
     trunk = m.trunk.key if m.trunk is not None else None
     return {"family": m.family.key, "trunk": trunk, "branch_point": m.point, "starts_at": start}
+
+
+def _ladder_width(study: Study) -> str | None:
+    """``planning.ladder_width`` from the study's default report folder's points, if any."""
+    from pathlib import Path
+
+    from ablate.driver.planning import ladder_width
+
+    if study.file.ladder is None or study.file.ladder.predict is None:
+        return None
+    click.echo("ladder: simulating this design's prediction (about 30 s)...", err=True)
+    return ladder_width(study, Path("reports") / study.name / "ladder_points.csv")
 
 
 def _checks(study: Study, address: str | None, *, memory: bool = True) -> None:

@@ -108,7 +108,7 @@ def report(
 
 def _echo_ladder(rep: Any) -> None:
     """A ladder's prediction, one line per configuration (stderr)."""
-    rows = rep.table[rep.table["method"] == "quartet+trend"]
+    rows = rep.table[rep.table["method"] == "sloped"]
     if rows.empty:
         click.echo("ladder: no prediction (no ladder.predict, or no fit)", err=True)
     for r in rows.to_dict("records"):

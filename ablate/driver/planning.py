@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from ablate.driver.reuse import baseline_plan
@@ -157,25 +158,34 @@ parameter: the fits read each size near the target's ratio of tokens to paramete
 whose budgets all lie on one side of it is extrapolated in D as well as in N."""
 
 
-def ladder_brackets(study: Study) -> list[str]:
-    """One warning per ladder size whose budgets do not bracket ``ladder.predict``'s tokens per
-    parameter by ``BRACKET`` on both sides, naming the budgets that would (empty without a
-    prediction)."""
+def ladder_design(study: Study) -> tuple[dict[int, set[tuple[int, int]]], int]:
+    """A ladder's sizes N, each with its budgets (steps, tokens per step), and the fewest seeds
+    its baseline trains at a rung."""
     from ablate.model import non_embedding_params
 
-    ladder = study.file.ladder
-    if ladder is None or ladder.predict is None:
-        return []
-    want = ladder.predict.tokens / ladder.predict.params
     budgets: dict[int, set[tuple[int, int]]] = {}
     sizes: dict[str, int] = {}  # N once per model (a model.hf one is built on the meta device)
+    seeds: dict[tuple[int, int], set[int]] = {}
     for c in study.cells:
         t, model = c.config.train, repr(c.config.model.to_dict())
         if model not in sizes:
             sizes[model] = non_embedding_params(c.config.model)
         budgets.setdefault(sizes[model], set()).add((t.steps, t.tokens_per_step))
+        if c.baseline:
+            seeds.setdefault((sizes[model], t.steps), set()).add(c.seed)
+    return budgets, min((len(v) for v in seeds.values()), default=0)
+
+
+def ladder_brackets(study: Study) -> list[str]:
+    """One warning per ladder size whose budgets do not bracket ``ladder.predict``'s tokens per
+    parameter by ``BRACKET`` on both sides, naming the budgets that would (empty without a
+    prediction)."""
+    ladder = study.file.ladder
+    if ladder is None or ladder.predict is None:
+        return []
+    want = ladder.predict.tokens / ladder.predict.params
     out = []
-    for n, steps in sorted(budgets.items()):
+    for n, steps in sorted(ladder_design(study)[0].items()):
         per_step = max(p for _, p in steps)
         ratios = sorted(s * p / n for s, p in steps)
         low, high = want / BRACKET, want * BRACKET
@@ -197,6 +207,54 @@ def ladder_brackets(study: Study) -> list[str]:
             "this size on one side of the target's ratio only"
         )
     return out
+
+
+LADDER_NOISE = 0.01
+"""The run-to-run spread of a ladder's validation loss (relative) that ``ladder_width`` assumes
+without a measurement: about what the CPU ladder measures between its seeds."""
+
+
+def ladder_width(study: Study, points: Path | None = None, ladders: int = 16) -> str | None:
+    """What the ladder's design is expected to give at ``ladder.predict``: the median width of
+    the 95% interval over ``ladders`` synthetic ladders of its sizes, budgets and seeds
+    (``ablate.report.ladder.simulate.expected_width``), with the noise and law measured from a
+    report's ``points`` (its ``ladder_points.csv``) where there is one, else Chinchilla's law and
+    ``LADDER_NOISE``. None without a prediction or with fewer than two sizes."""
+    from ablate.report.ladder.simulate import CHINCHILLA, expected_width, measured
+
+    ladder = study.file.ladder
+    if ladder is None or ladder.predict is None:
+        return None
+    budgets, seeds = ladder_design(study)
+    if len(budgets) < 2 or seeds < 1:
+        return None
+    law, noise, source = (
+        CHINCHILLA,
+        LADDER_NOISE,
+        (f"Chinchilla's law and an assumed {LADDER_NOISE:.0%} run-to-run spread in loss"),
+    )
+    if points is not None and points.is_file():
+        try:
+            got = measured(points, next(c.ladder_config for c in study.cells if c.baseline))
+            if got is not None:
+                law, noise = got
+                source = (
+                    f"the law and the run-to-run spread ({noise:.2%} in loss) measured in {points}"
+                )
+        except (ValueError, KeyError, OSError) as e:
+            source += f" ({points} unreadable: {e})"
+    design = {
+        float(n): tuple(sorted(float(s * p) for s, p in steps)) for n, steps in budgets.items()
+    }
+    target = (ladder.predict.params, ladder.predict.tokens)
+    width, held = expected_width(law, design, seeds, target, noise, ladders=ladders)
+    return (
+        f"expected width of each configuration's 95% interval at N* = {target[0]:.3g}, D* = "
+        f"{target[1]:.3g}: x{width:.2f} (hi / lo, the median of {ladders} simulated ladders of "
+        f"this design, {len(design)} sizes and {seeds} seed(s), a configuration at effD 0.8 "
+        f"under {source}; {held:.0%} of them held the truth). More seeds, sizes or a larger "
+        "largest size narrow it (docs/ladders.md)"
+    )
 
 
 def summarize(planned: Iterable[PlannedCell]) -> dict[str, int]:

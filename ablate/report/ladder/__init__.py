@@ -9,11 +9,17 @@ target (N*, D*) with a 95% interval. Each layer imports only those above it in t
 
     solver    batched Levenberg-Marquardt with Huber's loss, K fits at once (NumPy only)
     law       Quartet's law L(N, D) fitted on the baseline, each configuration's efficiencies
-              effN and effD under it, and the token ratio they imply (``fit_law``, ``token_ratio``)
+              effN and effD under it (or effD a power of N), and the token ratio they imply
+              (``fit_law``, ``fit_efficiencies``, ``token_ratio``)
     trend     the model-free reading: the token ratio measured at each rung (censored pairs kept)
               and its trend in log N (``pair_ratios``, ``fit_trend``)
-    predict   the prediction at (N*, D*) with its bootstrap interval over whole runs, the
-              back-test on the largest size, ``ladder.csv``'s table (``predict``, ``backtest``)
+    fit       a ladder's fits for K copies of its data at once: the law and two models of each
+              configuration's penalty, Quartet's constant one and a sloped one (``fit``, ``Fit``)
+    choose    which model predicts the ladder's largest sizes: each refitted without them and
+              scored on them (``holdout_scores``)
+    predict   the prediction at (N*, D*) from the sloped penalty, with its bootstrap interval over
+              whole runs, the back-test on the largest size, ``ladder.csv``'s table (``predict``,
+              ``backtest``)
     simulate  synthetic ladders drawn from a known law, which calibrate the intervals (the tests
               and ``python -m ablate.bench.ladder``)
     render    the ladder study's report: every rung's own report (``ablate.report.render``), the

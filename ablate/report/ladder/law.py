@@ -222,36 +222,47 @@ def fit_law(frame: pd.DataFrame, config: str, *, delta: float = DELTA) -> Law:
 
 
 EFF_STARTS = ((1.0, 1.0), (0.5, 1.0), (1.0, 0.5), (0.5, 0.5), (2.0, 2.0), (0.1, 1.0))
+SLOPE_BOUNDS = (-1.0, 1.0)
+"""Bounds of a sloped fit's k: effD times (N / N0)^k (``fit_efficiencies`` with ``n0``)."""
 
 
 class _EffModel:
     """log L of laws (arrays of K) at (N effN, D effD) and its Jacobian in the unbounded
-    efficiencies (K, 2); ``subset`` the same for some of the K problems."""
+    efficiencies (K, 2); with ``slope``, at (N effN, D effD (N / N0)^k) and (K, 3), ``slope``
+    being log(N / N0) of each observation."""
 
-    def __init__(self, cols: dict[str, np.ndarray], logn: np.ndarray, logd: np.ndarray):
-        self.cols, self.logn, self.logd = cols, logn, logd
+    def __init__(
+        self,
+        cols: dict[str, np.ndarray],
+        logn: np.ndarray,
+        logd: np.ndarray,
+        slope: np.ndarray | None = None,
+    ):
+        self.cols, self.logn, self.logd, self.slope = cols, logn, logd, slope
 
     def subset(self, rows: np.ndarray) -> _EffModel:
-        return _EffModel({f: v[rows] for f, v in self.cols.items()}, self.logn, self.logd)
+        cols = {f: v[rows] for f, v in self.cols.items()}
+        return _EffModel(cols, self.logn, self.logd, self.slope)
 
     def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         col = self.cols
         en, den = squash(x[:, 0], *EFF_BOUNDS)
         ed, ded = squash(x[:, 1], *EFF_BOUNDS)
+        logd = self.logd + np.log(ed)[:, None]
+        if self.slope is not None:
+            k, dk = squash(x[:, 2], *SLOPE_BOUNDS)
+            logd = logd + k[:, None] * self.slope
         u = col["a"] * np.exp(-col["alpha"] * (self.logn + np.log(en)[:, None]))
-        v = col["b"] * np.exp(-col["beta"] * (self.logd + np.log(ed)[:, None]))
+        v = col["b"] * np.exp(-col["beta"] * logd)
         s = u + v
         pw = s ** col["gamma"]
         loss = pw + col["e"]
         common = col["gamma"] * pw / s / loss
-        jac = np.stack(
-            [
-                common * u * -col["alpha"] * (den / en)[:, None],
-                common * v * -col["beta"] * (ded / ed)[:, None],
-            ],
-            axis=-1,
-        )
-        return np.log(loss), jac
+        dv = common * v * -col["beta"]  # d log L / d log D
+        parts = [common * u * -col["alpha"] * (den / en)[:, None], dv * (ded / ed)[:, None]]
+        if self.slope is not None:
+            parts.append(dv * self.slope * dk[:, None])
+        return np.log(loss), np.stack(parts, axis=-1)
 
 
 def fit_efficiencies(
@@ -262,9 +273,11 @@ def fit_efficiencies(
     weights: ArrayLike,
     *,
     delta: float = DELTA,
+    n0: float | None = None,
 ) -> np.ndarray:
     """K fits of (effN, effD) at once, fit k under law k (``law``'s fields arrays of K, or one
-    law for all): observations as ``fit_laws``'. Returns (K, 2)."""
+    law for all): observations as ``fit_laws``'. Returns (K, 2). With ``n0``, the sloped fit: a
+    data efficiency that is a power in N, effD (N / ``n0``)^k, and (K, 3) of (effN, effD, k)."""
     loss = np.atleast_2d(loss)
     weights = np.broadcast_to(np.atleast_2d(weights), loss.shape)
     k = loss.shape[0]
@@ -273,19 +286,29 @@ def fit_efficiencies(
         f: np.repeat(np.broadcast_to(np.asarray(getattr(law, f), float), (k,)), s)[:, None]
         for f in _FIELDS
     }
-    model = _EffModel(cols, np.log(params), np.log(tokens))
-    x0 = np.array([[unsquash(a, *EFF_BOUNDS), unsquash(b, *EFF_BOUNDS)] for a, b in EFF_STARTS])
+    logn = np.log(params)
+    slope = None if n0 is None else logn - math.log(n0)
+    model = _EffModel(cols, logn, np.log(tokens), slope)
+    x0: list[list[float]] = [
+        [float(unsquash(a, *EFF_BOUNDS)), float(unsquash(b, *EFF_BOUNDS))] for a, b in EFF_STARTS
+    ]
+    if slope is not None:
+        x0 = [[*r, 0.0] for r in x0]  # k = 0: the middle of SLOPE_BOUNDS
+    p = len(x0[0])
     x, obj = solve(
         model,
-        np.tile(x0, (k, 1)),
+        np.tile(np.array(x0), (k, 1)),
         np.repeat(np.log(loss), s, axis=0),
         np.repeat(weights, s, axis=0),
         delta=delta,
     )
     obj = obj.reshape(k, s)
     best = np.argmin(np.where(np.isfinite(obj), obj, np.inf), axis=1)
-    x = x.reshape(k, s, 2)[np.arange(k), best]
-    return np.stack([squash(x[:, 0], *EFF_BOUNDS)[0], squash(x[:, 1], *EFF_BOUNDS)[0]], axis=1)
+    x = x.reshape(k, s, p)[np.arange(k), best]
+    out = [squash(x[:, 0], *EFF_BOUNDS)[0], squash(x[:, 1], *EFF_BOUNDS)[0]]
+    if slope is not None:
+        out.append(squash(x[:, 2], *SLOPE_BOUNDS)[0])
+    return np.stack(out, axis=1)
 
 
 def fit_efficiency(

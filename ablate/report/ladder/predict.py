@@ -1,22 +1,24 @@
 """A ladder's prediction at the user's scale: each configuration's token ratio at a target (N*, D*)
 with a 95% interval, a back-test, and the trend in N.
 
-``predict`` fits Quartet's law on the baseline and each configuration's efficiencies
-(``ablate.report.ladder.law``), and reads the token ratio at (N*, D*): the tokens the configuration
-needs to reach the baseline's loss there, over D*. Its interval comes from a bootstrap over whole
-runs, paired by seed: a run (one size and seed, every budget of it) of the baseline and the runs
-of every configuration with the same size and seed move together. The bootstrap resamples runs'
-residuals from the fit (each run's vector of log-loss residuals over its budgets, the baseline's
-and the configurations' of one (size, seed) as one unit, scaled up for the parameters the fit
-spent), adds them to the fitted losses, and refits everything: law, efficiencies and ratio, a
-thousand times at once. Resampling residual units from the whole ladder rather than the two or
-three seeds of one size is what lets two seeds give an interval that covers (a case bootstrap of
-two seeds has three distinct outcomes per size); the simulation tests measure the coverage.
+``predict`` fits Quartet's law on the baseline and two models of each configuration's penalty
+(``ablate.report.ladder.fit``): Quartet's constant one, and a sloped one whose data efficiency is a
+power k of N, which nests it (k = 0). The prediction is the sloped model's token ratio at (N*, D*):
+the tokens the configuration needs to reach the baseline's loss there, over D*. It holds whether
+or not the penalty changes with size; the constant model's ratio is given beside it (narrower, and
+biased when the penalty does change: docs/ladders.md's simulation), with the model whose refit
+without the largest sizes predicted them better (``ablate.report.ladder.choose``).
 
-The model-free reading (``ablate.report.ladder.trend``) carries the measured ratios' line in log N
-to N* with its own interval. The prediction reported is Quartet's; its interval is the hull of the
-two intervals, so that it holds when either reading's assumptions do (``method`` "quartet+trend";
-the two are also given alone).
+The interval comes from a bootstrap over whole runs, paired by seed: a run (one size and seed,
+every budget of it) of the baseline and the runs of every configuration with the same size and
+seed move together. The bootstrap resamples runs' residuals from the sloped fit (each run's vector
+of log-loss residuals over its budgets, the baseline's and the configurations' of one (size, seed)
+as one unit, scaled up for the parameters the fit spent), adds them to the fitted losses, and
+refits everything, a thousand times at once. Resampling residual units from the whole ladder
+rather than the two or three seeds of one size is what lets two seeds give an interval that
+covers (a case bootstrap of two seeds has three distinct outcomes per size); the simulation tests
+measure the coverage. The model-free reading (``ablate.report.ladder.trend``) carries the measured
+ratios' line in log N to N* with its own interval.
 
 A configuration whose effN leaves a loss floor above the baseline's loss at (N*, D*) reaches it
 with no budget: its ratio is ``inf`` ("no" in ``reachable`` when at least 97.5% of the replicates
@@ -32,20 +34,14 @@ handful of runs; in simulation it covers 92-95% of the time.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from ablate.report.ladder.law import (
-    Law,
-    check_frame,
-    fit_efficiencies,
-    fit_laws,
-    laws_from_x,
-    start_grid,
-    token_ratios,
-)
+from ablate.report.ladder.choose import holdout_scores, prefers
+from ablate.report.ladder.fit import Design, Fit, design, fit, middle
+from ablate.report.ladder.law import Law, check_frame, laws_from_x, start_grid
 from ablate.report.ladder.trend import fit_trend, pair_ratios, reference_tokens, tokens_to_loss_many
 from ablate.report.stats import t975
 
@@ -63,79 +59,15 @@ LADDER_COLUMNS = (
     "reachable",
 )
 """The columns of ``ladder.csv``, one row per configuration and method."""
-METHODS = ("quartet+trend", "quartet", "trend")
-
-
-@dataclass
-class _Design:
-    """The ladder's observations in one order: group 0 is the baseline, then the configurations."""
-
-    groups: list[str]
-    group: np.ndarray  # (M,) group index of each observation
-    params: np.ndarray
-    tokens: np.ndarray
-    loss: np.ndarray
-    seed: np.ndarray
-    units: dict[tuple[float, object], dict[int, np.ndarray]] = field(default_factory=dict)
-    """(size, seed) -> group -> the indices of that run's observations, by budget."""
-
-
-def _design(frame: pd.DataFrame, baseline: str) -> _Design:
-    f = check_frame(frame)
-    if baseline not in set(f["config"]):
-        raise ValueError(f"ladder: the baseline {baseline!r} has no evaluations")
-    groups = [baseline, *sorted(c for c in f["config"].unique() if c != baseline)]
-    f = f.assign(_g=f["config"].map({g: i for i, g in enumerate(groups)}))
-    f = f.sort_values(["_g", "params", "seed", "tokens"]).reset_index(drop=True)
-    d = _Design(
-        groups=groups,
-        group=f["_g"].to_numpy(int),
-        params=f["params"].to_numpy(float),
-        tokens=f["tokens"].to_numpy(float),
-        loss=f["val_loss"].to_numpy(float),
-        seed=f["seed"].to_numpy(object),
-    )
-    for (g, n, s), idx in f.groupby(["_g", "params", "seed"]).groups.items():
-        d.units.setdefault((float(n), s), {})[int(g)] = np.asarray(idx, dtype=int)
-    return d
-
-
-@dataclass
-class _Fit:
-    law_x: np.ndarray  # (K, 6) unbounded law parameters
-    eff: dict[int, np.ndarray]  # group -> (K, 2)
-
-    def log_fitted(self, d: _Design) -> np.ndarray:
-        """log of the fitted loss of every observation (K, M)."""
-        law = laws_from_x(self.law_x)
-        out = np.empty((self.law_x.shape[0], len(d.loss)))
-        for g in range(len(d.groups)):
-            m = d.group == g
-            en, ed = (1.0, 1.0) if g == 0 else (self.eff[g][:, :1], self.eff[g][:, 1:])
-            cols = Law(*(np.asarray(getattr(law, f))[:, None] for f in _LAW_FIELDS))
-            out[:, m] = np.log(cols.loss(d.params[m], d.tokens[m], en, ed))
-        return out
-
-
-_LAW_FIELDS = ("a", "alpha", "b", "beta", "gamma", "e")
-
-
-def _fit(d: _Design, log_y: np.ndarray, train: np.ndarray, starts: np.ndarray) -> _Fit:
-    """The law on the baseline's training observations and every configuration's efficiencies,
-    for each row of ``log_y`` (K, M)."""
-    base = train & (d.group == 0)
-    x, _ = fit_laws(d.params[base], d.tokens[base], np.exp(log_y[:, base]), 1.0, starts)
-    law = laws_from_x(x)
-    eff = {}
-    for g in range(1, len(d.groups)):
-        m = train & (d.group == g)
-        if m.any():
-            eff[g] = fit_efficiencies(law, d.params[m], d.tokens[m], np.exp(log_y[:, m]), 1.0)
-    return _Fit(x, eff)
+METHODS = ("sloped", "quartet", "trend")
+"""``ladder.csv``'s methods: the prediction (the sloped penalty), Quartet's constant one alone, and
+the model-free trend."""
+PRIMARY = "sloped"
+"""The model the prediction comes from (see the module docstring)."""
 
 
 def _replicates(
-    d: _Design, point: _Fit, train: np.ndarray, boot: int, rng: np.random.Generator
+    d: Design, point: Fit, train: np.ndarray, boot: int, rng: np.random.Generator
 ) -> np.ndarray:
     """``boot`` bootstrap copies of the ladder's log losses (boot, M): the point fit's values plus
     residual vectors of whole runs, drawn per (size, seed) as units that pair the baseline with
@@ -149,7 +81,7 @@ def _replicates(
     # residuals are smaller than the noise: by the parameters the fit spent on them, and, drawn
     # from a pool of U runs, by (U - 1) / U (most of the noise is a run's, shared by its budgets)
     n_obs = int(train.sum())
-    n_par = 6 + 2 * (len(d.groups) - 1)
+    n_par = 6 + 3 * (len(d.groups) - 1)  # the sloped model's
     scale = math.sqrt(n_obs / max(n_obs - n_par, 1) * len(pool) / max(len(pool) - 1, 1))
     out = np.repeat(fitted[None], boot, axis=0)
     for unit, groups in d.units.items():
@@ -167,13 +99,24 @@ def _replicates(
 
 @dataclass(frozen=True)
 class ConfigPrediction:
-    """One configuration's prediction at a target (see the module docstring)."""
+    """One configuration's prediction at a target (see the module docstring): the sloped model's
+    ratio and interval, then Quartet's constant penalty's and the trend's alone."""
 
     config: str
     ratio: float
     lo: float
     hi: float
+    prefers: str
+    """The model whose refit without the largest sizes predicted them better (``MODELS``; the
+    constant one when there are too few sizes to hold one out)."""
     p_unreachable: float
+    quartet: tuple[float, float, float]
+    """Quartet's constant penalty alone: ratio and 95% interval."""
+    k: tuple[float, float, float]
+    """The sloped model's power of N in effD, with its 95% interval."""
+    scores: tuple[float, float]
+    """Each model's mean square error on the held-out sizes (0, 0: too few sizes to hold one
+    out; ``ablate.report.ladder.choose``)."""
     eff_n: tuple[float, float, float]
     eff_d: tuple[float, float, float]
     trend: tuple[float, float, float] | None
@@ -188,11 +131,6 @@ class ConfigPrediction:
             return "no"
         return "uncertain" if self.p_unreachable > 0.025 else "yes"
 
-    def hull(self) -> tuple[float, float]:
-        if self.trend is None:
-            return self.lo, self.hi
-        return min(self.lo, self.trend[1]), max(self.hi, self.trend[2])
-
 
 def _quantiles(v: np.ndarray) -> tuple[float, float]:
     s = np.where(np.isnan(v), np.inf, v)
@@ -200,38 +138,66 @@ def _quantiles(v: np.ndarray) -> tuple[float, float]:
     return float(q[0]), float(q[1])
 
 
-def _ratios(fit: _Fit, g: int, params: float, tokens: float) -> np.ndarray:
-    law = laws_from_x(fit.law_x)
-    return token_ratios(law, fit.eff[g][:, 0], fit.eff[g][:, 1], params, tokens)
+PENALTY_PARAMS = 3
+"""The sloped model's parameters per configuration (effN, effD, k)."""
+
+
+def _interval(point: float, reps: np.ndarray, runs: int) -> tuple[float, float, float]:
+    """``point`` and the replicates' 95% interval, widened about their median by Student's t at
+    ``runs`` - 1 - ``PENALTY_PARAMS`` degrees of freedom over the normal's, and holding ``point``.
+    The bootstrap draws the noise from ``runs`` residual vectors that the fit has already spent
+    parameters on, so its spread is itself a noisy estimate; simulated (docs/ladders.md), the plain
+    percentile interval of two seeds on four sizes held the truth in 83-97% of ladders, the ones
+    it missed being those whose residuals came out small by chance."""
+    lo, hi = _quantiles(reps)
+    finite = reps[np.isfinite(reps) & (reps > 0)]
+    if len(finite) and math.isfinite(lo) and lo > 0:
+        med = float(np.median(np.log(finite)))
+        k = t975(max(runs - 1 - PENALTY_PARAMS, 1)) / 1.959964
+        lo = math.exp(med + k * (math.log(lo) - med))
+        hi = math.exp(min(med + k * (math.log(hi) - med), 700.0)) if math.isfinite(hi) else hi
+    return point, min(lo, point), max(hi, point)
 
 
 @dataclass
 class LadderFit:
-    """A ladder fitted: the point fit and its bootstrap replicates (``fit_ladder``)."""
+    """A ladder fitted: the point fit, its bootstrap replicates, and each model's back-test score
+    (``fit_ladder``)."""
 
-    design: _Design
-    point: _Fit
-    reps: _Fit
+    design: Design
+    point: Fit
+    reps: Fit
     log_reps: np.ndarray
     """The replicates' log losses (boot, M)."""
+    scores: dict[int, np.ndarray]
+    """Group -> each model's back-test score (len(MODELS),)."""
+    train: np.ndarray
+    """The observations fitted (M,) bool."""
 
     @property
     def configs(self) -> list[str]:
         """The configurations fitted (not the baseline)."""
-        return [self.design.groups[g] for g in self.point.eff]
+        return [self.design.groups[g] for g in self.point.eff["quartet"]]
 
-    def ratios(self, config: str, params: float, tokens: float) -> tuple[float, np.ndarray]:
-        """The token ratio of ``config`` at (``params``, ``tokens``): the point fit's and the
-        replicates'."""
+    def prefers(self, config: str) -> str:
+        """The model whose refit without the largest sizes predicted them better."""
+        return prefers(self.scores[self.design.groups.index(config)])
+
+    def ratios(
+        self, config: str, params: float, tokens: float, model: str = PRIMARY
+    ) -> tuple[float, np.ndarray]:
+        """The token ratio of ``config`` at (``params``, ``tokens``) under ``model`` (``MODELS``):
+        the point fit's and the replicates'."""
         g = self.design.groups.index(config)
-        return float(_ratios(self.point, g, params, tokens)[0]), _ratios(
-            self.reps, g, params, tokens
+        return float(self.point.ratios(model, g, params, tokens)[0]), self.reps.ratios(
+            model, g, params, tokens
         )
 
-    def efficiency(self, config: str) -> tuple[np.ndarray, np.ndarray]:
-        """(effN, effD) of ``config``: the point fit's (2,) and the replicates' (boot, 2)."""
+    def efficiency(self, config: str, model: str = "quartet") -> tuple[np.ndarray, np.ndarray]:
+        """``model``'s efficiencies of ``config``: the point fit's (P,) and the replicates'
+        (boot, P) (effN, effD, and for ``sloped`` k)."""
         g = self.design.groups.index(config)
-        return self.point.eff[g][0], self.reps.eff[g]
+        return self.point.eff[model][g][0], self.reps.eff[model][g]
 
     def law(self) -> Law:
         """The baseline's law (the point fit)."""
@@ -246,9 +212,10 @@ def fit_ladder(
     seed: int = 0,
     below: float | None = None,
 ) -> LadderFit:
-    """The law, every configuration's efficiencies and ``boot`` bootstrap refits of them all
-    (see the module docstring); ``below``: fit only the sizes below it (a back-test)."""
-    d = _design(frame, baseline)
+    """The law, both models of every configuration's penalty, ``boot`` bootstrap refits of them
+    all, and each model's back-test score (see the module docstring); ``below``: fit only the
+    sizes below it (a back-test)."""
+    d = design(frame, baseline)
     train = np.ones(len(d.loss), dtype=bool) if below is None else d.params < below
     base = train & (d.group == 0)
     if len(np.unique(d.params[base])) < 2 or len(np.unique(d.tokens[base])) < 2:
@@ -257,10 +224,20 @@ def fit_ladder(
             f"a law (has {len(np.unique(d.params[base]))} and {len(np.unique(d.tokens[base]))})"
         )
     grid = start_grid(float(d.loss[base].min()))
-    point = _fit(d, np.log(d.loss)[None], train, grid)
+    n0 = middle(d, train)
+    log_y = np.log(d.loss)[None]
+    point = fit(d, log_y, train, grid, n0)
     reps = _replicates(d, point, train, boot, np.random.default_rng(seed))
+    scores = holdout_scores(d, log_y, train, n0, grid)
     # each replicate starts from the point fit: its data are the point fit's plus noise
-    return LadderFit(d, point, _fit(d, reps, train, point.law_x), reps)
+    return LadderFit(
+        d,
+        point,
+        fit(d, reps, train, point.law_x, n0),
+        reps,
+        {g: v[0] for g, v in scores.items()},
+        train,
+    )
 
 
 def predict(
@@ -299,17 +276,24 @@ def predictions(
         pairs = pair_ratios(frame, baseline, tokens_per_param=tokens / params)
         preds = []
         for cfg in fit.configs:
+            g = fit.design.groups.index(cfg)
             r0, r = fit.ratios(cfg, params, tokens)
-            lo, hi = _quantiles(r)
+            runs = len(_pool(fit.design, fit.train))
+            _, lo, hi = _interval(r0, r, runs)
             tr = fit_trend(pairs, cfg)
             (en0, ed0), eff = fit.efficiency(cfg)
+            sloped0, sloped = fit.efficiency(cfg, "sloped")
             preds.append(
                 ConfigPrediction(
                     config=cfg,
                     ratio=r0,
-                    lo=min(lo, r0),
-                    hi=max(hi, r0),
+                    lo=lo,
+                    hi=hi,
+                    prefers=fit.prefers(cfg),
                     p_unreachable=float(np.mean(~np.isfinite(r))),
+                    quartet=_interval(*fit.ratios(cfg, params, tokens, "quartet"), runs),
+                    k=(float(sloped0[2]), *_quantiles(sloped[:, 2])),
+                    scores=(float(fit.scores[g][0]), float(fit.scores[g][1])),
                     eff_n=(float(en0), *_quantiles(eff[:, 0])),
                     eff_d=(float(ed0), *_quantiles(eff[:, 1])),
                     trend=None if tr is None else tr.predict(params),
@@ -347,7 +331,7 @@ class Backtest:
 
 
 def _measured(
-    d: _Design, log_y: np.ndarray, g: int, size: float, ref: float
+    d: Design, log_y: np.ndarray, g: int, size: float, ref: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``log_y``: the geometric mean over seed pairs of configuration ``g``'s measured
     ratio at ``size`` (reference budget ``ref``), and whether any pair was a bound (its side:
@@ -364,7 +348,7 @@ def _measured(
     return np.exp(logs / max(len(units), 1)), side
 
 
-def _pool(d: _Design, train: np.ndarray) -> list[tuple[float, object]]:
+def _pool(d: Design, train: np.ndarray) -> list[tuple[float, object]]:
     """The runs (size, seed) whose residuals the bootstrap resamples: training sizes with every
     configuration."""
     return [k for k, v in d.units.items() if train[v[0]].all() and len(v) == len(d.groups)]
@@ -390,9 +374,11 @@ def backtest(
     tokens_per_param: float | None = None,
     boot: int = BOOT,
     seed: int = 0,
+    model: str = PRIMARY,
 ) -> list[Backtest]:
     """Refit without the largest size; per configuration, the 95% interval for the ratio the
-    largest size would measure (at its budget nearest ``tokens_per_param``), and what it did."""
+    largest size would measure (at its budget nearest ``tokens_per_param``) under ``model``, and
+    what it did."""
     sizes = np.unique(check_frame(frame)["params"].to_numpy(float))
     if len(sizes) < 3:
         return []
@@ -406,7 +392,7 @@ def backtest(
         g = d.groups.index(cfg)
         if not ((d.group == g) & ~train).any():
             continue
-        pred0, pred = fit.ratios(cfg, top, ref)
+        pred0, pred = fit.ratios(cfg, top, ref, model)
         sim, _ = _measured(d, fit.log_reps, g, top, ref)
         err = np.log(sim) - np.log(pred)
         # the interval is for what the held-out size's measurement gives (its seed noise and the
@@ -438,51 +424,35 @@ def ladder_table(
     boot: int = BOOT,
     seed: int = 0,
 ) -> tuple[pd.DataFrame, list[ConfigPrediction], list[Backtest]]:
-    """``ladder.csv``'s rows (``LADDER_COLUMNS``: per configuration the combined prediction,
-    then Quartet's and the trend's alone), with the predictions and back-tests they came from."""
+    """``ladder.csv``'s rows (``LADDER_COLUMNS``: per configuration the prediction, then Quartet's
+    constant penalty and the trend alone), with the predictions and back-tests they came from."""
     preds = predict(frame, baseline, params, tokens, boot=boot, seed=seed)
-    tests = {
-        b.config: b
-        for b in backtest(frame, baseline, tokens_per_param=tokens / params, boot=boot, seed=seed)
-    }
+    tests = backtest(frame, baseline, tokens_per_param=tokens / params, boot=boot, seed=seed)
+    return table_rows(preds, tests, params, tokens), preds, tests
+
+
+def table_rows(
+    preds: list[ConfigPrediction], tests: list[Backtest], params: float, tokens: float
+) -> pd.DataFrame:
+    """``ladder.csv``'s rows from predictions at (``params``, ``tokens``) and their back-tests."""
+    covered = {b.config: b.covered for b in tests}
     rows = []
     for p in preds:
-        bt = tests.get(p.config)
-        covered = "" if bt is None else bt.covered
-        lo, hi = p.hull()
         common = {"config": p.config, "target_params": params, "target_tokens": tokens}
-        rows.append(
-            {
-                **common,
-                "token_ratio": p.ratio,
-                "ratio_lo": lo,
-                "ratio_hi": hi,
-                "method": METHODS[0],
-                "backtest_covered": covered,
-                "reachable": p.reachable,
-            }
-        )
-        rows.append(
-            {
-                **common,
-                "token_ratio": p.ratio,
-                "ratio_lo": p.lo,
-                "ratio_hi": p.hi,
-                "method": METHODS[1],
-                "backtest_covered": covered,
-                "reachable": p.reachable,
-            }
-        )
+        bt = covered.get(p.config, "")
+        readings = [(p.ratio, p.lo, p.hi, p.reachable), (*p.quartet, "")]
         if p.trend is not None:
+            readings.append((*p.trend, ""))
+        for method, (ratio, lo, hi, reach) in zip(METHODS, readings, strict=False):
             rows.append(
                 {
                     **common,
-                    "token_ratio": p.trend[0],
-                    "ratio_lo": p.trend[1],
-                    "ratio_hi": p.trend[2],
-                    "method": METHODS[2],
-                    "backtest_covered": "",
-                    "reachable": "yes",
+                    "token_ratio": ratio,
+                    "ratio_lo": lo,
+                    "ratio_hi": hi,
+                    "method": method,
+                    "backtest_covered": bt if method == PRIMARY else "",
+                    "reachable": reach,
                 }
             )
-    return pd.DataFrame(rows, columns=list(LADDER_COLUMNS)), preds, list(tests.values())
+    return pd.DataFrame(rows, columns=list(LADDER_COLUMNS))

@@ -28,15 +28,16 @@ import pandas as pd
 
 from ablate.errors import ReportError
 from ablate.report import markup, plots, provenance
+from ablate.report.ladder.fit import MODELS
 from ablate.report.ladder.predict import (
     LADDER_COLUMNS,
-    METHODS,
     Backtest,
     ConfigPrediction,
     LadderFit,
     backtest,
     fit_ladder,
     predictions,
+    table_rows,
 )
 from ablate.report.ladder.trend import fit_trend, pair_ratios
 from ablate.report.markup import Block
@@ -146,7 +147,11 @@ def build_ladder_report(
     if fit is not None and predict is not None:
         preds = predictions(fit, frame, [predict])[0]
     tests = backtest(frame, baseline, tokens_per_param=tpp, boot=boot, seed=seed) if fit else []
-    table = _table(preds, tests, predict)
+    table = (
+        table_rows(preds, tests, *predict)
+        if predict is not None
+        else pd.DataFrame(columns=list(LADDER_COLUMNS))
+    )
     ladder_csv = out / "ladder.csv"
     table.to_csv(ladder_csv, index=False)
     figure = _figure(fit, frame, baseline, predict, preds, study=study, titles=titles)
@@ -172,35 +177,6 @@ def build_ladder_report(
     return LadderResult(
         out, report_md, report_html, ladder_csv, rung_results, table, preds, tests, frame, all_notes
     )
-
-
-def _table(
-    preds: Sequence[ConfigPrediction],
-    tests: Sequence[Backtest],
-    predict: tuple[float, float] | None,
-) -> pd.DataFrame:
-    rows = []
-    covered = {b.config: b.covered for b in tests}
-    for p in preds:
-        assert predict is not None
-        common = {"config": p.config, "target_params": predict[0], "target_tokens": predict[1]}
-        bt = covered.get(p.config, "")
-        lo, hi = p.hull()
-        rows.append(
-            {**common, "token_ratio": p.ratio, "ratio_lo": lo, "ratio_hi": hi, "method": METHODS[0],
-             "backtest_covered": bt, "reachable": p.reachable}
-        )  # fmt: skip
-        rows.append(
-            {**common, "token_ratio": p.ratio, "ratio_lo": p.lo, "ratio_hi": p.hi,
-             "method": METHODS[1], "backtest_covered": bt, "reachable": p.reachable}
-        )  # fmt: skip
-        if p.trend is not None:
-            rows.append(
-                {**common, "token_ratio": p.trend[0], "ratio_lo": p.trend[1],
-                 "ratio_hi": p.trend[2], "method": METHODS[2], "backtest_covered": "",
-                 "reachable": "yes"}
-            )  # fmt: skip
-    return pd.DataFrame(rows, columns=list(LADDER_COLUMNS))
 
 
 def _rung_means(pairs: pd.DataFrame) -> pd.DataFrame:
@@ -269,9 +245,8 @@ def _figure(
             ax.plot(grid, [trend.predict(float(n))[0] for n in grid], color=colour, lw=1, ls="--")
         p = next((p for p in preds if p.config == cfg), None)
         if p is not None and predict is not None and math.isfinite(p.ratio):
-            lo_c, hi_c = p.hull()
-            top = hi_c if math.isfinite(hi_c) else 10 * p.ratio
-            ax.errorbar([predict[0]], [p.ratio], yerr=[[p.ratio - lo_c], [top - p.ratio]],
+            top = p.hi if math.isfinite(p.hi) else 10 * p.ratio
+            ax.errorbar([predict[0]], [p.ratio], yerr=[[p.ratio - p.lo], [top - p.ratio]],
                         fmt="D", color=colour, capsize=4, ms=6)  # fmt: skip
     ax.axhline(1.0, color="0.4", lw=0.8, ls=":")
     if predict is not None:
@@ -294,9 +269,9 @@ def _figure(
     if configs:
         handles, _ = ax.get_legend_handles_labels()
         keys = [
-            Line2D([], [], color="0.3", lw=1.5, label="Quartet's fit (band: 95%)"),
+            Line2D([], [], color="0.3", lw=1.5, label="the sloped fit (band: 95%)"),
             Line2D([], [], color="0.3", lw=1, ls="--", label="trend in log N"),
-            Line2D([], [], color="0.3", marker="D", ls="", label="prediction (combined 95%)"),
+            Line2D([], [], color="0.3", marker="D", ls="", label="prediction (95%)"),
         ]
         ax.legend(handles=[*handles, *keys], fontsize=7, loc="upper left")
     return fig
@@ -348,9 +323,11 @@ def _blocks(
             (
                 "p",
                 "The tokens each configuration needs to reach the baseline's loss at the target, "
-                "over the baseline's. **combined**: Quartet's point estimate with the hull of its "
-                f"interval and the trend's (95%, a bootstrap of {boot} refits over whole runs "
-                "paired by seed; docs/ladders.md).",
+                "over the baseline's, from a penalty that may change with size (effD a power k of "
+                "N; k = 0 is Quartet's constant penalty, given alone beside it, with the model "
+                "whose refit without the largest size predicted it better, and the model-free "
+                f"trend). 95% intervals from a bootstrap of {boot} refits over whole runs paired "
+                "by seed (docs/ladders.md).",
             ),
             ("table", _prediction_rows(preds, {b.config: b for b in tests})),
         ]
@@ -359,7 +336,8 @@ def _blocks(
             ("p", "No `ladder.predict` target: the rungs, the trend and the back-test only.")
         )
     if fit is not None:
-        blocks += [("h2", "Efficiencies (Quartet's law, the baseline's fit held fixed)"),
+        blocks += [("h2", "Efficiencies (Quartet's law, the baseline's fit held fixed; constant "
+                   "and sloped)"),
                    ("p", _law_text(fit)), ("table", _eff_rows(fit))]  # fmt: skip
     if tests:
         blocks += [
@@ -379,7 +357,7 @@ def _blocks(
         (
             "figure",
             (
-                "Token ratio against N: measured per rung (95% over seed pairs), Quartet's fit "
+                "Token ratio against N: measured per rung (95% over seed pairs), the sloped fit "
                 "and its 95% band carried to the target",
                 paths["png"],
                 paths["png"].name,
@@ -397,17 +375,13 @@ def _blocks(
 def _prediction_rows(
     preds: Sequence[ConfigPrediction], tests: Mapping[str, Backtest]
 ) -> tuple[list[str], list[list[str]]]:
-    headers = ["configuration", "token ratio", "combined 95%", "Quartet 95%", "trend 95%",
-               "reachable", "back-test covered", "cost changes with N"]  # fmt: skip
+    headers = ["configuration", "token ratio [95%]", "k [95%]", "Quartet (constant) [95%]",
+               "back-test prefers", "trend [95%]", "reachable", "back-test covered",
+               "trend changes with N"]  # fmt: skip
     rows = []
     for p in preds:
-        lo, hi = p.hull()
         bt = tests.get(p.config)
-        trend = (
-            "–"
-            if p.trend is None
-            else f"{_ratio(p.trend[0])} [{_ratio(p.trend[1])}, {_ratio(p.trend[2])}]"
-        )
+        trend = "–" if p.trend is None else _with_interval(*p.trend)
         slope = (
             "–"
             if p.slope is None
@@ -418,10 +392,16 @@ def _prediction_rows(
         reach = p.reachable + (
             f" ({p.p_unreachable:.0%} of refits cannot)" if p.p_unreachable else ""
         )
-        rows.append([p.config, _ratio(p.ratio), f"[{_ratio(lo)}, {_ratio(hi)}]",
-                     f"[{_ratio(p.lo)}, {_ratio(p.hi)}]", trend, reach,
-                     "–" if bt is None else ("yes" if bt.covered else "**no**"), slope])  # fmt: skip
+        rows.append([p.config, _with_interval(p.ratio, p.lo, p.hi),
+                     f"{p.k[0]:+.3f} [{p.k[1]:+.3f}, {p.k[2]:+.3f}]",
+                     _with_interval(*p.quartet), p.prefers, trend,
+                     reach, "–" if bt is None else ("yes" if bt.covered else "**no**"),
+                     slope])  # fmt: skip
     return headers, rows
+
+
+def _with_interval(ratio: float, lo: float, hi: float) -> str:
+    return f"{_ratio(ratio)} [{_ratio(lo)}, {_ratio(hi)}]"
 
 
 def _law_text(fit: LadderFit) -> str:
@@ -429,18 +409,21 @@ def _law_text(fit: LadderFit) -> str:
     return (
         f"L(N, D) = ({law.a:.4g} / N^{law.alpha:.3f} + {law.b:.4g} / D^{law.beta:.3f})"
         f"^{law.gamma:.3f} + {law.e:.4g}, fitted on the baseline; each configuration's loss is "
-        "the law at (N effN, D effD)."
+        "the law at (N effN, D effD), and under the sloped model at (N effN, D effD (N / "
+        f"{markup.tokens(fit.point.n0)})^k)."
     )
 
 
 def _eff_rows(fit: LadderFit) -> tuple[list[str], list[list[str]]]:
     rows = []
     for cfg in fit.configs:
-        point, reps = fit.efficiency(cfg)
-        q = np.quantile(reps, [0.025, 0.975], axis=0)
-        rows.append([cfg, f"{point[0]:.3f} [{q[0, 0]:.3f}, {q[1, 0]:.3f}]",
-                     f"{point[1]:.3f} [{q[0, 1]:.3f}, {q[1, 1]:.3f}]"])  # fmt: skip
-    return ["configuration", "effN [95%]", "effD [95%]"], rows
+        row = [cfg]
+        for model in MODELS:
+            point, reps = fit.efficiency(cfg, model)
+            q = np.quantile(reps, [0.025, 0.975], axis=0)
+            row += [f"{point[i]:.3f} [{q[0, i]:.3f}, {q[1, i]:.3f}]" for i in range(len(point))]
+        rows.append(row)
+    return ["configuration", "effN [95%]", "effD [95%]", "sloped: effN", "effD", "k"], rows
 
 
 def _backtest_rows(tests: Sequence[Backtest]) -> tuple[list[str], list[list[str]]]:

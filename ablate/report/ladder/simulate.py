@@ -1,5 +1,6 @@
 """Synthetic ladders drawn from a known law, to prove by simulation that the ladder's intervals
-hold (the suite's tests and ``python -m ablate.bench.ladder``).
+hold (the suite's tests and ``python -m ablate.bench.ladder``), and to say before a ladder runs how
+wide its design is expected to leave them (``expected_width``, for ``ablate plan``).
 
 A ladder is every (configuration, size, seed) run evaluated at each budget of its size. The noise
 is a run's: a seed shifts the log loss of its whole run (``sigma_run``; budgets of one size branch
@@ -14,12 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ablate.report.ladder.law import COLUMNS, Law
+from ablate.report.ladder.law import COLUMNS, Law, check_frame, fit_law
+from ablate.report.ladder.predict import predict
 
 LossFn = Callable[[Any, Any], Any]
 """(N, D) -> loss."""
@@ -48,6 +51,23 @@ def quartet_truth(law: Law, effs: dict[str, tuple[float, float]], name: str = "q
 
 def _scaled(law: Law, eff_n: float, eff_d: float) -> LossFn:
     return lambda n, d: law.loss(n, d, eff_n, eff_d)
+
+
+def sloped_truth(
+    law: Law,
+    ratios: dict[str, tuple[float, float]],
+    sizes: tuple[float, float],
+    name: str = "sloped",
+) -> Truth:
+    """Configurations whose penalty changes with size, in Quartet's form: each at (N, D effD(N))
+    of ``law`` with effD(N) a power in N, its token ratio going from ``ratios[c][0]`` at
+    ``sizes[0]`` to ``ratios[c][1]`` at ``sizes[1]`` (the same at every budget)."""
+
+    def cfg(r0: float, r1: float) -> LossFn:
+        k = math.log(r0 / r1) / math.log(sizes[1] / sizes[0])
+        return lambda n, d: law.loss(n, d, 1.0, (n / sizes[0]) ** k / r0)
+
+    return Truth(name, lambda n, d: law.loss(n, d), {c: cfg(*r) for c, r in ratios.items()})
 
 
 def additive_truth(name: str = "additive") -> Truth:
@@ -98,20 +118,77 @@ def draw_ladder(
     rho: float = 0.5,
     rng: np.random.Generator,
 ) -> pd.DataFrame:
-    """One ladder's tidy frame (``ablate.report.ladder.law.COLUMNS``); the baseline is named
-    "baseline"."""
+    """One ladder's tidy frame (``ablate.report.ladder.law.COLUMNS``) whose every size trains the
+    same ``tokens_per_param``; the baseline is named "baseline"."""
+    budgets = {n: tuple(m * n for m in tokens_per_param) for n in sizes}
+    return draw_design(
+        truth, budgets, seeds, sigma_run=sigma_run, sigma_eval=sigma_eval, rho=rho, rng=rng
+    )
+
+
+def draw_design(
+    truth: Truth,
+    budgets: dict[float, tuple[float, ...]],
+    seeds: int,
+    *,
+    sigma_run: float,
+    sigma_eval: float,
+    rho: float = 0.5,
+    rng: np.random.Generator,
+) -> pd.DataFrame:
+    """One ladder's tidy frame of any design: ``budgets`` gives each size N its tokens D."""
     rows = []
-    for n in sizes:
+    for n, tokens in budgets.items():
         for s in range(seeds):
             z_base = rng.normal(0, sigma_run)
             for cfg, fn in (("baseline", truth.baseline), *truth.configs.items()):
                 z = z_base
                 if cfg != "baseline":
                     z = rho * z_base + math.sqrt(1 - rho**2) * rng.normal(0, sigma_run)
-                for m in tokens_per_param:
-                    d = m * n
+                for d in tokens:
                     loss = float(fn(np.float64(n), np.float64(d))) * math.exp(
                         z + rng.normal(0, sigma_eval)
                     )
                     rows.append((cfg, n, d, s, loss))
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def measured(points: str | Path, baseline: str) -> tuple[Law, float] | None:
+    """The baseline's law and the run-to-run spread of log loss (pooled over every configuration,
+    size and budget with two seeds or more) of a ladder report's ``ladder_points.csv``; None when
+    no rung has two seeds. ValueError (or OSError) when the file is damaged."""
+    f = check_frame(pd.read_csv(points))
+    spread = f.groupby(["config", "params", "tokens"])["val_loss"].agg(
+        lambda v: float(np.std(np.log(v), ddof=1)) if len(v) > 1 else np.nan
+    )
+    if not spread.notna().any():
+        return None
+    return fit_law(f, baseline), float(np.sqrt(np.nanmean(spread.to_numpy(float) ** 2)))
+
+
+def expected_width(
+    law: Law,
+    budgets: dict[float, tuple[float, ...]],
+    seeds: int,
+    target: tuple[float, float],
+    noise: float,
+    *,
+    ladders: int = 16,
+    boot: int = 100,
+    eff_d: float = 0.8,
+) -> tuple[float, float]:
+    """What a ladder of this design is expected to say at ``target``: the median over
+    ``ladders`` synthetic ladders (``law``, a configuration at ``eff_d``, a run-to-run spread
+    ``noise`` in loss and a third of it per evaluation) of its 95% interval's width (hi / lo),
+    and the share of them whose interval held the truth."""
+    truth = quartet_truth(law, {"config": (1.0, eff_d)})
+    widths, held = [], []
+    for i in range(ladders):
+        f = draw_design(
+            truth, budgets, seeds, sigma_run=noise, sigma_eval=noise / 3,
+            rng=np.random.default_rng(i),
+        )  # fmt: skip
+        (p,) = predict(f, "baseline", *target, boot=boot, seed=i)
+        widths.append(math.log(p.hi / p.lo) if p.lo > 0 else math.inf)
+        held.append(p.lo <= 1 / eff_d <= p.hi)
+    return math.exp(float(np.median(widths))), float(np.mean(held))

@@ -137,6 +137,9 @@ class Trend:
     n: int
     censored: int
     x_mean: float
+    sizes: int
+    """The sizes the pairs come from: the line's degrees of freedom are sizes - 2 (the seeds of
+    one size share what the line misses at that size)."""
 
     def predict(self, params: float) -> tuple[float, float, float]:
         """The ratio the line gives at ``params`` and its 95% interval."""
@@ -144,13 +147,18 @@ class Trend:
         mu = self.intercept + self.slope * x
         g = np.array([1.0, x])
         se = math.sqrt(max(float(g @ self.cov @ g), 0.0))
-        h = t975(max(self.n - 2, 1)) * se
-        return math.exp(mu), math.exp(mu - h), math.exp(mu + h)
+        h = t975(max(self.sizes - 2, 1)) * se
+        return _exp(mu), _exp(mu - h), _exp(mu + h)
 
     @property
     def changes(self) -> bool:
         """Whether the slope's 95% interval excludes zero."""
-        return abs(self.slope) > t975(max(self.n - 2, 1)) * self.slope_se
+        return abs(self.slope) > t975(max(self.sizes - 2, 1)) * self.slope_se
+
+
+def _exp(x: float) -> float:
+    """exp, inf beyond a float's range (a line of one degree of freedom carried far)."""
+    return math.exp(x) if x < 700 else math.inf
 
 
 _erfc = np.vectorize(math.erfc, otypes=[float])
@@ -255,4 +263,5 @@ def fit_trend(pairs: pd.DataFrame, config: str) -> Trend | None:
         n=n,
         censored=int((side != "").sum()),
         x_mean=xm,
+        sizes=int(r["params"].nunique()),
     )

@@ -69,9 +69,9 @@ def test_a_ladder_report_has_rungs_a_prediction_a_backtest_and_a_figure(tmp_path
         assert (tmp_path / "rungs" / slug(rung) / "report.md").is_file()
     table = pd.read_csv(res.ladder_csv)
     assert list(table.columns) == list(LADDER_COLUMNS)
-    combined = table[table["method"] == "quartet+trend"].iloc[0]
-    assert combined["config"] == "mxfp4[wgrad]/fp8" and combined["reachable"] == "yes"
-    assert combined["ratio_lo"] <= 1.25 <= combined["ratio_hi"]
+    pred = table[table["method"] == "sloped"].iloc[0]
+    assert pred["config"] == "mxfp4[wgrad]/fp8" and pred["reachable"] == "yes"
+    assert pred["ratio_lo"] <= 1.25 <= pred["ratio_hi"]
     assert len(res.backtests) == 1 and res.backtests[0].covered
     md = res.report_md.read_text()
     for heading in ("## Prediction at N* = 8.00B", "## Back-test", "## Rungs", "## Figure"):

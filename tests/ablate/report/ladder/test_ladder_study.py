@@ -74,7 +74,7 @@ def test_a_ladder_study_runs_and_reports_per_rung_with_a_prediction(tmp_path):
     table = pd.read_csv(rep.ladder_csv)
     assert list(table.columns) == list(LADDER_COLUMNS)
     assert set(table["config"]) == {"mxfp4[wgrad]/fp8"}
-    assert set(table["method"]) >= {"quartet+trend", "quartet"}
+    assert set(table["method"]) >= {"sloped", "quartet"}
     md = rep.report_md.read_text()
     assert "## Prediction at N* = 500k, D* = 100k" in md and "## Back-test" in md
     assert (tmp_path / "report" / "token_ratio.png").is_file()
@@ -149,3 +149,39 @@ def test_sizes_whose_budgets_do_not_bracket_the_target_are_named_with_the_budget
     res = CliRunner().invoke(main, ["validate", "-o", str(tmp_path / "o"), str(path)])
     assert res.exit_code == 0, res.output
     assert res.output.count("warning: ladder: the size of N") == 2
+
+
+def test_plan_says_the_width_the_design_is_expected_to_give_at_the_target(tmp_path, monkeypatch):
+    import numpy as np
+
+    from ablate.driver.planning import ladder_width
+    from ablate.report.ladder.simulate import CHINCHILLA, draw_design, quartet_truth
+
+    r = raw(tmp_path, ladder={"predict": {"params": 1e6, "tokens": 1.2e5}, "boot": 200})
+    study = parse_study(r, output=tmp_path / "out", text="# a ladder\n")
+    line = ladder_width(study, ladders=4)
+    assert line is not None and "at N* = 1e+06, D* = 1.2e+05: x" in line
+    assert "3 sizes and 2 seed(s)" in line and "assumed 1% run-to-run spread" in line
+    assert float(line.split(": x")[1].split(" ")[0]) > 1
+    # a report's points measure the law and the noise instead: a 3% spread here
+    budgets = {9312.0: (512.0, 1024.0), 50928.0: (512.0, 1024.0), 98624.0: (512.0, 1024.0)}
+    truth = quartet_truth(CHINCHILLA, {"mxfp4[wgrad]/fp8": (1.0, 0.8)})
+    f = draw_design(truth, budgets, 4, sigma_run=0.03, sigma_eval=0.0, rng=np.random.default_rng(0))
+    f["config"] = f["config"].replace({"baseline": "fp8"})
+    points = tmp_path / "ladder_points.csv"
+    f.to_csv(points, index=False)
+    measured = ladder_width(study, points, ladders=4)
+    assert measured is not None and f"measured in {points}" in measured
+    spread = float(measured.split("spread (")[1].split("%")[0])
+    assert 1.5 < spread < 4.5
+    # a damaged file is said, and the assumption stands
+    points.write_text("config,params\nfp8,-1\n")
+    damaged = ladder_width(study, points, ladders=4)
+    assert damaged is not None and "unreadable" in damaged and "assumed 1%" in damaged
+    # ablate plan prints it
+    path = tmp_path / "ladder.yaml"
+    path.write_text(yaml.safe_dump(r))
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(main, ["plan", "-o", str(tmp_path / "o"), str(path)])
+    assert res.exit_code == 0, res.output
+    assert "ladder: expected width of each configuration's 95% interval at N* = 1e+06" in res.output
