@@ -13,8 +13,9 @@ In simulation (docs/ladders.md) the back-test cannot tell a penalty that changes
 much as the MXFP4 paper's question needs (a token ratio of 1.39 at 30M against 1.19 at 8B, k =
 0.028) from a constant one at a run-to-run spread of 1%: the slope's standard error, about 0.04 with
 four sizes over 10x and two seeds, exceeds it, and a prediction chosen by the back-test inherits
-most of the constant penalty's bias there (+0.07 to +0.12 in the ratio). The prediction is the
-sloped model's, which nests the constant one.
+most of the constant penalty's bias there (+0.07 to +0.12 in the ratio under the falling penalty,
+-0.03 to -0.06 under the rising one). The prediction is the sloped model's, which nests the
+constant one.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ SIZES, TPP, _ = ladder_bench.DESIGNS["10x"]
 NOISE = {"sigma_run": 0.01, "sigma_eval": 0.003}
 """Seed noise of the order a CPU ladder measures (docs/ladders.md)."""
 LADDERS = 24
-BOOT = 200
+BOOT = 100
 
 
 def _coverage(
