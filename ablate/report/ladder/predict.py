@@ -193,6 +193,15 @@ class LadderFit:
             model, g, params, tokens
         )
 
+    def interval(
+        self, config: str, params: float, tokens: float, model: str = PRIMARY
+    ) -> tuple[float, float, float]:
+        """``model``'s token ratio of ``config`` at (``params``, ``tokens``) and its 95% interval
+        (the replicates' widened by Student's t: ``_interval``)."""
+        return _interval(
+            *self.ratios(config, params, tokens, model), len(_pool(self.design, self.train))
+        )
+
     def efficiency(self, config: str, model: str = "quartet") -> tuple[np.ndarray, np.ndarray]:
         """``model``'s efficiencies of ``config``: the point fit's (P,) and the replicates'
         (boot, P) (effN, effD, and for ``sloped`` k)."""
@@ -278,8 +287,7 @@ def predictions(
         for cfg in fit.configs:
             g = fit.design.groups.index(cfg)
             r0, r = fit.ratios(cfg, params, tokens)
-            runs = len(_pool(fit.design, fit.train))
-            _, lo, hi = _interval(r0, r, runs)
+            _, lo, hi = fit.interval(cfg, params, tokens)
             tr = fit_trend(pairs, cfg)
             (en0, ed0), eff = fit.efficiency(cfg)
             sloped0, sloped = fit.efficiency(cfg, "sloped")
@@ -291,7 +299,7 @@ def predictions(
                     hi=hi,
                     prefers=fit.prefers(cfg),
                     p_unreachable=float(np.mean(~np.isfinite(r))),
-                    quartet=_interval(*fit.ratios(cfg, params, tokens, "quartet"), runs),
+                    quartet=fit.interval(cfg, params, tokens, "quartet"),
                     k=(float(sloped0[2]), *_quantiles(sloped[:, 2])),
                     scores=(float(fit.scores[g][0]), float(fit.scores[g][1])),
                     eff_n=(float(en0), *_quantiles(eff[:, 0])),

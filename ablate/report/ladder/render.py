@@ -233,11 +233,10 @@ def _figure(
         if fit is not None and cfg in fit.configs:
             pt, lo, hi = [], [], []
             for n in grid:
-                r0, r = fit.ratios(cfg, float(n), float(n) * ref_tpp)
-                q = np.quantile(np.where(np.isfinite(r), r, 1e6), [0.025, 0.975])
+                r0, q_lo, q_hi = fit.interval(cfg, float(n), float(n) * ref_tpp)
                 pt.append(r0 if math.isfinite(r0) else np.nan)
-                lo.append(q[0])
-                hi.append(q[1])
+                lo.append(q_lo)
+                hi.append(min(q_hi, 1e6))
             ax.plot(grid, pt, color=colour, lw=1.5)
             ax.fill_between(grid, lo, hi, color=colour, alpha=0.15, lw=0)
         trend = fit_trend(pairs, cfg) if len(pairs) else None
