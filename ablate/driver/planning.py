@@ -242,7 +242,7 @@ def ladder_width(study: Study, points: Path | None = None, ladders: int = 16) ->
                     f"the law and the run-to-run spread ({noise:.2%} in loss) measured in {points}"
                 )
         except (ValueError, KeyError, OSError) as e:
-            source += f" ({points} unreadable: {e})"
+            source += f" ({points} not used: {e})"
     design = {
         float(n): tuple(sorted(float(s * p) for s, p in steps)) for n, steps in budgets.items()
     }

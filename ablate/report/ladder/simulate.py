@@ -153,10 +153,18 @@ def draw_design(
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
+MAX_POINTS_BYTES = 64 * 2**20
+"""The largest ``ladder_points.csv`` read: a row per run and budget is a few dozen bytes."""
+
+
 def measured(points: str | Path, baseline: str) -> tuple[Law, float] | None:
     """The baseline's law and the run-to-run spread of log loss (pooled over every configuration,
     size and budget with two seeds or more) of a ladder report's ``ladder_points.csv``; None when
-    no rung has two seeds. ValueError (or OSError) when the file is damaged."""
+    no rung has two seeds. ValueError (or OSError) when the file is damaged, too large to be a
+    ladder's points (``MAX_POINTS_BYTES``) or has no evaluations of ``baseline``."""
+    size = Path(points).stat().st_size
+    if size > MAX_POINTS_BYTES:
+        raise ValueError(f"{size:,} bytes, more than a ladder's points ({MAX_POINTS_BYTES:,})")
     f = check_frame(pd.read_csv(points))
     spread = f.groupby(["config", "params", "tokens"])["val_loss"].agg(
         lambda v: float(np.std(np.log(v), ddof=1)) if len(v) > 1 else np.nan

@@ -177,7 +177,15 @@ def test_plan_says_the_width_the_design_is_expected_to_give_at_the_target(tmp_pa
     # a damaged file is said, and the assumption stands
     points.write_text("config,params\nfp8,-1\n")
     damaged = ladder_width(study, points, ladders=4)
-    assert damaged is not None and "unreadable" in damaged and "assumed 1%" in damaged
+    assert damaged is not None and "not used: " in damaged and "assumed 1%" in damaged
+    # so is one of another study (no evaluations of this baseline), and one too large to read
+    f.assign(config=f["config"].replace({"fp8": "bf16"})).to_csv(points, index=False)
+    other = ladder_width(study, points, ladders=4)
+    assert other is not None and "not used: " in other and "'fp8'" in other
+    with points.open("r+b") as fh:
+        fh.truncate(65 * 2**20)  # sparse: no 65 MiB written
+    big = ladder_width(study, points, ladders=4)
+    assert big is not None and "more than a ladder's points" in big
     # ablate plan prints it
     path = tmp_path / "ladder.yaml"
     path.write_text(yaml.safe_dump(r))
