@@ -48,7 +48,8 @@ class Design:
     loss: np.ndarray
     seed: np.ndarray
     partner: np.ndarray
-    """(M,) the baseline observation of the same size, seed and budget (-1: none, or itself)."""
+    """(M,) the baseline observation of the same size, seed and budget (-1: a baseline
+    observation, or a configuration's without one)."""
     units: dict[tuple[float, object], dict[int, np.ndarray]] = field(default_factory=dict)
     """(size, seed) -> group -> the indices of that run's observations, by budget."""
 

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.report.ladder.choose import holdout_scores, prefers
-from ablate.report.ladder.fit import Design, Fit, design, fit, middle
+from ablate.report.ladder.fit import MODELS, Design, Fit, design, fit, middle
 from ablate.report.ladder.law import Law, check_frame, laws_from_x, start_grid
 from ablate.report.ladder.trend import fit_trend, pair_ratios, reference_tokens, tokens_to_loss_many
 from ablate.report.stats import t975
@@ -193,14 +193,17 @@ class LadderFit:
             model, g, params, tokens
         )
 
+    @property
+    def runs(self) -> int:
+        """The runs the bootstrap draws its noise from (``_pool``)."""
+        return len(_pool(self.design, self.train))
+
     def interval(
         self, config: str, params: float, tokens: float, model: str = PRIMARY
     ) -> tuple[float, float, float]:
         """``model``'s token ratio of ``config`` at (``params``, ``tokens``) and its 95% interval
         (the replicates' widened by Student's t: ``_interval``)."""
-        return _interval(
-            *self.ratios(config, params, tokens, model), len(_pool(self.design, self.train))
-        )
+        return _interval(*self.ratios(config, params, tokens, model), self.runs)
 
     def efficiency(self, config: str, model: str = "quartet") -> tuple[np.ndarray, np.ndarray]:
         """``model``'s efficiencies of ``config``: the point fit's (P,) and the replicates'
@@ -220,10 +223,12 @@ def fit_ladder(
     boot: int = BOOT,
     seed: int = 0,
     below: float | None = None,
+    scored: bool = True,
 ) -> LadderFit:
     """The law, both models of every configuration's penalty, ``boot`` bootstrap refits of them
     all, and each model's back-test score (see the module docstring); ``below``: fit only the
-    sizes below it (a back-test)."""
+    sizes below it (a back-test); ``scored`` False: no back-test of the models (their scores
+    0, as with too few sizes), for a caller that reads neither ``prefers`` nor ``scores``."""
     d = design(frame, baseline)
     train = np.ones(len(d.loss), dtype=bool) if below is None else d.params < below
     base = train & (d.group == 0)
@@ -237,7 +242,11 @@ def fit_ladder(
     log_y = np.log(d.loss)[None]
     point = fit(d, log_y, train, grid, n0)
     reps = _replicates(d, point, train, boot, np.random.default_rng(seed))
-    scores = holdout_scores(d, log_y, train, n0, grid)
+    scores = (
+        holdout_scores(d, log_y, train, n0, grid)
+        if scored
+        else {g: np.zeros((1, len(MODELS))) for g in range(1, len(d.groups))}
+    )
     # each replicate starts from the point fit: its data are the point fit's plus noise
     return LadderFit(
         d,
@@ -287,7 +296,7 @@ def predictions(
         for cfg in fit.configs:
             g = fit.design.groups.index(cfg)
             r0, r = fit.ratios(cfg, params, tokens)
-            _, lo, hi = fit.interval(cfg, params, tokens)
+            _, lo, hi = _interval(r0, r, fit.runs)
             tr = fit_trend(pairs, cfg)
             (en0, ed0), eff = fit.efficiency(cfg)
             sloped0, sloped = fit.efficiency(cfg, "sloped")
@@ -391,7 +400,7 @@ def backtest(
     if len(sizes) < 3:
         return []
     top = float(sizes[-1])
-    fit = fit_ladder(frame, baseline, boot=boot, seed=seed, below=top)
+    fit = fit_ladder(frame, baseline, boot=boot, seed=seed, below=top, scored=False)
     d = fit.design
     train = d.params < top
     ref = reference_tokens(d.tokens[(d.group == 0) & ~train], top, tokens_per_param)

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ablate.report.ladder.law import COLUMNS, Law, check_frame, fit_law
-from ablate.report.ladder.predict import predict
+from ablate.report.ladder.predict import fit_ladder
 
 LossFn = Callable[[Any, Any], Any]
 """(N, D) -> loss."""
@@ -196,7 +196,8 @@ def expected_width(
             truth, budgets, seeds, sigma_run=noise, sigma_eval=noise / 3,
             rng=np.random.default_rng(i),
         )  # fmt: skip
-        (p,) = predict(f, "baseline", *target, boot=boot, seed=i)
-        widths.append(math.log(p.hi / p.lo) if p.lo > 0 else math.inf)
-        held.append(p.lo <= 1 / eff_d <= p.hi)
+        fit = fit_ladder(f, "baseline", boot=boot, seed=i, scored=False)
+        _, lo, hi = fit.interval("config", *target)
+        widths.append(math.log(hi / lo) if lo > 0 else math.inf)
+        held.append(lo <= 1 / eff_d <= hi)
     return math.exp(float(np.median(widths))), float(np.mean(held))
