@@ -109,6 +109,7 @@ def run_study(
             lambda part: run_study(part, **kw),
             stream or sys.stderr,
             fast_forward=not rerun_stale,  # a stale cell of an early wave reruns only through it
+            drain=drain,
         )[0]
     out = stream or sys.stderr
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing

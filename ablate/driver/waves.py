@@ -27,6 +27,7 @@ def run_waves(
     out: IO[str],
     *,
     fast_forward: bool = True,
+    drain: Callable[[], str] | None = None,
 ) -> tuple[Any, dict[str, Comparison]]:
     """Train ``study`` in waves; ``run_cells`` runs a study of the wave's cells and fixed seeds
     (``run_study``) and returns its result. Returns the last wave's result and comparisons; stops early
@@ -35,7 +36,9 @@ def run_waves(
     (``report.waves.replay``, the same judgements) instead of passing each through ``run_cells``;
     the run starts at the first wave with a cell to train (or, when every wave has ended, passes
     the last one through, which trains nothing). Off, every wave passes through ``run_cells``
-    (``--rerun-stale`` reruns stale cells of any wave)."""
+    (``--rerun-stale`` reruns stale cells of any wave). ``drain`` (``run_study``'s) is asked again
+    before a next wave starts: a drain that came while the last cells of a wave ended (too late to
+    stop any of them) stops the run there, ``interrupted``, and the next run replays the waves."""
     plan = study.sequential
     assert plan is not None
     seeds = {c: plan.initial for c in configs_of(study)}
@@ -76,4 +79,7 @@ def run_waves(
             else:
                 print(f"every configuration decided after {wave} wave(s)", file=out)
             return result, judged
+        if drain is not None and (why := drain()):
+            print(f"stopping: {why}: wave {wave + 1} starts when the study runs again", file=out)
+            return dataclasses.replace(result, interrupted=True), judged
         seeds = nxt
