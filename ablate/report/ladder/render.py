@@ -224,12 +224,14 @@ def _figure(
     n_to = max(predict[0], n_max) if predict else n_max * 10
     grid = np.geomspace(float(frame["params"].min()) if len(frame) else 1.0, n_to, 40)
     ref_tpp = tpp if tpp is not None else _top_tpp(frame, baseline)
+    seen = [1.0]  # what the y-axis must show: the measured rungs and the predictions
     for cfg, colour in zip(configs, palette, strict=True):
         m = means[means["config"] == cfg] if len(means) else means
         if len(m):
             yerr = [m["ratio"] - m["lo"].clip(lower=1e-3), (m["hi"] - m["ratio"]).clip(upper=1e3)]
             ax.errorbar(m["params"], m["ratio"], yerr=yerr, fmt="o", color=colour, capsize=3,
                         label=f"{cfg} (measured)")  # fmt: skip
+            seen += [*m["lo"].clip(lower=1e-3), *m["hi"].clip(upper=1e3)]
         if fit is not None and cfg in fit.configs:
             pt, lo, hi = [], [], []
             for n in grid:
@@ -247,6 +249,7 @@ def _figure(
             top = p.hi if math.isfinite(p.hi) else 10 * p.ratio
             ax.errorbar([predict[0]], [p.ratio], yerr=[[p.ratio - p.lo], [top - p.ratio]],
                         fmt="D", color=colour, capsize=4, ms=6)  # fmt: skip
+            seen += [p.lo, top]
     ax.axhline(1.0, color="0.4", lw=0.8, ls=":")
     if predict is not None:
         ax.axvline(predict[0], color="0.3", lw=0.8, ls="--")
@@ -256,6 +259,10 @@ def _figure(
         )  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
+    # the axis spans what was measured and predicted; a band wider than that (an unbounded
+    # interval) runs off the plot's edge rather than squashing the points into a sliver
+    finite = [y for y in seen if math.isfinite(y) and y > 0]
+    ax.set_ylim(min(finite) / 1.3, max(finite) * 1.3)
     plain = FuncFormatter(lambda y, _pos: f"{y:.3g}")
     ax.yaxis.set_major_formatter(plain)
     lo_y, hi_y = ax.get_ylim()

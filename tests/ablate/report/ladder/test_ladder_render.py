@@ -80,3 +80,22 @@ def test_a_ladder_report_has_rungs_a_prediction_a_backtest_and_a_figure(tmp_path
     metrics = ladder_metrics(res)
     assert metrics and all(math.isfinite(v) for v in metrics.values())
     assert metrics["ladder.mxfp4_wgrad__fp8.backtest_covered"] == 1.0
+
+
+def test_an_unbounded_prediction_leaves_the_figures_axis_at_what_was_measured():
+    # the kept CPU ladder, whose DHT16 interval has no upper end: its band runs off the top of the
+    # plot instead of stretching the axis to 1e6 and squashing the measured rungs into a sliver
+    from pathlib import Path
+
+    from ablate.report.ladder.predict import fit_ladder, predictions
+    from ablate.report.ladder.render import _figure
+
+    kept = Path(__file__).resolve().parents[4] / "reports" / "ladder" / "ladder_points.csv"
+    frame = pd.read_csv(kept)
+    at = (7.9e6, 7.9e6)
+    fit = fit_ladder(frame, "fp8", boot=200, seed=0, scored=False)
+    preds = predictions(fit, frame, [at])[0]
+    fig = _figure(fit, frame, "fp8", at, preds, study="ladder", titles=False)
+    lo, hi = fig.axes[0].get_ylim()
+    assert 1e-3 <= lo < 1 and 2 < hi < 1e3, (lo, hi)
+    assert any(not math.isfinite(fit.interval(c, *at)[2]) for c in fit.configs)  # one unbounded
