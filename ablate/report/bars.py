@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from ablate.report.plots import BASELINE_COLOUR, styles
+from ablate.report.plots import BASELINE_COLOUR, heading, styles
 
 
 def plot_token_cost(config_table: Any, title: str = "", *, titles: bool = True) -> Figure:
@@ -31,6 +31,12 @@ def plot_token_cost(config_table: Any, title: str = "", *, titles: bool = True) 
     reach = 0.6 * max(max(points) - min(points), 5.0)  # how far an interval may stick out
     x_lo = max(min(points + lows), min(points) - reach)
     x_hi = min(max(points + highs), max(points) + reach)
+    bounds = [  # a lower bound's arrow starts where it was seen and points right: the axis reaches it
+        100 * r["rel_token_cost_lo"]
+        for r in rows
+        if r["rel_token_cost_kind"] == "bound" and math.isfinite(r["rel_token_cost_lo"])
+    ]
+    x_hi = max([x_hi, *bounds])
     width = max(x_hi - x_lo, 5.0)  # at least 5 percentage points, also when nothing reached
     labels = []
     for yi, r in zip(y, rows, strict=True):
@@ -119,10 +125,7 @@ def plot_token_cost(config_table: Any, title: str = "", *, titles: bool = True) 
             fontsize=8, loc="outside lower center", ncol=2, frameon=False,
         )  # fmt: skip
     if titles:
-        ax.set_title(
-            (title + ": " if title else "") + "tokens to target relative to the baseline",
-            fontsize=11,
-        )
+        ax.set_title(heading(title, "tokens to target relative to the baseline"), fontsize=11)
     return fig
 
 
@@ -175,5 +178,5 @@ def plot_speedup(config_table: Any, title: str = "", *, titles: bool = True) -> 
     )
     ax.grid(True, axis="x", alpha=0.3)
     if titles:
-        ax.set_title((title + ": " if title else "") + "projected speedup", fontsize=11)
+        ax.set_title(heading(title, "projected speedup"), fontsize=11)
     return fig

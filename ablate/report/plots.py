@@ -180,6 +180,28 @@ def _thin(n: int, limit: int = MAX_POINTS) -> np.ndarray:
     )
 
 
+TITLE_CHARS = 72
+"""A figure's title longer than this breaks after the study's (or rung's) name: a ladder rung's
+name alone can be as wide as the figure, and a title wider than it collapses the layout."""
+
+
+def heading(title: str, what: str) -> str:
+    """A figure's title: ``title: what`` on one line, or ``what`` on a line of its own when that
+    would be too wide (a name too wide alone breaks after a ``/``)."""
+    if not title:
+        return what
+    if len(title) + len(what) + 2 <= TITLE_CHARS:
+        return f"{title}: {what}"
+    lines = [""]
+    for part in title.split("/"):
+        piece = part if not lines[-1] else "/" + part
+        if lines[-1] and len(lines[-1]) + len(piece) > TITLE_CHARS:
+            lines.append(piece)
+        else:
+            lines[-1] += piece
+    return "\n".join(lines) + ":\n" + what
+
+
 def legend(fig: Figure, handles: Sequence[Any], labels: Sequence[str]) -> None:
     longest = max((len(s) for s in labels), default=0)
     ncol = 1 if longest > 60 else 2 if longest > 28 else 3
@@ -328,7 +350,7 @@ def plot_convergence(
     ax.grid(True, which="minor", alpha=0.1)
     zoom = f" (from {late:.0%} of training)" if late is not None else ""
     if titles:
-        ax.set_title((title + ": " if title else "") + f"validation perplexity{zoom}", fontsize=11)
+        ax.set_title(heading(title, f"validation perplexity{zoom}"), fontsize=11)
     legend(fig, handles, labels)
     return fig
 
@@ -377,9 +399,7 @@ def plot_equal_loss(
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     if titles:
-        ax.set_title(
-            (title + ": " if title else "") + "tokens for the same loss vs baseline", fontsize=11
-        )
+        ax.set_title(heading(title, "tokens for the same loss vs baseline"), fontsize=11)
     return fig
 
 

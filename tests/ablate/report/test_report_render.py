@@ -295,6 +295,41 @@ def test_figures_drop_titles_on_request_draw_censored_costs_hollow_and_label_tok
     assert plots.token_formatter()(1_200_000, 0) == "1.2M"
 
 
+def test_a_lower_bound_past_every_cost_and_a_long_title_fit_the_token_cost_figure(report):
+    # a ladder rung (reports/ladder): one configuration bounded at +18.8% where the costs measured
+    # lie within a few percent drew its arrow from +18.8% back to the axis' end, pointing left,
+    # and its title (the rung's long name) collapsed the layout
+    import io
+    import warnings
+
+    from ablate.report import bars
+
+    result, _ = report
+    table = result.config_table.copy()
+    row = table.index[~table["baseline"]][0]
+    top = 100 * float(table["rel_token_cost"].abs().max()) + 50.0  # percent, past every cost
+    table.loc[row, ["rel_token_cost", "rel_token_cost_kind", "rel_token_cost_lo"]] = [
+        math.nan,
+        "bound",
+        top / 100,
+    ]
+    title = "dim=128/n_layers=4/n_heads=4/n_kv_heads=2/ffn_dim=384/eval_every=128/steps=769"
+    fig = bars.plot_token_cost(table, title=title)
+    (ax,) = fig.axes
+    assert ax.get_xlim()[1] > top  # the arrow starts inside the axis and points right
+    (arrow,) = [t for t in ax.texts if getattr(t, "arrow_patch", None) is not None]
+    assert arrow.xy[0] > arrow.xyann[0] == top
+    lines = ax.get_title().split("\n")  # the name broken after a "/", then what is drawn
+    assert (
+        "".join(lines[:-1]) == f"{title}:"
+        and lines[-1] == "tokens to target relative to the baseline"
+    )
+    assert len(lines) == 3 and max(map(len, lines)) <= 72
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # constrained layout's "axes sizes collapsed to zero"
+        fig.savefig(io.BytesIO(), format="png")
+
+
 def test_a_report_with_a_baseline_trained_longer_marks_only_true_bounds(tmp_path):
     # equal budgets at cost ~0 censor many pairs; the baseline 1.5x longer covers them
     cells, evals, target = synthetic_study(3, 2, 40, baseline_extend=0.5, seed=3)
