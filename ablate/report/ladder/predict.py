@@ -415,7 +415,7 @@ def backtest(
         # the interval is for what the held-out size's measurement gives (its seed noise and the
         # interpolation between its budgets included), so its centre is the prediction's median
         # measurement, not Quartet's ratio itself
-        mid_e, lo_e, hi_e = _widened(err[np.isfinite(err)], len(_pool(d, train)))
+        mid_e, lo_e, hi_e = _widened(err[np.isfinite(err)], fit.runs)
         got, side = _measured(d, np.log(d.loss)[None], g, top, ref)
         out.append(
             Backtest(
