@@ -19,5 +19,6 @@ command that runs it:
   studies (the rules of ``ablate.targets`` beside the end-of-training equal-loss ratio);
 - ``ui``: the MLflow UI's start-up time and memory, MLflow's own against ``ablate ui``;
 - ``gpu``: the GPU benchmark (step times, quantizer bandwidth, a profile) into ``reports/gpu/``;
+- ``gpu_render``: the GPU benchmark's printed report, its Markdown and the files it writes;
 - ``gpu_check``: ``make gpu-check``, a GPU machine checked end to end.
 """

@@ -35,10 +35,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import shlex
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,7 @@ import torch
 
 from ablate.bench import numerics as bench
 from ablate.bench import train as train_bench
+from ablate.bench.gpu_render import report_lines, write
 from ablate.train.config import Compile, resolved_compile
 from ablate.train.loop import Run
 from ablate.train.state import TrainState
@@ -165,11 +165,14 @@ def measure(
     check_cpu: bool = True,
     recipes: Iterable[str] = RECIPES,
     profiled: Iterable[str] = ("mxfp4",),
+    on_part: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Every row of the benchmark on ``device``, with the ratios and goals evaluated (sizes smaller
     than the defaults only to check the benchmark itself: ``DRY_RUN``): the training steps of
     ``recipes`` (``RECIPES`` by default), and a profile of each recipe in ``profiled`` on the
-    largest preset."""
+    largest preset. ``on_part``, when given, gets the result so far (``partial: True``, the goals
+    evaluated on what was measured) after the GEMM and quantizer rows and after each timed run and
+    profile: a run stopped at its time limit keeps what it had measured (``main`` writes it)."""
     presets = list(presets)
     recipes = list(recipes)
     profiled = set(profiled)
@@ -196,6 +199,23 @@ def measure(
             f"quantizer {q['quantizer']}: {q['ms']:.3f} ms, {q['copy_fraction']:.2f} of the copy "
             "bandwidth"
         )
+    result["train"] = {
+        "presets": presets,
+        "batch": {p: {"batch": b, "seq_len": t, "tokens": b * t} for p, (b, t) in batch.items()},
+        "steps": steps,
+        "warmup": warmup,
+        "compile": compile,
+        "compiled": resolved_compile(compile, device.type),
+        "recipes": {r: train_bench.RECIPES[r].short() for r in recipes},
+        "hadamard": "deterministic (dht16: no random signs)",
+    }
+    done: list[dict[str, Any]] = []
+
+    def part() -> None:
+        if on_part is not None:
+            on_part({**_assemble(dict(result), done, profiles, prof_preset), "partial": True})
+
+    part()
 
     def after(row: dict[str, Any], run: Run, state: TrainState) -> None:
         _progress(
@@ -208,6 +228,8 @@ def measure(
                 profiles.append({"name": row["recipe"], **pr})
             except Exception as e:  # noqa: BLE001 - the figures so far are kept, with why
                 profiles.append({"name": row["recipe"], "error": f"{type(e).__name__}: {e}"})
+        done.append(row)
+        part()
 
     rows = train_bench.measure(
         presets,
@@ -223,24 +245,24 @@ def measure(
         after=after,
         keep_going=True,
     )
+    return _assemble(result, rows, profiles, prof_preset)
+
+
+def _assemble(
+    result: dict[str, Any],
+    rows: list[dict[str, Any]],
+    profiles: list[dict[str, Any]],
+    preset: str,
+) -> dict[str, Any]:
+    """``result`` with the timed runs ``rows``, their ratios, the profiles and the goals."""
     for r in rows:
         if r.get("skipped") and r["recipe"] == "fp8":
             r["backend"] = "native"
-    result["steps"] = rows
-    result["train"] = {
-        "presets": presets,
-        "batch": {p: {"batch": b, "seq_len": t, "tokens": b * t} for p, (b, t) in batch.items()},
-        "steps": steps,
-        "warmup": warmup,
-        "compile": compile,
-        "compiled": resolved_compile(compile, device.type),
-        "recipes": {r: train_bench.RECIPES[r].short() for r in recipes},
-        "hadamard": "deterministic (dht16: no random signs)",
-    }
+    result["steps"] = list(rows)
     result["ratios"] = ratios(rows)
-    result["profiles"] = profiles
+    result["profiles"] = list(profiles)
     result["profile"] = next((p for p in profiles if p["name"] == "mxfp4"), None)
-    result["goals"] = goals(result, prof_preset)
+    result["goals"] = goals(result, preset)
     return result
 
 
@@ -285,190 +307,6 @@ def goals(result: dict[str, Any], preset: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _verdict(met: bool | None) -> str:
-    return {True: "met", False: "MISSED", None: "not measured"}[met]
-
-
-def _fmt(v: float | None, spec: str = ".3f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def report_lines(result: dict[str, Any]) -> list[str]:
-    """The printed report: the ``ablate.bench.numerics`` tables, the step times, ratios, goals, profile."""
-    lines = bench.report_lines(result)
-    t = result["train"]
-    lines.append(
-        f"training steps, compile {t['compile']} (compiled: {t['compiled']}), median over blocks "
-        f"of {t['steps']} steps after {t['warmup']} warm-up"
-    )
-    for p, b in t["batch"].items():
-        lines.append(f"  {p}: batch {b['batch']} x {b['seq_len']} = {b['tokens']} tokens per step")
-    lines += train_bench.report_lines(result["steps"])
-    for preset, rs in result["ratios"].items():
-        for name, v in rs.items():
-            lines.append(f"{preset} {name}: {_fmt(v)}")
-    for name, g in result["goals"].items():
-        why = f" ({g['why']})" if g.get("why") else ""
-        lines.append(
-            f"goal {name}: {_fmt(g['measured'])} (target {g['target']}): {_verdict(g['met'])}{why}"
-        )
-    for pr in _profiles(result):
-        lines += _profile_lines(pr)
-    return lines
-
-
-def _profiles(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The profiles of a result (``profile`` alone in results written before ``profiles``)."""
-    if "profiles" in result:
-        return list(result["profiles"])
-    return [result["profile"]] if result.get("profile") else []
-
-
-def _profile_lines(pr: dict[str, Any]) -> list[str]:
-    if "error" in pr:
-        return [f"profile {pr.get('name', '')}: failed: {pr['error']}"]
-    lines = [
-        f"profile: {pr['preset']} {pr['recipe']}, {pr['steps']} steps, {pr['timed']}; busy "
-        f"{pr['busy_fraction']:.2f} of the step ({pr['total_ms']:.1f} ms over "
-        f"{pr['steps']} x {pr['step_ms']:.2f} ms)"
-    ]
-    for kind, v in pr["by_kind"].items():
-        lines.append(f"  {kind:10s} {v['total_ms']:10.2f} ms {v['pct_of_step']:6.1f}%")
-    for k in pr["top"]:
-        lines.append(
-            f"  {k['total_ms']:10.2f} ms {k['pct_of_step']:6.1f}% {k['calls']:6d}x "
-            f"{k['kind']:9s} {k['name'][:100]}"
-        )
-    return lines
-
-
-def markdown(result: dict[str, Any]) -> str:
-    """The Markdown report: header, a step table per preset, the quantizer table, the goals, the
-    profile, and the GEMM rows."""
-    t = result["train"]
-    dry = " (dry run: toy sizes, not a measurement)" if result.get("dry_run") else ""
-    out = [
-        f"# GPU benchmark, {result['device']}, {result['date']}{dry}",
-        "",
-        f"- device: {result['device']} ({result['arch']}); native formats: "
-        f"{', '.join(result['native_formats']) or 'none'}",
-        f"- torch {result['torch']}, CUDA {result['cuda'] or '-'}"
-        + (f", HIP {result['hip']}" if result.get("hip") else "")
-        + f", Python {result['python']}",
-        f"- date: {result['datetime']}",
-        f"- command: `{result['command']}`",
-        f"- training steps: compile {t['compile']} (compiled: {t['compiled']}), fused AdamW on "
-        f"CUDA, bf16 autocast on a GPU; median over blocks of the device-synchronized time of "
-        f"{t['steps']} steps after {t['warmup']} warm-up steps",
-        f"- recipes: {'; '.join(f'{k} = `{v}`' for k, v in t['recipes'].items())}; "
-        f"Hadamard {t['hadamard']}; fp8 on the native backend, the FP4 recipes emulated",
-        "",
-        "## Goals",
-        "",
-        "| goal | measured | target | |",
-        "|---|---:|---|---|",
-    ]
-    for name, g in result["goals"].items():
-        why = f" ({g['why']})" if g.get("why") else ""
-        where = f" ({g['preset']})" if "preset" in g else ""
-        out.append(
-            f"| {name}{where} | {_fmt(g['measured'])} | {g['target']} | {_verdict(g['met'])}{why} |"
-        )
-    for preset in t["presets"]:
-        b = t["batch"][preset]
-        out += [
-            "",
-            f"## Step time, `{preset}`, batch {b['batch']} x {b['seq_len']} = {b['tokens']} tokens",
-            "",
-            "| recipe | backend | ms/step | tokens/s | / bf16 |",
-            "|---|---|---:|---:|---:|",
-        ]
-        for r in result["steps"]:
-            if r["preset"] != preset:
-                continue
-            if r["step_ms"] is None:
-                out.append(f"| {r['recipe']} | {r['backend']} | skipped: {r['skipped']} | | |")
-                continue
-            out.append(
-                f"| {r['recipe']} | {r['backend']} | {r['step_ms']:.2f} | "
-                f"{r['tokens_per_s']:,.0f} | {_fmt(r['vs_bf16'], '.3f')} |"
-            )
-        rs = result["ratios"].get(preset, {})
-        out += ["", ", ".join(f"`{k}` {_fmt(v)}" for k, v in rs.items())]
-    M, K = result["quantizer_shape"]
-    out += [
-        "",
-        f"## Quantizer, {M} x {K} bfloat16, bf16 in and out",
-        "",
-        f"Median of {result['repeats']} after a warm-up; GB/s counts bf16 in plus bf16 out. "
-        "Bit-exact: against the reference quantizer on the device; against the same input on the "
-        f"CPU (`{result.get('cpu_path', '-')}`), and against the pure reference on the CPU.",
-        "",
-        "| path | ms | GB/s | of copy | = device ref | = CPU | = CPU reference |",
-        "|---|---:|---:|---:|---|---|---|",
-    ]
-    for q in result["quantizer"]:
-        cells = [_fmt(q["ms"]), _fmt(q["gbps"], ".1f"), _fmt(q["copy_fraction"])]
-        checks = [
-            str(q.get(k, "")) for k in ("bit_exact", "bit_exact_cpu", "bit_exact_cpu_reference")
-        ]
-        out.append(f"| {q['quantizer']} | {' | '.join(cells)} | {' | '.join(checks)} |")
-    for pr in _profiles(result):
-        out += _profile_markdown(pr)
-    if result.get("gemms"):
-        out += [
-            "",
-            "## GEMMs",
-            "",
-            "| GEMM | M | K | N | ms | TFLOP/s |",
-            "|---|---:|---:|---:|---:|---:|",
-            *(
-                f"| {g['gemm']} | {g['M']} | {g['K']} | {g['N']} | {g['ms']:.3f} | "
-                f"{g['tflops']:.1f} |"
-                for g in result["gemms"]
-            ),
-        ]
-    return "\n".join(out) + "\n"
-
-
-def _profile_markdown(pr: dict[str, Any]) -> list[str]:
-    if "error" in pr:
-        return ["", f"## Profile, `{pr.get('name', '')}`", "", f"failed: {pr['error']}"]
-    return [
-        "",
-        f"## Profile, `{pr['preset']}` `{pr['recipe']}`, {pr['steps']} steps",
-        "",
-        f"{pr['timed']}; the kernels' time is {pr['busy_fraction']:.2f} of the steps' "
-        f"untraced time ({pr['total_ms']:.1f} ms over {pr['steps']} x {pr['step_ms']:.2f} ms; "
-        "on a GPU, well below 1 means the device waits on the host).",
-        "",
-        "| kind | ms | % of step |",
-        "|---|---:|---:|",
-        *(
-            f"| {k} | {v['total_ms']:.2f} | {v['pct_of_step']:.1f} |"
-            for k, v in pr["by_kind"].items()
-        ),
-        "",
-        "| kernel | kind | calls | ms | % of step |",
-        "|---|---|---:|---:|---:|",
-        *(
-            f"| `{k['name'][:120]}` | {k['kind']} | {k['calls']} | {k['total_ms']:.2f} | "
-            f"{k['pct_of_step']:.1f} |"
-            for k in pr["top"]
-        ),
-    ]
-
-
-def write(result: dict[str, Any], out: Path) -> Path:
-    """``<out>/<date>-<arch>[-dry-run].md`` (``markdown``) and ``.json`` (every figure)."""
-    suffix = "-dry-run" if result.get("dry_run") else ""
-    stem = out / f"{result['date']}-{result['arch']}{suffix}"
-    out.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".md").write_text(markdown(result))
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    return stem.with_suffix(".md")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu")
@@ -497,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10, help="timed runs per GEMM/quantizer row")
     ap.add_argument("--no-gemms", action="store_true", help="skip the GEMM rows")
     ap.add_argument("--out", default="reports/gpu", help="folder for the .md and .json")
+    ap.add_argument(
+        "--name", help="file name of the .md and .json, without suffix (default <date>-<arch>)"
+    )
     args = ap.parse_args(argv)
     if min(args.tokens, args.repeats, args.steps) < 1 or min(args.warmup, args.profile_steps) < 0:
         ap.error(
@@ -526,12 +367,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         kw.update(DRY_RUN)
         kw["kn"] = None if args.no_gemms else DRY_RUN["kn"]
-    result = measure(device, compile=compile, **kw)
-    result["dry_run"] = args.dry_run
     cmd = sys.argv[1:] if argv is None else argv
-    result["command"] = shlex.join(["python", "-m", "ablate.bench.gpu", *cmd])
+    about = {
+        "dry_run": args.dry_run,
+        "command": shlex.join(["python", "-m", "ablate.bench.gpu", *cmd]),
+    }
+    out = Path(args.out)
+
+    def part(result: dict[str, Any]) -> None:  # a run stopped at its limit keeps these
+        write({**result, **about}, out, args.name)
+
+    result = {**measure(device, compile=compile, on_part=part, **kw), **about}
     print("\n".join(report_lines(result)))
-    print(f"wrote {write(result, Path(args.out))}")
+    print(f"wrote {write(result, out, args.name)}")
     return 0
 
 

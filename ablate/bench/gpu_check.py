@@ -62,11 +62,12 @@ LIMITS = {
     "native": 60,
     "tests": 170,
     "parallel": 120,
-    "bench": 200,
-    "study": 200,
+    "bench": 480,
+    "study": 300,
 }
-"""Each stage's own time limit in seconds (within what the budget leaves it). On a fresh H200
-(2026-11-26, cold compile caches) ``parallel`` took 94 s, two compiled runs of ``small``."""
+"""Each stage's own time limit in seconds (within what the budget leaves it). Cold caches: on an
+H200 (2026-11-26) ``parallel`` took 94 s; on an H100 (2026-11-27) ``native`` 40 s, ``bench`` over
+400 s (four of five recipes), a study cell 44 s (compile; the next seed 4.5 s)."""
 REHEARSALS = ("fp8_native-none-cuda", "mxfp4_rht16-ddp-cuda", "nvidia_nvfp4-fsdp-cuda")
 """The compile rehearsal's CUDA cases the ``tests`` stage runs (native FP8, MXFP4 + RHT16 under DDP,
 NVIDIA's NVFP4 recipe under FSDP2): each compiles a model cold, 30-100 s on an H200, and all ten
@@ -184,8 +185,8 @@ def summarize(stages: list[Stage], out: Path, args: argparse.Namespace, wall: fl
         if f.exists():
             figures[name] = json.loads(f.read_text())
     if (out / "bench.json").exists():
-        goals = json.loads((out / "bench.json").read_text())["goals"]
-        figures["bench"] = {"file": "bench.json", "goals": goals}
+        b = json.loads((out / "bench.json").read_text())
+        figures["bench"] = {"file": "bench.json", "partial": "partial" in b, "goals": b["goals"]}
     summary = {
         "command": _command(args),
         "device": args.device,
@@ -219,7 +220,8 @@ def summarize(stages: list[Stage], out: Path, args: argparse.Namespace, wall: fl
     for s in stages:
         md.append(f"| {s.name} | {s.status} | {s.seconds:.0f} | {s.detail} | {s.log or '-'} |")
     if "bench" in figures:
-        md += ["", f"## Goals (`{figures['bench']['file']}`)", ""]
+        cut = ", partial: the bench stopped before its end" if figures["bench"]["partial"] else ""
+        md += ["", f"## Goals (`{figures['bench']['file']}`{cut})", ""]
         for name, g in figures["bench"]["goals"].items():
             md.append(f"- {name}: {g['measured']} (target {g['target']}): {g['met']}")
     if "study" in figures:
@@ -413,15 +415,14 @@ def stage_parallel(args: argparse.Namespace, out: Path) -> None:
 def stage_bench(args: argparse.Namespace, out: Path) -> None:
     from ablate.bench import gpu as gpu_bench
 
-    argv = ["--device", args.device, "--out", str(out)]
+    # bench.md and bench.json are written as it goes: a stage stopped at its limit keeps them
+    argv = ["--device", args.device, "--out", str(out), "--name", "bench"]
     if args.device == "cpu":
         argv.append("--dry-run")
     else:
         argv += ["--presets", "125m", "--steps", "10", "--warmup", "2", "--repeats", "5"]
+        argv += ["--profile", "fp8", "mxfp4"]  # the two ratios the goals miss most
     gpu_bench.main(argv)
-    (md,) = sorted(out.glob("20*.md"))[-1:]
-    md.rename(out / "bench.md")
-    md.with_suffix(".json").rename(out / "bench.json")
     result = json.loads((out / "bench.json").read_text())
     met = {k: g["met"] for k, g in result["goals"].items()}
     print(f"RESULT: goals {met}")
@@ -496,12 +497,15 @@ def run_study(
 
 
 _STAGE_FUNCS: dict[str, Callable[[argparse.Namespace, Path], None]] = {
-    "environment": stage_environment,
-    "native": stage_native,
-    "tests": stage_tests,
-    "parallel": stage_parallel,
-    "bench": stage_bench,
-    "study": stage_study,
+    f.__name__.removeprefix("stage_"): f
+    for f in (
+        stage_environment,
+        stage_native,
+        stage_tests,
+        stage_parallel,
+        stage_bench,
+        stage_study,
+    )
 }
 
 
@@ -530,13 +534,8 @@ def main(argv: list[str] | None = None) -> int:
             "ablate.bench.gpu_check: no CUDA device here (--device cpu checks the command at toy sizes)"
         )
         return 2
-    out = (
-        Path(args.out)
-        if args.out
-        else (
-            ROOT / "reports" / "gpu" / f"{dt.date.today().isoformat()}-{device_slug(args.device)}"
-        )
-    )
+    slug = f"{dt.date.today().isoformat()}-{device_slug(args.device)}"
+    out = Path(args.out) if args.out else ROOT / "reports" / "gpu" / slug
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     stages = run_stages(args, out)

@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +20,7 @@ def test_dry_run_on_the_cpu_measures_every_row_and_writes_the_report(tmp_path, c
     (md,) = tmp_path.glob("*-cpu-dry-run.md")
     result = json.loads(md.with_suffix(".json").read_text())
     assert result["dry_run"] and result["arch"] == "cpu" and result["date"] and result["torch"]
+    assert "partial" not in result and "Partial" not in md.read_text()  # replaced at its end
     assert (
         result["command"] == f"python -m ablate.bench.gpu --device cpu --dry-run --out {tmp_path}"
     )
@@ -108,3 +113,37 @@ def test_a_subset_of_recipes_is_timed_and_each_named_one_profiled(tmp_path, caps
     with pytest.raises(SystemExit):  # argparse names the allowed recipes
         gpu_bench.main(["--device", "cpu", "--recipes", "fp4"])
     assert "invalid choice: 'fp4'" in capsys.readouterr().err
+
+
+def test_a_bench_stopped_at_its_limit_keeps_what_it_measured(tmp_path):
+    """A GPU loan's stage is killed at its time limit: on an H100 (2026-11-27) the bench lost its
+    step times, its profile and its goals that way. Every part is written as it ends."""
+    root = Path(__file__).resolve().parents[3]
+    cmd = [sys.executable, "-m", "ablate.bench.gpu", "--device", "cpu", "--dry-run", "--no-gemms"]
+    cmd += ["--out", str(tmp_path), "--name", "bench", "--recipes", "bf16", "fp8", "mxfp4"]
+    cmd += ["--profile", "bf16", "mxfp4"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=root, env=env)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:  # killed as the second run is timed, before the third starts
+        seen.append(line)
+        if line.startswith("bench: tiny fp8 "):
+            proc.kill()
+            break
+    proc.wait()
+    assert proc.returncode == -9, "".join(seen)
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["partial"] is True and result["dry_run"] is True
+    assert result["command"].endswith("--profile bf16 mxfp4")
+    assert [r["recipe"] for r in result["steps"]] in (["bf16"], ["bf16", "fp8"])
+    assert result["steps"][0]["step_ms"] > 0
+    assert [p["name"] for p in result["profiles"]] == ["bf16"]  # written with its run
+    assert {q["quantizer"] for q in result["quantizer"]} >= {"copy", "mxfp4_rne", "mxfp4_sr"}
+    goals = result["goals"]  # evaluated on what was measured; the rest not measured
+    assert goals["emulated_mxfp4_step_over_bf16"]["measured"] is None
+    assert goals["emulated_mxfp4_step_over_bf16"]["met"] is None
+    assert goals["quantizer_mxfp4_rne_copy_fraction"]["measured"] > 0
+    md = (tmp_path / "bench.md").read_text()
+    assert "(partial)" in md and "**Partial**" in md and "| bf16 |" in md
+    assert not list(tmp_path.glob("*.tmp"))

@@ -67,6 +67,8 @@ def test_the_gpu_check_runs_every_stage_on_the_cpu_and_writes_its_summary(
     }
     assert all(r["collectives"] == "gloo" for r in summary["parallel"].values())
     assert set(summary["bench"]["goals"]) >= {"emulated_mxfp4_step_over_bf16"}
+    assert summary["bench"]["partial"] is False and (out / "bench.md").exists()
+    assert not list(out.glob("20*"))  # the bench's files are named for the check
     study = summary["study"]
     assert len(study["cells"]) == 8 and all(c["status"] == "finished" for c in study["cells"])
     report = out / "study" / "report.md"
