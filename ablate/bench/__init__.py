@@ -20,5 +20,7 @@ command that runs it:
 - ``ui``: the MLflow UI's start-up time and memory, MLflow's own against ``ablate ui``;
 - ``gpu``: the GPU benchmark (step times, quantizer bandwidth, a profile) into ``reports/gpu/``;
 - ``gpu_render``: the GPU benchmark's printed report, its Markdown and the files it writes;
-- ``gpu_check``: ``make gpu-check``, a GPU machine checked end to end.
+- ``gpu_check``: ``make gpu-check``, a GPU machine checked end to end;
+- ``gpu_study``: the check's study stage, trained in one process and reported (partly, when its
+  time runs out).
 """

@@ -20,7 +20,10 @@ next ones their time and its own log:
    compiled as a cell on CUDA is (``parallel.json``);
 6. ``study``: ``studies/gpu_check.yaml`` (BF16, native FP8, emulated full MXFP4 and MXFP4 + DHT16
    on ``small``, two seeds), each cell trained in this machine's one process as the local executor
-   would, without MLflow, and its report (``study/report.md``, figures, ``summary.csv``).
+   would, without MLflow, and its report (``study/report.md``, figures, ``summary.csv``), of the
+   cells it trained where its time ran out (``ablate.bench.gpu_study``).
+
+A stage past its limit gets SIGTERM, and SIGKILL for its whole process session ``GRACE`` later.
 
 Everything goes into ``reports/gpu/<date>-<device>/`` (``--out``): one log per stage, written as it
 runs (a stage cut off at its limit keeps what it printed), and ``summary.md``/``summary.json`` with
@@ -38,7 +41,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import importlib.util
 import json
 import os
 import re
@@ -53,8 +55,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ablate.bench.gpu_study import CPU_VAL_TOKENS, stage_study
+
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: ablate/bench/ is two below it
-STUDY = ROOT / "studies" / "gpu_check.yaml"
 STAGES = ("environment", "native", "tests", "bench", "parallel", "study")
 """In the order of what a short loan of a GPU must show first: the numerics, then the figures."""
 LIMITS = {
@@ -72,18 +75,11 @@ REHEARSALS = ("fp8_native-none-cuda", "mxfp4_rht16-ddp-cuda", "nvidia_nvfp4-fsdp
 """The compile rehearsal's CUDA cases the ``tests`` stage runs (native FP8, MXFP4 + RHT16 under DDP,
 NVIDIA's NVFP4 recipe under FSDP2): each compiles a model cold, 30-100 s on an H200, and all ten
 took the stage past its limit. ``pytest -m gpu`` runs them all."""
+GRACE = 20.0
+"""A stage past its limit gets SIGTERM (the study then reports what it trained), and this much
+later (at most a quarter of its limit) SIGKILL for its whole process session."""
 MINIMUM = {"environment": 5, "native": 10, "tests": 30, "parallel": 20, "bench": 40, "study": 40}
 """Below this much time a stage is skipped ("out of time") rather than started."""
-CPU_VAL_TOKENS = 1024  # the study's 65,536 would take 512 evaluation forwards of CPU_SIZES
-CPU_SIZES: dict[str, Any] = {
-    "steps": 4,
-    "batch_size": 4,
-    "seq_len": 32,
-    "eval_every": 2,
-    "eval_batches": 2,  # of 8: evaluating took 64% of the CPU study's time
-    "warmup_steps": 1,
-}
-"""The study's training sizes on the CPU (``--device cpu``), the ``tiny`` preset."""
 
 
 @dataclass(slots=True)
@@ -121,7 +117,8 @@ def run_stages(args: argparse.Namespace, out: Path) -> list[Stage]:
     for i, st in enumerate(stages):
         later = sum(MINIMUM[s.name] for s in stages[i + 1 :])
         left = deadline - time.monotonic()
-        limit = min(LIMITS[st.name] * args.scale, left - later)
+        grace = min(GRACE, LIMITS[st.name] * args.scale / 4)  # after SIGTERM, before SIGKILL
+        limit = min(LIMITS[st.name] * args.scale, left - later - grace)
         if limit < MINIMUM[st.name]:
             st.status, st.detail = "skipped", f"out of time ({left:.0f} s of the budget left)"
             _say(f"== {st.name}: skipped, {st.detail}")
@@ -151,6 +148,9 @@ def run_stages(args: argparse.Namespace, out: Path) -> list[Stage]:
                 st.status = {0: "passed", 3: "skipped"}.get(rc, "failed")
             except subprocess.TimeoutExpired:
                 st.status = "timed out"
+                proc.send_signal(signal.SIGTERM)  # the study reports the cells it trained
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=grace)
             finally:
                 _stop_session(proc)
         st.seconds = time.monotonic() - t0
@@ -225,7 +225,9 @@ def summarize(stages: list[Stage], out: Path, args: argparse.Namespace, wall: fl
         for name, g in figures["bench"]["goals"].items():
             md.append(f"- {name}: {g['measured']} (target {g['target']}): {g['met']}")
     if "study" in figures:
-        md += ["", "## Study", "", *figures["study"].get("verdict", [])]
+        untrained = figures["study"].get("not_trained")
+        said = [f"Partial: not trained in time: {', '.join(untrained)}.", ""] if untrained else []
+        md += ["", "## Study", "", *said, *figures["study"].get("verdict", [])]
     (out / "summary.md").write_text("\n".join(md) + "\n")
     return out / "summary.md"
 
@@ -426,74 +428,6 @@ def stage_bench(args: argparse.Namespace, out: Path) -> None:
     result = json.loads((out / "bench.json").read_text())
     met = {k: g["met"] for k, g in result["goals"].items()}
     print(f"RESULT: goals {met}")
-
-
-def stage_study(args: argparse.Namespace, out: Path) -> None:
-    missing = [m for m in ("pydantic", "pandas", "matplotlib") if not importlib.util.find_spec(m)]
-    if missing:
-        print(
-            f"RESULT: skipped: {', '.join(missing)} not installed (the study's spec and report "
-            "need pydantic, pandas and matplotlib); `make gpu-check WHEELS=dir` installs wheel "
-            "files from dir first"
-        )
-        sys.exit(3)
-    summary = run_study(STUDY, out / "study", cpu=args.device == "cpu", log=print)
-    (out / "study.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print("RESULT: " + "; ".join(summary["verdict"][:1] or ["no verdict"]))
-
-
-def run_study(
-    path: Path, out: Path, *, cpu: bool = False, log: Callable[[str], Any] = print
-) -> dict[str, Any]:
-    """Train every cell of the study at ``path`` in this process (as the local executor would, but
-    with an in-memory logger instead of MLflow) and write its report into ``out``. ``cpu``: the
-    toy sizes of ``CPU_SIZES`` and ``CPU_VAL_TOKENS`` on the ``tiny`` preset, the emulated backend everywhere."""
-    import dataclasses
-
-    from ablate.model import ModelConfig
-    from ablate.report.frames import results_frames
-    from ablate.report.render import build_report
-    from ablate.report.verdict import verdict_lines
-    from ablate.study import load_study
-    from ablate.train import MemoryLogger, train
-    from ablate.train.provenance import environment
-
-    study = load_study(path)
-    results = []
-    for cell in study.cells:
-        # no checkpoints: nothing here resumes a cell (a study's cells checkpoint into the folder
-        # the runner gives them)
-        cfg = dataclasses.replace(
-            cell.config,
-            checkpoint_dir=None,
-            train=dataclasses.replace(cell.config.train, checkpoint_every=0),
-        )
-        if cpu:
-            cfg = dataclasses.replace(
-                cfg,
-                device="cpu",
-                backend="emulated",
-                model=ModelConfig(preset="tiny"),
-                data=dataclasses.replace(cfg.data, val_tokens=CPU_VAL_TOKENS),
-                train=dataclasses.replace(cfg.train, **CPU_SIZES),
-            )
-        t0 = time.perf_counter()
-        res = train(cfg, MemoryLogger())
-        log(
-            f"{cell.label}: {res.status}, final val loss {res.final_val_loss:.4f}, "
-            f"{res.tokens_per_s:,.0f} tokens/s, {time.perf_counter() - t0:.1f} s"
-        )
-        results.append((dataclasses.replace(cell, config=cfg), res, environment(cfg)))
-    cells, evals = results_frames(results)
-    result = build_report(cells, evals, study.target, study.file.speedup, out, study=study.name)
-    lead, items = verdict_lines(result.config_table)
-    return {
-        "study": study.name,
-        "cells": cells[["label", "status", "tokens_per_s", "backend"]].to_dict("records"),
-        "report": str(result.report_md),
-        "target_ppl": result.target_ppl,
-        "verdict": [f"- {item}" for item in items],
-    }
 
 
 _STAGE_FUNCS: dict[str, Callable[[argparse.Namespace, Path], None]] = {

@@ -8,8 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +135,60 @@ def test_bad_arguments_are_refused_naming_them(capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["--device", "tpu"])
     assert "--device must be cuda or cpu" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_study_stopped_at_its_limit_reports_the_cells_it_trained(tmp_path):
+    """The check stops a stage past its limit with SIGTERM first: the study stage then reports the
+    cells it had trained and says which it had not (on an H100 on 2026-11-27 the study stage was
+    killed after two of its eight cells, with no report)."""
+    root = Path(__file__).resolve().parents[3]
+    cmd = [sys.executable, "-m", "ablate.bench.gpu_check", "--stage", "study", "--device", "cpu"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=root, env=env
+    )
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:  # stopped as the fifth cell trains
+        seen.append(line)
+        if sum(": finished, final val loss" in x for x in seen) == 4:
+            proc.send_signal(signal.SIGTERM)
+            break
+    seen += proc.stdout.read().splitlines(keepends=True)
+    assert proc.wait() == 1, "".join(seen)
+    said = "".join(seen)
+    assert "RESULT: stopped at its time limit after" in said
+    summary = json.loads((tmp_path / "study.json").read_text())
+    assert summary["partial"] is True
+    trained = [c["label"] for c in summary["cells"]]
+    assert 4 <= len(trained) < 8 and len(trained) + len(summary["not_trained"]) == 8
+    assert trained[:2] == ["bf16/backend=emulated/seed0", "bf16/backend=emulated/seed1"]
+    assert all(c["status"] == "finished" for c in summary["cells"])
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert report.startswith("**Partial**: the check's time ran out after")
+    assert all(label in report for label in summary["not_trained"])
+    assert "fp8" in report and (tmp_path / "study" / "summary.csv").exists()
+
+
+def test_a_stage_past_its_limit_gets_sigterm_and_time_to_report(tmp_path, monkeypatch):
+    """SIGTERM at the limit, SIGKILL a grace later: the study stage reports in between."""
+    monkeypatch.setattr(gpu_check, "STAGES", ("environment", "tests"))
+    monkeypatch.setattr(gpu_check, "LIMITS", {"environment": 2, "tests": 60})
+    monkeypatch.setattr(gpu_check, "MINIMUM", {"environment": 1, "tests": 10})
+    real = subprocess.Popen
+    script = (
+        "import signal, sys, time\n"
+        "def on_term(*_):\n"
+        "    time.sleep(0.2); print('RESULT: reported what it had', flush=True); sys.exit(1)\n"
+        "signal.signal(signal.SIGTERM, on_term); print('started', flush=True); time.sleep(30)\n"
+    )
+
+    def popen(cmd, **kw):
+        stage = cmd[cmd.index("--stage") + 1]
+        return real([sys.executable, "-c", script if stage == "environment" else "pass"], **kw)
+
+    monkeypatch.setattr(gpu_check.subprocess, "Popen", popen)
+    stages = gpu_check.run_stages(_ns(100), tmp_path)
+    assert (stages[0].status, stages[0].detail) == ("timed out", "reported what it had")
+    assert 2 <= stages[0].seconds < 2 + 0.5 + 1  # the limit, within its grace of a quarter
