@@ -228,10 +228,11 @@ def _figure(
     for cfg, colour in zip(configs, palette, strict=True):
         m = means[means["config"] == cfg] if len(means) else means
         if len(m):
-            yerr = [m["ratio"] - m["lo"].clip(lower=1e-3), (m["hi"] - m["ratio"]).clip(upper=1e3)]
+            bottom = m["lo"].clip(lower=1e-3)  # the bar's end and the axis' reach alike
+            yerr = [m["ratio"] - bottom, (m["hi"] - m["ratio"]).clip(upper=1e3)]
             ax.errorbar(m["params"], m["ratio"], yerr=yerr, fmt="o", color=colour, capsize=3,
                         label=f"{cfg} (measured)")  # fmt: skip
-            seen += [*m["lo"].clip(lower=1e-3), *m["hi"].clip(upper=1e3)]
+            seen += [*bottom, *m["hi"].clip(upper=1e3)]
         if fit is not None and cfg in fit.configs:
             pt, lo, hi = [], [], []
             for n in grid:
