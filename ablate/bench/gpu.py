@@ -82,14 +82,14 @@ def kernel_kind(name: str) -> str:
     """A kernel's kind from its name: gemm, attention, triton (Inductor-fused: the quantizer, norms,
     elementwise), optimizer, memory, or other."""
     n = name.lower()
+    if n.startswith("triton"):  # named after the ops it feeds: "..._scaled_mm_v2_..." is no GEMM
+        return "triton"
     if n in ("aten::mm", "aten::addmm", "aten::bmm") or any(
         k in n for k in ("gemm", "cutlass", "xmma", "nvjet", "cublas", "scaled_mm")
     ):
         return "gemm"
     if any(k in n for k in ("flash", "fmha", "attention", "sdpa")):
         return "attention"
-    if n.startswith("triton"):
-        return "triton"
     if any(k in n for k in ("adam", "multi_tensor", "foreach")):
         return "optimizer"
     if any(k in n for k in ("memcpy", "memset", "copy_")):

@@ -27,6 +27,16 @@ CPU_SIZES: dict[str, Any] = {
     "warmup_steps": 1,
 }
 """The study's training sizes on the CPU (``--device cpu``), the ``tiny`` preset."""
+ARCH_PROFILES = {
+    "sm_89": "h100",  # Ada: FP8 at twice BF16, no block-scaled formats, as Hopper
+    "sm_90": "h100",  # H100 and H200
+    "sm_100": "b200",
+    "sm_103": "b200",
+    "gfx942": "mi300x",
+    "gfx950": "mi355x",
+}
+"""The ``speedup:`` device profile the check's report projects with, by the GPU it trained on (a
+study that names its own ``speedup.device`` keeps it); without one, the study's default."""
 
 
 def stage_study(args: argparse.Namespace, out: Path) -> None:
@@ -83,7 +93,12 @@ def run_study(
     if not results:
         return {**out_info, "cells": [], "report": None, "target_ppl": None, "verdict": []}
     cells, evals = results_frames(results)
-    result = build_report(cells, evals, study.target, study.file.speedup, out, study=study.name)
+    speedup = study.file.speedup
+    profile = None if cpu else ARCH_PROFILES.get(_arch(results) or "")
+    if profile and "device" not in speedup.model_fields_set:
+        speedup = speedup.model_copy(update={"device": profile})
+        log(f"report: the step-time model of {profile} (the GPU trained on)")
+    result = build_report(cells, evals, study.target, speedup, out, study=study.name)
     if left:  # said first in the report itself
         md = result.report_md.read_text()
         result.report_md.write_text(
@@ -98,6 +113,14 @@ def run_study(
         "target_ppl": result.target_ppl,
         "verdict": [f"- {item}" for item in items],
     }
+
+
+def _arch(results: list[Any]) -> str | None:
+    """The GPU arch (``sm_90``, ``gfx942``) the study's first cell trained on, if on a GPU."""
+    from backends.gemm.native import device_arch
+
+    device = results[0][0].config.device
+    return device_arch("cuda" if device == "auto" else device)
 
 
 def _train_cells(study: Any, results: list[Any], cpu: bool, log: Callable[[str], Any]) -> None:

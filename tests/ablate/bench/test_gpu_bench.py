@@ -88,6 +88,11 @@ def test_kernel_kinds():
     assert kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "gemm"
     assert kind("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "gemm"
     assert kind("triton_per_fused__to_copy_abs_amax_0") == "triton"
+    # Inductor names a kernel after the ops it feeds: the H100's FP8 profile of 2026-11-27 counted
+    # the operands' quantization, named after the scaled GEMM it prepares, as GEMM time
+    assert kind("triton_red_fused__to_copy_abs_clamp_mul_round_scaled_mm_v2_silu_t_view_13") == (
+        "triton"
+    )
     assert kind("void pytorch_flash::flash_fwd_kernel<...>") == "attention"
     assert kind("void at::native::(anonymous namespace)::fused_adamw_kernel") == "optimizer"
     assert kind("Memcpy HtoD (Pageable -> Device)") == "memory"

@@ -131,6 +131,34 @@ def test_a_stage_without_its_minimum_time_left_is_skipped(tmp_path, two_stages):
     assert "out of time" in stages[1].detail and not (tmp_path / "tests.log").exists()
 
 
+def test_a_summary_without_the_environment_stage_still_names_torch_and_the_commit(tmp_path):
+    """The second command of a short loan skips the environment stage (an H100's summary of
+    2026-11-27 then read "torch ?, ... commit ?"): the summary asks this process instead."""
+    import torch
+
+    args = _ns(100)
+    args.skip = ["environment"]
+    study = gpu_check.Stage("study")
+    study.status, study.seconds, study.detail = "passed", 1.0, "fine"
+    md = gpu_check.summarize([study], tmp_path, args, 1.0).read_text()
+    head = md.splitlines()[:4]
+    assert head[0].startswith("# GPU check, cpu, 20"), head
+    assert f"torch {torch.__version__}," in head[3] and "?" not in head[3], head
+
+
+def test_the_study_projects_with_the_profile_of_the_gpu_it_trained_on():
+    """An H100's check reported a projected speedup from the MI355X's model (the study's default):
+    each known arch now names a profile of ``speedup.device``, with the same native formats."""
+    from ablate.bench.gpu_study import ARCH_PROFILES
+    from ablate.study.speedup import DEVICES, format_name
+    from backends.gemm.capabilities import CAPABILITIES
+
+    for arch, profile in ARCH_PROFILES.items():
+        assert profile in DEVICES, (arch, profile)
+        native = {format_name(f) for f in CAPABILITIES[arch]} if arch in CAPABILITIES else set()
+        assert native <= set(DEVICES[profile].throughput), (arch, native)
+
+
 def test_bad_arguments_are_refused_naming_them(capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["--device", "tpu"])
