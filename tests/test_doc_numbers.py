@@ -94,7 +94,7 @@ def quoted_intervals(text: str) -> list[str]:
 
 
 def test_every_interval_the_pages_quote_is_in_a_kept_report():
-    kept = " ".join(p.read_text() for p in (ROOT / "reports").glob("*/report.md"))
+    kept = " ".join(p.read_text() for p in (ROOT / "reports").rglob("report.md"))
     stale = {
         f"{page.relative_to(ROOT)}: {iv}"
         for page in PAGES
