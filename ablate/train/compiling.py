@@ -21,6 +21,15 @@ Why these units and this order (as torchtitan does it):
   error, not a silent slow path. The quantizers inside a block are traced into its graph on CUDA
   and are opaque ops of one node each on the CPU (``RunConfig.quantizer_graph``,
   ``backends.quant.ops``).
+- **Warm compiles.** A quantized block's graph holds an autocast region (the layer leaves bf16
+  autocast around its GEMMs) and a custom autograd Function: torch 2.11-2.13 do not let
+  AOTAutograd's cache keep such a graph, so every later compile of it (the next cell of a study,
+  a restarted worker) traced and partitioned it again (60 s against BF16's 3.4 s for the second
+  native FP8 cell of the GPU check's study on an H100). ``allow_aot_cache`` opts in through
+  torch's own switches: the autocast enter/exit functions as cacheable (their behaviour is their
+  arguments, which are in the graph and so in the key) and custom autograd Functions (whose
+  forward and backward are traced into the graph), as upstream intends to by default (pytorch
+  issue 191106).
 
 In place: a block's ``forward`` and the model's ``output`` become their compiled versions on the
 instances, so parameter and buffer names, hence checkpoints, are those of the eager model. The
@@ -39,7 +48,30 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["compile_backend", "compile_model"]
+__all__ = ["allow_aot_cache", "compile_backend", "compile_model"]
+
+AUTOCAST_REGION = (
+    "torch.amp.autocast_mode._enter_autocast",
+    "torch.amp.autocast_mode._exit_autocast",
+)
+"""What Dynamo writes into a graph for an autocast region: marked cacheable by ``allow_aot_cache``."""
+
+
+def allow_aot_cache() -> None:
+    """Let AOTAutograd's cache keep the graphs of quantized blocks (module docstring, "Warm
+    compiles"): for this process, mark the autocast region's two functions cacheable (keyed by the
+    torch version) and allow custom autograd Functions in cached graphs. A torch without either
+    switch is left as it is."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    marked = getattr(inductor_config, "unsafe_marked_cacheable_functions", None)
+    if isinstance(marked, dict) and not all(name in marked for name in AUTOCAST_REGION):
+        mine = dict.fromkeys(AUTOCAST_REGION, torch.__version__)
+        inductor_config.unsafe_marked_cacheable_functions = {**mine, **marked}
+    if hasattr(functorch_config, "autograd_cache_allow_custom_autograd_functions"):
+        # torch's TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD=0 overrides this
+        functorch_config.autograd_cache_allow_custom_autograd_functions = True
 
 
 def compile_backend() -> str:
@@ -58,6 +90,7 @@ def compile_model(model: nn.Module, backend: str | None = None) -> None:
             "train.compile: compiles a model with transformer blocks in .layers and a head "
             f"method .output; {type(model).__name__} has not both"
         )
+    allow_aot_cache()
     # one function per model and unit, each with a code object of its own: Dynamo caches compiled
     # graphs, and counts recompiles against its limit (8), per code object, so models built one
     # after the other in a process (a study's cells on the local executor, a benchmark's recipes)

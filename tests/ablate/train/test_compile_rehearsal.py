@@ -178,6 +178,15 @@ def test_the_compiled_step_compiles_once_and_trains_as_the_eager_one(
     assert graphs == [2] + [0] * (STEPS - 1)  # blocks + head, then no recompile
     assert breaks == 0
     assert compiled == pytest.approx(eager, rel=5e-3)
+    if compiler == "inductor":
+        # the next model compiles from AOTAutograd's cache (its autocast region and custom
+        # Function allowed: ``compiling.allow_aot_cache``) and trains to the same bits
+        counters["aot_autograd"].clear()
+        again, graphs, _ = _steps(name, parallel, compiled=True, device=device)
+        assert graphs == [2] + [0] * (STEPS - 1)
+        aot = counters["aot_autograd"]
+        assert (aot["autograd_cache_hit"], aot["autograd_cache_bypass"]) == (2, 0), aot
+        assert again == compiled
 
 
 def test_the_quantizer_compiled_per_plan_trains_eager_and_compiled_models_as_on_a_gpu(monkeypatch):
