@@ -55,9 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ablate.bench.gpu_study import CPU_VAL_TOKENS, stage_study
+from ablate.bench.gpu_study import CPU_VAL_TOKENS, ROOT, stage_study
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: ablate/bench/ is two below it
 STAGES = ("environment", "native", "tests", "bench", "parallel", "study")
 """In the order of what a short loan of a GPU must show first: the numerics, then the figures."""
 LIMITS = {

@@ -117,10 +117,10 @@ def run_study(
 
 def _arch(results: list[Any]) -> str | None:
     """The GPU arch (``sm_90``, ``gfx942``) the study's first cell trained on, if on a GPU."""
+    from ablate.train.device import resolve_device
     from backends.gemm.native import device_arch
 
-    device = results[0][0].config.device
-    return device_arch("cuda" if device == "auto" else device)
+    return device_arch(resolve_device(results[0][0].config.device))
 
 
 def _train_cells(study: Any, results: list[Any], cpu: bool, log: Callable[[str], Any]) -> None:
