@@ -20,6 +20,9 @@ import torch.multiprocessing as mp
 
 PRELOAD = [
     "torch",
+    # a model built on the meta device draws its default initialization through torch._refs,
+    # which imports Dynamo (about 1 s of CPU in each rank that imported it itself)
+    "torch._dynamo",
     "torch.distributed",
     "torch.distributed.fsdp",
     "ablate.train.loop",
