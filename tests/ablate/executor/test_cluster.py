@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 from test_cli import STUDY as CLI_STUDY
 
@@ -21,6 +22,8 @@ from ablate.cli import main
 from ablate.errors import RunnerError
 
 STUDY = CLI_STUDY.replace("[[], [fprop]]", "[[]]")  # one cell
+FSDP_STUDY = STUDY.replace("warmup_steps: 1}", "warmup_steps: 1, parallel: fsdp}")
+assert FSDP_STUDY != STUDY
 
 
 def _free_port() -> int:
@@ -195,9 +198,14 @@ def test_a_two_worker_cell_spans_a_two_node_cluster_tracked_by_a_server(
     tmp_path, ray_start_head, mlflow_server
 ):
     """`ray start` head + a second node (`ray start --address`, token authentication) on loopback,
-    1 CPU each; a cell of resources.workers: 2 x 1 CPU can only run with one worker per node: DDP
-    over gloo between the two nodes, logged through the tracking server."""
+    1 CPU each; a cell of resources.workers: 2 x 1 CPU can only run with one worker per node: FSDP
+    over gloo between the two nodes, logged through the tracking server, every metric step once,
+    every evaluation bit-identical to the same run in two gloo processes on one host."""
     from mlflow.tracking import MlflowClient
+    from test_distributed import two_ranks
+    from test_distributed_ray import assert_logged_once
+
+    from ablate.study import parse_study
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")
@@ -216,8 +224,9 @@ def test_a_two_worker_cell_spans_a_two_node_cluster_tracked_by_a_server(
         capture_output=True,
         timeout=120,
     )  # fmt: skip  (stopped with the head's processes: they name its GCS port)
+    text = FSDP_STUDY + "resources: {cpus: 1, workers: 2}\n"
     p = tmp_path / "s.yaml"
-    p.write_text(STUDY + "resources: {cpus: 1, workers: 2}\n")
+    p.write_text(text)
     out = tmp_path / "out"
     # in a process of its own, as a user runs it: Ray reads RAY_AUTH_MODE once per process
     args = ["run", str(p), "-o", str(out), "--address", ray_start_head]
@@ -232,11 +241,16 @@ def test_a_two_worker_cell_spans_a_two_node_cluster_tracked_by_a_server(
         [e.experiment_id for e in client.search_experiments()], "tags.`ablate.role` = 'cell'"
     )
     assert len(runs) == 1
-    tags = runs[0].data.tags
-    assert tags["ablate.status"] == "finished" and tags["ablate.workers"] == "2", tags
-    steps = int(runs[0].data.params["train.steps"])
-    history = client.get_metric_history(runs[0].info.run_id, "train_loss")
-    assert sorted(m.step for m in history) == list(range(1, steps + 1))
+    assert runs[0].data.params["train.parallel"] == "fsdp"
+    assert runs[0].data.tags["ablate.resumed_from"] in ("", "0")  # never interrupted
+    (cell,) = parse_study(yaml.safe_load(text), output=out, text=text).cells
+    train = cell.config.train
+    assert_logged_once(mlflow_server, runs[0], train.steps, eval_every=train.eval_every)
+    history = client.get_metric_history(runs[0].info.run_id, "val_loss")
+    d = {**cell.config.to_dict(), "checkpoint_dir": None}
+    d["train"]["checkpoint_every"] = 0
+    ref = two_ranks(d)[0]["evals"]
+    assert [m.value for m in sorted(history, key=lambda m: m.step)] == ref
     # the artifacts went through the server into its destination, not into the output folder
     assert [p.parent.parent.name for p in (tmp_path / "server-artifacts").rglob("config.json")] == [
         runs[0].info.run_id
