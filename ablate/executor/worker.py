@@ -206,7 +206,6 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
     import ray.train.torch
 
     from ablate.executor.worker_checks import check_worker
-    from ablate.tracking import MlflowLogger
     from ablate.train import RunConfig
     from ablate.train.logger import NullLogger
 
@@ -220,7 +219,11 @@ def _train_worker(loop_config: dict[str, Any]) -> None:
     if d.get("device", "cpu").startswith("cuda"):  # the GPU Ray Train gave this worker
         d["device"] = str(ray.train.torch.get_device())
     cfg = RunConfig.from_dict(d)
-    logger: Any = MlflowLogger(task.tracking_uri, task.run_id) if rank == 0 else NullLogger()
+    logger: Any = NullLogger()
+    if rank == 0:  # the other ranks never import MLflow (2-3 s of CPU each)
+        from ablate.tracking import MlflowLogger
+
+        logger = MlflowLogger(task.tracking_uri, task.run_id)
     try:
         # each worker's node, too: the cell's task checked only its own (a failure here costs
         # Ray Train's restarts before the cell fails)
