@@ -72,7 +72,7 @@ def _working_directory_kept() -> Iterator[None]:
 @pytest.fixture(autouse=True, scope="session")
 def _inductor_fuses_as_on_a_gpu() -> None:
     """CUDA's limit on an inlined pointwise body for the CPU's compiles too, in each process that
-    runs tests (the CPU's own limit exists from torch 2.13; before, both were the same)."""
+    runs tests (a torch without a CPU limit of its own uses one limit for both: left as it is)."""
     import torch._inductor.config as inductor_config
 
     gpu_limit = getattr(inductor_config, "_realize_opcount_threshold_default", None)
