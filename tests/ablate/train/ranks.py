@@ -20,8 +20,9 @@ import torch.multiprocessing as mp
 
 PRELOAD = [
     "torch",
-    # a model built on the meta device draws its default initialization through torch._refs,
-    # which imports Dynamo (about 1 s of CPU in each rank that imported it itself)
+    # every training process imports Dynamo (about 1 s of CPU each): a model built on the meta
+    # device draws its default initialization through torch._refs, and the optimizers'
+    # constructors are wrapped by torch._disable_dynamo, both of which import it
     "torch._dynamo",
     "torch.distributed",
     "torch.distributed.fsdp",
