@@ -5,7 +5,8 @@ path (module names are unique across the suite). Prepared data (``ablate.data.pr
 this test process's own, never to the user's ``~/.cache/ablate/data``; subprocesses, Ray workers
 and clusters started by a test inherit it. ``train_bpe`` trains the suite's BPE tokenizers. Every test starts in the working directory the suite
 started in: a test that runs a worker's code in this process (``run_one`` enters the task's
-working directory, as a worker process does) must not move the next test's relative paths.
+working directory, as a worker process does) must not move the next test's relative paths. With
+``ABLATE_TEST_CPU_LOG`` set, each test's CPU is logged (``tests/cpu_log.py``).
 
 Threads and compilers, for the suite's time on a 2-core machine (what each test checks is the
 same):
@@ -52,6 +53,9 @@ os.environ.setdefault("TORCHINDUCTOR_DEBUG_COMPILE", "1")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from cpu_log import activate
+
+    activate(config)  # ABLATE_TEST_CPU_LOG: each test's CPU, for the suite's budget
     folder = tempfile.mkdtemp(prefix="ablate-test-data-")
     _made.append(folder)
     os.environ["ABLATE_DATA_CACHE"] = folder
