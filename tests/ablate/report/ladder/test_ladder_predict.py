@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from ablate.bench import ladder as ladder_bench
-from ablate.report.ladder.predict import backtest, predict, predict_many
+from ablate.report.ladder.predict import backtest, fit_ladder, predict, predictions
 from ablate.report.ladder.simulate import (
     CHINCHILLA,
     additive_truth,
@@ -46,9 +46,9 @@ def _coverage(
     for i in range(ladders):
         f = draw_ladder(truth, SIZES, TPP, seeds, **NOISE, rng=np.random.default_rng(100 + i))
         targets = [(k * SIZES[-1], 20 * k * SIZES[-1]) for k in (10, 30)]
-        for k, preds in zip(
-            (10, 30), predict_many(f, "baseline", targets, boot=BOOT, seed=i), strict=True
-        ):
+        # predict_many's fit without the models' back-test: the intervals do not read it
+        fit = fit_ladder(f, "baseline", boot=BOOT, seed=i, scored=False)
+        for k, preds in zip((10, 30), predictions(fit, f, targets), strict=True):
             n, d = k * SIZES[-1], 20 * k * SIZES[-1]
             for p in preds:
                 true = true_ratio(truth, p.config, n, d)
