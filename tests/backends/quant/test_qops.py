@@ -80,3 +80,55 @@ def test_with_quant_ops_off_the_arithmetic_is_traced_into_the_graph(monkeypatch)
     x = torch.randn(8, 64)
     ops = _graph_ops(lambda t, k: qops.fake_quantize(t, spec, -1, k) + 0, x, KEY)
     assert "ablate.fake_quantize.default" not in ops and len(ops) > 50
+
+
+def test_the_declared_outputs_are_computed_once_per_operand_size(monkeypatch):
+    """The op's fake outputs (what a trace sees) come from the fused path's arithmetic on fake
+    tensors once per operand size, spec and rotation, then from a table: shapes, dtypes and strides
+    those of the real op's outputs, for every spec, at two sizes."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from backends.quant import quantizer
+
+    computed: list[str] = []
+    fused = quantizer.quantize_fused
+
+    def counted(xm, spec, *args, **kwargs):
+        if isinstance(xm, FakeTensor):  # the real op runs it too, for the 2-D blocks and variants
+            computed.append(spec.wire)
+        return fused(xm, spec, *args, **kwargs)
+
+    monkeypatch.setattr(quantizer, "quantize_fused", counted)
+    monkeypatch.setattr(qops, "_metas", {})
+    meta = lambda ts: [(tuple(t.shape), t.dtype, t.stride()) for t in ts]  # noqa: E731
+    for rows in (48, 40):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
+        for spec in SPECS:
+            size, signs = _hadamard(spec) or (0, None)
+            real = meta(qops._quantize_op(x, KEY, signs, spec.wire, size))
+            for _ in range(2):
+                with FakeTensorMode() as mode:
+                    fx, fkey = mode.from_tensor(x), mode.from_tensor(KEY)
+                    fsigns = None if signs is None else mode.from_tensor(signs)
+                    fake = qops._quantize_op(fx, fkey, fsigns, spec.wire, size)
+                assert meta(fake) == real, spec.short()
+    assert len(computed) == 2 * len(SPECS) == len(qops._metas)
+
+
+def test_an_operand_of_symbolic_size_is_traced_each_time():
+    """Under dynamic shapes the fake outputs are computed for the symbolic sizes (never from the
+    table of concrete ones, nor stored in it), and the compiled op returns the eager bits."""
+    torch._dynamo.reset()
+    spec = QuantSpec(format="mxfp4", rounding="sr")
+    kept = dict(qops._metas)
+
+    def codes(t, key):
+        return qops.quantize(t, spec, -1, key).codes
+
+    compiled = torch.compile(codes, backend="aot_eager", fullgraph=True, dynamic=True)
+    for rows in (8, 24):
+        x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows))
+        torch.testing.assert_close(
+            compiled(x, KEY), quantize(x, spec, -1, KEY).codes, rtol=0, atol=0
+        )
+    assert qops._metas == kept
