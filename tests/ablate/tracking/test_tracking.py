@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import shutil
 import socket
 import sqlite3
@@ -13,6 +12,7 @@ from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 import pytest
+import ranks
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
@@ -252,11 +252,10 @@ def test_concurrent_writers_lose_no_point_and_write_none_twice(out, uri):
     tracker = StudyTracker(uri, "s")
     parent = tracker.parent_run("")
     run_ids = [tracker.create_run(parent, f"k{i}", f"c{i}", {}, {}) for i in range(6)]
-    # Fresh processes like Ray's workers. A forkserver that has imported MLflow once, rather than
-    # spawn, saves each writer the ~5 s import (30 s of this test on two cores); like spawn it
-    # forks nothing that holds a database connection.
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["ablate.tracking", "mlflow.store.tracking.sqlalchemy_store"])
+    # Fresh processes like Ray's workers. The suite's forkserver, which has imported MLflow once,
+    # rather than spawn, saves each writer the ~5 s import (30 s of this test on two cores); like
+    # spawn it forks nothing that holds a database connection.
+    ctx = ranks.context()
     start = ctx.Barrier(6)
     procs = [ctx.Process(target=_write_cell, args=(uri, r, start)) for r in run_ids]
     for p in procs:

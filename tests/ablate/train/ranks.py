@@ -31,9 +31,20 @@ PRELOAD = [
     "backends",
     "test_distributed",
     "test_recompute",
+    # test_tracking's concurrent MLflow writers, forked from the same server
+    "ablate.tracking",
+    "mlflow.store.tracking.sqlalchemy_store",
 ]
-"""What the server imports once; the rank functions' own modules among them (a setting that counts
-only until the server starts, at the first call)."""
+"""What the server imports once; the rank functions' own modules among them. A process has one
+forkserver, started at its first use with the preload set then, so every test that forks from it
+goes through ``context`` (a test that set its own, shorter list first left every rank after it in
+that pytest worker to import torch and ablate again: about 1.5 s of CPU each, 32 ranks)."""
+
+
+def context() -> multiprocessing.context.ForkServerContext:
+    """The ``forkserver`` context, its server importing ``PRELOAD``."""
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    return multiprocessing.get_context("forkserver")
 
 
 def _enter(
@@ -48,7 +59,7 @@ def _enter(
 def spawn(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) -> None:
     """``fn(rank, *args)`` in ``nprocs`` processes, joined; raises as ``mp.spawn`` does when one
     fails."""
-    multiprocessing.set_forkserver_preload(PRELOAD)
+    context()
     mp.start_processes(
         _enter,
         args=(dict(os.environ), os.getcwd(), fn, args),
