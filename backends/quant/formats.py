@@ -11,7 +11,7 @@ Element rounding itself lives in ``quantizer.py``; here a value must already be 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,6 +44,18 @@ class ElementFormat:
     bias: int
     max: float  # largest finite magnitude
     torch_dtype: torch.dtype | None  # torch's storage dtype for the codes, where it has one
+    values: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    """The value of every code (index == code, sign bit included), for ``decode``; empty for the
+    formats torch decodes itself (FP8)."""
+
+    def __post_init__(self) -> None:
+        if self.torch_dtype is not None and self.torch_dtype != torch.float4_e2m1fn_x2:
+            object.__setattr__(self, "values", ())
+            return
+        codes = torch.arange(0, 1 << self.bits, dtype=torch.int64)
+        mag = self._decode_magnitude(codes & ((1 << (self.bits - 1)) - 1))
+        signed = torch.where((codes >> (self.bits - 1)) & 1 == 1, -mag, mag)
+        object.__setattr__(self, "values", tuple(signed.tolist()))
 
     @property
     def emin(self) -> int:
@@ -88,12 +100,27 @@ class ElementFormat:
         return sign | mag.to(torch.uint8)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """float32 values of codes (inverse of ``encode``)."""
+        """float32 values of codes (inverse of ``encode``): torch's own FP8 types, E2M1 by a table
+        of its 16 values (one gather; the arithmetic of ``_decode_magnitude`` per element took
+        ten times as long on a CPU and a dozen nodes of every traced graph)."""
         if self.torch_dtype is not None and self.torch_dtype != torch.float4_e2m1fn_x2:
             return codes.view(self.torch_dtype).float()
-        c = codes.to(torch.int64)
-        mag = self._decode_magnitude(c & ((1 << (self.bits - 1)) - 1))
-        return torch.where((c >> (self.bits - 1)) & 1 == 1, -mag, mag).float()
+        return _value_table(self, codes.device)[codes.to(torch.int64)]
+
+
+_TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def _value_table(fmt: ElementFormat, device: torch.device) -> torch.Tensor:
+    """``fmt.values`` as a float32 tensor on ``device``: made once per device (a copy to a GPU per
+    call would wait for it), a constant of the graph inside a traced model."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(fmt.values, dtype=torch.float32, device=device)
+    key = (fmt.name, device)
+    table = _TABLES.get(key)
+    if table is None:
+        table = _TABLES[key] = torch.tensor(fmt.values, dtype=torch.float32, device=device)
+    return table
 
 
 E2M1 = ElementFormat("e2m1", ebits=2, mbits=1, bias=1, max=6.0, torch_dtype=torch.float4_e2m1fn_x2)

@@ -136,6 +136,18 @@ def test_every_e2m1_code_round_trips():
     assert torch.equal(E2M1.encode(vals), codes)
 
 
+def test_e2m1_decodes_by_its_table_in_any_shape_and_in_a_traced_model():
+    codes = torch.randint(0, 16, (3, 5, 32), dtype=torch.uint8, generator=torch.Generator())
+    c = codes.long()  # the format's arithmetic, per element
+    mag = E2M1._decode_magnitude(c & 7)
+    by_rule = torch.where((c >> 3) & 1 == 1, -mag, mag).float()
+    assert torch.equal(E2M1.decode(codes).view(torch.int32), by_rule.view(torch.int32))
+    torch._dynamo.reset()
+    traced = torch.compile(E2M1.decode, backend="aot_eager", fullgraph=True)(codes)
+    assert traced.shape == codes.shape and traced.dtype == torch.float32
+    assert torch.equal(traced.view(torch.int32), by_rule.view(torch.int32))
+
+
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=lambda f: f.name)
 def test_every_fp8_code_round_trips_and_matches_torch(fmt):
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
