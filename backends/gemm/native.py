@@ -297,6 +297,19 @@ HAS_V2 = hasattr(torch.nn.functional, "scaled_mm")
 _SCALING = {"tensor": "TensorWise", "e8m0": "BlockWise1x32", "nv": "BlockWise1x16"}
 
 
+def _v2_kernel(key: str) -> bool:
+    try:
+        return HAS_V2 and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_mm_v2", key)
+    except RuntimeError:  # no such operator in this torch
+        return False
+
+
+V2_ON: dict[str, bool] = {"cpu": _v2_kernel("CPU"), "cuda": _v2_kernel("CUDA")}
+"""Device type -> whether v2 runs there: torch 2.11 has it on CUDA (and ROCm) only, and runs the
+CPU's per-tensor FP8 GEMM through ``torch._scaled_mm`` (v1); torch 2.13 has both. Read at import,
+so that a traced model reads a constant."""
+
+
 @dataclass(frozen=True, slots=True)
 class GemmCall:
     """How one packed format is handed to the device's scaled GEMM."""
@@ -402,7 +415,7 @@ def scaled_mm(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
         raise ValueError(
             f"scaled_mm: operands differ in K: {tuple(pa.data.shape)} and {tuple(pb.data.shape)}"
         )
-    call = gemm_call(pa.spec, pa.scale_layout)
+    call = gemm_call(pa.spec, pa.scale_layout, V2_ON.get(pa.data.device.type, False))
     if call.api == "scaled_mm":
         v2 = _scaled_mm_v2_op if torch.compiler.is_compiling() else _scaled_mm_v2
         out = v2(
@@ -411,7 +424,7 @@ def scaled_mm(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
             pa.scale,
             pb.scale,
             call.scaling,
-            gemm_call(pb.spec, pb.scale_layout).scaling,
+            gemm_call(pb.spec, pb.scale_layout, True).scaling,
             call.swizzle or "",
             pa.out_dtype,
         )

@@ -259,6 +259,19 @@ def test_native_fp8_through_torch_scaled_mm_matches_emulated(fa, fb, sr, arch):
     assert ((got - ref).abs() <= _accumulation_bound(aq, bq, ref)).all()
 
 
+def test_a_cpu_without_the_v2_kernel_multiplies_through_v1_to_the_same_bits(monkeypatch):
+    # torch 2.11 has torch.nn.functional.scaled_mm for CUDA only: its CPU runs torch._scaled_mm
+    a, b = _x(70, 200, seed=1), _x(33, 200, seed=2)
+    gemm = GemmRecipe(a=_spec("fp8_e4m3", False), b=_spec("fp8_e4m3", False))
+    got = NativeBackend().mm(a, b, gemm, KEYS, None)  # the route this torch takes (2.11: v1)
+    if native.V2_ON["cpu"]:  # torch 2.13: v1 too, as 2.11 takes it
+        monkeypatch.setitem(native.V2_ON, "cpu", False)
+        v1 = NativeBackend().mm(a, b, gemm, KEYS, None)
+        assert torch.equal(got.view(torch.int32), v1.view(torch.int32))
+    if torch.version.cuda:  # a CUDA build has the v2 kernel for CUDA (2.11 and 2.13 alike)
+        assert native.V2_ON["cuda"] == native.HAS_V2
+
+
 def _reference_path_vs_emulated(fmt: str, sr: bool, signs: str | None) -> None:
     # quantize, pack, swizzle, GEMM on the packed tensors, cut padding, undo the SR prescale
     a, b = _x(65, 96, seed=4), _x(130, 96, seed=5)

@@ -221,7 +221,8 @@ def test_the_command_checks_every_format_the_device_runs():
     res = CliRunner().invoke(main, ["native-check", "--device", "cpu", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert out["device"] == f"cpu, torch {torch.__version__}"
+    cuda = f", CUDA {torch.version.cuda}" if torch.version.cuda else ""  # a CUDA build on a CPU
+    assert out["device"] == f"cpu, torch {torch.__version__}{cuda}"
     assert out["results"] == {"fp8": "passed: fprop fp8_e4m3, dgrad fp8_e5m2|fp8_e4m3"}
     res = CliRunner().invoke(main, ["native-check", "--device", "cpu", "--format", "mxfp4"])
     assert res.exit_code == 1 and "mxfp4 (fprop, dgrad, wgrad) has no native GEMM" in res.output
