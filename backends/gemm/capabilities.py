@@ -223,3 +223,18 @@ _FAMILY = {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "mxfp8_e4m3": "mxfp8", "mxfp8_e
 def _family(fmt: str) -> str:
     """Formats one GEMM can pair: E4M3 with E5M2 within FP8 and within MXFP8."""
     return _FAMILY.get(fmt, fmt)
+
+
+def _v2_kernel(key: str) -> bool:
+    try:
+        return hasattr(
+            torch.nn.functional, "scaled_mm"
+        ) and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_mm_v2", key)
+    except RuntimeError:  # no such operator in this torch
+        return False
+
+
+V2_ON: dict[str, bool] = {"cpu": _v2_kernel("CPU"), "cuda": _v2_kernel("CUDA")}
+"""Device type -> whether v2 runs there: torch 2.11 has it on CUDA (and ROCm) only, and runs the
+CPU's per-tensor FP8 GEMM through ``torch._scaled_mm`` (v1); torch 2.13 has both. Read at import,
+so that a traced model reads a constant."""

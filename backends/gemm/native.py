@@ -65,6 +65,7 @@ import torch
 from backends.gemm.base import GemmKeys, UnsupportedFormatError
 from backends.gemm.capabilities import (
     CAPABILITIES,
+    V2_ON,
     build_limits,
     capability_key,
     check_recipe,
@@ -295,19 +296,6 @@ def dequantize_packed(p: PackedOperand) -> torch.Tensor:
 HAS_V2 = hasattr(torch.nn.functional, "scaled_mm")
 """Whether this torch has the explicit scaled GEMM, ``torch.nn.functional.scaled_mm`` (v2)."""
 _SCALING = {"tensor": "TensorWise", "e8m0": "BlockWise1x32", "nv": "BlockWise1x16"}
-
-
-def _v2_kernel(key: str) -> bool:
-    try:
-        return HAS_V2 and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_mm_v2", key)
-    except RuntimeError:  # no such operator in this torch
-        return False
-
-
-V2_ON: dict[str, bool] = {"cpu": _v2_kernel("CPU"), "cuda": _v2_kernel("CUDA")}
-"""Device type -> whether v2 runs there: torch 2.11 has it on CUDA (and ROCm) only, and runs the
-CPU's per-tensor FP8 GEMM through ``torch._scaled_mm`` (v1); torch 2.13 has both. Read at import,
-so that a traced model reads a constant."""
 
 
 @dataclass(frozen=True, slots=True)
