@@ -8,11 +8,11 @@ sums them by test file.
 
 Why not ``--durations``: the suite keeps both cores of the 2-core machines busy (the machine was
 idle 109 of 3,098 core-seconds of a two-worker run on 2026-11-27), so a test's wall time says as
-much about what ran beside it as about the test: native FP8 through Inductor took 70 s of wall on 16 s of CPU beside
-the SLURM scenario's start. What a process does not reap is not in ``child``: Ray's daemons and
-workers, the SLURM daemons, ``mlflow server``, ranks forked from a fork server; the machine's idle
-time says how busy the rest was. A child started in one test and reaped in a later one (the SLURM
-scenario's process, started with the session) counts in the later one."""
+much about what ran beside it as about the test: native FP8 through Inductor took 70 s of wall on
+16 s of CPU beside the SLURM scenario's start. What a process does not reap is not in ``child``:
+Ray's daemons and workers, the SLURM daemons, ``mlflow server``, ranks forked from a fork server;
+the machine's idle time says how busy the rest was. A child started in one test and reaped in a
+later one (the SLURM scenario's process, started with the session) counts in the later one."""
 
 from __future__ import annotations
 

@@ -225,11 +225,13 @@ def _family(fmt: str) -> str:
     return _FAMILY.get(fmt, fmt)
 
 
+HAS_V2 = hasattr(torch.nn.functional, "scaled_mm")
+"""Whether this torch has the explicit scaled GEMM, ``torch.nn.functional.scaled_mm`` (v2)."""
+
+
 def _v2_kernel(key: str) -> bool:
     try:
-        return hasattr(
-            torch.nn.functional, "scaled_mm"
-        ) and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_mm_v2", key)
+        return HAS_V2 and torch._C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_mm_v2", key)
     except RuntimeError:  # no such operator in this torch
         return False
 

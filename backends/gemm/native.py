@@ -65,6 +65,7 @@ import torch
 from backends.gemm.base import GemmKeys, UnsupportedFormatError
 from backends.gemm.capabilities import (
     CAPABILITIES,
+    HAS_V2,
     V2_ON,
     build_limits,
     capability_key,
@@ -293,8 +294,6 @@ def dequantize_packed(p: PackedOperand) -> torch.Tensor:
 # the GEMM
 
 
-HAS_V2 = hasattr(torch.nn.functional, "scaled_mm")
-"""Whether this torch has the explicit scaled GEMM, ``torch.nn.functional.scaled_mm`` (v2)."""
 _SCALING = {"tensor": "TensorWise", "e8m0": "BlockWise1x32", "nv": "BlockWise1x16"}
 
 
@@ -403,7 +402,8 @@ def scaled_mm(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
         raise ValueError(
             f"scaled_mm: operands differ in K: {tuple(pa.data.shape)} and {tuple(pb.data.shape)}"
         )
-    call = gemm_call(pa.spec, pa.scale_layout, V2_ON.get(pa.data.device.type, False))
+    v2_here = V2_ON.get(pa.data.device.type, False)
+    call = gemm_call(pa.spec, pa.scale_layout, v2_here)
     if call.api == "scaled_mm":
         v2 = _scaled_mm_v2_op if torch.compiler.is_compiling() else _scaled_mm_v2
         out = v2(
@@ -412,7 +412,7 @@ def scaled_mm(pa: PackedOperand, pb: PackedOperand) -> torch.Tensor:
             pa.scale,
             pb.scale,
             call.scaling,
-            gemm_call(pb.spec, pb.scale_layout, True).scaling,
+            gemm_call(pb.spec, pb.scale_layout, v2_here).scaling,
             call.swizzle or "",
             pa.out_dtype,
         )
