@@ -32,10 +32,10 @@ def one_cpu_ray():
 @pytest.mark.slow
 def test_a_cell_queued_behind_the_studys_own_running_cell_gets_no_warning(tmp_path, one_cpu_ray):
     # one CPU, two cells of one CPU each: the second waits for the first, well past the threshold
-    study = tiny_study(tmp_path, steps=80, seed=[0, 1], eval_batches=0)  # every batch: a long cell
+    study = tiny_study(tmp_path, steps=40, seed=[0, 1], eval_batches=0)  # every batch: a long cell
     out = io.StringIO()
     began = time.time()
-    res = run_study(study, executor="ray", progress=False, stream=out, wait_warning_s=6.0)
+    res = run_study(study, executor="ray", progress=False, stream=out, wait_warning_s=3.0)
     text = out.getvalue()
     assert sorted(o.status for o in res.outcomes.values()) == ["finished", "finished"], text
     assert WARNING not in text, text
@@ -46,7 +46,7 @@ def test_a_cell_queued_behind_the_studys_own_running_cell_gets_no_warning(tmp_pa
         (client.get_run(rid).info for rid in res.run_ids.values()), key=lambda r: r.start_time
     )
     assert runs[1].start_time >= runs[0].end_time - 5_000  # after the first, give or take its end
-    assert runs[1].start_time / 1000 - began > 6.0 + 5.0, text
+    assert runs[1].start_time / 1000 - began > 3.0 + 5.0, text
 
 
 @pytest.mark.slow
