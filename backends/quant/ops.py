@@ -191,11 +191,25 @@ def quantize(
     size, signs = (hadamard.size, hadamard.signs) if hadamard is not None else (0, None)
     xm = x.detach().movedim(axis, -1)
     ts = _quantize_op(xm, _key(key, x), signs, _spec_arg(spec), size)
-    fields = {f: None if t.dtype == torch.bool else t for f, t in zip(_FIELDS, ts, strict=True)}
+    codes, scales, global_dec, global_amax, outer_scales = ts  # _FIELDS' order
     shape = list(x.shape)
     if size:
         shape[axis] = -(-shape[axis] // size) * size
-    return QTensor(spec=spec, axis=axis, shape=tuple(shape), **fields)  # type: ignore[arg-type]
+    return QTensor(
+        codes=codes,
+        scales=_present(scales),
+        global_dec=_present(global_dec),
+        global_amax=_present(global_amax),
+        outer_scales=_present(outer_scales),
+        spec=spec,
+        axis=axis,
+        shape=tuple(shape),
+    )
+
+
+def _present(t: torch.Tensor) -> torch.Tensor | None:
+    """One of the quantize op's outputs, None where it stands for an absent one (``_absent``)."""
+    return None if t.dtype == torch.bool else t
 
 
 def fake_quantize(

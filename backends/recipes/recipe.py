@@ -102,8 +102,15 @@ class GemmRecipe:
     a: QuantSpec | None = None
     b: QuantSpec | None = None
     hadamard: HadamardSpec | None = None
+    high_precision: bool = field(init=False, repr=False, compare=False)
+    """Neither operand quantized, no transform. An attribute, not a property: a traced model
+    reads a bool attribute as a constant, where it traced the property's code at every call (a
+    float or int attribute would not do: Dynamo makes one whose value changes between compiles,
+    a recipe switched by a phase, a symbolic input)."""
 
     def __post_init__(self) -> None:
+        hp = self.a is None and self.b is None and self.hadamard is None
+        object.__setattr__(self, "high_precision", hp)
         if self.hadamard is not None and (self.a is None or self.b is None):
             raise ValueError("hadamard: a Hadamard transform needs both operands quantized")
         eden = [s for s in (self.a, self.b) if s is not None and s.rounding == "eden"]
@@ -112,10 +119,6 @@ class GemmRecipe:
                 "hadamard: rounding eden (MS-EDEN) corrects its scales over the Hadamard group, "
                 "so its GEMM needs a Hadamard transform (Quartet II: size 128, signs random)"
             )
-
-    @property
-    def high_precision(self) -> bool:
-        return self.a is None and self.b is None and self.hadamard is None
 
     @property
     def is_fp4(self) -> bool:
@@ -207,8 +210,12 @@ class Recipe:
     label: str | None = field(default=None, compare=False)
     """Short name (set by ``from_shorthand`` and the named recipes); derived from the GEMMs when
     None."""
+    high_precision: bool = field(init=False, repr=False, compare=False)
+    """Every GEMM high precision (an attribute: ``GemmRecipe.high_precision``)."""
 
     def __post_init__(self) -> None:
+        hp = all(getattr(self, g).high_precision for g in GEMMS)
+        object.__setattr__(self, "high_precision", hp)
         for name in ("keep_first", "keep_last"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
@@ -234,10 +241,6 @@ class Recipe:
             raise ValueError(f"unknown GEMM {name!r}; allowed: {', '.join(GEMMS)}")
         g: GemmRecipe = getattr(self, name)
         return g
-
-    @property
-    def high_precision(self) -> bool:
-        return all(self.gemm(g).high_precision for g in GEMMS)
 
     def for_block(self, index: int | None, n_blocks: int | None) -> Recipe:
         """This recipe, or all-high-precision where block ``index`` of ``n_blocks`` is exempt
