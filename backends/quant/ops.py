@@ -88,6 +88,11 @@ def _absent(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty((0,), dtype=torch.bool)
 
 
+def _present(t: torch.Tensor) -> torch.Tensor | None:
+    """One of the quantize op's outputs, None where it stands for an absent one (``_absent``)."""
+    return None if t.dtype == torch.bool else t
+
+
 @torch.library.custom_op("ablate::quantize", mutates_args=())
 def _quantize_op(
     xm: torch.Tensor, key: torch.Tensor, signs: torch.Tensor | None, spec: str, hadamard: int
@@ -205,11 +210,6 @@ def quantize(
         axis=axis,
         shape=tuple(shape),
     )
-
-
-def _present(t: torch.Tensor) -> torch.Tensor | None:
-    """One of the quantize op's outputs, None where it stands for an absent one (``_absent``)."""
-    return None if t.dtype == torch.bool else t
 
 
 def fake_quantize(
