@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -41,10 +42,20 @@ from backends.quant.ops import fake_quantize, quantize  # one opaque op each in 
 from backends.recipes import GemmRecipe, Recipe
 
 GemmMode = Literal["fp32", "bf16"]
+F = TypeVar("F", bound=Callable[..., Any])
 GEMM_MODES = ("fp32", "bf16")
 
 
-@torch.compiler.assume_constant_result
+def constant_when_traced(fn: F) -> F:
+    """``torch.compiler.assume_constant_result`` without importing Dynamo, which that function
+    does (2 s of every CLI, Ray worker and rank process's start on a slow CPU, most of which never
+    trace): the same mark on ``fn``, which Dynamo reads when it traces a call (pinned against
+    Dynamo's own decorator by tests/backends/gemm/test_emulated_bf16.py)."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
+@constant_when_traced
 def _mode_asked() -> str:
     """``ABLATE_EMULATED_GEMM`` ("" unset); a traced model reads it once, at trace time, as a
     constant (Dynamo tracing ``os.environ`` at each GEMM was 3% of a quantized block's trace)."""

@@ -4,6 +4,9 @@ differ, within accumulation-order tolerance otherwise)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -105,6 +108,27 @@ def test_the_default_mode_and_its_override(monkeypatch):
         default_mode(torch.device("cpu"))
     with pytest.raises(ValueError, match="gemm: unknown"):
         EmulatedBackend("fp16")  # type: ignore[arg-type]
+
+
+def test_the_mode_is_a_trace_time_constant_marked_as_dynamos_own_decorator_marks_it():
+    from torch._dynamo.decorators import assume_constant_result
+
+    from backends.gemm import emulated
+
+    def dynamos(): ...
+
+    def ours(): ...
+
+    marked = dict(vars(assume_constant_result(dynamos)))
+    assert marked and vars(emulated.constant_when_traced(ours)) == marked
+    assert emulated._mode_asked._dynamo_marked_constant is True  # type: ignore[attr-defined]
+
+
+def test_importing_the_backend_does_not_import_dynamo():
+    # Dynamo's import is 2 s of each CLI, Ray worker and rank process on a slow CPU
+    code = "import sys, backends.gemm.emulated, ablate.cli; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 # ----------------------------------------------------------------------------------------------
