@@ -48,9 +48,9 @@ GEMM_MODES = ("fp32", "bf16")
 
 def constant_when_traced(fn: F) -> F:
     """``torch.compiler.assume_constant_result`` without importing Dynamo, which that function
-    does (2 s of every CLI, Ray worker and rank process's start on a slow CPU, most of which never
-    trace): the same mark on ``fn``, which Dynamo reads when it traces a call (pinned against
-    Dynamo's own decorator by tests/backends/gemm/test_emulated_bf16.py)."""
+    does (2 s of CPU on a slow machine at the start of every process that imports this backend
+    and never traces: the CLI's, a SLURM job's driver): the same mark on ``fn``, which Dynamo reads
+    when it traces a call (pinned to Dynamo's own by tests/backends/gemm/test_emulated_bf16.py)."""
     fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
     return fn
 
