@@ -1,6 +1,9 @@
-"""The CLI resolves recipe shorthands and turns library errors into usage errors."""
+"""The CLI resolves recipe shorthands and turns library errors into usage errors, and starts
+without the libraries only some commands need."""
 
 import json
+import subprocess
+import sys
 
 from click.testing import CliRunner
 
@@ -396,3 +399,18 @@ def test_a_file_store_on_a_cluster_ablate_did_not_start_is_refused_before_connec
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert not remote_cluster(None) and not remote_cluster("local")
     assert remote_cluster("ray://head:10001") and remote_cluster("127.0.0.1:6379")
+
+
+# what an `ablate` process imports before it runs a command: each of these costs seconds of CPU at
+# every start on a slow machine (Dynamo 2 s; MLflow 3 s), and the commands that need one import it
+NOT_AT_START = (
+    "torch._dynamo", "torch._inductor", "mlflow", "ray", "optuna", "pandas", "matplotlib",
+)  # fmt: skip
+
+
+def test_the_cli_starts_without_the_libraries_only_some_commands_need():
+    code = "import sys, ablate.cli, backends; print(sorted(set(sys.argv[1:]) & set(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code, *NOT_AT_START], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
