@@ -107,7 +107,7 @@ def test_the_default_mode_and_its_override(monkeypatch):
         EmulatedBackend("fp16")  # type: ignore[arg-type]
 
 
-def test_the_mode_is_a_trace_time_constant_marked_as_dynamos_own_decorator_marks_it():
+def test_the_mode_is_a_trace_time_constant_marked_as_dynamos_own_decorator_marks_it(monkeypatch):
     from torch._dynamo.decorators import assume_constant_result
 
     from backends.gemm import emulated
@@ -118,7 +118,16 @@ def test_the_mode_is_a_trace_time_constant_marked_as_dynamos_own_decorator_marks
 
     marked = dict(vars(assume_constant_result(dynamos)))
     assert marked and vars(emulated.constant_when_traced(ours)) == marked
-    assert emulated._mode_asked._dynamo_marked_constant is True  # type: ignore[attr-defined]
+    # and Dynamo takes it so: read once when traced, neither traced nor guarded on
+    monkeypatch.setenv("ABLATE_EMULATED_GEMM", "fp32")
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def f(x):
+        return x + (1 if default_mode(x.device) == "fp32" else 2)
+
+    assert f(torch.zeros(1)).item() == 1
+    monkeypatch.setenv("ABLATE_EMULATED_GEMM", "bf16")
+    assert f(torch.zeros(1)).item() == 1  # the traced constant, no recompile
 
 
 # ----------------------------------------------------------------------------------------------
