@@ -64,7 +64,7 @@ def _mode_asked() -> str:
 
 def default_mode(device: torch.device) -> GemmMode:
     """``bf16`` on CUDA, ``fp32`` elsewhere, unless ``ABLATE_EMULATED_GEMM`` says otherwise."""
-    env: str = _mode_asked()
+    env = _mode_asked()
     if env:
         if env not in GEMM_MODES:
             raise ValueError(f"ABLATE_EMULATED_GEMM: unknown {env!r}; allowed: fp32, bf16")
