@@ -235,15 +235,17 @@ class Client:
     """An MlflowClient whose every call retries while the store is busy (see ``_retry``)."""
 
     def __init__(self, uri: str, *, must_exist: bool = False) -> None:
-        from mlflow.tracking import MlflowClient
-
         path = sqlite_path(uri)
-        # MLflow silently creates an empty database at a missing path; a reader must not.
+        # MLflow silently creates an empty database at a missing path; a reader must not. Asked
+        # before MLflow is imported (seconds of CPU): `ablate validate` and `plan` of a study
+        # that has recorded nothing yet never need it.
         if must_exist and path is not None and not path.is_file():
             raise TrackingError(
                 f"no MLflow store at {path}: run the study first (`ablate run`), or pass the "
                 "--tracking-uri that it used"
             )
+        from mlflow.tracking import MlflowClient
+
         self.uri = uri
         # Constructing the client opens the store (reads its schema): retried like any call.
         self.mlflow = _retry(f"opening {uri}", MlflowClient, tracking_uri=uri)

@@ -4,6 +4,7 @@ without the libraries only some commands need."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -414,3 +415,24 @@ def test_the_cli_starts_without_the_libraries_only_some_commands_need():
         [sys.executable, "-c", code, *NOT_AT_START], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_validate_and_plan_of_a_study_with_nothing_recorded_leave_mlflow_unimported(tmp_path):
+    # both ask the store for the baseline's recorded curves (the target's headroom); a study that
+    # has recorded nothing has no store file, which is known without MLflow (3-5 s of CPU a start)
+    study = tmp_path / "quickstart.yaml"
+    study.write_text((Path(__file__).parents[3] / "studies" / "quickstart.yaml").read_text())
+    code = (
+        "import sys; from ablate.cli import main\n"
+        "for cmd in ('validate', 'plan'):\n"
+        "    try: main([cmd, 'quickstart.yaml'])\n"
+        "    except SystemExit as e: assert e.code == 0, (cmd, e.code)\n"
+        "print(sorted({'mlflow', 'pandas'} & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[0].startswith("ok: quickstart: 18 cells"), out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+    assert not any(tmp_path.glob("**/*.db"))  # and nothing created
