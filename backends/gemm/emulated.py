@@ -38,7 +38,11 @@ import torch
 from backends.gemm.base import GemmKeys
 from backends.quant import QTensor, QuantSpec, hadamard_transform, nv_alpha
 from backends.quant.arith import rcp
-from backends.quant.ops import fake_quantize, quantize  # one opaque op each in a compiled graph
+from backends.quant.ops import (  # one opaque op each in a compiled graph
+    block_values,
+    fake_quantize,
+    quantized_block_values,
+)
 from backends.recipes import GemmRecipe, Recipe
 
 GemmMode = Literal["fp32", "bf16"]
@@ -111,14 +115,16 @@ def _operand_bf16(
             ), None
         if spec.outer_block:
             return None
-        t = quantize(t, spec, axis=1, key=key, hadamard=rot)
-    if t.outer_scales is not None:
-        return None
-    values, scale = t.block_values(torch.bfloat16)
-    top = t.spec.nv_top
+        values, scale, amax = quantized_block_values(t, spec, 1, key, rot, torch.bfloat16)
+    else:
+        if t.outer_scales is not None:
+            return None
+        values, scale = block_values(t, torch.bfloat16)
+        spec, amax = t.spec, t.global_amax
+    top = spec.nv_top
     if top is not None:  # the amax itself: TE's alpha multiplies the two amaxes first
-        assert t.global_amax is not None
-        return values, ("nv", t.global_amax.float().to(values.device), top)
+        assert amax is not None
+        return values, ("nv", amax.float().to(values.device), top)
     return values, None if scale is None else ("tensor", scale, 1.0)
 
 

@@ -1,8 +1,9 @@
 """The quantizer as opaque ops in a compiled model (``backends.quant.ops``): inside a traced function each
-quantization is one node (``ablate::quantize``, ``ablate::fake_quantize``), whose declared shapes,
-dtypes and strides are those of the tensors it returns, and whose bits are the eager quantizer's, for
-every format and option (the 2026 variants included); ``ABLATE_QUANT_OPS=0`` traces the arithmetic
-instead."""
+quantization is one node (``ablate::quantize``, ``ablate::fake_quantize``, and the emulated BF16
+GEMM's operands ``ablate::quantize_block_values`` and ``ablate::block_values``), whose declared
+shapes, dtypes and strides are those of the tensors it returns, and whose bits are the eager
+quantizer's, for every format and option (the 2026 variants included); ``ABLATE_QUANT_OPS=0`` traces
+the arithmetic instead."""
 
 from __future__ import annotations
 
@@ -71,6 +72,49 @@ def test_a_traced_quantization_is_one_op_with_the_eager_bits(spec):
         assert (a is None) == (b is None), f
         if a is not None:
             torch.testing.assert_close(a, b.to(a.device), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if not s.outer_block], ids=lambda s: s.short())
+def test_a_bf16_gemms_operand_is_one_op_with_the_eager_bits(spec):
+    """The emulated BF16 GEMM's operand of a tensor (quantized, then its block values) and of a
+    ``QTensor`` (its block values): one op each when traced, with the eager bits; the ops' declared
+    outputs are what they return (``torch.library.opcheck``). Double-block NVFP4 has no block values
+    (its scale per outer block): refused, as eagerly."""
+    torch._dynamo.reset()
+    x = torch.randn(48, 256, generator=torch.Generator().manual_seed(1)) * 3
+    h = _hadamard(spec)
+    bf16 = torch.bfloat16
+
+    def both(t, key):
+        fresh = qops.quantized_block_values(t, spec, 1, key, h, bf16)
+        return fresh, qops.block_values(qops.quantize(t, spec, 1, key, h), bf16)
+
+    ops = _graph_ops(lambda t, k: both(t, k)[0][0] + both(t, k)[1][0], x, KEY)
+    assert ops.count("ablate.quantize_block_values.default") == 2
+    assert ops.count("ablate.block_values.default") == 2
+    (values, scale, amax), (values_q, scale_q) = torch.compile(
+        both, backend="aot_eager", fullgraph=True
+    )(x, KEY)
+    q = quantize(x, spec, 1, KEY, h)
+    ref_values, ref_scale = q.block_values(bf16)
+    for got, ref in ((values, ref_values), (values_q, ref_values), (scale, ref_scale),
+                     (scale_q, ref_scale), (amax, q.global_amax)):  # fmt: skip
+        assert (got is None) == (ref is None)
+        if ref is not None:
+            torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
+    size, signs = h or (0, None)
+    torch.library.opcheck(qops._quantize_block_values_op, (x, KEY, signs, spec.wire, size, bf16))
+    fields = (q.codes, q.scales, q.global_dec, q.global_amax)
+    torch.library.opcheck(qops._block_values_op, (*fields, spec.wire, 1, list(q.shape), bf16))
+
+
+def test_double_block_nvfp4_has_no_block_values_traced_or_not():
+    spec = QuantSpec(format="nvfp4", outer_block=128)
+    x = torch.randn(8, 256)
+    fn = lambda t: qops.quantized_block_values(t, spec, 1, KEY, None, torch.bfloat16)[0]  # noqa: E731
+    for f in (fn, torch.compile(fn, backend="aot_eager", fullgraph=True)):
+        with pytest.raises(Exception, match="scale per outer block"):
+            f(x)
 
 
 def test_with_quant_ops_off_the_arithmetic_is_traced_into_the_graph(monkeypatch):
