@@ -40,6 +40,7 @@ from torch import nn
 
 from backends.gemm import GemmKeys
 from backends.quant import DETERMINISTIC, SIZES, sign_vector
+from backends.quant.ops import random_signs
 from backends.quant.rng import GEMM_IDS, OPERAND_IDS, derive_key, extend_key
 from backends.recipes import GEMMS, OPERANDS, GemmRecipe, HadamardSpec, Recipe
 
@@ -281,7 +282,7 @@ class RandomStreams(nn.Module):
             return self.recipe_signs[GEMMS.index(gemm), : h.size]
         if h.signs == "fixed":
             return self.hadamard_signs[GEMMS.index(gemm), : h.size]
-        return sign_vector(h.size, keys.signs, device=self.hadamard_signs.device)
+        return random_signs(h.size, keys.signs, device=self.hadamard_signs.device)
 
 
 __all__ = [

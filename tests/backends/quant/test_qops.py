@@ -117,6 +117,21 @@ def test_double_block_nvfp4_has_no_block_values_traced_or_not():
             f(x)
 
 
+@pytest.mark.parametrize("size", [16, 128])
+def test_random_signs_are_one_op_with_the_eager_bits(size):
+    """rht's signs, drawn per call from a key (data in a compiled graph, as the key tables give
+    it): one node traced, the eager ``sign_vector``'s bits, declared output as returned."""
+    torch._dynamo.reset()
+    ops = _graph_ops(lambda k: qops.random_signs(size, k) * 2, KEY)
+    assert ops.count("ablate.random_signs.default") == 1 and len(ops) == 2  # and the product
+    compiled = torch.compile(lambda k: qops.random_signs(size, k), backend="aot_eager")
+    for key in (KEY, torch.tensor(2**40 + 7, dtype=torch.int64)):  # (hashed from its low 32 bits)
+        ref = sign_vector(size, key)
+        torch.testing.assert_close(compiled(key), ref, rtol=0, atol=0)
+        torch.testing.assert_close(qops.random_signs(size, int(key)), ref, rtol=0, atol=0)
+    torch.library.opcheck(qops._random_signs_op, (KEY, size))
+
+
 def test_with_quant_ops_off_the_arithmetic_is_traced_into_the_graph(monkeypatch):
     monkeypatch.setenv("ABLATE_QUANT_OPS", "0")
     torch._dynamo.reset()
