@@ -303,7 +303,7 @@ def _(
     dtype: torch.dtype,
 ) -> list[torch.Tensor]:
     # from the spec alone, not by tracing the quantizer as ``ablate::quantize``'s fake does (a
-    # compiled NVFP4 model of test size: 12.3 s -> 8.9 s): a tensor decode scale (global_dec) is a
+    # compiled NVFP4 model of test size: 12.4 s -> 10.0 s): a tensor decode scale (global_dec) is a
     # float32 scalar for every format but MX's, an amax one for NVFP4's ("nv") scales
     s = _spec_of(spec)
     shape = list(xm.shape)
@@ -337,7 +337,7 @@ def quantized_block_values(
     ``q.global_amax``, as (values, tensor-level scale, amax): the emulated BF16 GEMM's operand.
     Inside a traced model one opaque op, where the two steps would be the quantize op, a
     ``QTensor`` and about ten traced nodes of decode per operand (a compiled NVFP4 model of test
-    size: 18.3 s -> 8.9 s on a 2-core CPU, the same bits)."""
+    size: 18.3 s -> 10.0 s on a 2-core CPU, the same bits)."""
     if not _opaque() or spec.outer_block:  # (the latter raises block_values' error)
         q = quantizer.quantize(x, spec, axis, key, hadamard)
         values, scale = q.block_values(dtype)
