@@ -108,6 +108,27 @@ def test_a_bf16_gemms_operand_is_one_op_with_the_eager_bits(spec):
     torch.library.opcheck(qops._block_values_op, (*fields, spec.wire, 1, list(q.shape), bf16))
 
 
+def test_a_bf16_gemms_operand_of_symbolic_size_has_the_eager_bits():
+    """A compiled model whose batch changes size (a short last evaluation chunk) is traced again
+    with symbolic sizes: the operand ops take them (their shapes are ``SymInt``) and return the
+    eager bits at every size."""
+    torch._dynamo.reset()
+    for spec in (
+        QuantSpec(format="nvfp4", rounding="sr"),
+        QuantSpec(format="nvfp4", block_rows=16),
+    ):
+
+        def both(t, key, spec=spec):
+            fresh = qops.quantized_block_values(t, spec, 1, key, None, torch.bfloat16)[0]
+            return fresh, qops.block_values(qops.quantize(t, spec, 1, key), torch.bfloat16)[0]
+
+        compiled = torch.compile(both, backend="aot_eager", fullgraph=True, dynamic=True)
+        for rows in (16, 48, 32):
+            x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows))
+            for got, ref in zip(compiled(x, KEY), both(x, KEY), strict=True):
+                torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
 def test_double_block_nvfp4_has_no_block_values_traced_or_not():
     spec = QuantSpec(format="nvfp4", outer_block=128)
     x = torch.randn(8, 256)
