@@ -1,9 +1,9 @@
 """The quantizer as opaque ops in a compiled model (``backends.quant.ops``): inside a traced function each
-quantization is one node (``ablate::quantize``, ``ablate::fake_quantize``, and the emulated BF16
-GEMM's operands ``ablate::quantize_block_values`` and ``ablate::block_values``), whose declared
-shapes, dtypes and strides are those of the tensors it returns, and whose bits are the eager
-quantizer's, for every format and option (the 2026 variants included); ``ABLATE_QUANT_OPS=0`` traces
-the arithmetic instead."""
+quantization is one node (``ablate::quantize``, ``ablate::fake_quantize``, the emulated BF16 GEMM's
+operands ``ablate::quantize_block_values`` and ``ablate::block_values``, and rht's per-call signs
+``ablate::random_signs``), whose declared shapes, dtypes and strides are those of the tensors it
+returns, and whose bits are the eager quantizer's, for every format and option (the 2026 variants
+included); ``ABLATE_QUANT_OPS=0`` traces the arithmetic instead."""
 
 from __future__ import annotations
 
