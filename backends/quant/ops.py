@@ -177,16 +177,33 @@ def _(
     hadamard: int,
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    shape = list(xm.shape)
-    if hadamard:
-        shape[-1] = -(-shape[-1] // hadamard) * hadamard
-    return xm.new_empty(shape, dtype=out_dtype)
+    return xm.new_empty(_padded(xm.shape, hadamard), dtype=out_dtype)
 
 
-def _key(key: int | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _key(key: int | torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
+    """The ops' key argument: a tensor key as it is, an int one as an int64 scalar on ``device``."""
     if isinstance(key, torch.Tensor):
         return key
-    return torch.full((), key & 0xFFFFFFFF, dtype=torch.int64, device=x.device)
+    return torch.full((), key & 0xFFFFFFFF, dtype=torch.int64, device=device)
+
+
+def _op_args(
+    x: torch.Tensor, axis: int, key: int | torch.Tensor, hadamard: Rotation | None
+) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+    """What an op on ``x`` along ``axis`` takes: (the axis, non-negative; ``x`` with it moved last;
+    the key tensor; the rotation's signs; its size, 0 for none)."""
+    axis = axis % x.dim()
+    rot = rotation(hadamard)
+    size, signs = (rot.size, rot.signs) if rot is not None else (0, None)
+    return axis, x.detach().movedim(axis, -1), _key(key, x.device), signs, size
+
+
+def _padded(shape: torch.Size | list[int], size: int) -> list[int]:
+    """``shape`` with its last dimension padded to a multiple of a rotation's ``size`` (0: none)."""
+    out = list(shape)
+    if size:
+        out[-1] = -(-out[-1] // size) * size
+    return out
 
 
 def _opaque() -> bool:
@@ -203,11 +220,8 @@ def quantize(
     """``quantizer.quantize``; one opaque op inside a traced model (module docstring)."""
     if not _opaque():
         return quantizer.quantize(x, spec, axis, key, hadamard)
-    axis = axis % x.dim()
-    hadamard = rotation(hadamard)
-    size, signs = (hadamard.size, hadamard.signs) if hadamard is not None else (0, None)
-    xm = x.detach().movedim(axis, -1)
-    ts = _quantize_op(xm, _key(key, x), signs, _spec_arg(spec), size)
+    axis, xm, k, signs, size = _op_args(x, axis, key, hadamard)
+    ts = _quantize_op(xm, k, signs, _spec_arg(spec), size)
     codes, scales, global_dec, global_amax, outer_scales = ts  # _FIELDS' order
     shape = list(x.shape)
     if size:
@@ -306,13 +320,11 @@ def _(
     # compiled NVFP4 model of test size: 12.4 s -> 10.0 s): a tensor decode scale (global_dec) is a
     # float32 scalar for every format but MX's, an amax one for NVFP4's ("nv") scales
     s = _spec_of(spec)
-    shape = list(xm.shape)
-    if hadamard:
-        shape[-1] = -(-shape[-1] // hadamard) * hadamard
     scalar = xm.new_empty((), dtype=torch.float32)
     amax = scalar if s.fmt.scale == "nv" else None
     dec = None if s.fmt.scale == "e8m0" else scalar
-    return [xm.new_empty(shape, dtype=dtype), _scale_fake(s, xm, dec, amax), _copy(amax, xm)]
+    values = xm.new_empty(_padded(xm.shape, hadamard), dtype=dtype)
+    return [values, _scale_fake(s, xm, dec, amax), _copy(amax, xm)]
 
 
 def block_values(t: QTensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -342,12 +354,8 @@ def quantized_block_values(
         q = quantizer.quantize(x, spec, axis, key, hadamard)
         values, scale = q.block_values(dtype)
         return values, scale, q.global_amax
-    axis = axis % x.dim()
-    hadamard = rotation(hadamard)
-    size, signs = (hadamard.size, hadamard.signs) if hadamard is not None else (0, None)
-    xm = x.detach().movedim(axis, -1)
-    outs = _quantize_block_values_op(xm, _key(key, x), signs, _spec_arg(spec), size, dtype)
-    values, scale, amax = outs
+    axis, xm, k, signs, size = _op_args(x, axis, key, hadamard)
+    values, scale, amax = _quantize_block_values_op(xm, k, signs, _spec_arg(spec), size, dtype)
     return values.movedim(-1, axis), _present(scale), _present(amax)
 
 
@@ -371,9 +379,7 @@ def random_signs(
     15.1 s -> 10.8 s on a 2-core CPU, the same bits)."""
     if not _opaque():
         return sign_vector(size, key, device=device)
-    if not isinstance(key, torch.Tensor):
-        key = torch.full((), key & 0xFFFFFFFF, dtype=torch.int64, device=device)
-    return _random_signs_op(key.to(device), size)
+    return _random_signs_op(_key(key, device).to(device), size)
 
 
 def fake_quantize(
@@ -387,10 +393,7 @@ def fake_quantize(
     """``quantizer.fake_quantize``; one opaque op inside a traced model (module docstring)."""
     if not _opaque():
         return quantizer.fake_quantize(x, spec, axis, key, out_dtype, hadamard)
-    axis = axis % x.dim()
     od = out_dtype or (torch.float32 if hadamard is not None else x.dtype)
-    hadamard = rotation(hadamard)
-    size, signs = (hadamard.size, hadamard.signs) if hadamard is not None else (0, None)
-    xm = x.detach().movedim(axis, -1)
-    out = _fake_quantize_op(xm, _key(key, x), signs, _spec_arg(spec), size, od)
+    axis, xm, k, signs, size = _op_args(x, axis, key, hadamard)
+    out = _fake_quantize_op(xm, k, signs, _spec_arg(spec), size, od)
     return out.movedim(-1, axis)
