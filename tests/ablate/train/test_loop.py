@@ -37,18 +37,18 @@ def _weights(path) -> dict[str, torch.Tensor]:
 def test_tiny_preset_learns_more_than_byte_frequencies_in_seconds():
     cfg = _cfg(
         train=TrainConfig(
-            steps=80,
-            batch_size=16,
+            steps=60,
+            batch_size=8,
             seq_len=64,
             lr=1e-2,
             warmup_steps=5,
-            eval_every=20,
+            eval_every=15,
             eval_batches=4,
         )
     )
     res = train(cfg)
-    assert res.status == "finished" and res.steps == 80 and res.tokens == 80 * 16 * 64
-    assert [e.step for e in res.evals] == [0, 20, 40, 60, 80]
+    assert res.status == "finished" and res.steps == 60 and res.tokens == 60 * 8 * 64
+    assert [e.step for e in res.evals] == [0, 15, 30, 45, 60]
     first, last = res.evals[0].val_loss, res.evals[-1].val_loss
     assert first == pytest.approx(math.log(257), abs=0.3)  # uniform over the byte vocab at init
     # the bar: a unigram model of the training bytes (add-one smoothed), scored on the validation
@@ -89,8 +89,9 @@ def test_a_run_past_its_schedule_is_bit_identical_to_an_ordinary_run_up_to_it(tm
     # last evaluation at 10, not a multiple of eval_every); the longer one 15 with the same
     # schedule over its first 10. Stochastic rounding and a random Hadamard draw random streams.
     recipe = Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "sr+rht")
-    short = dataclasses.replace(FAST, steps=10)
-    longer = dataclasses.replace(FAST, steps=15, schedule_steps=10)
+    small = dataclasses.replace(FAST, batch_size=4, seq_len=32)  # four runs: the bits, not the loss
+    short = dataclasses.replace(small, steps=10)
+    longer = dataclasses.replace(small, steps=15, schedule_steps=10)
     ordinary_log, longer_log = MemoryLogger(), MemoryLogger()
     ordinary = train(_cfg(tmp_path / "a", recipe=recipe, train=short), ordinary_log)
     cfg = _cfg(tmp_path / "b", recipe=recipe, train=longer)
@@ -257,7 +258,10 @@ def test_a_compiled_run_trains_checkpoints_alike_and_matches_eager_closely(tmp_p
     monkeypatch.setenv("ABLATE_COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
     recipe = Recipe.from_shorthand(["fprop", "dgrad", "wgrad"], "sr")
-    tc = TrainConfig(steps=3, batch_size=4, seq_len=32, warmup_steps=1, eval_every=3)
+    # two full evaluation batches (a short last one recompiles the blocks with a symbolic batch)
+    tc = TrainConfig(
+        steps=3, batch_size=4, seq_len=32, warmup_steps=1, eval_every=3, eval_batches=2
+    )
     compiled = train(
         _cfg(tmp_path / "c", recipe=recipe, train=dataclasses.replace(tc, compile=True))
     )
