@@ -52,7 +52,11 @@ def test_decay_branches_cost_their_decays_only(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_8b_ladder_costs_two_thirds_of_the_8b_ablation():
+def test_the_8b_ladder_costs_two_thirds_of_the_8b_ablation(monkeypatch):
+    # the plan without the ladder's expected width (16 simulated ladders, 16 s of CPU here; that
+    # line has its own tests in tests/ablate/report/ladder/test_ladder_study.py)
+    monkeypatch.setattr("ablate.cli.plan._ladder_width", lambda study: None)
+
     def planned(name: str) -> dict:
         res = CliRunner().invoke(
             main, ["plan", str(ROOT / "studies" / f"{name}.yaml"), "--json", "--gpu-tflops", "400"]
