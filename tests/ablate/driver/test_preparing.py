@@ -147,7 +147,7 @@ def test_the_heldout_study_runs_and_reports_against_its_loss_target(
     raw = yaml.safe_load((ROOT / "studies" / "heldout.yaml").read_text())
     assert raw["base"]["data"]["val"] == {"corpus": "text", "path": "docs/*.md"}
     assert raw["target"] == {"val_loss": 3.3}
-    raw["base"]["train"].update(steps=12, eval_every=4)
+    raw["base"]["train"].update(steps=12, eval_every=4, eval_batches=4)  # of 16
     raw["target"] = {"val_loss": 4.0}  # what 12 steps reach
     raw["grid"] = [{"fp4_gemms": [[]], "seed": [0, 1]}]
     study = parse_study(raw, output=tmp_path / "out")
