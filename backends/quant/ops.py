@@ -132,14 +132,40 @@ def _traced_outputs(
     return _outputs(q, xm)
 
 
+def _plain_outputs(xm: torch.Tensor, s: QuantSpec, hadamard: int) -> list[torch.Tensor] | None:
+    """The quantize op's outputs from the spec alone, for the quantizer without a ``variants``
+    option (``torch_path.run``'s layout): codes (..., Kp) uint8, Kp the last dimension padded to
+    the rotation's size and then to whole blocks; block scale codes (..., Kp / block) uint8 for MX
+    and NVFP4 (2-D tiles too: a tile's scale repeated on its rows); a float32 scalar tensor decode
+    scale but for MX; a float32 scalar amax for NVFP4. None for a variant (its own layout)."""
+    if s.variant:
+        return None
+    shape = _padded(xm.shape, hadamard)
+    block = s.block or shape[-1]
+    shape[-1] = -(-shape[-1] // block) * block
+    scale = s.fmt.scale
+    scales = [*shape[:-1], shape[-1] // block]
+    return [
+        xm.new_empty(shape, dtype=torch.uint8),
+        _absent(xm) if scale == "tensor" else xm.new_empty(scales, dtype=torch.uint8),
+        _absent(xm) if scale == "e8m0" else xm.new_empty((), dtype=torch.float32),
+        xm.new_empty((), dtype=torch.float32) if scale == "nv" else _absent(xm),
+        _absent(xm),
+    ]
+
+
 @_quantize_op.register_fake
 def _(
     xm: torch.Tensor, key: torch.Tensor, signs: torch.Tensor | None, spec: str, hadamard: int
 ) -> list[torch.Tensor]:
-    # The outputs depend on the input's sizes, dtype and device, the spec and the rotation's size
-    # only: traced once per such operand (about 100 fake ops), then read from a table, for every
-    # block's operands of the same sizes and for AOTAutograd's trace after Dynamo's (a compiled
-    # NVFP4 model of test size: 8 traces instead of 112, its compile 31 s -> 21 s on a 2-core CPU)
+    # From the spec alone for the plain quantizer: tracing the fused path took about a second per
+    # new operand size, and every call at symbolic sizes (on a 2-core CPU: the compile rehearsal's
+    # nvidia_nvfp4 model 14.4 -> 13.1 s, two NVFP4 operands compiled at symbolic sizes 21 -> 8 s).
+    # A variant is traced once per operand (about 100 fake ops), then read from a table, for every
+    # block's operands of the same sizes and for AOTAutograd's trace after Dynamo's
+    plain = _plain_outputs(xm, _spec_of(spec), hadamard)
+    if plain is not None:
+        return plain
     shape = tuple(xm.shape)
     if not all(type(d) is int for d in shape):  # symbolic sizes: traced every time
         return _traced_outputs(xm, key, signs, spec, hadamard)

@@ -72,6 +72,11 @@ def test_a_traced_quantization_is_one_op_with_the_eager_bits(spec):
         assert (a is None) == (b is None), f
         if a is not None:
             torch.testing.assert_close(a, b.to(a.device), rtol=0, atol=0, equal_nan=True)
+    # the op's declared outputs (from the spec alone, or a variant's traced) are what it returns,
+    # at static and symbolic sizes, a transposed view and a row count no 2-D tile divides
+    size, signs = h or (0, None)
+    for t in (x.movedim(axis, -1), x[:40].movedim(axis, -1)):
+        torch.library.opcheck(qops._quantize_op, (t, KEY, signs, spec.wire, size))
 
 
 @pytest.mark.parametrize("spec", [s for s in SPECS if not s.outer_block], ids=lambda s: s.short())
@@ -163,9 +168,10 @@ def test_with_quant_ops_off_the_arithmetic_is_traced_into_the_graph(monkeypatch)
 
 
 def test_the_declared_outputs_are_computed_once_per_operand_size(monkeypatch):
-    """The op's fake outputs (what a trace sees) come from the fused path's arithmetic on fake
-    tensors once per operand size, spec and rotation, then from a table: shapes, dtypes and strides
-    those of the real op's outputs, for every spec, at two sizes."""
+    """The op's fake outputs (what a trace sees): shapes, dtypes and strides those of the real op's
+    outputs, for every spec, at two sizes; from the spec alone for the plain quantizer, and for a
+    variant from the fused path's arithmetic on fake tensors once per operand size, spec and
+    rotation, then from a table."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     from backends.quant import quantizer
@@ -192,14 +198,21 @@ def test_the_declared_outputs_are_computed_once_per_operand_size(monkeypatch):
                     fsigns = None if signs is None else mode.from_tensor(signs)
                     fake = qops._quantize_op(fx, fkey, fsigns, spec.wire, size)
                 assert meta(fake) == real, spec.short()
-    assert len(computed) == 2 * len(SPECS) == len(qops._metas)
+    variants = [s for s in SPECS if s.variant]
+    assert len(computed) == 2 * len(variants) == len(qops._metas)  # never for a plain spec
+    assert sorted(set(computed)) == sorted(s.wire for s in variants)
 
 
-def test_an_operand_of_symbolic_size_is_traced_each_time():
-    """Under dynamic shapes the fake outputs are computed for the symbolic sizes (never from the
-    table of concrete ones, nor stored in it), and the compiled op returns the eager bits."""
+@pytest.mark.parametrize(
+    "spec",
+    [QuantSpec(format="mxfp4", rounding="sr"), QuantSpec(format="nvfp4", scale_rule="mse")],
+    ids=lambda s: s.short(),
+)
+def test_an_operand_of_symbolic_size_is_traced_each_time(spec):
+    """Under dynamic shapes the fake outputs are computed for the symbolic sizes (a variant's never
+    from the table of concrete ones, nor stored in it), and the compiled op returns the eager
+    bits."""
     torch._dynamo.reset()
-    spec = QuantSpec(format="mxfp4", rounding="sr")
     kept = dict(qops._metas)
 
     def codes(t, key):
