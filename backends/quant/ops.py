@@ -142,7 +142,7 @@ def _plain_outputs(xm: torch.Tensor, s: QuantSpec, hadamard: int) -> list[torch.
         return None
     shape = _padded(xm.shape, hadamard)
     block = s.block or shape[-1]
-    shape[-1] = -(-shape[-1] // block) * block
+    shape = _padded(shape, block)
     scale = s.fmt.scale
     scales = [*shape[:-1], shape[-1] // block]
     return [

@@ -218,7 +218,7 @@ def test_the_declared_outputs_are_computed_once_per_operand_size(monkeypatch):
     [QuantSpec(format="mxfp4", rounding="sr"), QuantSpec(format="nvfp4", scale_rule="mse")],
     ids=lambda s: s.short(),
 )
-def test_an_operand_of_symbolic_size_is_traced_each_time(spec):
+def test_an_operand_of_symbolic_size_is_declared_anew_each_time(spec):
     """Under dynamic shapes the fake outputs are computed for the symbolic sizes (a variant's never
     from the table of concrete ones, nor stored in it), and the compiled op returns the eager
     bits."""
