@@ -35,7 +35,7 @@ $(PY):
 # a newer Python's syntax (torch ships one): that status is not the set-up's.
 PIP_INSTALL := $(PY) -m pip install -q --no-compile
 BYTE_COMPILE := find $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
-	-mindepth 1 -maxdepth 1 -print0 | xargs -0 -P $$(nproc) -n 40 \
+	-mindepth 1 -maxdepth 1 -print0 | xargs -0 -P $$($(PY) -c 'import os; print(os.cpu_count() or 1)') -n 40 \
 	$(PY) -m compileall -q -x '/(tests?|transformers/models)/' > /dev/null 2>&1 || true
 
 $(VENV)/.installed: $(PY) pyproject.toml
