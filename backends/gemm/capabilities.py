@@ -239,6 +239,6 @@ def _v2_kernel(key: str) -> bool:
 V2_ON: dict[str, bool] = {"cpu": _v2_kernel("CPU"), "cuda": _v2_kernel("CUDA")}
 """Device type -> whether v2 runs there: torch 2.11 has it on CUDA (and ROCm) only, and runs the
 CPU's per-tensor FP8 GEMM through ``torch._scaled_mm`` (v1); torch 2.13 has both. The two CPU
-kernels agree to FP32 accumulation, not always to the bit (oneDNN's FP8 kernel on an AVX-512 Xeon
-sums K in another order than v2), so a CPU's native FP8 numbers may differ between the two
+kernels agree to FP32 accumulation, not always to the bit (the oneDNN kernel an AVX-512 CPU's v1
+takes sums K in another order than v2), so a CPU's native FP8 numbers may differ between the two
 torches in their last bits. Read at import, so that a traced model reads a constant."""

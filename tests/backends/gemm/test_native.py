@@ -262,8 +262,9 @@ def test_native_fp8_through_torch_scaled_mm_matches_emulated(fa, fb, sr, arch):
 def test_a_cpu_without_the_v2_kernel_multiplies_through_v1(monkeypatch):
     # torch 2.11 has torch.nn.functional.scaled_mm for CUDA only: its CPU runs torch._scaled_mm.
     # Forced through v1, the backend's GEMM is torch._scaled_mm to the bit; v1 and v2 agree to
-    # FP32 accumulation, not always to the bit: oneDNN's FP8 kernel sums K in its own order on an
-    # AVX-512 Xeon (a few ulps off v2's), in the same order as v2 on the AVX2 AMD EPYC
+    # FP32 accumulation, not always to the bit: the oneDNN kernel an AVX-512 CPU's v1 takes sums K
+    # in its own order (a few ulps off v2's on the Intel Xeon); the reference kernel other CPUs'
+    # v1 takes (the AMD EPYC's) gives v2's bits
     a, b = _x(70, 200, seed=1), _x(33, 200, seed=2)
     gemm = GemmRecipe(a=_spec("fp8_e4m3", False), b=_spec("fp8_e4m3", False))
     got = NativeBackend().mm(a, b, gemm, KEYS, None)  # the route this torch takes (2.11: v1)
