@@ -82,6 +82,16 @@ def _accumulation_bound(
     return mag * (2 * (K + 2) * 2.0**-24 + 2.0**-acc_bits) + ref.abs() * 2.0**-out_bits
 
 
+def _within_fp32_accumulation(
+    got: torch.Tensor, ref: torch.Tensor, a: torch.Tensor, b: torch.Tensor, gemm: GemmRecipe
+) -> bool:
+    """Whether ``got`` is within ``_accumulation_bound`` of ``ref``, both ``a @ b^T`` of the
+    operands quantized as ``gemm`` says (``KEYS``)."""
+    aq = fake_quantize(a, gemm.a, axis=1, key=KEYS.a, out_dtype=torch.float32)
+    bq = fake_quantize(b, gemm.b, axis=1, key=KEYS.b, out_dtype=torch.float32)
+    return bool(((got - ref).abs() <= _accumulation_bound(aq, bq, ref)).all())
+
+
 # ----------------------------------------------------------------------------------------------
 # scale swizzling
 
@@ -253,10 +263,8 @@ def test_native_fp8_through_torch_scaled_mm_matches_emulated(fa, fb, sr, arch):
         native.gemm = scaled_mm_reference
         got = native.mm(a, b, gemm, KEYS, None)
     ref = EmulatedBackend().mm(a, b, gemm, KEYS, None)
-    aq = fake_quantize(a, gemm.a, axis=1, key=KEYS.a, out_dtype=torch.float32)
-    bq = fake_quantize(b, gemm.b, axis=1, key=KEYS.b, out_dtype=torch.float32)
     assert got.shape == ref.shape == (70, 33) and got.dtype == torch.float32
-    assert ((got - ref).abs() <= _accumulation_bound(aq, bq, ref)).all()
+    assert _within_fp32_accumulation(got, ref, a, b, gemm)
 
 
 def test_a_cpu_without_the_v2_kernel_multiplies_through_v1(monkeypatch):
@@ -273,9 +281,7 @@ def test_a_cpu_without_the_v2_kernel_multiplies_through_v1(monkeypatch):
     pa, pb = pack_operand(a, gemm.a, key=KEYS.a), pack_operand(b, gemm.b, key=KEYS.b)
     direct = torch._scaled_mm(pa.data, pb.data.t(), pa.scale, pb.scale, out_dtype=torch.float32)
     assert torch.equal(v1.view(torch.int32), direct[:70, :33].contiguous().view(torch.int32))
-    aq = fake_quantize(a, gemm.a, axis=1, key=KEYS.a, out_dtype=torch.float32)
-    bq = fake_quantize(b, gemm.b, axis=1, key=KEYS.b, out_dtype=torch.float32)
-    assert ((got - v1).abs() <= _accumulation_bound(aq, bq, v1)).all()
+    assert _within_fp32_accumulation(got, v1, a, b, gemm)
     if torch.version.cuda:  # a CUDA build has the v2 kernel for CUDA (2.11 and 2.13 alike)
         assert native.V2_ON["cuda"] == native.HAS_V2
 
@@ -572,9 +578,8 @@ def test_the_explicit_api_multiplies_fp8_as_torch_scaled_mm_does_on_the_cpu():
     pa, pb = pack_operand(a, e4m3), pack_operand(b, e4m3)
     v1 = torch._scaled_mm(pa.data, pb.data.t(), pa.scale, pb.scale, out_dtype=torch.float32)
     v1 = v1[:70, :33]
-    # to FP32 accumulation: the two CPU kernels may sum K in different orders
-    # (test_a_cpu_without_the_v2_kernel_multiplies_through_v1)
-    aq, bq = (fake_quantize(t, e4m3, axis=1, out_dtype=torch.float32) for t in (a, b))
     got = scaled_mm(pa, pb)
     assert native.HAS_V2 and got.shape == v1.shape
-    assert ((got - v1).abs() <= _accumulation_bound(aq, bq, v1)).all()
+    # to FP32 accumulation: the two CPU kernels may sum K in different orders
+    # (test_a_cpu_without_the_v2_kernel_multiplies_through_v1)
+    assert _within_fp32_accumulation(got, v1, a, b, GemmRecipe(a=e4m3, b=e4m3))
