@@ -11,6 +11,7 @@ Element rounding itself lives in ``quantizer.py``; here a value must already be 
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -64,8 +65,10 @@ class ElementFormat:
 
     @property
     def emax(self) -> int:
-        """Exponent of the largest normal binade: the ``emax_elem`` of the OCP shared-scale rule."""
-        return int(torch.tensor(self.max).log2().floor().item())
+        """Exponent of the largest normal binade: the ``emax_elem`` of the OCP shared-scale rule,
+        ``floor(log2(max))``, read exactly from the float's exponent (``max = m * 2^e``, ``0.5 <= m <
+        1``). Plain Python: the quantizers ask at every call, and a compiled graph folds it."""
+        return math.frexp(self.max)[1] - 1
 
     @property
     def bits(self) -> int:
