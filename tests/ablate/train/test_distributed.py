@@ -30,6 +30,8 @@ from backends.recipes import GEMMS, OPERANDS, Recipe
 
 SR_RECIPE = Recipe.from_shorthand(GEMMS, "sr").to_dict()
 RHT_RECIPE = Recipe.from_shorthand(GEMMS, "sr+rht16").to_dict()
+IMPORTED_BY = os.getpid()
+"""The process that imported this module: in a rank, the fork server that preloaded it."""
 
 
 def cfg(
@@ -205,6 +207,19 @@ def two_ranks(d: dict[str, Any]) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         ranks.spawn(_rank_main, args=(2, tmp, d), nprocs=2)
         return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def _importer(rank: int, out: str) -> None:
+    Path(out).write_text(json.dumps({"module": IMPORTED_BY, "rank": os.getpid()}))
+
+
+def test_a_rank_finds_its_test_module_imported_by_the_fork_server(tmp_path):
+    """``ranks.PRELOAD``'s test modules come from the server (a rank that imported one again
+    would pay pytest's and torch's imports anew)."""
+    out = tmp_path / "importer.json"
+    ranks.spawn(_importer, args=(str(out),), nprocs=1)
+    seen = json.loads(out.read_text())
+    assert seen["module"] not in (seen["rank"], os.getpid()), seen
 
 
 @pytest.mark.slow
