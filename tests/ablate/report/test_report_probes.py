@@ -89,7 +89,9 @@ def test_no_probe_section_without_probes(tmp_path, study, runs):
     cells, evals = study(runs)
     empty = pd.DataFrame(columns=["key", "step", "metric", "value"])
     for probes in (None, empty):
-        res = build_report(cells, evals, {"val_ppl": 12}, None, tmp_path, study="p", probes=probes)
+        res = build_report(
+            cells, evals, {"val_ppl": 12}, None, tmp_path, study="p", probes=probes, figures=()
+        )
         assert "Gradient fidelity" not in res.report_md.read_text()
         assert "probe_metrics" not in res.figures
 

@@ -209,7 +209,9 @@ def test_tuning_section_lists_best_value_and_parameters_per_search(tmp_path):
         },
         {"search": "mxfp4", "complete": 0, "pruned": 0, "failed": 2, "best_value": None},
     ]
-    res = build_report(cells, evals, {"val_ppl": target}, None, tmp_path, study="s", tuning=tuning)
+    res = build_report(
+        cells, evals, {"val_ppl": target}, None, tmp_path, study="s", tuning=tuning, figures=()
+    )
     md = res.report_md.read_text()
     assert "## Tuning" in md and md.index("## Tuning") < md.index("## Runs")
     assert "train.lr=0.00312, train.warmup_steps=8" in md
@@ -221,7 +223,7 @@ def test_provenance_is_reported_per_configuration_and_mixed_code_is_called_out(t
     cells, evals, target = synthetic_study(2, 2, 20)
     # synthetic frames carry no provenance: the report says so instead of failing
     bare = build_report(
-        cells, evals, {"val_ppl": target}, SpeedupSection(), tmp_path / "a", study="d"
+        cells, evals, {"val_ppl": target}, SpeedupSection(), tmp_path / "a", study="d", figures=()
     )
     assert any("4 of 4 runs recorded no provenance" in n for n in bare.notes)
     assert set(pd.read_csv(bare.summary_csv)["code_hash"]) == {"unknown"}
@@ -237,7 +239,7 @@ def test_provenance_is_reported_per_configuration_and_mixed_code_is_called_out(t
         ablate_version="0.1.0",
     )
     result = build_report(
-        cells, evals, {"val_ppl": target}, SpeedupSection(), tmp_path / "b", study="d"
+        cells, evals, {"val_ppl": target}, SpeedupSection(), tmp_path / "b", study="d", figures=()
     )
     (mixed,) = [n for n in result.notes if "versions of the training code" in n]
     assert "2 versions" in mixed and "aaaa, bbbb" in mixed and "--rerun-stale" in mixed
@@ -267,7 +269,7 @@ def test_runs_of_two_numerics_versions_are_compared_only_when_told(tmp_path):
     assert not (tmp_path / "a" / "report.md").exists()
     res = build_report(
         cells, evals, {"val_ppl": target}, SpeedupSection(), tmp_path / "b", study="d",
-        mix_numerics=True,
+        mix_numerics=True, figures=(),
     )  # fmt: skip
     (note,) = [n for n in res.notes if "numerics versions" in n]
     assert "--mix-numerics" in note and "may be the numerics'" in note
@@ -344,7 +346,7 @@ def test_a_report_with_a_baseline_trained_longer_marks_only_true_bounds(tmp_path
     plain_cells = cells.assign(schedule_steps=math.nan)
     plain_evals = evals[~(evals["step"] > evals["key"].map(budget))]
     plain = build_report(plain_cells, plain_evals, {"from_baseline": "slowest"}, SpeedupSection(),
-                         tmp_path / "plain", study="plain")  # fmt: skip
+                         tmp_path / "plain", study="plain", figures=())  # fmt: skip
     assert result.target_ppl == plain.target_ppl
     for col in ("tokens_to_target", "rel_token_cost", "rel_token_cost_lo", "final_ppl_mean"):
         assert table[col].tolist() == pytest.approx(plain.config_table[col].tolist(), nan_ok=True)
