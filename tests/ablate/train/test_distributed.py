@@ -213,6 +213,7 @@ def _importer(rank: int, out: str) -> None:
     Path(out).write_text(json.dumps({"module": IMPORTED_BY, "rank": os.getpid()}))
 
 
+@pytest.mark.slow
 def test_a_rank_finds_its_test_module_imported_by_the_fork_server(tmp_path):
     """``ranks.PRELOAD``'s test modules come from the server (a rank that imported one again
     would pay pytest's and torch's imports anew)."""
