@@ -171,9 +171,11 @@ def _sqlite(study: Study) -> Path | None:
 def _serve(study: Study, job_dir: Path, host: str, port: int) -> Iterator[TrackingServer]:
     """The study's SQLite store served by the job's own MLflow server on this node, for cells on
     several nodes, under ``supervise`` (so that it outlives SLURM's SIGTERM until the cells have
-    checkpointed, and none of its processes outlives the job). The server creates a new store
-    itself; ``_experiment`` then creates the study's experiment through it."""
+    checkpointed, and none of its processes outlives the job). A new store is made from the
+    template first (``prepare_served_store``: the server then runs no migrations); ``_experiment``
+    creates the study's experiment through the server."""
     from ablate.tracking.server import TrackingServer
+    from ablate.tracking.store import prepare_served_store
 
     server = TrackingServer(
         study.tracking_uri, host=host, port=port,
@@ -182,6 +184,7 @@ def _serve(study: Study, job_dir: Path, host: str, port: int) -> Iterator[Tracki
         wrap=[sys.executable, "-m", "ablate.slurm.supervise", "--grace", "5", "--"],
     )  # fmt: skip
     study.output_dir.mkdir(parents=True, exist_ok=True)
+    prepare_served_store(study.tracking_uri)
     server.start()
     try:
         yield server

@@ -19,6 +19,7 @@ from test_cli import STUDY as CLI_STUDY
 
 from ablate.cli import main
 from ablate.errors import RunnerError
+from ablate.tracking.store import prepare_served_store
 
 STUDY = CLI_STUDY.replace("[[], [fprop]]", "[[]]")  # one cell
 FSDP_STUDY = STUDY.replace("warmup_steps: 1}", "warmup_steps: 1, parallel: fsdp}")
@@ -161,7 +162,9 @@ def mlflow_server(tmp_path):
     """A real `mlflow server` (SQLite backend, an artifacts destination) on a free loopback port;
     its URI. Stopped with its process group. Its job execution is off, as in ablate's own
     servers: ablate runs no MLflow jobs, and the job runner's seven consumer processes took 31 s
-    of the suite's CPU."""
+    of the suite's CPU. Its store made as ablate's own servers' are (``prepare_served_store``:
+    MLflow finds it migrated)."""
+    prepare_served_store(f"sqlite:///{tmp_path}/server.db")
     port = _free_port()
     exe = Path(sys.executable).parent / "mlflow"
     proc = subprocess.Popen(

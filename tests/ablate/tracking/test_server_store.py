@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from test_runner import tiny_study
 
 from ablate.driver.runner import run_study
+from ablate.tracking.store import prepare_served_store
 
 
 def _free_port() -> int:
@@ -31,8 +32,10 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def mlflow_server(root: Path) -> Iterator[tuple[str, Path]]:
     """A real ``mlflow server`` (one worker, job execution off) on a free loopback port, its store
-    ``root/server.db`` and its artifacts destination ``root/served``; yields (its URI, the
-    destination). Stopped by ending its own process group."""
+    ``root/server.db`` made as ``ablate slurm run`` makes its server's (``prepare_served_store``),
+    and its artifacts destination ``root/served``; yields (its URI, the destination). Stopped by
+    ending its own process group."""
+    prepare_served_store(f"sqlite:///{root / 'server.db'}")
     port = _free_port()
     exe = Path(sys.executable).with_name("mlflow")
     served = root / "served"
@@ -98,6 +101,16 @@ def test_artifacts_of_a_server_tracked_study_land_in_the_servers_destination(
     from ablate.tracking import read_study_text
 
     assert read_study_text(uri, study.name) == "# test study\n"
+
+
+def test_a_served_store_made_from_the_template_is_served_without_migrations(server):
+    # made as `ablate slurm run` makes its server's store: MLflow finds its schema current and
+    # creates no tables; the default experiment's artifacts are where the server puts them
+    uri, served = server
+    log = (served.parent / "server.log").read_text()
+    assert "Uvicorn running" in log and "Creating initial MLflow database tables" not in log, log
+    default = MlflowClient(tracking_uri=uri).get_experiment("0")
+    assert default.name == "Default" and default.artifact_location == "mlflow-artifacts:/0"
 
 
 @pytest.mark.slow
