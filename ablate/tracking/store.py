@@ -178,10 +178,10 @@ def _folder_locked(path: Path) -> Iterator[None]:
 def new_sqlite_store(path: Path, location: str | None = None) -> None:
     """A new, empty SQLite store at ``path`` (absent), in milliseconds: a copy of the empty store
     that MLflow's own migrations built once per MLflow version (``_store_template``), its default
-    experiment then given the location and times MLflow gives it (``location``; by default a
-    client's, ``<cwd>/mlruns/0``; now). MLflow
-    migrates a new file through every revision of its schema, 1-2 s each time. Where the template
-    cannot be had or fails its checks, nothing is copied: MLflow creates the store itself."""
+    experiment then given the location MLflow gives it (``location``; by default a client's,
+    ``<cwd>/mlruns/0``) and the time now. MLflow migrates a new file through every revision of its
+    schema, 1-2 s each time. Where the template cannot be had or fails its checks, nothing is
+    copied: MLflow creates the store itself."""
     template = _store_template()
     if template is None:
         return

@@ -103,6 +103,7 @@ def test_artifacts_of_a_server_tracked_study_land_in_the_servers_destination(
     assert read_study_text(uri, study.name) == "# test study\n"
 
 
+@pytest.mark.slow
 def test_a_served_store_made_from_the_template_is_served_without_migrations(server):
     # made as `ablate slurm run` makes its server's store: MLflow finds its schema current and
     # creates no tables; the default experiment's artifacts are where the server puts them
