@@ -11,11 +11,31 @@
 - ``selfcheck``: the native GEMMs held to the emulation before a cell trains (``ablate
   native-check``);
 - ``registry``: a run's ``backend`` name to its backend.
+
+This ``__init__`` loads its modules on first attribute access, and the registry imports a
+backend's module when it is first asked for: a study names and checks its backend without torch.
 """
 
-from backends.gemm.base import GemmBackend, GemmKeys, UnsupportedFormatError
-from backends.gemm.capabilities import check_recipe, supported_formats
-from backends.gemm.registry import available_backends, get_backend, register_backend
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from backends.gemm.base import GemmBackend, GemmKeys, UnsupportedFormatError
+    from backends.gemm.capabilities import check_recipe, supported_formats
+    from backends.gemm.registry import available_backends, get_backend, register_backend
+
+_LAZY = {
+    "GemmBackend": "backends.gemm.base",
+    "GemmKeys": "backends.gemm.base",
+    "UnsupportedFormatError": "backends.gemm.base",
+    "check_recipe": "backends.gemm.capabilities",
+    "supported_formats": "backends.gemm.capabilities",
+    "available_backends": "backends.gemm.registry",
+    "get_backend": "backends.gemm.registry",
+    "register_backend": "backends.gemm.registry",
+}
 
 __all__ = [
     "GemmBackend",
@@ -27,3 +47,10 @@ __all__ = [
     "register_backend",
     "supported_formats",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

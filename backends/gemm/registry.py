@@ -1,17 +1,19 @@
 """The registry of GEMM backends: a name (a run's ``backend``) -> the backend that computes it.
 
 ``emulated`` (``backends/gemm/emulated.py``) and ``native`` (``backends/gemm/native.py``) are registered when
-this module is imported; another backend plugs in the same way with ``register_backend``. The
-interface a backend implements is ``backends/gemm/base.py``'s ``GemmBackend``.
+this module is imported, each by a factory that imports its module when the backend is first asked
+for (a study names and checks its backend without torch); another backend plugs in the same way
+with ``register_backend``. The interface a backend implements is ``backends/gemm/base.py``'s
+``GemmBackend``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from backends.gemm.base import GemmBackend
-from backends.gemm.emulated import EmulatedBackend
-from backends.gemm.native import NativeBackend
+if TYPE_CHECKING:
+    from backends.gemm.base import GemmBackend
 
 _REGISTRY: dict[str, Callable[[], GemmBackend]] = {}
 _INSTANCES: dict[str, GemmBackend] = {}
@@ -34,5 +36,17 @@ def get_backend(name: str) -> GemmBackend:
     return _INSTANCES[name]
 
 
-register_backend("emulated", EmulatedBackend)
-register_backend("native", NativeBackend)
+def _emulated() -> GemmBackend:
+    from backends.gemm.emulated import EmulatedBackend
+
+    return EmulatedBackend()
+
+
+def _native() -> GemmBackend:
+    from backends.gemm.native import NativeBackend
+
+    return NativeBackend()
+
+
+register_backend("emulated", _emulated)
+register_backend("native", _native)

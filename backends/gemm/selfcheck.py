@@ -50,7 +50,7 @@ from backends.gemm.capabilities import device_arch, device_name, supported_forma
 from backends.gemm.emulated import EmulatedBackend
 from backends.gemm.native import NativeBackend, dequantize_packed, pack_operand
 from backends.quant.ckernel import cache_dir
-from backends.quant.hadamard import DETERMINISTIC
+from backends.quant.rotation import DETERMINISTIC
 from backends.recipes import GEMMS, GemmRecipe, Recipe
 
 CHECK_VERSION = 2

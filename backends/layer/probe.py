@@ -58,8 +58,8 @@ from backends.layer.linear import QuantLinear
 from backends.layer.streams import is_random
 from backends.quant import QTensor, QuantSpec, ckernel, hadamard_transform, ms_eden, quantize
 from backends.quant.arith import F32_MAX
-from backends.quant.hadamard import Rotation, rotation
 from backends.quant.quantizer import global_scales, run_kernel
+from backends.quant.rotation import Rotation, rotation
 from backends.recipes import OPERANDS, GemmRecipe
 
 REDRAW_STRIDE = 1 << 32

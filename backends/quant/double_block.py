@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 
 from backends.quant.arith import E4M3_ELEM, Plan, div, encode, round_to_grid
+from backends.quant.blocks import prepare
 from backends.quant.rng import uniform24
-from backends.quant.variants import prepare
 
 INNER_FLOOR = 2.0**-9
 """The inner scale of a block whose scaled maximum is 0: E4M3's smallest subnormal."""

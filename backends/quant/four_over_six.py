@@ -48,13 +48,12 @@ from __future__ import annotations
 import torch
 
 from backends.quant.arith import E4M3_ELEM, F32_MAX, Plan, div, encode, round_to_grid, tensor_scales
+from backends.quant.blocks import prepare
 from backends.quant.rng import uniform24
-from backends.quant.variants import prepare
+from backends.quant.variants import FOUR_OVER_SIX_TOP as TOP
 
-TOP = 1536.0
-"""6 * 256: the value the tensor amax maps to (E2M1's 6 times the 4/6 E4M3 bound 256)."""
 DEQ = float(torch.tensor(1.0) / torch.tensor(TOP))
-"""fp32(1/1536), the dequantizer's factor (``operand.nv_decode``)."""
+"""fp32(1/1536), the dequantizer's factor (``qtensor.nv_decode``)."""
 ALPHA = float(torch.tensor(1.0) / torch.tensor(TOP * TOP))
 """fp32(1/1536^2): a native GEMM's alpha factor for two 4/6 operands."""
 MAP4 = 1.5  # map-to-4's scale is 6/4 times map-to-6's

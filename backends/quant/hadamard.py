@@ -14,48 +14,20 @@ training (stored as a buffer); ``random`` - rht, signs redrawn at every call fro
 step): the random Hadamard transform of Tseng et al.
 
 The transforms below take ``signs=None`` for dht. The quantizer takes a transform as a
-``Rotation(size, signs)``, a named tuple that is still the ``(size, signs)`` the custom ops pass.
+``Rotation(size, signs)``, a named tuple that is still the ``(size, signs)`` the custom ops pass;
+the sizes, the sign policies and ``Rotation`` are ``rotation.py``'s, in plain Python.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Literal, NamedTuple
 
 import torch
 
 from backends.quant import ckernel
 from backends.quant.rng import random_bits
-
-SIZES = (16, 32, 64, 128, 256)
-SIGN_POLICIES = ("none", "fixed", "random")
-SignPolicy = Literal["none", "fixed", "random"]
-DETERMINISTIC: SignPolicy = "none"
-"""The intervention dht's sign policy: the deterministic H, no signs (``signs=None`` below). Spelled
-``none`` in every stored recipe and so in every cell's key."""
-
-
-class Rotation(NamedTuple):
-    """The Hadamard transform a quantizer applies before it quantizes: ``hadamard_transform(x,
-    axis, size, signs)``; ``signs`` None for dht (``DETERMINISTIC``), else the +-1 vector of
-    ``size`` entries (fht's fixed one, or rht's drawn for this call)."""
-
-    size: int
-    signs: torch.Tensor | None
-
-
-def rotation(h: tuple[int, torch.Tensor | None] | None) -> Rotation | None:
-    """``h`` as a ``Rotation``: the quantizer's entry points also take a plain ``(size, signs)``."""
-    return None if h is None else Rotation(*h)
-
-
-def check_size(size: int) -> None:
-    if size not in SIZES:
-        raise ValueError(
-            f"hadamard size {size!r} is not supported; allowed: {', '.join(map(str, SIZES))} "
-            "(powers of two from 16 to 256)"
-        )
+from backends.quant.rotation import check_size
 
 
 @functools.lru_cache(maxsize=32)

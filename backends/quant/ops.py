@@ -42,8 +42,10 @@ import os
 import torch
 
 from backends.quant import quantizer
-from backends.quant.hadamard import Rotation, rotation, sign_vector
-from backends.quant.operand import QTensor, QuantSpec
+from backends.quant.hadamard import sign_vector
+from backends.quant.operand import QuantSpec
+from backends.quant.qtensor import QTensor
+from backends.quant.rotation import Rotation, rotation
 
 __all__ = [
     "block_values",

@@ -74,8 +74,10 @@ import torch
 from backends.quant import ckernel, double_block, four_over_six, ms_eden, torch_path
 from backends.quant.arith import F32_MAX, Elem, Plan
 from backends.quant.formats import E4M3, ScaleMode
-from backends.quant.hadamard import Rotation, check_size, hadamard_transform, rotation
-from backends.quant.operand import QTensor, QuantSpec
+from backends.quant.hadamard import hadamard_transform
+from backends.quant.operand import QuantSpec
+from backends.quant.qtensor import QTensor
+from backends.quant.rotation import Rotation, check_size, rotation
 
 _SCALE_KIND_CODES = {"e8m0": 0, "nv": 1, "tensor": 2}
 _MODE_CODES = {ScaleMode.FLOOR: 0, ScaleMode.CEIL: 1, ScaleMode.EVEN: 2, ScaleMode.RCEIL: 3}

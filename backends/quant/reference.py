@@ -12,7 +12,8 @@ import torch
 
 from backends.quant.arith import NV_RCP6
 from backends.quant.formats import E4M3, E8M0_NAN, ElementFormat, ScaleMode
-from backends.quant.operand import QTensor, QuantSpec
+from backends.quant.operand import QuantSpec
+from backends.quant.qtensor import QTensor
 from backends.quant.quantizer import check_args, global_scales, spec_key
 from backends.quant.rng import uniform24
 

@@ -19,19 +19,14 @@ module's ``run``) on every device: eager on the CPU (slower than the kernel: a 4
 quantized twice and its errors compared), compiled by ``torch.compile`` on CUDA, and traced into a
 compiled model like the rest of the quantizer.
 
-This module holds what the three share: the option vocabulary, ``check`` (called by
-``QuantSpec``), and ``prepare``, the padding, blocks and maxima every quantizer starts from.
+This module holds what the three share as options, in plain Python (a study checks them without
+torch): the vocabulary and ``check`` (called by ``QuantSpec``). The padding, blocks and maxima
+every quantizer starts from are ``blocks.py``'s.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
-
-import torch
-
-from backends.quant.arith import Plan, tiles
-from backends.quant.hadamard import hadamard_transform_reference
 
 SCALE_RULES = ("mse", "mae", "abs_max")
 """Four Over Six's error measures: sum of squared errors, sum of absolute errors, largest error."""
@@ -41,6 +36,9 @@ SCALE_PICKS = ("rounded", "nearest")
 with the same draws, as the published recipes do: biased), or as each rounds to nearest, the
 chosen scale then rounding stochastically (unbiased)."""
 OUTER_BLOCKS = (32, 64, 128, 256, 512, 1024)
+FOUR_OVER_SIX_TOP = 1536.0
+"""6 * 256: the value Four Over Six maps the tensor amax to (E2M1's 6 times the 4/6 E4M3 bound
+256; ``four_over_six.TOP``)."""
 
 
 def check(spec: Any) -> None:
@@ -135,51 +133,13 @@ def check_prescale(prescale: Any) -> bool | float:
     return True if f == 0.75 else False if f == 1.0 else f
 
 
-@dataclass(frozen=True, slots=True)
-class Blocks:
-    """An operand cut into blocks along its last dimension, as every quantizer starts.
-
-    ``x`` the float32 operand (after the Hadamard transform, if any), ``K`` its length, ``xb``
-    ``(..., nb, B)`` zero-padded to ``Kp = nb * B``, ``index`` the flat element indices in the
-    same shape (the random stream's counter), ``nonfinite`` and ``amax`` ``(..., nb)`` per block
-    (per tile with 2-D blocks)."""
-
-    x: torch.Tensor
-    K: int
-    xb: torch.Tensor
-    index: torch.Tensor
-    nonfinite: torch.Tensor
-    amax: torch.Tensor
-
-
-def prepare(xm: torch.Tensor, signs: torch.Tensor | None, p: Plan, unit: int = 0) -> Blocks:
-    """``Blocks`` of ``xm`` (axis last) for plan ``p``, K padded to a multiple of ``unit`` (default
-    the block), the padding zeros (they change no maximum)."""
-    if p.hadamard:
-        xm = hadamard_transform_reference(xm, -1, p.hadamard, signs)
-    x = xm.float()
-    K = x.shape[-1]
-    B = p.block
-    U = unit or B
-    Kp = -(-K // U) * U
-    index = torch.arange(x.numel(), device=x.device).view(x.shape)
-    xb = torch.nn.functional.pad(x, (0, Kp - K)).unflatten(-1, (-1, B))
-    index = torch.nn.functional.pad(index, (0, Kp - K)).unflatten(-1, (-1, B))
-    nonfinite = (~torch.isfinite(xb)).any(-1)
-    amax = xb.abs().amax(-1)
-    if p.rows > 1:
-        nonfinite, amax = tiles(nonfinite, p.rows), tiles(amax, p.rows)
-    return Blocks(x, K, xb, index, nonfinite, amax)
-
-
 __all__ = [
     "OUTER_BLOCKS",
     "ROUNDINGS",
     "SCALE_PICKS",
     "SCALE_RULES",
-    "Blocks",
+    "FOUR_OVER_SIX_TOP",
     "check",
     "check_prescale",
-    "prepare",
     "prescale_factor",
 ]

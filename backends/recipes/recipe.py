@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from backends.quant import FORMATS, SIGN_POLICIES, QuantSpec, ScaleMode, SignPolicy
-from backends.quant.hadamard import DETERMINISTIC, Rotation, check_size
+from backends.quant.rotation import DETERMINISTIC, Rotation, check_size
 from backends.recipes.intervention import GEMMS, Gemm, Hadamard, Intervention, label, parse
 
 if TYPE_CHECKING:
