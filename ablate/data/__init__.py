@@ -16,23 +16,49 @@ The way through, in the order a study takes it:
   them for a run (``TokenData``);
 - ``batches``: the seeded, resumable order of training windows and the fixed validation batches.
 
-It imports torch and numpy only; the trainer, the study and the driver import it.
+It imports torch and numpy only; the trainer, the study and the driver import it. This ``__init__``
+loads its modules on first attribute access: only ``batches`` imports torch at import (``prepared``
+when a set is mapped for a run), so a study loads and is checked against its data without it.
 """
 
-from ablate.data.batches import BatchSampler, val_batches
-from ablate.data.config import SEED_LIMIT, DataConfig, ValData
-from ablate.data.prepared import (
-    Prepared,
-    TokenData,
-    already_prepared,
-    check_counts,
-    data_key,
-    default_cache,
-    load_data,
-    prepare,
-)
-from ablate.data.sources import check_sources
-from ablate.data.tokenizer import load_tokenizer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ablate.data.batches import BatchSampler, val_batches
+    from ablate.data.config import SEED_LIMIT, DataConfig, ValData
+    from ablate.data.prepared import (
+        Prepared,
+        TokenData,
+        already_prepared,
+        check_counts,
+        data_key,
+        default_cache,
+        load_data,
+        prepare,
+    )
+    from ablate.data.sources import check_sources
+    from ablate.data.tokenizer import load_tokenizer
+
+_LAZY = {
+    "BatchSampler": "ablate.data.batches",
+    "val_batches": "ablate.data.batches",
+    "SEED_LIMIT": "ablate.data.config",
+    "DataConfig": "ablate.data.config",
+    "ValData": "ablate.data.config",
+    "Prepared": "ablate.data.prepared",
+    "TokenData": "ablate.data.prepared",
+    "already_prepared": "ablate.data.prepared",
+    "check_counts": "ablate.data.prepared",
+    "data_key": "ablate.data.prepared",
+    "default_cache": "ablate.data.prepared",
+    "load_data": "ablate.data.prepared",
+    "prepare": "ablate.data.prepared",
+    "check_sources": "ablate.data.sources",
+    "load_tokenizer": "ablate.data.tokenizer",
+}
 
 __all__ = [
     "SEED_LIMIT",
@@ -51,3 +77,10 @@ __all__ = [
     "prepare",
     "val_batches",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -36,15 +36,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ablate.data.config import DataConfig, ValData
 from ablate.data.sources import corpus_name, documents, source_files, source_identity
 from ablate.data.tokenizer import HFTokenizer, Tokenizer, load_tokenizer, tokenizer_identity
 from ablate.data.tokenizing import chunks, encode_chunks
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = 1
 """The layout of a prepared set; a set of another format is rebuilt."""
@@ -54,7 +56,6 @@ MIN_TRAIN_TOKENS = 4096
 """The fewest training tokens a run accepts (after the held-out tail)."""
 
 _NP: dict[str, np.dtype[Any]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
-_TORCH = {"uint16": torch.uint16, "uint32": torch.uint32}
 
 
 def default_workers() -> int:
@@ -112,12 +113,13 @@ class Prepared:
 
     def map(self, part: str) -> torch.Tensor:
         """The part's ids, memory-mapped copy-on-write (pages are read when a batch touches them)."""
-        n, dtype = self.tokens(part), self.manifest["dtype"]
+        import torch  # here: a study is checked against its prepared sets without torch
+
+        dtypes = {"uint16": torch.uint16, "uint32": torch.uint32}  # _NP's, as torch names them
+        n, dtype = self.tokens(part), dtypes[self.manifest["dtype"]]
         if n == 0:
-            return torch.empty(0, dtype=_TORCH[dtype])
-        return torch.from_file(
-            str(self.path / f"{part}.bin"), shared=False, size=n, dtype=_TORCH[dtype]
-        )
+            return torch.empty(0, dtype=dtype)
+        return torch.from_file(str(self.path / f"{part}.bin"), shared=False, size=n, dtype=dtype)
 
 
 class Damaged(Exception):

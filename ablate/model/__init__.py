@@ -9,26 +9,52 @@
   and its parameter and FLOP counts (N, the non-embedding count of scaling laws:
   ``non_embedding_params`` of a config, ``count_non_embedding`` of a built model);
 - ``hf``: a ``transformers`` causal LM behind the same interface, its decoder linears converted by
-  ``backends.layer.convert``;
+  ``backends.layer.convert``; ``hf_config``: its config read and checked (family, sizes,
+  vocabulary, window, weight files) before a model is built;
 - ``recompute``: per-block activation checkpointing that keeps every random stream.
 
 Every block linear is a ``backends`` ``QuantLinear``; the embedding and the LM head stay in high
 precision. It imports torch and ``backends`` (``transformers`` only for a Hugging Face model).
+
+This ``__init__`` loads its modules on first attribute access: ``ModelConfig`` and a ``model.hf``
+config's checks (``hf_config``) import no torch, so a study of the built-in model loads without it.
 """
 
-from ablate.model.config import PRESETS, ModelConfig
-from ablate.model.decoder import (
-    EMBEDDING_MODULES,
-    Transformer,
-    build_model,
-    count_non_embedding,
-    count_parameters,
-    flops_per_token,
-    non_embedding_params,
-    num_params,
-)
-from ablate.model.hf import HFCausalLM, build_hf_model
-from ablate.model.recompute import set_checkpointing
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ablate.model.config import PRESETS, ModelConfig
+    from ablate.model.decoder import (
+        EMBEDDING_MODULES,
+        Transformer,
+        build_model,
+        count_non_embedding,
+        count_parameters,
+        flops_per_token,
+        non_embedding_params,
+        num_params,
+    )
+    from ablate.model.hf import HFCausalLM, build_hf_model
+    from ablate.model.recompute import set_checkpointing
+
+_LAZY = {
+    "PRESETS": "ablate.model.config",
+    "ModelConfig": "ablate.model.config",
+    "EMBEDDING_MODULES": "ablate.model.decoder",
+    "Transformer": "ablate.model.decoder",
+    "build_model": "ablate.model.decoder",
+    "count_non_embedding": "ablate.model.decoder",
+    "count_parameters": "ablate.model.decoder",
+    "flops_per_token": "ablate.model.decoder",
+    "non_embedding_params": "ablate.model.decoder",
+    "num_params": "ablate.model.decoder",
+    "HFCausalLM": "ablate.model.hf",
+    "build_hf_model": "ablate.model.hf",
+    "set_checkpointing": "ablate.model.recompute",
+}
 
 __all__ = [
     "EMBEDDING_MODULES",
@@ -45,3 +71,10 @@ __all__ = [
     "num_params",
     "set_checkpointing",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ablate.key import always, unless_default
-from ablate.model.hf import INITS, config_identity, shape_fields
+from ablate.model.hf_config import INITS, config_identity, shape_fields
 
 _SHAPE_FIELDS = ("dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len")
 # used when ``preset`` is None and the field is not given
@@ -159,7 +159,7 @@ class ModelConfig:
     def resolved(self, vocab_size: int | None = None) -> ModelConfig:
         """A fully specified copy (``preset=None``, every field set) for a tokenizer of
         ``vocab_size`` tokens. Precedence: explicit field > tokenizer > preset default. With ``hf``:
-        the architecture's shapes as a preset-like config (``hf.shape_fields``; ``hf`` not kept)."""
+        the architecture's shapes as a preset-like config (``hf_config.shape_fields``; ``hf`` not kept)."""
         if self.hf is not None:
             return ModelConfig(preset=None, **shape_fields(self.hf)).resolved(vocab_size)
         m = self._merged()

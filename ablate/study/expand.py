@@ -187,7 +187,7 @@ def _model_fits_tokenizer(rc: RunConfig) -> str | None:
     cache, or not here when it is not cached yet (``preflight.check_hub``)."""
     from ablate.data import load_tokenizer
     from ablate.data.tokenizer import tokenizer_kind
-    from ablate.model.hf import check_config
+    from ablate.model.hf_config import check_config
 
     spec = rc.data.tokenizer
     try:

@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 from ablate.data import SEED_LIMIT, DataConfig
 from ablate.key import always, digest, key_fields, never, unless_default
 from ablate.model import PRESETS, ModelConfig
-from ablate.model.hf import check_config, check_weights
+from ablate.model.hf_config import check_config, check_weights
 from ablate.numerics import FIRST_KEYED, NUMERICS_VERSION
 from ablate.train.phases import Phase, check, normalized
 from ablate.train.probe_config import ProbeConfig as ProbeConfig

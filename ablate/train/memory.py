@@ -101,7 +101,7 @@ from typing import TYPE_CHECKING
 
 from ablate.model import ModelConfig, num_params
 from ablate.model.config import block_linear_params, head_widths, resolved_int
-from ablate.model.hf import qk_norm_bytes
+from ablate.model.hf_config import qk_norm_bytes
 
 if TYPE_CHECKING:
     from ablate.train.config import RunConfig
@@ -136,7 +136,7 @@ def activation_parts(
     not saved. ``precision`` is the resolved one: ``fp32`` or ``bf16`` (autocast). With
     ``checkpointing`` ``blocks``, ``blocks`` is each block's input (fp32, the residual stream), and
     ``recompute`` one block's activations, rebuilt in its backward. ``extra``: bytes per token and
-    block that an architecture saves beyond these (``hf.qk_norm_bytes``: q/k norms)."""
+    block that an architecture saves beyond these (``hf_config.qk_norm_bytes``: q/k norms)."""
     dim, n_heads, ffn = resolved_int(cfg.dim), resolved_int(cfg.n_heads), resolved_int(cfg.ffn_dim)
     vocab = resolved_int(cfg.vocab_size)
     a = _BF16 if precision == "bf16" else _F32  # GEMM operands and outputs

@@ -30,7 +30,7 @@ from ablate.model import (  # noqa: E402
     non_embedding_params,
     num_params,
 )
-from ablate.model.hf import SIZE_LIMITS, TRAINABLE, check_config
+from ablate.model.hf_config import SIZE_LIMITS, TRAINABLE, check_config
 from ablate.train import RunConfig  # noqa: E402
 from ablate.train.config import config_hash  # noqa: E402
 from backends import (  # noqa: E402
