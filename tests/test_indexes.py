@@ -100,3 +100,27 @@ def test_the_index_check_finds_a_missing_module_and_a_module_that_is_not_there(t
     ]
     assert index_problems(pkg / "sub", "ablate.fake.sub") == []
     assert set(packages(tmp_path)) == {"ablate.fake", "ablate.fake.sub"}
+
+
+def test_a_package_that_loads_on_first_use_gives_each_name_it_exports():
+    """The indexes that import their modules on first attribute access (a ``_LAZY`` table of name
+    -> module, for a study checked without torch): each name of ``__all__`` is in the table and
+    resolves to the object its module defines."""
+    import importlib
+
+    lazy = {}
+    for dotted in packages(ROOT):
+        module = importlib.import_module(dotted)
+        if hasattr(module, "_LAZY"):
+            lazy[dotted] = module
+    assert {"backends", "backends.quant", "backends.gemm", "ablate.data", "ablate.model"} <= set(
+        lazy
+    )
+    for dotted, module in lazy.items():
+        table = module._LAZY
+        missing = sorted(set(module.__all__) - set(table) - set(getattr(module, "ROOMS", ())))
+        assert not missing, f"{dotted}: __all__ names what _LAZY does not: {missing}"
+        for name in module.__all__:
+            if name in table:
+                owner = importlib.import_module(table[name], dotted)  # ".cells": relative
+                assert getattr(module, name) is getattr(owner, name), (dotted, name)

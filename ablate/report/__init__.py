@@ -52,12 +52,12 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "build_report": "render",
-    "ReportResult": "render",
-    "resolve_target": "metrics",
-    "per_cell": "metrics",
-    "per_config": "metrics",
-    "check_inputs": "inputs",
+    "build_report": "ablate.report.render",
+    "ReportResult": "ablate.report.render",
+    "resolve_target": "ablate.report.metrics",
+    "per_cell": "ablate.report.metrics",
+    "per_config": "ablate.report.metrics",
+    "check_inputs": "ablate.report.inputs",
 }
 
 __all__ = list(_LAZY)
@@ -67,4 +67,4 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    return getattr(importlib.import_module(module), name)
