@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ablate.errors import TrackingError
@@ -33,6 +33,21 @@ def answers(url: str) -> bool:
             return bool(r.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def server_command(
+    store: str, host: str, port: int, *, workers: int = 1, extra: Sequence[str] = ()
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of ``mlflow server`` on ``store`` as ablate starts it
+    (``TrackingServer``, ``ablate ui``): ``workers`` server workers, ``extra`` options, no access
+    log, and no job runner (ablate runs no MLflow jobs, and the runner starts seven consumer
+    processes)."""
+    exe = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
+    cmd = [
+        exe, "server", "--backend-store-uri", store, "--host", host, "--port", str(port),
+        "--workers", str(workers), *extra, "--uvicorn-opts", "--no-access-log",
+    ]  # fmt: skip
+    return cmd, {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 class TrackingServer:
@@ -59,15 +74,12 @@ class TrackingServer:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        exe = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
-        cmd = [
-            *self.wrap, exe, "server", "--backend-store-uri", self.store, "--host", self.host,
-            "--port", str(self.port), "--workers", "1",
+        extra = [
             "--artifacts-destination", str(self.artifacts_destination),
             "--allowed-hosts", f"{self.host}:{self.port},{self.host}",
-            "--uvicorn-opts", "--no-access-log",
         ]  # fmt: skip
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        cmd, env = server_command(self.store, self.host, self.port, extra=extra)
+        cmd = [*self.wrap, *cmd]
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self._proc = subprocess.Popen(

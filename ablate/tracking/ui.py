@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ from typing import Any
 from ablate.errors import TrackingError
 from ablate.tracking import vocab
 from ablate.tracking.runs import repair_artifacts
+from ablate.tracking.server import answers, server_command
 from ablate.tracking.store import Client
 
 
@@ -74,14 +72,6 @@ def _port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return bool(r.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def descendants(pid: int) -> list[tuple[int, str]]:
@@ -135,17 +125,14 @@ def serve(
     local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     base = f"http://{local}:{port}"
     url = study_url(base, uri, experiment, axes=axes)  # checks the store and experiment first
-    exe = shutil.which("mlflow") or str(Path(sys.executable).with_name("mlflow"))
-    cmd = [exe, "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
-    cmd += ["--workers", str(workers), "--uvicorn-opts", "--no-access-log"]
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    cmd, env = server_command(uri, host, port, workers=workers)
     start = time.monotonic()
     # SIGTERM/SIGHUP (a closed terminal, a supervisor) end this process through ``finally``,
     # which stops the server: it runs in its own session, so nothing else would
     previous = {sig: signal.signal(sig, _exit) for sig in (signal.SIGTERM, signal.SIGHUP)}
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
-        while not _answers(base + "/health"):
+        while not answers(base + "/health"):
             if proc.poll() is not None:
                 raise TrackingError(f"the MLflow server exited with status {proc.returncode}")
             if time.monotonic() - start > timeout:
