@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from mlflow.tracking import MlflowClient
 from test_runner import tiny_study
 
 from ablate.driver.runner import run_study
+from ablate.tracking.server import server_command
 from ablate.tracking.store import prepare_served_store
 
 
@@ -37,12 +37,11 @@ def mlflow_server(root: Path) -> Iterator[tuple[str, Path]]:
     ending its own process group."""
     prepare_served_store(f"sqlite:///{root / 'server.db'}")
     port = _free_port()
-    exe = Path(sys.executable).with_name("mlflow")
     served = root / "served"
-    cmd = [str(exe), "server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
-           "--artifacts-destination", str(served), "--host", "127.0.0.1", "--port", str(port),
-           "--workers", "1", "--uvicorn-opts", "--no-access-log"]  # fmt: skip
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    cmd, env = server_command(
+        f"sqlite:///{root / 'server.db'}", "127.0.0.1", port,
+        extra=["--artifacts-destination", str(served)],
+    )  # fmt: skip
     log = open(root / "server.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         cmd, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
