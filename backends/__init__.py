@@ -18,13 +18,16 @@ The benchmark of the quantizers and GEMMs is ``python -m ablate.bench.numerics``
 
 This ``__init__`` loads its rooms on first attribute access (``from backends import Recipe`` loads
 ``backends.recipes`` then), so a torch-free module such as ``backends.recipes.intervention`` (the
-grammar the report reads labels with) imports without torch.
+grammar the report reads labels with) imports without torch. ``lazy`` is not a room: it makes the
+``__getattr__`` this index and every other index of ablate and backends that loads on first use
+binds.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from backends.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from backends.gemm import (
@@ -148,10 +151,5 @@ __all__ = [
 ROOMS = ("gemm", "layer", "quant", "recipes")
 
 
-def __getattr__(name: str) -> Any:
-    if name in ROOMS:  # ``import backends; backends.quant``, as when this file imported them
-        return importlib.import_module(f"{__name__}.{name}")
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+if not TYPE_CHECKING:  # mypy reads the imports above: a name not among them is an error
+    __getattr__ = lazy_getattr(__name__, _LAZY, ROOMS)

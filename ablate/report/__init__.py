@@ -48,8 +48,14 @@ This ``__init__`` imports neither pandas nor matplotlib: heavy names load on fir
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+from backends.lazy import lazy_getattr
+
+if TYPE_CHECKING:
+    from ablate.report.inputs import check_inputs
+    from ablate.report.metrics import per_cell, per_config, resolve_target
+    from ablate.report.render import ReportResult, build_report
 
 _LAZY = {
     "build_report": "ablate.report.render",
@@ -60,11 +66,15 @@ _LAZY = {
     "check_inputs": "ablate.report.inputs",
 }
 
-__all__ = list(_LAZY)
+__all__ = [
+    "ReportResult",
+    "build_report",
+    "check_inputs",
+    "per_cell",
+    "per_config",
+    "resolve_target",
+]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+if not TYPE_CHECKING:  # mypy reads the imports above: a name not among them is an error
+    __getattr__ = lazy_getattr(__name__, _LAZY)

@@ -26,8 +26,9 @@ the configs, does not import the training loop.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from backends.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from ablate.train.config import RunConfig, TrainConfig
@@ -61,8 +62,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+if not TYPE_CHECKING:  # mypy reads the imports above: a name not among them is an error
+    __getattr__ = lazy_getattr(__name__, _LAZY)
