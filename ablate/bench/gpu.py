@@ -97,7 +97,9 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
-def profile(run: Run, state: TrainState, steps: int, step_ms: float, top: int = 25) -> dict:
+def profile(
+    run: Run, state: TrainState, steps: int, step_ms: float, top: int = 25
+) -> dict[str, Any]:
     """``torch.profiler`` over ``steps`` optimizer steps of a warm ``run``: the ``top`` kernels by
     device time (CUDA; on the CPU, aten ops by self CPU time) with calls, total ms and % of the
     ``steps`` x ``step_ms`` the steps take untraced; the device time per kind of kernel; and the

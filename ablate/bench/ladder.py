@@ -100,7 +100,7 @@ def _one(job: tuple[str, str, int, float, int, int]) -> list[dict[str, Any]]:
 def summarize(readings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (truth, configuration, target, seeds, noise): coverage of the prediction's interval, its
     median width (hi / lo), the point's mean error in the ratio, and the rest's rates."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in readings:
         groups.setdefault(
             (r["truth"], r["config"], r["target"], r["seeds"], r["noise"]), []

@@ -18,7 +18,9 @@ from backends.quant.quantizer import check_args, global_scales, spec_key
 from backends.quant.rng import uniform24
 
 
-def _e8m0_exponent_reference(amax: torch.Tensor, elem: ElementFormat, mode: ScaleMode):
+def _e8m0_exponent_reference(
+    amax: torch.Tensor, elem: ElementFormat, mode: ScaleMode
+) -> torch.Tensor:
     """Unbiased shared exponent E (int64) of float32 block maxima, clamped to [-127, 127]."""
     m, e = torch.frexp(amax)  # amax = m * 2^e, m in [0.5, 1)
     floor_log2 = e.to(torch.int64) - 1

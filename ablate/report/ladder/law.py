@@ -21,6 +21,7 @@ non-embedding parameter count), ``tokens`` (D, the tokens trained to that budget
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,7 +108,9 @@ def _law_of(x: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]
     return vals, ders
 
 
-def _law_model(logn: np.ndarray, logd: np.ndarray):
+def _law_model(
+    logn: np.ndarray, logd: np.ndarray
+) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """log L and its Jacobian in the unbounded parameters, at the design (log N, log D) (M,)."""
 
     def model(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
