@@ -106,10 +106,13 @@ class QuantSpec:
     per tensor (``double_block.py``)."""
     fmt: BlockFormat = field(init=False, repr=False, compare=False)
     wire: str = field(init=False, repr=False, compare=False)
-    """The spec as a JSON string of its fields (declaration order, enums by value): what the
-    quantizer's custom ops take (``ops.py``), stable across processes. An attribute, not a
-    function of the spec, so that a traced model reads it as a constant (torch 2.11's Dynamo
-    cannot pass a frozen dataclass to a function it runs at trace time)."""
+    """The spec as a JSON string of its fields (declaration order, enums by value), its quotes
+    written ``'``: what the quantizer's custom ops take (``ops.py``), stable across processes.
+    Nothing in it needs escaping in a C++ string literal: Inductor's C++ wrapper (``cpp_wrapper``)
+    writes an op's string argument into its source as it is, and a ``"`` there failed the
+    compile. An attribute, not a function of the spec, so that a traced model reads it as a
+    constant (torch 2.11's Dynamo cannot pass a frozen dataclass to a function it runs at trace
+    time)."""
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -301,4 +304,6 @@ def _wire(spec: QuantSpec) -> str:
         if f.init:
             v = getattr(spec, f.name)
             out[f.name] = getattr(v, "value", v)
-    return json.dumps(out, separators=(",", ":"))
+    text = json.dumps(out, separators=(",", ":"))
+    assert "'" not in text and "\\" not in text, text  # the fields' values are checked names
+    return text.replace('"', "'")

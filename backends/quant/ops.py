@@ -78,13 +78,14 @@ def traced_inline() -> bool:
 
 
 def _spec_arg(spec: QuantSpec) -> str:
-    """``spec`` as the JSON string the ops take (``QuantSpec.wire``: a constant in the graph)."""
+    """``spec`` as the string the ops take (``QuantSpec.wire``: a constant in the graph, JSON with
+    ``'`` for its quotes)."""
     return spec.wire
 
 
 @functools.cache
 def _spec_of(arg: str) -> QuantSpec:
-    return QuantSpec(**json.loads(arg))
+    return QuantSpec(**json.loads(arg.replace("'", '"')))
 
 
 def _had(size: int, signs: torch.Tensor | None) -> Rotation | None:

@@ -153,6 +153,33 @@ def test_double_block_nvfp4_has_no_block_values_traced_or_not():
             f(x)
 
 
+def test_an_ops_spec_argument_reads_back_and_needs_no_escape_in_c_plus_plus():
+    """Inductor's C++ wrapper writes an op's string argument into a C++ string literal as it is:
+    the spec's string holds no ``"`` and no backslash, for every format and option, and reads
+    back as the spec it came from."""
+    for spec in SPECS:
+        assert '"' not in spec.wire and "\\" not in spec.wire, spec.wire
+        assert qops._spec_of(spec.wire) == spec
+
+
+@pytest.mark.slow
+def test_a_model_compiled_with_inductors_cpp_wrapper_quantizes_as_eager():
+    """Inductor's ``cpp_wrapper`` (a C++ wrapper instead of Python; ``TORCHINDUCTOR_CPP_WRAPPER=1``)
+    builds the ops' calls and gives the eager bits (it failed to compile while the spec's string
+    held ``"``)."""
+    torch._dynamo.reset()
+    spec = QuantSpec(format="nvfp4", rounding="sr", block_rows=16)
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(0)) * 3
+
+    def both(t, key):
+        q = qops.quantize(t, spec, 1, key, None)
+        return q.codes, q.scales, qops.fake_quantize(t, spec, 1, key, torch.bfloat16, None)
+
+    compiled = torch.compile(both, options={"cpp_wrapper": True}, fullgraph=True)
+    for got, ref in zip(compiled(x, KEY), both(x, KEY), strict=True):
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("size", [16, 128])
 def test_random_signs_are_one_op_with_the_eager_bits(size):
     """rht's signs, drawn per call from a key (data in a compiled graph, as the key tables give
