@@ -163,7 +163,7 @@ def test_an_ops_spec_argument_reads_back_and_needs_no_escape_in_c_plus_plus():
 
 
 @pytest.mark.slow
-def test_a_model_compiled_with_inductors_cpp_wrapper_quantizes_as_eager():
+def test_the_ops_compiled_with_inductors_cpp_wrapper_give_the_eager_bits():
     """Inductor's ``cpp_wrapper`` (a C++ wrapper instead of Python; ``TORCHINDUCTOR_CPP_WRAPPER=1``)
     builds the ops' calls and gives the eager bits (it failed to compile while the spec's string
     held ``"``). Without precompiled headers: on a fresh machine building the C++ wrapper's took
