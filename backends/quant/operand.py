@@ -247,6 +247,11 @@ class QuantSpec:
             name, _, rest = str(e).partition(": ")
             raise ValueError(f"{'block' if name in _BLOCK_FIELDS else name}: {rest}") from None
 
+    @classmethod
+    def from_wire(cls, text: str) -> QuantSpec:
+        """The spec ``wire`` wrote (``_wire``: JSON with ``'`` for its quotes)."""
+        return cls(**json.loads(text.replace("'", '"')))
+
     def to_dict(self) -> dict[str, Any]:
         """The stored form (a run's ``config.json``, a cell's key): each field by its own name,
         those whose ``key`` is ``unless_default`` only where they differ from their default;
@@ -299,6 +304,7 @@ def option_choices(name: str) -> tuple[str, ...] | None:
 
 
 def _wire(spec: QuantSpec) -> str:
+    """``spec.wire`` (``QuantSpec.from_wire`` reads it back)."""
     out = {}
     for f in fields(spec):
         if f.init:

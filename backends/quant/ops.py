@@ -36,7 +36,6 @@ processes, so a graph cached on disk by Inductor means the same quantizer in the
 from __future__ import annotations
 
 import functools
-import json
 import os
 
 import torch
@@ -85,7 +84,7 @@ def _spec_arg(spec: QuantSpec) -> str:
 
 @functools.cache
 def _spec_of(arg: str) -> QuantSpec:
-    return QuantSpec(**json.loads(arg.replace("'", '"')))
+    return QuantSpec.from_wire(arg)
 
 
 def _had(size: int, signs: torch.Tensor | None) -> Rotation | None:

@@ -159,7 +159,7 @@ def test_an_ops_spec_argument_reads_back_and_needs_no_escape_in_c_plus_plus():
     back as the spec it came from."""
     for spec in SPECS:
         assert '"' not in spec.wire and "\\" not in spec.wire, spec.wire
-        assert qops._spec_of(spec.wire) == spec
+        assert qops._spec_of(spec.wire) == spec == QuantSpec.from_wire(spec.wire)
 
 
 @pytest.mark.slow
