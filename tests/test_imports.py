@@ -7,8 +7,8 @@
   only in the CLI;
 - no import cycle among the modules of ``ablate`` and ``backends``, counting every import: at module
   level, inside functions, and under ``if TYPE_CHECKING:`` (a cycle that only the type checker
-  walks is still two modules that cannot be read apart; it is also how the lazy package
-  ``__init__``s of ``spec`` and ``train`` name what they load on attribute access);
+  walks is still two modules that cannot be read apart; it is also how the package indexes that
+  load their modules on first use name what they load: ``tests/test_indexes.py``);
 - the MLflow tag vocabulary (``"ablate.<name>"``) is spelled only in ``ablate/tracking/vocab.py``;
 - no source file of ``ablate`` or ``backends`` is longer than one sitting (``MAX_LINES``): a new
   concept goes into a new module;
@@ -216,7 +216,7 @@ def test_the_graph_counts_imports_under_type_checking_and_in_functions(tmp_path)
     assert _targets("ablate.fake_a", a, modules, type_checking=False) == set()
 
 
-def test_the_spec_imports_neither_the_training_loop_nor_the_report_nor_tune():
+def test_loading_a_study_imports_neither_the_training_loop_nor_the_report_nor_tune():
     graph = import_graph(type_checking=False)  # what loading a study runs
     seen: set[str] = set()
     todo = [m for m in graph if m.startswith("ablate.study")]

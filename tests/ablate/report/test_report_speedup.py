@@ -72,7 +72,7 @@ def test_a_format_the_device_cannot_run_is_a_plain_error_naming_both():
     assert "nvfp4" not in DEVICES["h100"].throughput and "mxfp4" not in DEVICES["h100"].throughput
 
 
-def test_speedup_spec_rejects_bad_input_with_what_is_allowed():
+def test_the_speedup_section_rejects_bad_input_with_what_is_allowed():
     with pytest.raises(
         pydantic.ValidationError, match="unknown device 'tpu'; allowed: mi355x, b200"
     ):

@@ -188,7 +188,7 @@ def test_duplicate_cells_run_once():
         ),
     ],
 )
-def test_bad_specs_name_the_yaml_path_and_what_is_allowed(kw, path, words):
+def test_bad_studies_name_the_yaml_path_and_what_is_allowed(kw, path, words):
     errs = errors_of(**kw)
     hit = [e for e in errs if e.startswith(path + ":")]
     assert hit, errs

@@ -120,7 +120,7 @@ def test_artifacts_go_to_the_output_dir_and_nothing_to_the_cwd(out, uri, tmp_pat
     assert list(cwd.iterdir()) == []
 
 
-def test_a_second_tracker_finds_the_parent_run_and_overwrites_the_spec(out, uri):
+def test_a_second_tracker_finds_the_parent_run_and_overwrites_the_study_text(out, uri):
     first = StudyTracker(uri, "s").parent_run("v: 1\n")
     tracker = StudyTracker(uri, "s")
     tracker.set_status(first, "finished", {"cells": 2})
