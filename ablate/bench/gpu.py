@@ -196,11 +196,6 @@ def measure(
     prof_preset = "125m" if "125m" in presets else presets[-1]
     profiles: list[dict[str, Any]] = []
 
-    for q in result.get("quantizer", []):
-        _progress(
-            f"quantizer {q['quantizer']}: {q['ms']:.3f} ms, {q['copy_fraction']:.2f} of the copy "
-            "bandwidth"
-        )
     result["train"] = {
         "presets": presets,
         "batch": {p: {"batch": b, "seq_len": t, "tokens": b * t} for p, (b, t) in batch.items()},
@@ -218,8 +213,17 @@ def measure(
             on_part({**_assemble(dict(result), done, profiles, prof_preset), "partial": True})
 
     part()
+    for q in result.get("quantizer", []):
+        _progress(
+            f"quantizer {q['quantizer']}: {q['ms']:.3f} ms, {q['copy_fraction']:.2f} of the copy "
+            "bandwidth"
+        )
 
     def after(row: dict[str, Any], run: Run, state: TrainState) -> None:
+        # each line is printed once its figures are written: a run killed as it reads a line
+        # (a time limit, the test of one) is never killed in the middle of writing them
+        done.append(row)
+        part()
         _progress(
             f"{row['preset']} {row['recipe']} ({row['backend']}): {row['step_ms']:.1f} ms a step, "
             f"{row['tokens_per_s']:,.0f} tokens/s"
@@ -230,8 +234,7 @@ def measure(
                 profiles.append({"name": row["recipe"], **pr})
             except Exception as e:  # noqa: BLE001 - the figures so far are kept, with why
                 profiles.append({"name": row["recipe"], "error": f"{type(e).__name__}: {e}"})
-        done.append(row)
-        part()
+            part()
 
     rows = train_bench.measure(
         presets,
@@ -269,7 +272,7 @@ def _assemble(
 
 
 def _progress(line: str) -> None:
-    """One line as each part ends: a run stopped at its time limit still says what it measured."""
+    """One line as each part ends, after it is written: a run killed there keeps what it says."""
     print(f"bench: {line}", flush=True)
 
 
