@@ -121,8 +121,8 @@ class ElementFormat:
         import torch
 
         nan = q.isnan()
-        if self.dtype is not None and self.dtype != _FP4_DTYPE:
-            dtype = getattr(torch, self.dtype)
+        dtype = self.torch_dtype
+        if dtype is not None and self.dtype != _FP4_DTYPE:
             return torch.where(nan, torch.nan, q).to(dtype).view(torch.uint8)
         # E2M1: the magnitude code is the index in the grid; -0 keeps its sign bit as in hardware.
         q = torch.where(nan, 0.0, q.float())
@@ -136,8 +136,9 @@ class ElementFormat:
         ten times as long on a CPU and a dozen nodes of every traced graph)."""
         import torch
 
-        if self.dtype is not None and self.dtype != _FP4_DTYPE:
-            return codes.view(getattr(torch, self.dtype)).float()
+        dtype = self.torch_dtype
+        if dtype is not None and self.dtype != _FP4_DTYPE:
+            return codes.view(dtype).float()
         return _value_table(self, codes.device)[codes.to(torch.int64)]
 
 
