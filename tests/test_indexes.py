@@ -167,12 +167,13 @@ def lazy_index_problems(source: str, dotted: str) -> list[str]:
 
 
 def test_each_index_that_loads_on_first_use_says_its_names_alike_to_python_and_mypy():
-    lazy = [d for d, f in packages(ROOT).items() if "_LAZY" in (f / "__init__.py").read_text()]
+    sources = {d: (f / "__init__.py").read_text() for d, f in packages(ROOT).items()}
+    lazy = {d: source for d, source in sources.items() if "_LAZY" in source}
     assert len(lazy) >= 9
     problems = [
         f"{dotted}: {p}"
-        for dotted in lazy
-        for p in lazy_index_problems((packages(ROOT)[dotted] / "__init__.py").read_text(), dotted)
+        for dotted, source in lazy.items()
+        for p in lazy_index_problems(source, dotted)
     ]
     assert not problems, "; ".join(problems)
 
