@@ -78,6 +78,7 @@ def probe(
     from ablate.train.probe import probe_checkpoints
 
     study = load(study_file, output, max_cells, tracking_uri)
+    out = _csv_target(study, study_file, csv_path)
     chosen = _select(study, cells)
     plan = _plan(study, chosen, checkpoints)
     if not plan:
@@ -87,7 +88,6 @@ def probe(
         )
     cfg = study.file.probe or ProbeConfig()
     run_ids = _run_ids(study) if log_runs else {}
-    out = Path(csv_path) if csv_path else Path("reports") / study.name / "probes_posthoc.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[tuple[str, str, int, str, float]] = []
     for cell, paths in plan:
@@ -105,6 +105,28 @@ def probe(
         w.writerow(["key", "label", "step", "metric", "value"])
         w.writerows(rows)
     click.echo(f"{len(rows)} values of {len(plan)} cells written to {out}", err=True)
+
+
+def _csv_target(study: Study, study_file: str, csv_path: str | None) -> Path:
+    """The CSV to write (default ``reports/<study>/probes_posthoc.csv``), checked before anything
+    runs: not a folder, not the study file, and nowhere in what the study recorded (its store,
+    checkpoints and artifacts), which a CSV would replace."""
+    from ablate.tracking.places import place_holding, recorded_places
+
+    out = Path(csv_path) if csv_path else Path("reports") / study.name / "probes_posthoc.csv"
+    if out.is_dir():
+        raise click.BadParameter(f"{out} is a folder; give a file name", param_hint="--csv")
+    if out.exists() and out.resolve() == Path(study_file).resolve():
+        raise click.BadParameter(f"{out} is the study file", param_hint="--csv")
+    held = place_holding(out, recorded_places(study))
+    if held is not None:
+        raise click.BadParameter(
+            f"{out} is inside {held[0]}, {held[1]}, which holds what the study recorded (a "
+            "file there would replace or sit among it); give a path outside it (default "
+            f"reports/{study.name}/probes_posthoc.csv)",
+            param_hint="--csv",
+        )
+    return out
 
 
 def _select(study: Study, wanted: tuple[str, ...]) -> list[Cell]:

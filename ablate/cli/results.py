@@ -62,7 +62,7 @@ def report(
         ablate report --tracking-uri http://mlflow:5000 --study mxfp4_wgrad -o out/
     """
     from ablate.report.ladder.render import LadderResult
-    from ablate.report.study import report_study
+    from ablate.report.study import report_folder, report_study
     from ablate.report.verdict import cost_and_speedup, verdict
     from ablate.study import parse_study
     from ablate.study.loader import parse_yaml
@@ -81,6 +81,10 @@ def report(
         study.file.tracking.uri = tracking_uri
     else:
         raise click.UsageError("give a STUDY.yaml, or --tracking-uri and --study")
+    try:
+        report_folder(study, out_dir)
+    except AblateError as e:  # refused before anything is read or written
+        raise SpecProblem(str(e)) from None
     try:
         rep = report_study(
             study, out_dir, attach=not no_attach, titles=not no_titles, mix_numerics=mix_numerics

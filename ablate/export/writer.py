@@ -7,7 +7,7 @@ a minimal ``tokenizer_config.json``) and ``ablate_export.json``: where the weigh
 cell, run, step, recipe, code), the token ids of a byte tokenizer, and where the model departs from
 the architecture it is exported as. An existing folder that is not empty is refused unless
 ``force``, which replaces only the files an export writes. A folder inside what a study records
-(``recorded_places``: its output folder, with the MLflow store and the cells' checkpoints, and a
+(``tracking.places.recorded_places``: its output folder, with the MLflow store and the cells' checkpoints, and a
 SQLite store's artifacts elsewhere) is refused, whatever ``force``: no place in there is meant
 for other files, and an export there would sit among, or replace, what the study recorded.
 
@@ -32,6 +32,7 @@ from torch import nn
 
 from ablate.export.mapping import DEPARTURES, QUANT_BUFFERS, hf_checkpoint
 from ablate.export.weights import ExportError, RunWeights, read_checkpoint, safetensors_torch
+from ablate.tracking.places import place_holding, recorded_places
 
 if TYPE_CHECKING:
     from ablate.study import Cell, Study
@@ -89,31 +90,17 @@ def export_cell(
     return export_model(cell.config, weights, out_dir, force=force, dtype=dtype, meta=meta)
 
 
-def recorded_places(study: Study) -> dict[str, Path]:
-    """The folders that hold what ``study`` recorded, by what they are: its output folder (the
-    SQLite store by default, its artifacts, the cells' checkpoints) and, for a SQLite store
-    elsewhere (``tracking.uri``), the artifacts folder beside it."""
-    from ablate.tracking.store import sqlite_path
-
-    places = {"the study's output folder (--output)": study.output_dir}
-    db = sqlite_path(study.tracking_uri)
-    if db is not None:
-        places["the artifacts of its MLflow store (tracking.uri)"] = db.parent / "artifacts"
-    return places
-
-
 def refuse_inside(out_dir: str | Path, places: dict[str, Path]) -> None:
     """``ExportError`` naming ``-o/--out`` when ``out_dir`` is one of ``places`` or inside one,
     symbolic links and ``..`` resolved on both sides; before anything is read or written."""
-    out = Path(out_dir).expanduser().resolve()
-    for what, place in places.items():
-        root = place.expanduser().resolve()
-        if out == root or root in out.parents:
-            raise ExportError(
-                f"-o/--out: {out_dir} is inside {what}, {root}, which holds what the study "
-                "recorded; an export there would sit among or replace it, so nothing was "
-                "written: give a folder outside it (e.g. exported/<study>-<cell>)"
-            )
+    held = place_holding(out_dir, places)
+    if held is not None:
+        what, root = held
+        raise ExportError(
+            f"-o/--out: {out_dir} is inside {what}, {root}, which holds what the study "
+            "recorded; an export there would sit among or replace it, so nothing was "
+            "written: give a folder outside it (e.g. exported/<study>-<cell>)"
+        )
 
 
 def find_cell(study: Study, label: str) -> Cell:

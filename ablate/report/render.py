@@ -70,6 +70,13 @@ class ReportResult:
     target_ppl: float
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def files(self) -> list[Path]:
+        """Every file this report wrote (what is attached to the study's run: nothing else that
+        lies in its folder)."""
+        figures = [p for paths in self.figures.values() for p in paths.values()]
+        return [self.report_md, self.report_html, self.summary_csv, *figures]
+
 
 def build_report(
     cells: Any,

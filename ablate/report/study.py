@@ -20,6 +20,7 @@ from ablate.report.render import ReportResult, build_report
 from ablate.report.run_metrics import config_summaries
 from ablate.report.waves import asked_part, rows_of, sequential_lines
 from ablate.tracking import StudyTracker, read_histories, study_status
+from ablate.tracking.places import place_holding, recorded_places
 from ablate.tracking.vocab import ENDED, short_name
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ def report_study(
     ``titles`` False leaves the figures' titles out; ``mix_numerics`` compares runs of two
     numerics versions (``build_report``). A study with sequential seeds reports the seeds its
     waves asked for and trained (``asked_part``)."""
+    out = report_folder(study, out_dir)  # checked before the store is read
     every_seed = study  # a sequential study's waves replay over its every seed
     cells, evals = study_frames(study)
     if study.sequential is not None:  # the waves' seeds, from the frames read once
@@ -82,7 +84,6 @@ def report_study(
             f"study {study.name}: no target and no baseline to derive one from; add "
             "`target: {val_ppl: ...}` or `baseline:` to the study"
         )
-    out = Path(out_dir) if out_dir is not None else Path("reports") / study.name
     tuning: list[dict[str, Any]] = []
     if study.file.tune is not None:
         from ablate.tune.storage import tune_summary
@@ -111,10 +112,27 @@ def report_study(
         _log_summaries(tracker, study, result)
         parent = tracker.parent_run(study.text) if study.text else None
         if parent is not None:
-            tracker.log_artifacts(parent, out, "report")
+            tracker.log_files(parent, out, result.files, "report")
             names = {c.config_label: short_name(c, seed=False) for c in study.cells}
             tracker.log_metrics(parent, config_summaries(result.config_table, names), step=0)
     return result
+
+
+def report_folder(study: Study, out_dir: str | Path | None) -> Path:
+    """The report's folder (default ``reports/<study>/``); ``ReportError`` naming ``-o/--out``
+    when it is a file, or the study's output folder or inside it (a report there would sit among
+    what the store recorded, and be attached to the store from within it)."""
+    out = Path(out_dir) if out_dir is not None else Path("reports") / study.name
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"-o/--out: {out} is a file; give a folder for the report")
+    held = place_holding(out, recorded_places(study))
+    if held is not None:
+        raise ReportError(
+            f"-o/--out: {out} is inside {held[0]}, {held[1]}, which holds what the study "
+            "recorded; nothing was written: give a folder outside it (default "
+            f"reports/{study.name}/)"
+        )
+    return out
 
 
 def _report_ladder(
@@ -152,7 +170,7 @@ def _report_ladder(
             _log_summaries(tracker, study, res)
         parent = tracker.parent_run(study.text) if study.text else None
         if parent is not None:
-            tracker.log_artifacts(parent, out, "report")
+            tracker.log_files(parent, out, result.files, "report")
             tracker.log_metrics(parent, ladder_metrics(result), step=0)
     return result
 

@@ -14,6 +14,7 @@ Modules, by concept:
     adopt    ``ablate adopt``: runs recorded under an older key, taken over knowingly
     ui       ``ablate ui``: the MLflow server on a study's store, opened at ablate's runs view
     server   a study's own MLflow server, for cells on several nodes (``ablate slurm run``)
+    places   where a study keeps what it recorded; a path a command writes checked against them
 """
 
 from __future__ import annotations

@@ -416,10 +416,16 @@ class StudyTracker:
         """run_id -> {metric: (step, latest value)}, cheap enough for a progress display."""
         return {run_id: latest_points(self._client.get_run(run_id)) for run_id in run_ids}
 
-    def log_artifacts(
-        self, run_id: str, local_dir: str | Path, artifact_path: str | None = None
+    def log_files(
+        self, run_id: str, root: str | Path, files: Iterable[Path], artifact_path: str
     ) -> None:
-        self._client.log_artifacts(run_id, str(local_dir), artifact_path)
+        """Attach ``files`` (each under ``root``) to the run under ``artifact_path``, each at its
+        path relative to ``root``: only these, not whatever else lies in ``root``."""
+        base = Path(root).resolve()
+        for f in files:
+            rel = Path(f).resolve().parent.relative_to(base).as_posix()
+            where = artifact_path if rel == "." else f"{artifact_path}/{rel}"
+            self._client.log_artifact(run_id, str(f), where)
 
 
 def read_cells(uri: str, study: str, *, experiment: str | None = None) -> list[CellRun]:

@@ -46,6 +46,7 @@ from ablate.report.verdict import cost_and_speedup, verdict
 from ablate.study.speedup import SpeedupSection
 
 LADDER_CELL_COLUMNS = ("rung", "ladder_config", "params", "budget_tokens")
+POINTS_CSV = "ladder_points.csv"
 RUNG_FIGURES = ("convergence", "token_cost")
 """The figures of each rung's report (a ladder has many rungs; the rest are in the tables)."""
 
@@ -64,6 +65,14 @@ class LadderResult:
     backtests: list[Backtest]
     frame: pd.DataFrame
     notes: list[str] = field(default_factory=list)
+    figures: dict[str, Path] = field(default_factory=dict)
+    """The prediction's figure: {"png": path, "svg": path}."""
+
+    @property
+    def files(self) -> list[Path]:
+        """Every file this report wrote, its rungs' reports included."""
+        own = [self.report_md, self.report_html, self.ladder_csv, self.out_dir / POINTS_CSV]
+        return [*own, *self.figures.values(), *(f for r in self.rungs.values() for f in r.files)]
 
 
 def slug(rung: str) -> str:
@@ -136,7 +145,7 @@ def build_ladder_report(
     frame, left_out = ladder_frame(cells, evals)
     baseline = str(cells.loc[cells["baseline"], "ladder_config"].iloc[0])
     all_notes = [*notes, *([mixed] if mixed else []), *left_out]
-    frame.to_csv(out / "ladder_points.csv", index=False)
+    frame.to_csv(out / POINTS_CSV, index=False)
     fit: LadderFit | None = None
     preds: list[ConfigPrediction] = []
     try:
@@ -175,7 +184,17 @@ def build_ladder_report(
     report_html = out / "report.html"
     report_html.write_text(markup.to_html(blocks, f"{study}: ladder"), encoding="utf-8")
     return LadderResult(
-        out, report_md, report_html, ladder_csv, rung_results, table, preds, tests, frame, all_notes
+        out,
+        report_md,
+        report_html,
+        ladder_csv,
+        rung_results,
+        table,
+        preds,
+        tests,
+        frame,
+        all_notes,
+        figures=paths,
     )
 
 

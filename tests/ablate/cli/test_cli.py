@@ -224,10 +224,26 @@ def test_run_local_then_status_and_plan_say_skip(tmp_path, monkeypatch):
     parent = client.search_runs([exp.experiment_id], "tags.`ablate.role` = 'study'")[0]
     attached = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/report.md", "report/report.html", "report/convergence.png"} <= attached
+    # -o: a file, the study's output folder or a folder inside it are refused before anything
+    # is read or written (the report was once copied into the artifacts it attaches to itself)
+    stored = sorted(p.relative_to(out) for p in out.rglob("*"))
+    for bad, says in [(p, "is a file"), (out, "inside the study's output folder")]:
+        res = CliRunner().invoke(main, ["report", str(p), "--runs", str(out), "-o", str(bad)])
+        assert res.exit_code == 2 and says in res.output and "Traceback" not in res.output, res
+    res = CliRunner().invoke(
+        main, ["report", str(p), "--runs", str(out), "-o", str(out / "artifacts" / "r")]
+    )
+    assert res.exit_code == 2 and "-o/--out" in res.output, res.output
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == stored
+    # only the report's own files are attached, not what else lies in its folder
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "notes.txt").write_text("not the report's")
     res = CliRunner().invoke(
         main, ["report", str(p), "--runs", str(out), "-o", str(tmp_path / "r")]
     )
     assert res.exit_code == 0, res.output
+    attached = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert "report/notes.txt" not in attached and "report/summary.csv" in attached
     assert (tmp_path / "r" / "report.html").exists() and "target: val ppl" in res.output
     # the report says what produced its numbers: this code, on this machine's CPU, in fp32
     import pandas as pd

@@ -84,6 +84,19 @@ def test_a_probed_study_logs_probes_reports_them_and_probes_its_checkpoints(tmp_
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     assert res.output.count("@ step 4") == 2 and "step_cos" in res.output  # history ran on
+    # --csv where the study recorded (its store, a checkpoint), the study file or a folder:
+    # refused before anything is probed, every file as it was
+    db = out / "mlflow.db"
+    kept = {f: f.read_bytes() for f in (db, p, ck / "checkpoint.pt")}
+    for bad, says in [
+        (db, "inside the study's output folder"),
+        (ck / "checkpoint.pt", "inside the study's output folder"),
+        (p, "is the study file"),
+        (tmp_path, "is a folder"),
+    ]:
+        res = CliRunner().invoke(main, ["probe", str(p), "-o", str(out), "--csv", str(bad)])
+        assert res.exit_code == 2 and says in res.output and "@ step" not in res.output, res
+    assert all(f.read_bytes() == b for f, b in kept.items())
     # refusals: a cell that is not the study's, a checkpoint of another configuration
     res = CliRunner().invoke(main, ["probe", str(p), "-o", str(out), "--cell", "nope"])
     assert res.exit_code == 2 and "nope: no such cell" in res.output

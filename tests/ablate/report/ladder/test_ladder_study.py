@@ -83,6 +83,19 @@ def test_a_ladder_study_runs_and_reports_per_rung_with_a_prediction(tmp_path):
         filter_string="tags.`ablate.role` = 'study'",
     )
     assert parent and any(k.startswith("ladder.") for k in parent[0].data.metrics)
+    # attached: every file the report wrote, each at its place under report/, and nothing else
+    wrote = {f"report/{f.relative_to(tmp_path / 'report').as_posix()}" for f in rep.files}
+    on_disk = {f"report/{f.relative_to(tmp_path / 'report').as_posix()}"
+               for f in (tmp_path / "report").rglob("*") if f.is_file()}  # fmt: skip
+    assert wrote == on_disk and "report/ladder_points.csv" in wrote
+
+    def attached(path: str) -> set[str]:
+        got = set()
+        for a in client.list_artifacts(parent[0].info.run_id, path):
+            got |= attached(a.path) if a.is_dir else {a.path}
+        return got
+
+    assert attached("report") == wrote
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,32 @@
+"""Where a study keeps what it recorded, and the check that a path a command writes (an export, a
+report's folder, a probe's CSV) is none of those folders and lies in none of them: written there,
+it would sit among the store's files or replace them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ablate.study import Study
+from ablate.tracking.store import sqlite_path
+
+
+def recorded_places(study: Study) -> dict[str, Path]:
+    """The folders that hold what ``study`` recorded, by what they are: its output folder (the
+    SQLite store by default, its artifacts, the cells' checkpoints) and, for a SQLite store
+    elsewhere (``tracking.uri``), the artifacts folder beside it."""
+    places = {"the study's output folder (--output)": study.output_dir}
+    db = sqlite_path(study.tracking_uri)
+    if db is not None:
+        places["the artifacts of its MLflow store (tracking.uri)"] = db.parent / "artifacts"
+    return places
+
+
+def place_holding(path: str | Path, places: dict[str, Path]) -> tuple[str, Path] | None:
+    """The place (what it is, its resolved folder) that ``path`` is or lies in, symbolic links and
+    ``..`` resolved on both sides; None when it is in none of ``places``."""
+    target = Path(path).expanduser().resolve()
+    for what, place in places.items():
+        root = place.expanduser().resolve()
+        if target == root or root in target.parents:
+            return what, root
+    return None
