@@ -3,6 +3,7 @@ error becomes an exit status (a refusal before anything started: 2; anything els
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -13,6 +14,17 @@ from ablate.study import Study, load_study
 from ablate.study.expand import MAX_CELLS
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class FiniteRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf`` (which pass its bounds: ``nan``
+    compares false to both, ``inf`` is above any minimum) with a usage error."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
 
 
 class SpecProblem(click.ClickException):

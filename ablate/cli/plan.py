@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ablate.cli.common import (
+    FiniteRange,
     address_opt,
     load,
     max_cells_opt,
@@ -59,7 +60,7 @@ def _device_memory(ctx: click.Context, param: click.Parameter, value: str | None
 )
 @click.option(
     "--gpu-tflops",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteRange(min=0, min_open=True),
     default=None,
     metavar="TFLOPS",
     help="Sustained TFLOP/s per GPU for the GPU-hours estimate (default 400: an H100's dense "
@@ -82,27 +83,27 @@ def _device_memory(ctx: click.Context, param: click.Parameter, value: str | None
 )
 @click.option(
     "--noise",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteRange(min=0, min_open=True),
     default=None,
     metavar="SIGMA",
     help="Declare the paired residual sd of log tokens to target instead (e.g. 0.06).",
 )
 @click.option(
     "--stall-rate",
-    type=click.FloatRange(min=0, max=1, max_open=True),
+    type=FiniteRange(min=0, max=1, max_open=True),
     default=None,
     help="With --noise: the share of runs that stall (default 0).",
 )
 @click.option(
     "--margin",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteRange(min=0, max=1, min_open=True, max_open=True),
     default=None,
     help="Decide a relative token cost this far from the break-even, e.g. 0.05 (default: each "
     "configuration's break-even cost, from its modelled step-throughput gain).",
 )
 @click.option(
     "--power",
-    type=click.FloatRange(min=0.5, max=1, max_open=True),
+    type=FiniteRange(min=0.5, max=1, max_open=True),
     default=0.8,
     show_default=True,
     help="The probability that the seed plan decides each comparison.",

@@ -75,8 +75,13 @@ def probe(
         ablate probe studies/probes.yaml --checkpoint saved/step100 --checkpoint saved/step200
     """
     from ablate.train.config import ProbeConfig
+    from ablate.train.device import resolve_device
     from ablate.train.probe import probe_checkpoints
 
+    try:
+        resolve_device(device)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--device") from None
     study = load(study_file, output, max_cells, tracking_uri)
     out = _csv_target(study, study_file, csv_path)
     chosen = _select(study, cells)

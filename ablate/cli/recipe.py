@@ -70,6 +70,11 @@ def recipe(
         ablate recipe --fp4 fprop,dgrad,wgrad --intervention dht --base fp8
     """
     gemms = [g.strip() for g in fp4_gemms.split(",") if g.strip()]
+    twice = sorted({g for g in gemms if gemms.count(g) > 1})
+    if twice:
+        raise click.BadParameter(
+            f"{', '.join(twice)} listed twice in {fp4_gemms!r}", param_hint="--fp4"
+        )
     if name is not None and name in NAMED_SCHEDULES:
         _echo_schedule(NAMED_SCHEDULES[name], base, as_json)
         return

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from ablate.cli.common import (
+    FiniteRange,
     address_opt,
     executor_opt,
     load,
@@ -45,7 +46,7 @@ from ablate.study import Study
 @click.option("--no-report", is_flag=True, help="Do not write the report when the study ends.")
 @click.option(
     "--wait-warning",
-    type=click.FloatRange(min=0),
+    type=FiniteRange(min=0),
     default=None,
     metavar="SECONDS",
     help="On Ray: say which cell has not started this long after it was submitted while the "
@@ -149,9 +150,14 @@ def adopt(
     from ablate.tracking import StudyTracker
     from ablate.tracking.adopt import adopt as adopt_runs
     from ablate.tracking.adopt import adoptable
+    from ablate.tracking.store import sqlite_path
     from ablate.train.config import device_kind, resolved_precision
 
     study = load(study_file, output, max_cells, tracking_uri)
+    db = sqlite_path(study.tracking_uri)
+    if db is not None and not db.is_file():  # nothing recorded there: nothing made either
+        click.echo(f"{study.name}: no MLflow store at {db}; nothing to adopt")
+        return
     try:
         with study_lock(study.output_dir), contextlib.ExitStack() as held:
             tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)

@@ -251,8 +251,14 @@ class TrainConfig:
         if isinstance(f, bool) or not (isinstance(f, int | float) and 0 < f <= 1):
             raise ValueError(f"train.decay_fraction: must be in (0, 1], got {f!r}")
         stable = self.schedule_end - self.warmup_steps
+        of = "train.schedule_steps" if self.schedule_steps is not None else "train.steps"
+        if self.schedule == "wsd" and stable <= 0:
+            raise ValueError(
+                f"train.warmup_steps: {self.warmup_steps} leaves no step of {of} = "
+                f"{self.schedule_end} after warmup for a wsd schedule's decay; lower "
+                f"train.warmup_steps below {self.schedule_end} or raise {of}"
+            )
         if self.schedule == "wsd" and self.decay_steps > stable:
-            of = "train.schedule_steps" if self.schedule_steps is not None else "train.steps"
             raise ValueError(
                 f"train.decay_fraction: a decay of {self.decay_steps} steps (max(1, round("
                 f"{f:g} x {of} = {self.schedule_end}))) is longer than the {max(stable, 0)} steps "

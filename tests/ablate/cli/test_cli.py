@@ -123,6 +123,8 @@ def test_recipe_bad_gemm_is_a_usage_error_naming_allowed_values():
     res = CliRunner().invoke(main, ["recipe", "--fp4", "wgard"])
     assert res.exit_code == 2
     assert "allowed: fprop, dgrad, wgrad" in res.output
+    res = CliRunner().invoke(main, ["recipe", "--fp4", "fprop,wgrad,fprop"])
+    assert res.exit_code == 2 and "fprop listed twice" in res.output, res.output
 
 
 # --- study commands ---------------------------------------------------------------------------------
@@ -179,6 +181,11 @@ def test_validate_plan_and_schema(tmp_path):
     assert "a margin of +5.0% tokens: " in res.output
     res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out), "--stall-rate", "0.1"])
     assert res.exit_code == 2 and "--stall-rate goes with --noise" in res.output
+    # numbers that pass a range's bounds but mean nothing are usage errors, no traceback
+    for opt, value in [("--noise", "nan"), ("--gpu-tflops", "nan"), ("--gpu-tflops", "inf"),
+                       ("--margin", "1"), ("--stall-rate", "nan")]:  # fmt: skip
+        res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out), opt, value])
+        assert res.exit_code == 2 and opt in res.output and "Traceback" not in res.output, res
     res = CliRunner().invoke(main, ["schema"])
     assert json.loads(res.stdout)["title"] == "StudyFile"
     # a baseline trained past the budget: plan says so, for the study and on its cells

@@ -169,6 +169,11 @@ def test_the_schedule_is_in_the_key_only_when_wsd_and_its_decay_only_with_it():
             r"train\.decay_fraction: a decay of 6 steps \(max\(1, round\(0\.6 x "
             r"train\.schedule_steps = 10\)\)\) is longer than the 5 steps after warmup",
         ),
+        (
+            {"steps": 8, "warmup_steps": 20},
+            r"train\.warmup_steps: 20 leaves no step of train\.steps = 8 after warmup for a wsd "
+            r"schedule's decay; lower train\.warmup_steps below 8 or raise train\.steps",
+        ),
     ],
 )
 def test_a_schedule_that_cannot_run_is_refused_naming_the_field(kw, match):

@@ -100,6 +100,8 @@ def test_a_probed_study_logs_probes_reports_them_and_probes_its_checkpoints(tmp_
     # refusals: a cell that is not the study's, a checkpoint of another configuration
     res = CliRunner().invoke(main, ["probe", str(p), "-o", str(out), "--cell", "nope"])
     assert res.exit_code == 2 and "nope: no such cell" in res.output
+    res = CliRunner().invoke(main, ["probe", str(p), "-o", str(out), "--device", "tpu"])
+    assert res.exit_code == 2 and "--device" in res.output and "auto, cpu, cuda" in res.output
     other = tmp_path / "other.pt"
     import torch
 

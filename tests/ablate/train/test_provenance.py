@@ -160,6 +160,10 @@ def test_a_study_recorded_under_the_old_keys_is_adopted_not_rerun(tmp_path):
     assert rerun == []  # finished: adopted, though trained under older numerics
     assert sorted(a.cell.key for a in found) == sorted(c.key for c in study.cells)
     assert all(a.checkpoint and a.status == "finished" for a in found)
+    # an output folder with no store (a typo): nothing to adopt, and nothing made there
+    typo = study.output_dir.parent / "typo"
+    res = CliRunner().invoke(main, ["adopt", "--yes", "-o", str(typo), str(path)])
+    assert res.exit_code == 0 and "no MLflow store" in res.output and not typo.exists(), res.output
     res = CliRunner().invoke(main, ["adopt", "--yes", "-o", str(study.output_dir), str(path)])
     assert res.exit_code == 0, res.output
     assert "adopted 2 runs" in res.output
