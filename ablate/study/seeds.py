@@ -10,7 +10,7 @@ import copy
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 N_MIN = 3
 """The fewest pairs a comparison is judged on (two degrees of freedom; ``report.sequential``)."""
@@ -29,8 +29,15 @@ class SeedPlan(BaseModel):
     """Seeds added to each configuration still open after a wave."""
     max: int = Field(default=10, ge=N_MIN, le=MAX_SEEDS, strict=True)
     """The most seeds a configuration gets; the error is controlled over every look up to it."""
-    margin: float = Field(default=0.05, gt=0, lt=1)
+    margin: float = Field(default=0.05, gt=0, lt=1, allow_inf_nan=False)
     """Token costs within this fraction of each other are *equivalent* (0.05: +-5%)."""
+
+    @field_validator("margin", mode="before")
+    @classmethod
+    def _a_number(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # pydantic reads true as 1
+            raise ValueError(f"a fraction in (0, 1), not {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _ordered(self) -> SeedPlan:
