@@ -18,7 +18,7 @@ from ablate.executor.task import Task
 from ablate.study import Cell, Study
 from ablate.study.families import Family, families, schedule_families
 from ablate.train.branch import Branches
-from ablate.train.checkpoint import checkpoint_info, remove_checkpoint
+from ablate.train.checkpoint import checkpoint_step, remove_checkpoint
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,7 @@ def members(study: Study) -> dict[str, Member]:
 
 def own_step(study: Study, p: PlannedCell) -> int:
     """The step a cell to run resumes from: its own checkpoint's (0: none, or a rerun from 0)."""
-    info = None if p.fresh else checkpoint_info(study.checkpoint_dir(p.cell))
-    return int(info["step"]) if info else 0
+    return 0 if p.fresh else checkpoint_step(study.checkpoint_dir(p.cell)) or 0
 
 
 def trunk_passes(study: Study, trunk: PlannedCell, point: int) -> bool:

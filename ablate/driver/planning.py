@@ -32,7 +32,7 @@ from ablate.targets import headroom_warning, reached_fraction, schedule_fraction
 from ablate.tracking import CellRun, CellStatus, join_runs, study_status
 from ablate.tracking.status import baseline_curves, count
 from ablate.tracking.vocab import env_tag
-from ablate.train.checkpoint import checkpoint_info
+from ablate.train.checkpoint import checkpoint_step
 from ablate.train.provenance import code_hash
 
 Action = Literal["run", "skip", "resume", "failed", "rerun", "reuse"]
@@ -264,5 +264,4 @@ def summarize(planned: Iterable[PlannedCell]) -> dict[str, int]:
 
 
 def _ckpt_step(study: Study, cell: Cell) -> int | None:
-    info = checkpoint_info(study.checkpoint_dir(cell))
-    return int(info["step"]) if info else None
+    return checkpoint_step(study.checkpoint_dir(cell))

@@ -138,7 +138,7 @@ def _train_cell(
     from ablate.tracking import MlflowLogger
     from ablate.train import train
     from ablate.train.branch import Branches
-    from ablate.train.checkpoint import checkpoint_info
+    from ablate.train.checkpoint import checkpoint_step
     from ablate.train.device import resolve_device
     from ablate.train.parallel import process_group
     from ablate.train.provenance import environment
@@ -146,15 +146,15 @@ def _train_cell(
     check_worker_device(cfg.device, task.label)  # before anything is logged as running
     branches = Branches.from_dict(task.branches) if task.branches else None
     if isinstance(logger, MlflowLogger):  # rank 0's, or a one-process cell's
-        ckpt = checkpoint_info(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        ckpt = checkpoint_step(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
         where = {"host": socket.gethostname(), "pid": os.getpid(), **slurm_place(), **(extra or {})}
         logger.log_environment({**environment(cfg), **placement(cfg.device)})
-        if not ckpt:
+        if ckpt is None:
             logger.mark_started()  # the run's start: now, not when the driver queued it
-        logger.log_status("running", {**where, "resumed_from": ckpt["step"] if ckpt else 0})
+        logger.log_status("running", {**where, "resumed_from": ckpt or 0})
         # a decay branch that starts from its trunk's checkpoint (the trainer loads the same one):
         # the trunk's curve up to there first, so that the run holds the whole curve
-        start = branches.start if branches is not None and not ckpt else None
+        start = branches.start if branches is not None and ckpt is None else None
         if start is not None and task.trunk_run:
             logger.copy_curve(task.trunk_run, step=start, tokens=start * cfg.train.tokens_per_step)
     with process_group(cfg, resolve_device(cfg.device)):

@@ -3,7 +3,9 @@
 ``checkpoint.pt`` in the run's ``checkpoint_dir`` holds the configuration's hash, the ``TrainState``
 (as its plain dict), the model (including the quantized layers' random-stream counters), the
 optimizer, the data position and the CPU and CUDA RNG states. ``checkpoint.json`` beside it says
-what it holds (step, status, config hash) without loading it, for the runner and ``ablate plan``.
+what it holds (step, status, config hash) without loading it, for the runner and ``ablate plan``;
+one that is damaged (not JSON, or not such an object) counts as none, and the step a run resumes
+from is then the one ``checkpoint.pt`` records (``checkpoint_step``).
 
 A distributed run (``train.parallel`` ddp or fsdp: ``ablate.train.parallel``) writes a sharded
 checkpoint instead, with ``torch.distributed.checkpoint`` (DCP): each rank writes its own shards of
@@ -29,7 +31,7 @@ import pickle
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 from torch import nn
@@ -48,12 +50,13 @@ _SINGLE_KEYS = ("config_hash", "state", "model", "optimizer", "sampler", "rng_cp
 TRAIN_STATE_KEYS = ("config_hash", "state", "sampler", "world", "parallel")
 
 
-def load_file(path: Path, *, keys: tuple[str, ...] = ()) -> dict[str, Any]:
+def load_file(path: Path, *, keys: tuple[str, ...] = (), mmap: bool = False) -> dict[str, Any]:
     """The mapping a checkpoint file holds, unpickled as tensors and plain values only; each of
     ``keys`` must be in it. ``CheckpointError`` naming the file when it is damaged, is not such a
-    mapping, or would need any other object (a pickle that could run code is never run)."""
+    mapping, or would need any other object (a pickle that could run code is never run). With
+    ``mmap``, its tensors are mapped from the file, not read (to read its plain values only)."""
     try:
-        obj = _plain(path, str(path))
+        obj = _plain(path, str(path), mmap=mmap)
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 (damaged bytes raise anything from the unpickler)
@@ -68,11 +71,11 @@ def load_file(path: Path, *, keys: tuple[str, ...] = ()) -> dict[str, Any]:
     return obj
 
 
-def _plain(source: Path | io.BytesIO, what: str) -> Any:
+def _plain(source: Path | io.BytesIO, what: str, *, mmap: bool = False) -> Any:
     """``torch.load`` of tensors and plain values only; ``CheckpointError`` naming ``what`` when the
     pickle needs anything else."""
     try:
-        return torch.load(source, map_location="cpu", weights_only=True)
+        return torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"{what}: refused, not loaded: it holds objects other than tensors and plain values, "
@@ -88,12 +91,63 @@ def _why(e: BaseException) -> str:
 
 
 def checkpoint_info(checkpoint_dir: str | Path) -> dict[str, Any] | None:
-    """{"step", "status", "config_hash"} of the checkpoint in ``checkpoint_dir``, or None."""
+    """{"step", "status", "config_hash"} of the checkpoint in ``checkpoint_dir`` (a sharded one's
+    also "format", "path", "world", "parallel"), or None: no sidecar, or one that is damaged (not
+    JSON, or not such an object: ``_sidecar_ok``), which every reader treats alike."""
     try:
-        info: dict[str, Any] = json.loads((Path(checkpoint_dir) / _SIDECAR).read_text())
+        info = json.loads((Path(checkpoint_dir) / _SIDECAR).read_text())
     except (OSError, ValueError):
         return None
-    return info
+    return info if _sidecar_ok(info) else None
+
+
+def checkpoint_step(checkpoint_dir: str | Path) -> int | None:
+    """The step a run in ``checkpoint_dir`` resumes from, for the runner and ``ablate plan``: its
+    sidecar's; without a usable sidecar, the step its ``checkpoint.pt`` records, as the run loads
+    it then (read as ``load_checkpoint`` reads it, its tensors mapped, not read); None when there is
+    no checkpoint or it cannot be read (no run resumes from it; a sharded one needs its sidecar)."""
+    info = checkpoint_info(checkpoint_dir)
+    if info is not None:
+        return int(info["step"])
+    path = Path(checkpoint_dir) / CHECKPOINT
+    if not path.is_file():
+        return None
+    try:
+        step = load_file(path, keys=_SINGLE_KEYS, mmap=True)["state"]["step"]
+    except (CheckpointError, KeyError, TypeError):  # unreadable: the run does not resume from it
+        return None
+    return step if _is_int(step) and step >= 0 else None
+
+
+def _is_int(v: Any) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _sidecar_ok(info: Any) -> bool:
+    """Whether a sidecar read back holds what its readers use, of the types the trainer writes:
+    a non-negative int ``step``, a str or null ``status``, a str ``config_hash``; a sharded one's
+    ``path`` a folder in ``sharded/`` of its checkpoint folder (``world``, a positive int, and
+    ``parallel``, a str, where it has them)."""
+    if not isinstance(info, dict):
+        return False
+    step, fmt = info.get("step"), info.get("format")
+    if not (_is_int(step) and step >= 0 and isinstance(info.get("config_hash"), str)):
+        return False
+    if not (info.get("status") is None or isinstance(info["status"], str)):
+        return False
+    if fmt is None:
+        return True
+    path, world = info.get("path"), info.get("world", 1)
+    parts = Path(path).parts if isinstance(path, str) else ()
+    return (
+        fmt == SHARDED
+        and len(parts) == 2
+        and parts[0] == SHARDED
+        and parts[1] != ".."
+        and _is_int(world)
+        and world > 0
+        and isinstance(info.get("parallel", ""), str)
+    )
 
 
 def save_checkpoint(

@@ -115,6 +115,15 @@ def test_a_damaged_branch_checkpoint_is_refused_naming_it(tmp_path):
         train(cfg(8), branches=branches)
 
 
+@pytest.mark.parametrize("sidecar", ["[]", "{not json", '{"step": "6"}', '{"step": 6}'])
+def test_a_branch_checkpoint_with_a_damaged_sidecar_is_not_ready(tmp_path, sidecar):
+    family = family_hash(cfg(8))
+    branches = Branches(root=str(tmp_path), family=family, start_at=6)
+    branches.dir(6).mkdir()
+    (branches.dir(6) / "checkpoint.json").write_text(sidecar)
+    assert not branches.ready(6) and branches.start is None
+
+
 def test_a_family_is_a_config_less_its_budget():
     f = family_hash(cfg(16))
     assert family_hash(cfg(8)) == f

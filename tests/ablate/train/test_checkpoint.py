@@ -1,5 +1,6 @@
-"""Checkpoints: what they hold, the sidecar, refusal of another configuration, and that a checkpoint
-in the layout written before ``TrainState`` existed (a plain ``"state"`` dict) still resumes."""
+"""Checkpoints: what they hold, the sidecar (a damaged one counts as none, and the step is read from
+the checkpoint itself), refusal of another configuration, and that a checkpoint in the layout
+written before ``TrainState`` existed (a plain ``"state"`` dict) still resumes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import torch
 
 from ablate.data import BatchSampler, DataConfig
 from ablate.train import MemoryLogger, RunConfig, TrainConfig, train
-from ablate.train.checkpoint import CHECKPOINT, checkpoint_info, load_checkpoint, save_checkpoint
+from ablate.train.checkpoint import (
+    CHECKPOINT,
+    checkpoint_info,
+    checkpoint_step,
+    load_checkpoint,
+    save_checkpoint,
+)
 from ablate.train.config import config_hash
 from ablate.train.result import EvalPoint
 from ablate.train.state import TrainState
@@ -174,3 +181,58 @@ def test_a_checkpoint_in_the_old_layout_resumes_bit_exactly(tmp_path):
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
     assert json.loads((tmp_path / "b" / "checkpoint.json").read_text())["status"] == "finished"
+
+
+SHARDED_INFO = {
+    "step": 3, "status": None, "config_hash": "abc", "format": "sharded",
+    "path": "sharded/step-000000003-0a1b2c3d", "world": 2, "parallel": "ddp",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "sidecar",
+    [
+        [],
+        "x",
+        3,
+        None,
+        {},
+        {"step": "3", "status": None, "config_hash": "abc"},
+        {"step": True, "status": None, "config_hash": "abc"},
+        {"step": -1, "status": None, "config_hash": "abc"},
+        {"step": 3.0, "status": None, "config_hash": "abc"},
+        {"step": 3, "status": 1, "config_hash": "abc"},
+        {"step": 3, "status": None, "config_hash": ["abc"]},
+        {"step": 3, "status": None},
+        {"step": 3, "status": None, "config_hash": "abc", "format": "other"},
+        SHARDED_INFO | {"path": "/etc"},
+        SHARDED_INFO | {"path": "sharded/../../elsewhere"},
+        SHARDED_INFO | {"path": "sharded/.."},
+        SHARDED_INFO | {"path": 7},
+        SHARDED_INFO | {"world": "2"},
+        SHARDED_INFO | {"world": 0},
+        SHARDED_INFO | {"parallel": None},
+    ],
+)
+def test_a_sidecar_that_is_json_but_not_a_sidecar_counts_as_none(tmp_path, sidecar):
+    (tmp_path / "checkpoint.json").write_text(json.dumps(sidecar))
+    assert checkpoint_info(tmp_path) is None
+    (tmp_path / "checkpoint.json").write_text(json.dumps(SHARDED_INFO))
+    assert checkpoint_info(tmp_path) == SHARDED_INFO
+
+
+def test_without_a_usable_sidecar_the_step_is_read_from_the_checkpoint(tmp_path):
+    assert checkpoint_step(tmp_path) is None
+    model, opt, sampler = _parts()
+    state = TrainState(step=3, tokens=48)
+    save_checkpoint(
+        tmp_path, config_hash="abc", state=state, model=model, optimizer=opt, sampler=sampler
+    )
+    assert checkpoint_step(tmp_path) == 3
+    (tmp_path / "checkpoint.json").write_text('{"step": "abc"}')
+    assert checkpoint_step(tmp_path) == 3  # as load_checkpoint resumes: from the file's step
+    (tmp_path / "checkpoint.json").unlink()
+    assert checkpoint_step(tmp_path) == 3
+    raw = (tmp_path / CHECKPOINT).read_bytes()
+    (tmp_path / CHECKPOINT).write_bytes(raw[: len(raw) // 2])
+    assert checkpoint_step(tmp_path) is None

@@ -1,0 +1,36 @@
+"""A cell's checkpoint files damaged between two runs of a study (they are read as untrusted): a
+sidecar that is not JSON, or JSON that is not a sidecar, counts as none, ``plan`` says the step the
+cell resumes from as ``run`` then resumes it, and the store holds every step once."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from test_runner import assert_store_holds, tiny_study
+
+from ablate.driver.planning import plan
+from ablate.driver.runner import run_study
+from ablate.study import Study
+from ablate.train.checkpoint import CHECKPOINT, load_file
+
+
+def interrupted(tmp_path: Path) -> tuple[Study, Path]:
+    """A one-cell study of 9 steps stopped after 4 (checkpointed at step 4), and its folder."""
+    s = tiny_study(tmp_path, steps=9, fp4_gemms=[[]], seed=[0])
+    first = run_study(s, executor="local", progress=False, stop_after=4, stream=io.StringIO())
+    assert [o.status for o in first.outcomes.values()] == ["interrupted"]
+    ck = s.checkpoint_dir(s.cells[0])
+    assert load_file(ck / CHECKPOINT)["state"]["step"] == 4
+    return s, ck
+
+
+@pytest.mark.parametrize("sidecar", ["{not json", "[]", '{"step": "abc"}', '{"step": true}'])
+def test_a_damaged_sidecar_resumes_from_the_checkpoint_as_plan_says(tmp_path, sidecar):
+    s, ck = interrupted(tmp_path)
+    (ck / "checkpoint.json").write_text(sidecar)
+    assert [p.why for p in plan(s)] == ["interrupted; from the step-4 checkpoint"]
+    again = run_study(s, executor="local", progress=False, stream=io.StringIO())
+    assert [o.status for o in again.outcomes.values()] == ["finished"]
+    assert_store_holds(s, expect_steps=9)
