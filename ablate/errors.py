@@ -61,3 +61,10 @@ class CheckpointError(AblateError, ValueError):
     """A checkpoint, train state or RNG state file refused: damaged, truncated, not what the project
     writes, or holding more than tensors and plain values (such a pickle could run code, so it is
     never unpickled)."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint file that does not read as one (truncated, garbage, not the mapping the project
+    writes), as opposed to one refused for naming an object to build (which only a pickle written
+    to run code does): a run sets it aside and trains from step 0
+    (``ablate.train.checkpoint.set_aside``)."""

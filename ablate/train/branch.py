@@ -7,7 +7,8 @@ family's longest run, its *trunk*, saves a *branch checkpoint* at the decay star
 member; a shorter member, a *branch*, starts from that checkpoint and trains only its decay. It
 ends bit-identical to the run trained to its budget from step 0 (tested), so it has that run's
 key; where its checkpoint does not exist (the trunk failed or diverged before it, or never ran),
-it trains from step 0: the same numbers, only slower.
+or is damaged (set aside beside itself: ``load_branch``), it trains from step 0: the same numbers,
+only slower.
 
 Nothing before the decay reads ``steps``: the schedule holds ``lr`` there (``schedule``), the batch
 order is a permutation per epoch (``ablate.data.batches``), the random streams count calls
@@ -39,7 +40,7 @@ import torch
 from torch import nn
 
 from ablate.data import BatchSampler
-from ablate.errors import CheckpointError
+from ablate.errors import CheckpointError, DamagedCheckpointError
 from ablate.key import digest, key_fields
 from ablate.numerics import NUMERICS_VERSION
 from ablate.train.checkpoint import (
@@ -48,6 +49,7 @@ from ablate.train.checkpoint import (
     load_sharded,
     save_checkpoint,
     save_sharded,
+    set_aside,
 )
 from ablate.train.config import RunConfig, device_kind
 from ablate.train.parallel import Ranks
@@ -233,9 +235,10 @@ def load_branch(
     ranks: Ranks | None = None,
 ) -> TrainState | None:
     """A branch: restore model, optimizer, data position and RNG states from its branch checkpoint
-    and return its state at the branch point; None (nothing restored) when there is none. A file
-    that is not the family's checkpoint of that step is refused (``CheckpointError``). Sharded,
-    and collective, when ``ranks`` is a distributed run's."""
+    and return its state at the branch point; None (nothing restored) when there is none, or when
+    it is damaged (``DamagedCheckpointError``: set aside beside itself, ``checkpoint.set_aside``; a
+    distributed run's is raised). A file that is not the family's checkpoint of that step is
+    refused (``CheckpointError``). Sharded, and collective, when ``ranks`` is a distributed run's."""
     step = branches.start
     if step is None:
         return None
@@ -246,6 +249,11 @@ def load_branch(
             state = load_sharded(path, config_hash=branches.hash_at(step), ranks=ranks, **kw)
         else:
             state = load_checkpoint(path, config_hash=branches.hash_at(step), **kw)
+    except DamagedCheckpointError as e:  # as if there were none: the branch trains from step 0
+        if ranks is not None and ranks.distributed:  # every rank reads it: none renames it
+            raise
+        set_aside(path, e)
+        return None
     except CheckpointError:
         raise
     except ValueError as e:  # another config's: never one ablate writes here

@@ -19,7 +19,9 @@ a kill at any point leaves the sidecar naming a complete checkpoint (or none).
 Every file is read as untrusted (study folders live on shared file systems): ``load_file`` unpickles
 only tensors and plain values (``torch.load(weights_only=True)``), and a sharded checkpoint's DCP
 metadata and non-tensor entries are read the same way (``dcp_load``); anything else is refused with
-``CheckpointError`` before any of its code could run.
+``CheckpointError`` before any of its code could run. A file that does not read as a checkpoint at
+all (truncated, garbage: ``DamagedCheckpointError``) a one-process run sets aside instead, its
+folder renamed beside itself (``set_aside``), and trains from step 0.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import json
 import os
 import pickle
 import shutil
+import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -37,7 +41,7 @@ import torch
 from torch import nn
 
 from ablate.data import BatchSampler
-from ablate.errors import CheckpointError
+from ablate.errors import CheckpointError, DamagedCheckpointError
 from ablate.train.state import TrainState
 
 if TYPE_CHECKING:
@@ -60,23 +64,32 @@ def load_file(path: Path, *, keys: tuple[str, ...] = (), mmap: bool = False) -> 
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 (damaged bytes raise anything from the unpickler)
-        raise CheckpointError(
+        raise DamagedCheckpointError(
             f"{path}: damaged or not a checkpoint file ({type(e).__name__}: {e})"
         ) from None
     if not isinstance(obj, dict):
-        raise CheckpointError(f"{path}: not a checkpoint file (holds a {type(obj).__name__})")
+        raise DamagedCheckpointError(
+            f"{path}: not a checkpoint file (holds a {type(obj).__name__})"
+        )
     missing = [k for k in keys if k not in obj]
     if missing:
-        raise CheckpointError(f"{path}: not a checkpoint file of this project (no {missing})")
+        raise DamagedCheckpointError(
+            f"{path}: not a checkpoint file of this project (no {missing})"
+        )
     return obj
 
 
 def _plain(source: Path | io.BytesIO, what: str, *, mmap: bool = False) -> Any:
     """``torch.load`` of tensors and plain values only; ``CheckpointError`` naming ``what`` when the
-    pickle needs anything else."""
+    pickle names a global (an object to build: what a pickle written to run code needs), else
+    ``DamagedCheckpointError`` when it does not read (garbage: an opcode the loader has not)."""
     try:
         return torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
+        if "GLOBAL" not in str(e):
+            raise DamagedCheckpointError(
+                f"{what}: damaged or not a checkpoint file ({_why(e)})"
+            ) from None
         raise CheckpointError(
             f"{what}: refused, not loaded: it holds objects other than tensors and plain values, "
             f"which no file this project writes does (unpickling them could run code): {_why(e)}"
@@ -179,10 +192,14 @@ def load_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     sampler: BatchSampler,
+    set_aside_damaged: bool = False,
 ) -> TrainState | None:
     """Restore model, optimizer, sampler and RNG states from the checkpoint in ``checkpoint_dir``
     and return its ``TrainState``; None (and nothing restored) when there is no checkpoint.
-    ValueError when a different configuration wrote it."""
+    ValueError when a different configuration wrote it. A damaged one (``DamagedCheckpointError``)
+    is raised, or with ``set_aside_damaged`` set aside (``set_aside``, nothing restored) and a new
+    state returned: the run trains from step 0, recomputing alike any step it logged before (its
+    logger keeps each step's first point)."""
     path = checkpoint_dir / CHECKPOINT
     info = checkpoint_info(checkpoint_dir)
     if info is not None and info.get("format") == SHARDED:
@@ -195,7 +212,13 @@ def load_checkpoint(
         return None
     # on the CPU: the RNG states must stay CPU tensors (torch.set_rng_state refuses CUDA ones), and
     # load_state_dict moves the model's and the optimizer's tensors to their parameters' device
-    ck = load_file(path, keys=_SINGLE_KEYS)
+    try:
+        ck = load_file(path, keys=_SINGLE_KEYS)
+    except DamagedCheckpointError as e:
+        if not set_aside_damaged:
+            raise
+        set_aside(checkpoint_dir, e)
+        return TrainState()
     if ck["config_hash"] != config_hash:
         raise ValueError(
             f"checkpoint_dir: {path} was written by a different configuration "
@@ -228,6 +251,25 @@ def _atomic_save(path: Path, obj: dict[str, Any]) -> None:
     st = obj["state"]
     info = {"step": st["step"], "status": st["status"], "config_hash": obj["config_hash"]}
     _write_sidecar(path.parent, info)
+
+
+def set_aside(checkpoint_dir: str | Path, why: CheckpointError) -> Path:
+    """Rename the folder of a damaged checkpoint (``why``) beside itself, to
+    ``<name>.damaged-<time>`` (never deleted: it, its sidecar and anything else there are kept as
+    they were), so that a run there trains from step 0; warn naming both. Returns the new path."""
+    d = Path(checkpoint_dir)
+    when, n = time.strftime("%Y%m%d-%H%M%S"), 0
+    aside = d.with_name(f"{d.name}.damaged-{when}")
+    while aside.exists():  # set aside twice within a second
+        n += 1
+        aside = d.with_name(f"{d.name}.damaged-{when}-{n}")
+    d.rename(aside)
+    warnings.warn(
+        f"ablate: {why}; set aside (kept) as {aside}, and this run trains from step 0",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return aside
 
 
 def remove_checkpoint(checkpoint_dir: str | Path) -> None:

@@ -33,6 +33,7 @@ checkpoints are sharded (``checkpoint.save_sharded``), and only the logger of ra
 The run's progress is a ``TrainState`` (``state``); checkpoints (``checkpoint``) are atomic and hold
 everything the next step depends on. A run that finds a checkpoint in ``checkpoint_dir`` resumes
 from it and ends bit-identical to an uninterrupted run on the same CPU (same thread count); one that
+finds a damaged one sets it aside (kept) and trains from step 0; one that
 finds a finished run's checkpoint returns its result without training. A wsd run given
 ``branches`` (``branch``) saves the branch checkpoints of its family's shorter budgets on its way
 (a trunk), or starts from its own branch point where it has no checkpoint (a branch).
@@ -308,8 +309,10 @@ class Run:
             state = load_sharded(
                 self.checkpoint_dir, config_hash=self.config_hash, ranks=self.ranks, **kw
             )
-        elif self.checkpoint_dir is not None:
-            state = load_checkpoint(self.checkpoint_dir, config_hash=self.config_hash, **kw)
+        elif self.checkpoint_dir is not None:  # a damaged one set aside: step 0, not a branch's
+            state = load_checkpoint(
+                self.checkpoint_dir, config_hash=self.config_hash, set_aside_damaged=True, **kw
+            )
         if state is None and self.branches is not None:
             state = load_branch(self.branches, ranks=self.ranks, **kw)
             cfg, upto = self.config, state.step if state is not None else 0

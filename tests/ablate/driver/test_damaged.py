@@ -1,13 +1,17 @@
 """A cell's checkpoint files damaged between two runs of a study (they are read as untrusted): a
 sidecar that is not JSON, or JSON that is not a sidecar, counts as none, ``plan`` says the step the
-cell resumes from as ``run`` then resumes it, and the store holds every step once."""
+cell resumes from as ``run`` then resumes it; a damaged checkpoint is set aside, kept, and the cell
+trains from step 0; either way the store holds every step once."""
 
 from __future__ import annotations
 
 import io
+import json
+import re
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 from test_runner import assert_store_holds, tiny_study
 
 from ablate.driver.planning import plan
@@ -34,3 +38,20 @@ def test_a_damaged_sidecar_resumes_from_the_checkpoint_as_plan_says(tmp_path, si
     again = run_study(s, executor="local", progress=False, stream=io.StringIO())
     assert [o.status for o in again.outcomes.values()] == ["finished"]
     assert_store_holds(s, expect_steps=9)
+
+
+def test_a_damaged_checkpoint_is_set_aside_and_the_cell_trains_from_step_0(tmp_path):
+    s, ck = interrupted(tmp_path)
+    raw = (ck / CHECKPOINT).read_bytes()
+    (ck / CHECKPOINT).write_bytes(raw[:5000])  # `truncate -s 5000`
+    with pytest.warns(RuntimeWarning, match=rf"{re.escape(str(ck / CHECKPOINT))}: damaged.*step 0"):
+        again = run_study(s, executor="local", progress=False, stream=io.StringIO())
+    assert [o.status for o in again.outcomes.values()] == ["finished"]
+    (aside,) = ck.parent.glob(f"{ck.name}.damaged-*")  # kept as it was, its sidecar with it
+    assert (aside / CHECKPOINT).read_bytes() == raw[:5000]
+    assert json.loads((aside / "checkpoint.json").read_text())["step"] == 4
+    # every step once; the points the first attempt logged are those the cell computed again
+    ids = assert_store_holds(s, expect_steps=9)
+    logged = MlflowClient(s.tracking_uri).get_metric_history(ids[s.cells[0].key], "val_loss")
+    evals = load_file(ck / CHECKPOINT)["state"]["evals"]
+    assert sorted((m.step, m.value) for m in logged) == [(e["step"], e["val_loss"]) for e in evals]

@@ -1,17 +1,20 @@
 """Decay branches in the trainer (``ablate.train.branch``): a wsd trunk saves the branch checkpoints
 of its family's shorter budgets, a branch starts from its own and ends bit-identical to the run
 trained to its budget from step 0, random streams included; without its checkpoint it trains from
-step 0 with the same numbers; a checkpoint that is not its family's is refused. (That the trunk
+step 0 with the same numbers; one whose checkpoint is damaged sets it aside (kept) and trains from
+step 0; a checkpoint that is not its family's, or that would run code, is refused. (That the trunk
 trains as a run without branch saves: ``tests/ablate/driver/test_branches.py``.)"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 from pathlib import Path
 
 import pytest
 import torch
+from test_untrusted import Payload
 
 from ablate.data import DataConfig
 from ablate.errors import CheckpointError
@@ -101,18 +104,40 @@ def test_a_branch_without_its_checkpoint_trains_from_step_0_with_the_same_number
     assert log.series("train_loss")[0][0] == 1
 
 
-def test_a_damaged_branch_checkpoint_is_refused_naming_it(tmp_path):
+def _branch_checkpoint(tmp_path: Path, content: bytes) -> tuple[Branches, Path]:
+    """A branch checkpoint at step 6 whose sidecar is right and whose file holds ``content``."""
     family = family_hash(cfg(8))
     step_dir = tmp_path / f"step-{6:09d}"
     step_dir.mkdir()
     (step_dir / "checkpoint.json").write_text(
         json.dumps({"step": 6, "status": None, "config_hash": family})
     )
-    (step_dir / CHECKPOINT).write_bytes(b"\x80\x02not a checkpoint")
+    (step_dir / CHECKPOINT).write_bytes(content)
     branches = Branches(root=str(tmp_path), family=family, start_at=6)
     assert branches.ready(6)
+    return branches, step_dir
+
+
+@pytest.mark.parametrize("content", [b"\x80\x02not a checkpoint", b"PK\x03\x04" + bytes(5000)])
+def test_a_damaged_branch_checkpoint_is_set_aside_and_the_branch_trains_from_step_0(
+    tmp_path, content
+):
+    branches, step_dir = _branch_checkpoint(tmp_path, content)
+    log = MemoryLogger()
+    with pytest.warns(RuntimeWarning, match=rf"{step_dir}/{CHECKPOINT}: damaged.*step 0"):
+        res = train(cfg(8), log, branches=branches)
+    assert res.status == "finished" and log.series("train_loss")[0][0] == 1
+    (aside,) = tmp_path.glob(f"{step_dir.name}.damaged-*")
+    assert (aside / CHECKPOINT).read_bytes() == content and not step_dir.exists()
+
+
+def test_a_poisoned_branch_checkpoint_is_refused_naming_it(tmp_path):
+    marker = tmp_path / "ran"
+    poison = pickle.dumps({"model": Payload(marker)}, protocol=2)
+    branches, step_dir = _branch_checkpoint(tmp_path, poison)
     with pytest.raises(CheckpointError, match=rf"{step_dir}/{CHECKPOINT}: refused, not loaded"):
         train(cfg(8), branches=branches)
+    assert not marker.exists() and (step_dir / CHECKPOINT).exists()
 
 
 @pytest.mark.parametrize("sidecar", ["[]", "{not json", '{"step": "6"}', '{"step": 6}'])
