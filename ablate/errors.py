@@ -2,8 +2,9 @@
 
 Every error that ``ablate`` raises on purpose is an ``AblateError``: a plain sentence that says what
 was wrong, where (the YAML path, the argument, the file) and what would be right. The CLI turns an
-``AblateError`` into a ``click.ClickException`` (exit status 1; ``StudyError`` and
-``CannotRunError``, refusals before anything starts: 2); nothing below the CLI prints or exits.
+``AblateError`` into a ``click.ClickException`` (exit status 1; ``StudyError``, ``CannotRunError``
+and ``DamagedStoreError``, refusals before anything starts: 2); nothing below the CLI prints or
+exits.
 
 This module imports nothing but the standard library, so any layer may raise these errors.
 """
@@ -32,6 +33,11 @@ class StudyError(AblateError, ValueError):
 
 class TrackingError(AblateError):
     """The MLflow store cannot do what was asked (unreachable, missing, locked past the retries)."""
+
+
+class DamagedStoreError(TrackingError):
+    """A SQLite store file that is there but that SQLite cannot read (not a database, truncated,
+    malformed): refused before anything reads or writes it, by every command alike."""
 
 
 class RunnerError(AblateError, RuntimeError):

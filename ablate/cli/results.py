@@ -90,7 +90,7 @@ def report(
             study, out_dir, attach=not no_attach, titles=not no_titles, mix_numerics=mix_numerics
         )
     except AblateError as e:
-        raise click.ClickException(str(e)) from None
+        raise refuse(e) from None
     click.echo(rep.report_md)
     if isinstance(rep, LadderResult):
         _echo_ladder(rep)

@@ -22,7 +22,7 @@ from ablate.cli.common import (
     study_arg,
     tracking_uri_opt,
 )
-from ablate.errors import AblateError
+from ablate.errors import AblateError, DamagedStoreError
 from ablate.study import Study
 
 
@@ -236,6 +236,8 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         }
         statuses = join_runs(study, runs)
         waves = _waves(study, runs)
+    except DamagedStoreError as e:  # not "nothing recorded": the records are there, unreadable
+        raise refuse(e) from None
     except AblateError as e:
         if as_json:
             click.echo(json.dumps({"study": study.name, "error": str(e), "cells": []}))

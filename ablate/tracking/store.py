@@ -5,18 +5,20 @@ through an explicit ``MlflowClient(tracking_uri=...)`` (fluent global state woul
 cells of a reused Ray worker) and retry while SQLite is locked by another writer or a server
 answers 5xx.
 
-One read and three writes go around MLflow's client, on purpose and only here. The writes:
+Two reads and three writes go around MLflow's client, on purpose and only here. The writes:
 ``sqlite_start_clock`` moves a cell's start time to when it really started, ``sqlite_move_artifacts``
 points a moved study folder's artifact locations at its new place (MLflow has calls for neither),
 and ``new_sqlite_store`` copies a new store from an empty one MLflow built once, instead of running
 MLflow's schema migrations again for each (1-2 s; a test holds the copy equal to MLflow's own).
-The read: ``sqlite_points`` reads a run's
-metric points straight from the SQLite store's ``metrics`` table. MLflow's ``get_metric_history``
-lets SQLite pick the primary-key index and scan every run's points of the key (200 runs x 2,000
-points: ~100 s against ~3 s for the same read ordered by step, which makes SQLite use the index
-(run_uuid, key, step)). ``tests/ablate/tracking/test_tracking.py`` pins the table's columns and checks that
-both reads return the same points, so an MLflow upgrade that changes the schema fails a test, not a
-study. Other stores (an ``mlflow server``) are read through the client.
+The reads: ``check_sqlite_file`` reads a SQLite store's schema once through a read-only
+connection, so that a damaged file is refused in one line, untouched (MLflow answers it with a
+traceback); ``sqlite_points`` reads a run's metric points straight from the SQLite store's
+``metrics`` table. MLflow's ``get_metric_history`` lets SQLite pick the primary-key index and scan
+every run's points of the key (200 runs x 2,000 points: ~100 s against ~3 s for the same read
+ordered by step, which makes SQLite use the index (run_uuid, key, step)).
+``tests/ablate/tracking/test_tracking.py`` pins the table's columns and checks that
+``sqlite_points`` and MLflow's read return the same points, so an MLflow upgrade that changes the
+schema fails a test, not a study. Other stores (an ``mlflow server``) are read through the client.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from ablate.errors import TrackingError
+from ablate.errors import DamagedStoreError, TrackingError
 
 _RETRY_S = 120.0  # how long a write keeps retrying a busy or unreachable store
 MAX_METRICS = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
@@ -101,10 +103,38 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(database).resolve()
 
 
+def check_sqlite_file(path: Path) -> None:
+    """``DamagedStoreError`` where the file at ``path`` is there, not empty, and not a SQLite
+    database that SQLite can read (another file, truncated, malformed): its schema read once
+    through a read-only connection (a millisecond; nothing written, nothing created). A missing or
+    empty file passes (``Client``'s ``must_exist`` and ``prepare_store`` decide what that means),
+    and so does a store that is busy (``Client`` retries it)."""
+    try:
+        if path.stat().st_size == 0:
+            return
+    except OSError:
+        return
+    try:
+        with contextlib.closing(read_only(path, timeout=5)) as db:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError:  # locked, or cannot be opened: not a sign of damage
+        return
+    except sqlite3.DatabaseError as e:
+        raise _damaged(path, e) from None
+
+
+def _damaged(path: Path | None, e: Exception) -> DamagedStoreError:
+    return DamagedStoreError(
+        f"the tracking store {path} is damaged or not a SQLite database ({e}); nothing was read "
+        "or written: restore it from a copy, or move it aside to record the study anew"
+    )
+
+
 def check_store(uri: str) -> None:
     """Refuse a store that ``prepare_store`` could not use, writing nothing: an unsupported scheme,
     a SQLite URI that names no file (``:memory:`` lives in one process; workers are others), a
-    SQLite folder that cannot be created, or a server that does not answer."""
+    SQLite folder that cannot be created, a SQLite file that is damaged (``check_sqlite_file``),
+    or a server that does not answer."""
     scheme = urlparse(uri).scheme
     if scheme == "sqlite":
         path = sqlite_path(uri)
@@ -114,6 +144,7 @@ def check_store(uri: str) -> None:
             raise TrackingError(
                 f"the tracking store {path} cannot be created: {folder} is not a writable folder"
             )
+        check_sqlite_file(path)
     elif scheme in ("http", "https"):
         try:
             urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
@@ -259,25 +290,45 @@ class Client:
 
     def __init__(self, uri: str, *, must_exist: bool = False) -> None:
         path = sqlite_path(uri)
-        # MLflow silently creates an empty database at a missing path; a reader must not. Asked
-        # before MLflow is imported (seconds of CPU): `ablate validate` and `plan` of a study
-        # that has recorded nothing yet never need it.
-        if must_exist and path is not None and not path.is_file():
+        # MLflow silently creates an empty database at a missing path, and builds one in an empty
+        # file; a reader must do neither. Asked before MLflow is imported (seconds of CPU):
+        # `ablate validate` and `plan` of a study that has recorded nothing yet never need it.
+        if must_exist and path is not None and (not path.is_file() or _empty(path)):
             raise TrackingError(
-                f"no MLflow store at {path}: run the study first (`ablate run`), or pass the "
-                "--tracking-uri that it used"
+                f"no MLflow store at {path}{' (an empty file)' if path.is_file() else ''}: run "
+                "the study first (`ablate run`), or pass the --tracking-uri that it used"
             )
+        if path is not None:  # MLflow's own error for a damaged file is a traceback
+            check_sqlite_file(path)
         from mlflow.tracking import MlflowClient
 
         self.uri = uri
+        self.path = path
         # Constructing the client opens the store (reads its schema): retried like any call.
-        self.mlflow = _retry(f"opening {uri}", MlflowClient, tracking_uri=uri)
+        self.mlflow = self._call(f"opening {uri}", MlflowClient, tracking_uri=uri)
+
+    def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``_retry``, with a SQLite file found damaged midway refused as ``check_sqlite_file``
+        refuses it."""
+        try:
+            return _retry(what, fn, *args, **kwargs)
+        except Exception as e:
+            if self.path is not None and type(e).__name__ == "DatabaseError":  # not Operational
+                raise _damaged(self.path, getattr(e, "orig", None) or e) from None
+            raise
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self.mlflow, name)
-        return lambda *args, **kwargs: _retry(
+        return lambda *args, **kwargs: self._call(
             f"MLflow's {name} on {self.uri}", method, *args, **kwargs
         )
+
+
+def _empty(path: Path) -> bool:
+    try:
+        return path.stat().st_size == 0
+    except OSError:
+        return False
 
 
 def _is_transient(e: Exception) -> bool:
@@ -315,9 +366,9 @@ def _retry(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             raise
 
 
-def read_only(path: Path) -> sqlite3.Connection:
+def read_only(path: Path, timeout: float = 60) -> sqlite3.Connection:
     """A connection that cannot write (nor create the file); it waits while a writer commits."""
-    return sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=60)
+    return sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=timeout)
 
 
 def chunks(items: Sequence[T], n: int) -> list[Sequence[T]]:

@@ -240,3 +240,38 @@ def test_status_tells_a_running_cell_from_one_whose_driver_is_gone(tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX)
         res = CliRunner().invoke(main, ["status", str(p), "-o", str(out)])
         assert " running " in res.output and "abandoned" not in res.output
+
+
+@pytest.mark.parametrize("damage", ["truncated", "text"])
+def test_a_damaged_store_is_refused_by_every_command_with_exit_2_and_left_as_it_is(
+    tmp_path, damage
+):
+    p, out = _recorded(tmp_path, "finished")
+    db = out / "mlflow.db"
+    if damage == "truncated":
+        with open(db, "r+b") as f:
+            f.truncate(db.stat().st_size // 2)
+    else:
+        db.write_text("not a database\n")
+    before = db.read_bytes()
+    for cmd in ("validate", "plan", "status", "report", "run"):
+        extra = ["--executor", "local", "--no-report"] if cmd == "run" else []
+        extra += ["--runs", str(out)] if cmd == "report" else ["-o", str(out)]
+        res = CliRunner().invoke(main, [cmd, str(p), *extra])
+        assert res.exit_code == 2, (cmd, res.output, res.exception)
+        assert f"the tracking store {db} is damaged or not a SQLite database" in res.output, cmd
+        assert "Traceback" not in res.output and "sqlalchemy" not in res.output, cmd
+        assert db.read_bytes() == before, cmd  # never touched
+
+
+def test_reading_commands_leave_an_empty_store_file_empty(tmp_path):
+    p, out = _recorded(tmp_path, "finished")
+    db = out / "mlflow.db"
+    db.write_bytes(b"")  # `ablate run` takes it as a new store; nothing else writes it
+    for cmd in ("validate", "plan", "status", "report"):
+        extra = ["--runs", str(out)] if cmd == "report" else ["-o", str(out)]
+        res = CliRunner().invoke(main, [cmd, str(p), *extra])
+        assert "Traceback" not in res.output, (cmd, res.output)
+        assert db.stat().st_size == 0, (cmd, res.output)
+    res = CliRunner().invoke(main, ["status", str(p), "-o", str(out)])
+    assert "no MLflow store at" in res.output and "(an empty file)" in res.output
