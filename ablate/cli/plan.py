@@ -322,13 +322,13 @@ def _checks(study: Study, address: str | None, *, memory: bool = True) -> None:
     """What validate and plan check: ``preflight_or_exit`` (all that `run` checks), except for a
     study whose cells ask for more GPUs than this machine has, without --address: such a study is
     for other machines (8-GPU cells planned on a laptop), so it is checked as a cluster's driver
-    checks it, the study alone (tracking store, device numbering, the backends of its CPU cells),
+    checks it, the study alone (tracking stores, device numbering, the backends of its CPU cells),
     with a warning that `ablate run` refuses it here; this machine's devices and cores are not
     checked, and `run` still refuses it."""
     import torch
 
     from ablate.driver.planning import ladder_brackets, target_headroom
-    from ablate.driver.preflight import check_devices, check_ray_devices
+    from ablate.driver.preflight import check_baseline_source, check_devices, check_ray_devices
     from ablate.errors import CannotRunError, TrackingError
     from ablate.tracking import check_store
     from ablate.train.config import device_kind
@@ -344,6 +344,7 @@ def _checks(study: Study, address: str | None, *, memory: bool = True) -> None:
             check_store(study.tracking_uri)
         except TrackingError as e:
             raise CannotRunError(str(e)) from None
+        check_baseline_source(study)
         check_ray_devices(study)
         check_devices(study, [c for c in study.cells if device_kind(c.config.device) == "cpu"])
     except AblateError as e:

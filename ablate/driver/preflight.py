@@ -242,6 +242,17 @@ def _cells(labels: list[str]) -> str:
     return f"cell{'s' if len(labels) > 1 else ''} {', '.join(labels[:4])}{more}"
 
 
+def check_baseline_source(study: Study) -> None:
+    """``CannotRunError`` when the store ``baseline_from`` names is unusable (checked as the
+    study's own store is), or it or the study in it cannot be read (read only)."""
+    try:
+        check_source(study)
+    except CannotRunError:  # its store unusable: said as for the study's own
+        raise
+    except RunnerError as e:
+        raise CannotRunError(f"{e} (run that study first, or drop baseline_from)") from None
+
+
 def preflight(
     study: Study,
     *,
@@ -261,10 +272,7 @@ def preflight(
         check_store(study.tracking_uri)
     except TrackingError as e:
         raise CannotRunError(str(e)) from None
-    try:  # the store baseline_from names can be read (read only)
-        check_source(study)
-    except RunnerError as e:
-        raise CannotRunError(f"{e} (run that study first, or drop baseline_from)") from None
+    check_baseline_source(study)
     workers = study.file.resources.workers
     if executor == "local" and workers > 1:
         raise CannotRunError(

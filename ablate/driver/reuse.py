@@ -10,7 +10,8 @@ recorded here is replaced. A copy cut short (the driver killed midway) leaves a 
 tagged ``reused_from``, which the next ``ablate run`` deletes and copies again.
 
 ``baseline_plan`` says the same without writing anything, for ``ablate plan``; ``check_source``
-is what ``preflight`` asks first: that the store and study named can be read.
+is what ``preflight`` asks first: that the store named passes the study's own store's checks
+(``check_store``), and that it and the study named can be read.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
-from ablate.errors import RunnerError, TrackingError
+from ablate.errors import CannotRunError, RunnerError, TrackingError
 from ablate.study import Cell, Study
 from ablate.study.baseline_from import BaselineSource
 from ablate.study.expand import baseline_source
-from ablate.tracking import StudyTracker
+from ablate.tracking import StudyTracker, check_store
 from ablate.tracking.runs import CellRun, check_study, read_cells
 from ablate.tracking.vocab import ENDED
 
@@ -65,14 +66,24 @@ def source_of(study: Study) -> BaselineSource | None:
 
 
 def check_source(study: Study) -> None:
-    """``RunnerError`` naming ``baseline_from`` when the store or study it names cannot be read
-    (its runs are not read: what ``preflight`` asks before anything starts)."""
+    """What ``preflight`` asks before anything starts (its runs are not read): ``CannotRunError``
+    naming ``baseline_from.uri`` (``baseline_from`` for a study file) when the store it names is
+    unusable, checked as the study's own store is (``check_store``: the scheme, a damaged SQLite
+    file, one request to a server; never the retries), and ``RunnerError`` naming
+    ``baseline_from`` when that store or the study in it cannot be read."""
     source = source_of(study)
-    if source is not None:
-        try:
-            check_study(source.uri, source.name, experiment=source.experiment)
-        except TrackingError as e:
-            raise RunnerError(f"baseline_from: {source.label}: {e}") from None
+    if source is None:
+        return
+    spec = study.file.baseline_from
+    field = "baseline_from.uri" if spec is not None and spec.uri is not None else "baseline_from"
+    try:
+        check_store(source.uri, create=False)
+    except TrackingError as e:
+        raise CannotRunError(f"{field}: {e}") from None
+    try:
+        check_study(source.uri, source.name, experiment=source.experiment)
+    except TrackingError as e:
+        raise RunnerError(f"baseline_from: {source.label}: {e}") from None
 
 
 def baseline_plan(study: Study, runs: Mapping[str, CellRun]) -> BaselinePlan | None:

@@ -130,17 +130,19 @@ def _damaged(path: Path | None, e: Exception) -> DamagedStoreError:
     )
 
 
-def check_store(uri: str) -> None:
+def check_store(uri: str, *, create: bool = True) -> None:
     """Refuse a store that ``prepare_store`` could not use, writing nothing: an unsupported scheme,
     a SQLite URI that names no file (``:memory:`` lives in one process; workers are others), a
     SQLite folder that cannot be created, a SQLite file that is damaged (``check_sqlite_file``),
-    or a server that does not answer."""
+    or a server that does not answer (one request, 5 s at most, never the retries). ``create``:
+    False for a store that is only read (``baseline_from``'s), whose folder need not be writable."""
     scheme = urlparse(uri).scheme
     if scheme == "sqlite":
         path = sqlite_path(uri)
         assert path is not None
         folder = next((p for p in (path.parent, *path.parents) if p.exists()), None)
-        if folder is None or not folder.is_dir() or not os.access(folder, os.W_OK):
+        writable = folder is not None and folder.is_dir() and os.access(folder, os.W_OK)
+        if create and not writable:
             raise TrackingError(
                 f"the tracking store {path} cannot be created: {folder} is not a writable folder"
             )

@@ -8,6 +8,8 @@ runs, naming the field."""
 from __future__ import annotations
 
 import io
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +141,33 @@ def test_a_store_named_by_uri_serves_alike_and_a_missing_one_is_refused(source, 
     with pytest.raises(CannotRunError, match="baseline_from: study never_run in .*run that study"):
         run(parse_study(spec))
     assert not (tmp_path / "orphan").exists()  # refused before anything was written
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    "uri, match",
+    [
+        ("http://127.0.0.1:{port}/", "no MLflow tracking server answers at http://127.0.0.1"),
+        ("postgresql://u@localhost/x", r"unsupported tracking URI 'postgresql://.*sqlite:///"),
+        ("runs/ref/mlflow.db", r"unsupported tracking URI 'runs/ref/mlflow.db': use sqlite:///"),
+        ("sqlite:///{tmp}/text.db", "the tracking store .*text.db is damaged or not a SQLite"),
+    ],
+)
+def test_the_source_store_is_checked_as_the_studys_own_at_once(tmp_path, uri, match):
+    (tmp_path / "text.db").write_text("not a database\n")
+    uri = uri.format(port=_closed_port(), tmp=tmp_path)
+    spec = raw("quick", tmp_path, [0], baseline_from={"uri": uri, "name": "ref"})
+    t0 = time.monotonic()
+    with pytest.raises(CannotRunError, match=f"^baseline_from.uri: {match}"):
+        run(parse_study(spec))
+    assert time.monotonic() - t0 < 15  # one request, never the store's retries (120 s)
+    assert not (tmp_path / "quick").exists()
+    assert (tmp_path / "text.db").read_text() == "not a database\n"
 
 
 @pytest.mark.parametrize(
