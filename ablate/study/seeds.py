@@ -60,8 +60,8 @@ def _grids(raw: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def plan_problems(raw: dict[str, Any]) -> list[str]:
-    """What a study with ``seeds:`` must not write (its seeds come from the plan), and what it
-    must: a baseline to compare with, and a target of its own (a target derived from the
+    """What a study with ``seeds:`` must not write (its seeds come from the plan: no seed in
+    ``base``, a grid, ``exclude`` or ``baseline``), and what it must: a baseline to compare with, and a target of its own (a target derived from the
     baseline's seeds would move as the waves add them, and every look's pairs with it)."""
     if not isinstance(raw.get("seeds"), dict):
         return []
@@ -73,8 +73,22 @@ def plan_problems(raw: dict[str, Any]) -> list[str]:
         if "seed" in g or any(isinstance(z, dict) and "seed" in z for z in [g.get("zip")]):
             out.append("grid.seed: a study with seeds: sets its seeds itself; remove the seed axis")
             break
-    if raw.get("baseline") is None:
+    exclude = raw.get("exclude")
+    for i, x in enumerate(exclude if isinstance(exclude, list) else []):
+        if isinstance(x, dict) and "seed" in x:
+            out.append(
+                f"exclude[{i}].seed: a study with seeds: trains seeds 0 to seeds.max - 1 of "
+                "every configuration in waves, each seed a pair with the baseline's; a seed left "
+                "out would be a missing pair; remove it (or write a seed axis instead of seeds:)"
+            )
+    baseline = raw.get("baseline")
+    if baseline is None:
         out.append("baseline: a study with seeds: compares each configuration with a baseline")
+    elif isinstance(baseline, dict) and "seed" in baseline:
+        out.append(
+            "baseline.seed: a study with seeds: pairs every seed of a configuration with the "
+            "baseline's seed of the same number; remove it (the baseline gets every seed)"
+        )
     target = raw.get("target")
     if not (isinstance(target, dict) and ("val_ppl" in target or "val_loss" in target)):
         out.append(

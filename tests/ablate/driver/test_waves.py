@@ -53,6 +53,15 @@ def _raw(**over) -> dict:
             "grid.seed: a study with seeds:",
         ),
         ({"baseline": None}, "baseline: a study with seeds: compares"),
+        ({"exclude": [{"train.lr": 1.0}, {"seed": 1}]}, "exclude[1].seed: a study with seeds:"),
+        (
+            {"exclude": [{"fp4_gemms": [[]], "seed": [2, 3]}]},
+            "exclude[0].seed: a study with seeds: trains seeds 0 to seeds.max - 1",
+        ),
+        (
+            {"baseline": {"fp4_gemms": [], "train.lr": 0.003, "seed": 0}},
+            "baseline.seed: a study with seeds: pairs every seed",
+        ),
         ({"target": {"from_baseline": "slowest"}}, "target: a study with seeds: needs val_ppl"),
         ({"seeds": {"initial": 2}}, "seeds.initial"),
         ({"seeds": {"initial": 5, "max": 4}}, "initial: 5 is more than max (4)"),
@@ -69,6 +78,15 @@ def test_what_a_study_with_seeds_may_not_write_is_refused(tmp_path, over, says):
         parse_study(raw, output=tmp_path / "out")
     assert says in str(e.value), str(e.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_excluded_seed_is_refused_by_validate_with_exit_2(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(_raw(exclude=[{"seed": 1}])))
+    res = CliRunner().invoke(main, ["validate", str(p), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    assert "exclude[0].seed: a study with seeds:" in res.output and "missing pair" in res.output
+    assert "Traceback" not in res.output
 
 
 def test_every_seed_up_to_max_is_a_cell_and_a_wave_asks_for_the_seeds_given():
