@@ -1,5 +1,6 @@
 """Writing a Hugging Face checkpoint folder: ``export_model`` (a run's configuration and weights),
-``export_checkpoint`` (a run's checkpoint folder) and ``export_cell`` (a study's cell by its label).
+``export_checkpoint`` (a run's checkpoint folder) and ``export_cell`` (a study's cell by its label;
+a baseline seed reused from another study, ``baseline_from``, from that study's checkpoint).
 
 The folder holds ``config.json``, ``model.safetensors`` (the high-precision master weights, float32
 unless asked otherwise), the tokenizer when the run's is a Hugging Face one (``tokenizer.json`` and
@@ -30,12 +31,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ablate.errors import AblateError
 from ablate.export.mapping import DEPARTURES, QUANT_BUFFERS, hf_checkpoint
 from ablate.export.weights import ExportError, RunWeights, read_checkpoint, safetensors_torch
 from ablate.tracking.places import place_holding, recorded_places
 
 if TYPE_CHECKING:
     from ablate.study import Cell, Study
+    from ablate.tracking.runs import CellRun
     from ablate.train.config import RunConfig
 
 METADATA = "ablate_export.json"
@@ -79,6 +82,14 @@ def export_cell(
     refuse_inside(out_dir, recorded_places(s))
     cell = find_cell(s, label)
     ckpt = s.checkpoint_dir(cell)
+    run = _run(s, cell)
+    meta = {"study": s.name, "cell": cell.label, "key": cell.key, "run_id": _run_id(run)}
+    if not ckpt.exists() and run is not None and run.reused_from:
+        ckpt = _reused_checkpoint(s, cell, run)
+        refuse_inside(
+            out_dir, {"the output folder of the study it was reused from": ckpt.parents[1]}
+        )
+        meta |= {"reused_from": run.reused_from, "reused_run": run.reused_run}
     try:
         weights = read_checkpoint(ckpt)
     except ExportError:
@@ -86,8 +97,38 @@ def export_cell(
             f"export: cell {cell.label} of study {s.name} has no checkpoint in {ckpt}; run the "
             "study first (a cell checkpoints at its end and every train.checkpoint_every steps)"
         ) from None
-    meta = {"study": s.name, "cell": cell.label, "key": cell.key, "run_id": _run_id(s, cell)}
     return export_model(cell.config, weights, out_dir, force=force, dtype=dtype, meta=meta)
+
+
+def _reused_checkpoint(study: Study, cell: Cell, run: CellRun) -> Path:
+    """The checkpoint of a baseline seed copied from another study (``baseline_from``): the
+    folder of the same key (the same configuration) beside the SQLite store its run was copied
+    from (``reused_from``: ``BaselineSource.label``; a study's output folder holds its store by
+    default), else in the output folder of the study file ``baseline_from`` names; ``ExportError``
+    saying where the seed came from when neither holds one."""
+    from ablate.errors import StudyError
+    from ablate.study import load_study
+    from ablate.tracking.store import sqlite_path
+
+    looked: list[Path] = []
+    _, _, uri = run.reused_from.partition(" in ")  # "study <name> in <uri>"
+    with contextlib.suppress(AblateError):
+        if (db := sqlite_path(uri)) is not None:
+            looked.append(db.parent / "cells" / cell.key)
+    spec = study.file.baseline_from
+    if spec is not None and spec.study is not None:
+        with contextlib.suppress(StudyError):
+            looked.append(load_study(spec.study, check_files=False).checkpoint_dir(cell).resolve())
+    for where in looked:
+        if where.exists():
+            return where
+    places = " or ".join(str(p) for p in dict.fromkeys(looked)) or "a folder of that study"
+    raise ExportError(
+        f"export: cell {cell.label} of study {study.name} is a baseline seed reused from "
+        f"{run.reused_from} (its run {run.reused_run} there), with no checkpoint in {places}: "
+        "export it from that study, where it trained (ablate export <that study's file> --cell "
+        f"{cell.key})"
+    )
 
 
 def refuse_inside(out_dir: str | Path, places: dict[str, Path]) -> None:
@@ -321,17 +362,22 @@ def _write_tokenizer(tok: dict[str, Any], out: Path, max_len: int | None) -> lis
     return ["tokenizer.json", "tokenizer_config.json"]
 
 
-def _run_id(study: Study, cell: Cell) -> str | None:
-    """The cell's MLflow run id, when its store can be read (the export does not need it)."""
+def _run(study: Study, cell: Cell) -> CellRun | None:
+    """The cell's MLflow run, when its store can be read (the export needs it only for a baseline
+    seed reused from another study)."""
     try:
         from ablate.tracking import study_status
 
         for cs in study_status(study):
             if cs.cell.key == cell.key and cs.run is not None:
-                return str(cs.run.run_id)
+                return cs.run
     except Exception:  # an unreachable store: the export is still whole without the id
         return None
     return None
+
+
+def _run_id(run: CellRun | None) -> str | None:
+    return None if run is None else str(run.run_id)
 
 
 def _version() -> str:

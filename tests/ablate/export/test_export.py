@@ -4,7 +4,8 @@ validation tokens (float32, max abs difference <= 1e-5) and the validation loss 
 MLflow; a recipe's quantized cell exports its master weights (the same logits and loss: an MXFP4
 wgrad recipe leaves the forward unquantized); a sharded checkpoint of a distributed run exports the
 same weights as one process; a Hugging Face tokenizer travels with the export; an untied head maps
-too; and the export refuses an unknown cell, a cell without a checkpoint, and a folder in use."""
+too; a baseline seed reused from another study exports that study's checkpoint; and the export
+refuses an unknown cell, a cell without a checkpoint, and a folder in use."""
 
 from __future__ import annotations
 
@@ -389,3 +390,43 @@ def test_a_config_without_architectures_exports_as_its_model_types_class(tmp_pat
     x = torch.randint(0, 257, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert float((model(x) - hf(x).logits).abs().max()) <= TOL
+
+
+@pytest.mark.slow
+def test_a_baseline_seed_reused_from_another_study_exports_that_studys_checkpoint(study, tmp_path):
+    """A baseline seed copied through ``baseline_from`` has no checkpoint in this study's folder:
+    the export reads the source study's (the same key's folder beside the store it was copied
+    from) and says where it came from; with that checkpoint gone, the refusal names the study."""
+    p, out, _ = study
+    src = load_study(p, output=out)
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    reuser = tmp_path / "reuser.yaml"
+    reuser.write_text(
+        STUDY.replace("name: exporttest", "name: reuser").replace("[wgrad]", "[fprop]")
+        + "baseline: {fp4_gemms: []}\n"
+        + f"baseline_from: {{uri: '{uri}', name: exporttest}}\n"
+    )
+    mine = tmp_path / "mine"
+    s = load_study(reuser, output=mine)
+    run_study(s, executor="local", progress=False)
+    base = s.baseline_cells[0]
+    assert not s.checkpoint_dir(base).exists()  # copied, not trained here
+    args = ["export", str(reuser), "--output", str(mine), "--cell", base.label]
+    res = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "reused")])
+    assert res.exit_code == 0, res.output
+    theirs = export_cell(src, base.key, tmp_path / "theirs")
+    assert (tmp_path / "reused" / "model.safetensors").read_bytes() == (
+        theirs / "model.safetensors"
+    ).read_bytes()
+    meta = json.loads((tmp_path / "reused" / "ablate_export.json").read_text())
+    assert meta["study"] == "reuser" and meta["reused_from"] == f"study exporttest in {uri}"
+    # the source's checkpoint moved away: refused, naming the study the seed came from
+    ckpt = src.checkpoint_dir(base)
+    ckpt.rename(tmp_path / "aside")
+    try:
+        res = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "none")])
+    finally:
+        (tmp_path / "aside").rename(ckpt)
+    assert res.exit_code == 2, res.output
+    assert f"is a baseline seed reused from study exporttest in {uri}" in res.output
+    assert str(ckpt) in res.output and not (tmp_path / "none").exists()
