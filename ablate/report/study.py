@@ -20,7 +20,7 @@ from ablate.report.render import ReportResult, build_report
 from ablate.report.run_metrics import config_summaries
 from ablate.report.waves import asked_part, rows_of, sequential_lines
 from ablate.tracking import StudyTracker, read_histories, study_status
-from ablate.tracking.places import place_holding, recorded_places
+from ablate.tracking.places import place_holding, record_folders
 from ablate.tracking.vocab import ENDED, short_name
 
 if TYPE_CHECKING:
@@ -120,17 +120,23 @@ def report_study(
 
 def report_folder(study: Study, out_dir: str | Path | None) -> Path:
     """The report's folder (default ``reports/<study>/``); ``ReportError`` naming ``-o/--out``
-    when it is a file, or the study's output folder or inside it (a report there would sit among
-    what the store recorded, and be attached to the store from within it)."""
+    when it is a file, the study's output folder itself, or one of the folders of its records or
+    inside one (``record_folders``: a report there would sit among them). A folder of its own in
+    the output folder is fine (``make quickstart``: ``runs/quickstart/report/``)."""
     out = Path(out_dir) if out_dir is not None else Path("reports") / study.name
     if out.exists() and not out.is_dir():
         raise ReportError(f"-o/--out: {out} is a file; give a folder for the report")
-    held = place_holding(out, recorded_places(study))
+    own = f"give a folder of its own (default reports/{study.name}/)"
+    if out.resolve() == study.output_dir.resolve():
+        raise ReportError(
+            f"-o/--out: {out} is the study's output folder, beside its MLflow store; nothing was "
+            f"written: {own}"
+        )
+    held = place_holding(out, record_folders(study))
     if held is not None:
         raise ReportError(
-            f"-o/--out: {out} is inside {held[0]}, {held[1]}, which holds what the study "
-            "recorded; nothing was written: give a folder outside it (default "
-            f"reports/{study.name}/)"
+            f"-o/--out: {out} is in {held[0]}, {held[1]}, where the study's records are; "
+            f"nothing was written: {own}"
         )
     return out
 

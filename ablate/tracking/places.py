@@ -1,6 +1,8 @@
 """Where a study keeps what it recorded, and the check that a path a command writes (an export, a
 report's folder, a probe's CSV) is none of those folders and lies in none of them: written there,
-it would sit among the store's files or replace them."""
+it would sit among the store's files or replace them. ``recorded_places`` is the whole output
+folder (an export, a probe's CSV: nothing of theirs belongs in it); ``record_folders`` the folders
+in it that hold records (a report may have a folder of its own beside them)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,23 @@ def recorded_places(study: Study) -> dict[str, Path]:
     SQLite store by default, its artifacts, the cells' checkpoints) and, for a SQLite store
     elsewhere (``tracking.uri``), the artifacts folder beside it."""
     places = {"the study's output folder (--output)": study.output_dir}
+    db = sqlite_path(study.tracking_uri)
+    if db is not None:
+        places["the artifacts of its MLflow store (tracking.uri)"] = db.parent / "artifacts"
+    return places
+
+
+def record_folders(study: Study) -> dict[str, Path]:
+    """The folders inside ``study``'s output folder in which its records lie, by what they are:
+    its cells' checkpoints (``cells/``), its branch checkpoints (``branches/``), its store's
+    artifacts (and those beside a SQLite store elsewhere). The store itself is in the output folder;
+    a folder of its own there holds nothing recorded (``make quickstart`` writes its report to
+    ``runs/quickstart/report/``)."""
+    places = {
+        "its cells' checkpoints": study.output_dir / "cells",
+        "its branch checkpoints": study.output_dir / "branches",
+        "the artifacts of its MLflow store": study.output_dir / "artifacts",
+    }
     db = sqlite_path(study.tracking_uri)
     if db is not None:
         places["the artifacts of its MLflow store (tracking.uri)"] = db.parent / "artifacts"

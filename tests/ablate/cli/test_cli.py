@@ -234,14 +234,20 @@ def test_run_local_then_status_and_plan_say_skip(tmp_path, monkeypatch):
     # -o: a file, the study's output folder or a folder inside it are refused before anything
     # is read or written (the report was once copied into the artifacts it attaches to itself)
     stored = sorted(p.relative_to(out) for p in out.rglob("*"))
-    for bad, says in [(p, "is a file"), (out, "inside the study's output folder")]:
+    for bad, says in [
+        (p, "is a file"),
+        (out, "is the study's output folder"),
+        (out / "artifacts" / "r", "where the study's records are"),
+        (out / "cells", "where the study's records are"),
+    ]:
         res = CliRunner().invoke(main, ["report", str(p), "--runs", str(out), "-o", str(bad)])
         assert res.exit_code == 2 and says in res.output and "Traceback" not in res.output, res
-    res = CliRunner().invoke(
-        main, ["report", str(p), "--runs", str(out), "-o", str(out / "artifacts" / "r")]
-    )
-    assert res.exit_code == 2 and "-o/--out" in res.output, res.output
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == stored
+    # a folder of its own in the output folder is fine (make quickstart's runs/<name>/report)
+    res = CliRunner().invoke(
+        main, ["report", str(p), "--runs", str(out), "-o", str(out / "report")]
+    )
+    assert res.exit_code == 0 and (out / "report" / "report.md").is_file(), res.output
     # only the report's own files are attached, not what else lies in its folder
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "notes.txt").write_text("not the report's")
@@ -471,3 +477,25 @@ def test_commands_that_train_nothing_leave_the_libraries_they_do_not_need_unimpo
     assert after[0].startswith("ok: quickstart: 18 cells"), after[:3]
     assert after[-1] == "mlflow-free: []", out.stdout[-3000:]
     assert not any(tmp_path.glob("**/*.db"))  # and nothing created
+
+
+def test_the_quickstarts_report_folder_is_one_report_accepts(monkeypatch):
+    """`make quickstart` writes its report into a folder of its own in the study's output folder
+    (leaving the clone's kept report as it is): a place `-o` allows, unlike the output folder
+    itself or the folders of its records."""
+    import re
+    import shlex
+
+    from ablate.report.study import report_folder
+    from ablate.study import load_study
+
+    root = Path(__file__).resolve().parents[3]
+    monkeypatch.chdir(root)
+    (line,) = re.findall(
+        r"ablate report (studies/quickstart\.yaml .*)", (root / "Makefile").read_text()
+    )
+    args = shlex.split(line)
+    study = load_study(args[0])
+    out = args[args.index("-o") + 1]
+    assert Path(out).resolve().parent == study.output_dir.resolve()
+    assert report_folder(study, out) == Path(out)
