@@ -14,6 +14,7 @@ node's CPUs (``--ntasks-per-node=1 --cpus-per-task``), as Ray's own guide for SL
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import shlex
@@ -91,9 +92,62 @@ def default_cpus(study: Study, gpus_per_node: int) -> int:
     return math.ceil(res.cpus) * max(1, cells)
 
 
+MANAGED = {
+    "nodes": "--nodes", "N": "--nodes", "ntasks-per-node": "", "cpus-per-task": "--cpus-per-node",
+    "c": "--cpus-per-node", "gpus-per-node": "--gpus-per-node", "time": "--time", "t": "--time",
+    "partition": "--partition", "p": "--partition", "requeue": "", "no-requeue": "",
+    "signal": "--signal-lead", "open-mode": "", "output": "-o/--output", "o": "-o/--output",
+    "chdir": "", "D": "",
+}  # fmt: skip
+"""sbatch options the script sets itself (long and short names), each with the option of ``ablate
+slurm submit`` that sets it ("": none, the job needs it as it is): one given again with
+``--sbatch-arg`` would override it behind the check (``--time=5`` under a signal lead computed for
+``--time 30``), or break the requeue, the signal or the job's output file."""
+
+
+def check_sbatch_args(sub: Submission) -> None:
+    """Refuse what cannot go into the script as one ``#SBATCH`` line: a control character (a
+    newline would end the line and make the rest a command of the script) in any value the script
+    writes, an ``--sbatch-arg`` that is not an option, or one the script sets itself."""
+    values = {
+        "--sbatch-arg": sub.sbatch_args,
+        "--partition": [sub.partition or ""],
+        "--time": [sub.time],
+        "the study file's path": [str(sub.study_file)],
+        "-o/--output": [str(sub.output)],
+    }
+    for name, vs in values.items():
+        for v in vs:
+            one_line(name, v)
+    for arg in sub.sbatch_args:
+        if not arg.startswith("-") or arg in ("-", "--"):
+            raise SlurmError(
+                f"--sbatch-arg {arg!r}: not an sbatch option (e.g. --account=NAME, --qos=NAME)"
+            )
+        key = arg[2:].split("=", 1)[0] if arg.startswith("--") else arg[1:2]
+        if key in MANAGED:
+            instead = f": use {MANAGED[key]}" if MANAGED[key] else ""
+            raise SlurmError(
+                f"--sbatch-arg {arg!r}: the script sets this option itself (the requeue, the "
+                f"signal and the checks depend on it){instead}"
+            )
+
+
+def one_line(name: str, value: str) -> None:
+    """``SlurmError`` naming ``name`` when ``value`` holds a control character: the batch script
+    writes it on one line (a newline would end an ``#SBATCH`` line and make the rest a command)."""
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise SlurmError(
+            f"{name} {value!r}: holds a control character (a newline, a tab, ...), which the batch "
+            "script cannot hold on one line"
+        )
+
+
 def check_submission(study: Study, sub: Submission) -> int:
-    """Refuse a submission whose shape cannot run the study (``SlurmError`` naming the option);
-    returns the CPUs per node it asks for."""
+    """Refuse a submission whose shape cannot run the study, or whose options cannot go into the
+    script (``check_sbatch_args``), with a ``SlurmError`` naming the option; returns the CPUs per
+    node it asks for."""
+    check_sbatch_args(sub)
     limit = parse_time(sub.time)
     if limit is not None and limit - sub.signal_lead - EARLY_S < WORK_S:
         raise SlurmError(
@@ -117,6 +171,8 @@ def sbatch_script(study: Study, sub: Submission, *, cwd: Path, pythonpath: str |
     from ablate import __version__
 
     cpus = check_submission(study, sub)
+    one_line("the current folder", str(cwd))
+    one_line("$PYTHONPATH", pythonpath or "")
     log_dir = sub.output / "slurm"
     opts = [
         f"--job-name=ablate-{study.name}",
@@ -172,16 +228,24 @@ def sbatch_script(study: Study, sub: Submission, *, cwd: Path, pythonpath: str |
 def submit(script: str, output: Path) -> int:
     """``sbatch`` the script; returns the job id. ``SlurmError`` with sbatch's message when SLURM
     refuses it (nothing started)."""
-    (output / "slurm").mkdir(parents=True, exist_ok=True)  # the job's output file goes there
+    log_dir = output / "slurm"
+    made = [d for d in (log_dir, *log_dir.parents) if not d.exists()]  # deepest first
+    log_dir.mkdir(parents=True, exist_ok=True)  # the job's output file goes there
     try:
-        res = subprocess.run(
-            ["sbatch", "--parsable"], input=script, capture_output=True, text=True, timeout=120
-        )
-    except FileNotFoundError:
-        raise SlurmError(
-            "no `sbatch` on PATH: submit from a machine of the SLURM cluster (a login node), or "
-            "print the script with --dry-run"
-        ) from None
-    if res.returncode != 0:
-        raise SlurmError(f"sbatch refused the job: {res.stderr.strip()}")
+        try:
+            res = subprocess.run(
+                ["sbatch", "--parsable"], input=script, capture_output=True, text=True, timeout=120
+            )
+        except FileNotFoundError:
+            raise SlurmError(
+                "no `sbatch` on PATH: submit from a machine of the SLURM cluster (a login node), "
+                "or print the script with --dry-run"
+            ) from None
+        if res.returncode != 0:
+            raise SlurmError(f"sbatch refused the job: {res.stderr.strip()}")
+    except SlurmError:  # nothing submitted: the folders made for its output go again
+        for d in made:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
     return int(res.stdout.strip().split(";")[0])

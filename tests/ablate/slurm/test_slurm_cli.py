@@ -90,7 +90,16 @@ def test_the_cpus_per_node_follow_the_cells_and_gpus(tmp_path):
         (["--time", "forever"], "--time 'forever': not a SLURM time limit"),
         (["--time", "5", "--signal-lead", "300"], "--time 5 (300 s) with --signal-lead 300"),
         (["--time", "3", "--signal-lead", "100"], "every attempt would stop before its cells"),
-        (["--time", "30", "--cpus-per-node", "1", "--sbatch-arg=-c"], None),
+        (["--time", "30", "--cpus-per-node", "1", "--sbatch-arg=--qos=high"], None),
+        # what would not stay one #SBATCH line: the rest would run as a command of the script
+        (["--time", "30", "--sbatch-arg", "--account=x\necho INJECTED"], "control character"),
+        (["--time", "30", "--partition", "gpu\nid"], "--partition 'gpu\\nid': holds a control"),
+        (["--time", "30", "-o", "out\nx"], "-o/--output"),
+        # not an option, or one the script sets itself (and checks)
+        (["--time", "30", "--sbatch-arg", "notanoption"], "not an sbatch option"),
+        (["--time", "30", "--sbatch-arg", "--time=5"], "depend on it): use --time"),
+        (["--time", "30", "--sbatch-arg=-c4"], "use --cpus-per-node"),
+        (["--time", "30", "--sbatch-arg=--no-requeue"], "sets this option itself"),
     ],
 )
 def test_submit_refuses_bad_options_naming_them(study, extra, says):
@@ -157,3 +166,15 @@ def test_run_refuses_when_a_port_of_the_job_is_taken_on_its_node(study, tmp_path
     assert f"node n1: port {JobPorts(31337).gcs} (for Ray's GCS) is taken by pid" in res.output
     assert "another job's Ray or MLflow on this node" in res.output
     assert not out.exists()
+
+
+def test_a_submission_sbatch_refuses_leaves_no_folder_behind(study, tmp_path, monkeypatch):
+    """The job's output folder is made for sbatch (the job writes there as it starts), and goes
+    again with every folder made for it when nothing was submitted (here: no sbatch on PATH)."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    out = tmp_path / "new" / "out"
+    res = CliRunner().invoke(
+        main, ["slurm", "submit", str(study), "--nodes", "1", "--time", "30", "-o", str(out)]
+    )
+    assert res.exit_code == 2 and "no `sbatch` on PATH" in res.output, res.output
+    assert not (tmp_path / "new").exists()
