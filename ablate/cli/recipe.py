@@ -170,8 +170,8 @@ def _named_or_variant(name: str, changes: tuple[str, ...], base: str) -> Recipe:
     tree: dict[str, Any] = dict(spec) if isinstance(spec, dict) else {"name": spec}
     for item in changes:
         path, sep, value = item.partition("=")
-        keys = [k for k in path.strip().split(".") if k]
-        if not sep or not keys:
+        keys = path.strip().split(".")
+        if not sep or not all(keys):  # an empty name: `wgrad..x`, `.x`, `x.`
             raise ValueError(f"--set: {item!r} is not PATH=VALUE, e.g. wgrad.hadamard=null")
         node = tree
         for k in keys[:-1]:

@@ -123,6 +123,8 @@ def test_recipe_bad_gemm_is_a_usage_error_naming_allowed_values():
     res = CliRunner().invoke(main, ["recipe", "--fp4", "wgard"])
     assert res.exit_code == 2
     assert "allowed: fprop, dgrad, wgrad" in res.output
+    res = CliRunner().invoke(main, ["recipe", "nvidia_nvfp4", "--set", "wgrad..x=1"])
+    assert res.exit_code == 2 and "'wgrad..x=1' is not PATH=VALUE" in res.output, res.output
     res = CliRunner().invoke(main, ["recipe", "--fp4", "fprop,wgrad,fprop"])
     assert res.exit_code == 2 and "fprop listed twice" in res.output, res.output
 
