@@ -141,8 +141,8 @@ def check_set(path: Path, *, verify: bool) -> dict[str, Any]:
         manifest = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
         raise Damaged("no manifest: its preparation did not finish") from None
-    except (OSError, ValueError) as e:
-        raise Damaged(f"unreadable manifest ({e})") from None
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested too deep
+        raise Damaged(f"unreadable manifest ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise Damaged(f"a manifest of another format (expected {FORMAT})")
     _check_manifest(manifest, path)
@@ -170,9 +170,10 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
 
 
 def _check_manifest(m: dict[str, Any], path: Path) -> None:
-    """Every field the shards' reading depends on, of the type and range it must have; and the
-    manifest's own digest (a set prepared before manifests had one: its vocabulary and end-of-text
-    id against its tokenizer's). Raises ``Damaged`` (the set is then rebuilt)."""
+    """Every field a reader reads (``load_data``, ``ablate data show``), in either style, of the
+    type and range it must have; and the manifest's own digest (a set prepared before manifests
+    had one: its vocabulary and end-of-text id against its tokenizer's). Raises ``Damaged`` (the
+    set is then rebuilt)."""
     if m.get("dtype") not in _NP:
         raise Damaged(f"the manifest's dtype {m.get('dtype')!r} is not one of {', '.join(_NP)}")
     files = m.get("files")
@@ -192,9 +193,12 @@ def _check_manifest(m: dict[str, Any], path: Path) -> None:
     for k in ("key", "corpus", "tokenizer", "fingerprint"):
         if not isinstance(m.get(k), str):
             raise Damaged(f"the manifest's {k} is missing or not text")
+    want = str if "val.bin" in files else type(None)  # the validation corpus's name iff val.bin
+    if "val_corpus" not in m or not isinstance(m["val_corpus"], want):
+        raise Damaged("the manifest's val_corpus is missing or does not match its files")
     if m["key"] != path.name:
         raise Damaged(f"the manifest's key {m['key']!r} is not its folder's name")
-    if not isinstance(m.get("tokenizer_file"), str | None):
+    if "tokenizer_file" not in m or not isinstance(m["tokenizer_file"], str | None):
         raise Damaged("the manifest's tokenizer_file is not a path")
     if "digest" in m:
         if m["digest"] != manifest_digest(m):

@@ -254,6 +254,16 @@ DAMAGES = {
         "does not fit its dtype",
     ),
     "another set's key": (lambda m: _redigest({**m, "key": "0" * 16}), "not its folder's name"),
+    "nested too deep to read": (lambda m: "[" * 200_000 + "]" * 200_000, "RecursionError"),
+    "no digest, no val_corpus": (
+        lambda m: _drop(_drop(m, "digest"), "val_corpus"),
+        "val_corpus is missing",
+    ),
+    "a val_corpus without val.bin": (
+        lambda m: _redigest({**m, "val_corpus": "text:v.txt"}),
+        "val_corpus is missing or does not match",
+    ),
+    "no tokenizer_file": (lambda m: _redigest(_drop(m, "tokenizer_file")), "tokenizer_file"),
     "no digest, a vocab_size not its tokenizer's": (
         lambda m: {**_drop(m, "digest"), "vocab_size": 300},
         "not its tokenizer's",
@@ -263,11 +273,11 @@ DAMAGES = {
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
 def test_a_damaged_manifest_is_refused_and_the_set_rebuilt(tmp_path: Path, damage: str) -> None:
-    """Everything the shards depend on is checked; a set whose manifest fails is rebuilt."""
+    """Everything a reader reads is checked; a set whose manifest fails is rebuilt."""
     cfg, path, want = _set_up(tmp_path)
     edit, message = DAMAGES[damage]
-    m = json.loads((path / "manifest.json").read_text())
-    (path / "manifest.json").write_text(json.dumps(edit(m)))
+    edited = edit(json.loads((path / "manifest.json").read_text()))
+    (path / "manifest.json").write_text(edited if isinstance(edited, str) else json.dumps(edited))
     with pytest.raises(Damaged, match=message):
         check_set(path, verify=False)
     said: list[str] = []
