@@ -154,6 +154,10 @@ def _jsonl_documents(files: list[Path], text_field: str) -> Iterator[str]:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"data.path: {f}:{lineno} is not a JSON object ({e})") from e
+                except RecursionError:
+                    raise ValueError(
+                        f"data.path: {f}:{lineno} is not a JSON object (nested too deep to read)"
+                    ) from None
                 text = row.get(text_field) if isinstance(row, dict) else None
                 if not isinstance(text, str):
                     keys = sorted(row) if isinstance(row, dict) else type(row).__name__

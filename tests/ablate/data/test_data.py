@@ -199,6 +199,13 @@ def test_jsonl_without_the_text_field_names_file_line_and_field(tmp_path: Path) 
         load_data(small(corpus="jsonl", path=str(path)))
 
 
+def test_a_jsonl_line_nested_too_deep_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"text": "fine"}\n' + "[" * 200_000 + "]" * 200_000 + "\n")
+    with pytest.raises(ValueError, match=r"data.path: .*deep.jsonl:2 is not a JSON object"):
+        load_data(small(corpus="jsonl", path=str(path)))
+
+
 # --- token shards ------------------------------------------------------------------------------
 
 
