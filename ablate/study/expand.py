@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import os
+import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -164,12 +165,20 @@ def _preset_beside_hf(raw: dict[str, Any]) -> list[str]:
 
 
 def _cache_problem(study: Study) -> str | None:
-    """What stops the prepared-data cache from being used: a file where its folder goes, or a
-    folder (or the nearest existing parent of a new one) this process cannot write."""
+    """What stops the prepared-data cache from being used: an empty ``data_cache``, a file where
+    its folder goes, or a folder (or the nearest existing parent of a new one) this process cannot
+    write or make a folder in (``/proc``, a read-only mount; tried with a folder made and removed).
+    """
     from ablate.data.prepared import CACHE_ENV
 
+    given = study.file.data_cache
+    if given is not None and not given.strip():
+        return (
+            "data_cache: an empty string is not a path; give a folder for prepared data, or leave "
+            f"data_cache out (then ${CACHE_ENV}, else ~/.cache/ablate/data)"
+        )
     cache = study.data_cache()
-    field = "data_cache" if study.file.data_cache else f"${CACHE_ENV} (the prepared-data cache)"
+    field = "data_cache" if given is not None else f"${CACHE_ENV} (the prepared-data cache)"
     there = next((p for p in (cache, *cache.parents) if p.exists()), None)
     if there is None:
         return None
@@ -177,6 +186,13 @@ def _cache_problem(study: Study) -> str | None:
         return f"{field}: {there} is a file, not a folder; give a folder for prepared data"
     if not os.access(there, os.W_OK | os.X_OK):
         return f"{field}: {there} is not writable; give a folder this user can write"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".ablate-probe-", dir=there))
+    except OSError as e:
+        return (
+            f"{field}: {cache} cannot be made or written ({e.strerror} in {there}); give a "
+            "folder this user can write"
+        )
     return None
 
 

@@ -184,6 +184,15 @@ def test_a_data_cache_that_is_a_file_is_refused(tmp_path):
     _refused(tmp_path, _study(data_cache=str(tmp_path / "cache" / "sub")), "data_cache")
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_data_cache_that_cannot_be_made_or_is_empty_is_refused(tmp_path, monkeypatch):
+    """/proc takes no new folder (even for root); an empty string is no path, not the default."""
+    _refused(tmp_path, _study(data_cache="/proc/ablate-cache"), "data_cache", "/proc")
+    _refused(tmp_path, _study(data_cache=""), "data_cache", "empty string is not a path")
+    monkeypatch.setenv("ABLATE_DATA_CACHE", "/proc/ablate-cache")
+    _refused(tmp_path, _study(), "$ABLATE_DATA_CACHE", "/proc")
+
+
 # --- targets and memory -----------------------------------------------------------------------
 
 
