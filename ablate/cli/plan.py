@@ -126,7 +126,8 @@ def plan(
     margin: float | None,
     power: float,
 ) -> None:
-    """Show the expanded cells and what `run` would do to each: run, resume, skip, failed.
+    """Show the expanded cells and what `run` would do to each: run, resume, skip, failed,
+    stale-data (interrupted on data that prepare to other tokens now: `run` refuses it).
 
     Also each configuration's memory estimate per device in its parallel mode (parameters,
     gradients, AdamW state, activations of one worker's micro-batch, bf16 weight copies, DDP's

@@ -10,9 +10,12 @@ the runner follows it.
 - ``resume``: started but not ended (interrupted, worker lost, driver killed) -> continue from its
   checkpoint (or from step 0 when there is none) in the same run;
 - ``failed``: ended with an error -> left alone unless ``--rerun-failed``;
+- ``stale-data``: started but not ended (or failed) on other prepared data than the study's data
+  prepare to now (its ``data.fingerprint`` differs: a corpus file changed) -> resuming could not
+  replay its batches, so ``run`` refuses before anything starts (``stale_data_refusal``);
 - ``rerun``: a failed cell with ``--rerun-failed`` (continued like ``resume``), or a finished or
-  diverged cell that other numerics code produced (stale) with ``--rerun-stale`` (from step 0 in a
-  new run; the old run and its checkpoint are kept);
+  diverged cell that other numerics code produced (stale), or a ``stale-data`` one, with
+  ``--rerun-stale`` (from step 0 in a new run; the old run and its checkpoint are kept);
 - ``reuse``: a baseline seed with no run here whose key has a result in the store ``baseline_from``
   names -> copied into this store, not trained (``ablate.driver.reuse``; ``run`` copies it before
   it plans, so only ``plan`` shows this action).
@@ -20,13 +23,14 @@ the runner follows it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ablate.driver.preparing import fingerprints, study_data
 from ablate.driver.reuse import baseline_plan
-from ablate.errors import TrackingError
+from ablate.errors import CannotRunError, TrackingError
 from ablate.study import Cell, Study
 from ablate.targets import headroom_warning, reached_fraction, schedule_fraction, target_ppl_of
 from ablate.tracking import CellRun, CellStatus, join_runs, study_status
@@ -35,8 +39,8 @@ from ablate.tracking.vocab import env_tag
 from ablate.train.checkpoint import checkpoint_step
 from ablate.train.provenance import code_hash
 
-Action = Literal["run", "skip", "resume", "failed", "rerun", "reuse"]
-ACTIONS: tuple[Action, ...] = ("run", "resume", "rerun", "reuse", "skip", "failed")
+Action = Literal["run", "skip", "resume", "failed", "stale-data", "rerun", "reuse"]
+ACTIONS: tuple[Action, ...] = ("run", "resume", "rerun", "reuse", "skip", "failed", "stale-data")
 TO_RUN = ("run", "resume", "rerun")
 
 
@@ -49,6 +53,8 @@ class PlannedCell:
     fresh: bool = False
     """Rerun from step 0 in a new MLflow run (a stale result: the old run and its checkpoint are
     kept, the checkpoint moved aside)."""
+    data_change: str = ""
+    """A ``stale-data`` cell's (or one rerun for it) change of data (``stale_data``)."""
 
 
 def stale(run: CellRun) -> str:
@@ -60,6 +66,15 @@ def stale(run: CellRun) -> str:
     return f"code_hash {recorded}, now {code_hash()}"
 
 
+def stale_data(run: CellRun, fingerprint: str | None) -> str:
+    """Why a run cannot go on with the data its cell prepares to now (``fingerprint``: the
+    prepared set's; None when not known): "" when it can, or when the run logged no data yet."""
+    recorded = run.data.get("data.fingerprint")
+    if not recorded or fingerprint is None or recorded == fingerprint:
+        return ""
+    return f"data.fingerprint {recorded}, now {fingerprint}"
+
+
 def plan_cell(
     cell: Cell,
     run: CellRun | None,
@@ -67,8 +82,10 @@ def plan_cell(
     rerun_failed: bool,
     ckpt_step: int | None,
     rerun_stale: bool = False,
+    fingerprint: str | None = None,
 ) -> PlannedCell:
-    """What ``run`` does to one cell, given its recorded run and its checkpoint's step."""
+    """What ``run`` does to one cell, given its recorded run, its checkpoint's step and the
+    fingerprint of the prepared data it reads now (None: not known, not checked)."""
     if run is None:
         return PlannedCell(cell, "run", None, "new")
     if run.status in ("finished", "diverged"):
@@ -80,6 +97,12 @@ def plan_cell(
             why = f"{run.status}; stale: other training code ({old}); --rerun-stale reruns it"
             return PlannedCell(cell, "skip", run, why)
         return PlannedCell(cell, "skip", run, run.status)
+    if old := stale_data(run, fingerprint):
+        if rerun_stale:
+            why = f"{run.status} on other data ({old}); again from step 0 in a new run"
+            return PlannedCell(cell, "rerun", run, why, fresh=True, data_change=old)
+        why = f"{run.status} on other data ({old}); restore its data, or --rerun-stale"
+        return PlannedCell(cell, "stale-data", run, why, data_change=old)
     where = f"from the step-{ckpt_step} checkpoint" if ckpt_step else "from step 0"
     if run.status == "failed":
         if rerun_failed:
@@ -95,7 +118,10 @@ def plan_cells(
     *,
     rerun_failed: bool = False,
     rerun_stale: bool = False,
+    fingerprints: Mapping[str, str] | None = None,
 ) -> list[PlannedCell]:
+    """Each cell's plan; ``fingerprints``: the prepared data each cell reads now, by key."""
+    fps = fingerprints or {}
     return [
         plan_cell(
             cs.cell,
@@ -103,9 +129,55 @@ def plan_cells(
             rerun_failed=rerun_failed,
             ckpt_step=_ckpt_step(study, cs.cell),
             rerun_stale=rerun_stale,
+            fingerprint=fps.get(cs.cell.key),
         )
         for cs in statuses
     ]
+
+
+def check_stale_data(study: Study, fingerprints: Mapping[str, str]) -> None:
+    """Refuse (``CannotRunError``) a study with ``stale-data`` cells, from what its store holds
+    (read only: before ``run`` opens the store, so that a refusal changes nothing recorded)."""
+    try:
+        statuses = study_status(study)
+    except TrackingError:  # nothing recorded yet (or a damaged store: refused when opened)
+        return
+    if why := stale_data_refusal(plan_cells(study, statuses, fingerprints=fingerprints)):
+        raise CannotRunError(why)
+
+
+def stale_data_refusal(planned: Iterable[PlannedCell]) -> str | None:
+    """Why ``run`` must not start: the ``stale-data`` cells, with their data fields and both
+    fingerprints, and how to go on (None when there is none)."""
+    cells = [p for p in planned if p.action == "stale-data" and p.run is not None]
+    if not cells:
+        return None
+    lines = [
+        f"cell {p.cell.label}: its {p.run.status} run trained on other data than "
+        f"{data_field(p.cell)} prepares to now ({p.data_change})"
+        for p in cells
+        if p.run is not None
+    ]
+    return "\n".join(
+        [
+            *lines[:10],
+            *([f"... and {len(lines) - 10} more"] if len(lines) > 10 else []),
+            "resuming would not replay the batches it trained on: restore the data as they "
+            "were, or run with --rerun-stale to set the run and its checkpoint aside (kept) "
+            "and train the cell anew from step 0",
+        ]
+    )
+
+
+def data_field(cell: Cell) -> str:
+    """The field that names a cell's data, with its value: ``data.path``, ``data.hf_dataset``
+    or ``data.corpus``."""
+    d = cell.config.data
+    if d.path:
+        return f"data.path {d.path}"
+    if d.hf_dataset:
+        return f"data.hf_dataset {d.hf_dataset}"
+    return f"data.corpus {d.corpus}"
 
 
 def plan(
@@ -117,7 +189,13 @@ def plan(
         statuses = study_status(study)
     except TrackingError:  # nothing recorded yet: every cell is new
         statuses = join_runs(study, {})
-    planned = plan_cells(study, statuses, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
+    try:  # the sets prepared already (the others prepare when the study runs)
+        fps = fingerprints(study_data(study))
+    except (FileNotFoundError, ValueError, ImportError):  # refused with its field by the checks
+        fps = {}
+    planned = plan_cells(
+        study, statuses, rerun_failed=rerun_failed, rerun_stale=rerun_stale, fingerprints=fps
+    )
     reuse = baseline_plan(study, {p.cell.key: p.run for p in planned if p.run is not None})
     if reuse is None or not reuse.copy:
         return planned

@@ -41,6 +41,12 @@ def study_data(study: Study, cells: Iterable[Cell] | None = None) -> list[DataSe
     return list(sets.values())
 
 
+def fingerprints(sets: Iterable[DataSet]) -> dict[str, str]:
+    """The fingerprint of the prepared data each cell reads, by cell key (for the sets prepared:
+    ``planning.stale_data`` compares it with the one its run recorded)."""
+    return {c.key: s.prepared.fingerprint for s in sets if s.prepared for c in s.cells}
+
+
 def check_hub_data(study: Study, cells: Iterable[Cell] | None = None) -> None:
     """A hub dataset that ``run`` would read (its data not prepared in the study's data cache yet)
     must be in the ``datasets`` cache, or the hub reachable (``sources.hub_dataset_missing``):

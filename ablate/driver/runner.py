@@ -31,9 +31,16 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ablate.driver.branching import BranchGate, Member, members, own_step, trunk_passes
-from ablate.driver.planning import TO_RUN, PlannedCell, plan_cells, summarize
+from ablate.driver.planning import (
+    TO_RUN,
+    PlannedCell,
+    check_stale_data,
+    plan_cells,
+    stale_data_refusal,
+    summarize,
+)
 from ablate.driver.preflight import preflight
-from ablate.driver.preparing import prepare_study
+from ablate.driver.preparing import fingerprints, prepare_study
 from ablate.driver.progress import (
     WAIT_REPEAT_S,
     WAIT_WARN_S,
@@ -50,6 +57,7 @@ from ablate.driver.setup import (
     study_lock,
     task_threads,
 )
+from ablate.errors import CannotRunError
 from ablate.executor import Executor, ExecutorName, RayExecutor
 from ablate.executor.task import Outcome, Task
 from ablate.study import Cell, Study
@@ -113,7 +121,10 @@ def run_study(
         )[0]
     out = stream or sys.stderr
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
-    prepare_study(study, out=out)  # tokenizes each data configuration once, records nothing
+    sets = prepare_study(study, out=out)  # tokenizes each data configuration once, records nothing
+    fps = fingerprints(sets)
+    if not rerun_stale:  # a cell interrupted on other data: refused before anything is recorded
+        check_stale_data(study, fps)
     with (
         clean_failed_start(study.output_dir) as launched,
         study_lock(study.output_dir),
@@ -130,7 +141,10 @@ def run_study(
                 join_runs(study, runs),
                 rerun_failed=rerun_failed,
                 rerun_stale=rerun_stale,
+                fingerprints=fps,
             )
+            if why := stale_data_refusal(planned):  # recorded since check_stale_data read
+                raise CannotRunError(why)
             counts = ", ".join(f"{n} {a}" for a, n in summarize(planned).items())
             print(
                 f"study {study.name}: {len(planned)} cells: {counts} ({ex.name} executor, "

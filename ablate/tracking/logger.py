@@ -63,8 +63,13 @@ class MlflowLogger:
         old = self._client.get_run(self.run_id).data.params
         new: list[Param] = []
         changed: list[str] = []
+        same_tokens = old.get("data.fingerprint") == str(params.get("data.fingerprint"))
         for k, v in params.items():  # flat already (Logger protocol)
             value = str(v)[:MAX_PARAM_LEN]
+            if k == "data.prepared" and same_tokens and k in old:
+                # the set's key follows its files' modification times: files touched since, the
+                # same tokens (data.fingerprint) -> the run goes on, keeping the key it logged
+                continue
             if k not in old:
                 new.append(Param(k, value))
             elif old[k] != value:

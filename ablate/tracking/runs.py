@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +55,9 @@ class CellRun:
     last_step: int | None
     """Highest step of metric train_loss; None before the first one."""
     tags: dict[str, str]
+    data: dict[str, str] = field(default_factory=dict)
+    """The prepared data it trained on, as the trainer logged it (``data.fingerprint`` and
+    ``data.prepared`` params; empty before its first step was logged)."""
 
     @property
     def reason(self) -> str:
@@ -109,6 +112,10 @@ class CellRun:
         return self.tags.get(vocab.REUSED_RUN, "")
 
 
+DATA_PARAMS = ("data.fingerprint", "data.prepared")
+"""The params that name the prepared data a run trained on (``ablate.train.loop``)."""
+
+
 def latest_points(run: Run) -> dict[str, tuple[int, float]]:
     """metric -> (step, value) of its latest point. MLflow keeps each metric's value at its highest
     step with the run; ``RunData.metrics`` drops the step, the run's proto form keeps it."""
@@ -157,7 +164,8 @@ def _cells(client: Client, experiment_id: str) -> dict[str, CellRun]:
             label, status = tags.get(vocab.LABEL, key), tags.get(vocab.STATUS, "pending")
             loss = latest_points(run).get("train_loss")
             step = loss[0] if loss else None
-            cells[key] = CellRun(run.info.run_id, key, label, status, step, dict(tags))
+            data = {k: v for k, v in run.data.params.items() if k in DATA_PARAMS}
+            cells[key] = CellRun(run.info.run_id, key, label, status, step, dict(tags), data)
     return cells
 
 

@@ -1,0 +1,112 @@
+"""A cell interrupted on data that prepare to other tokens now (a corpus file changed since): `plan`
+marks it stale-data and `run` refuses before anything starts, with nothing recorded changed, until
+the data are restored or --rerun-stale trains it anew; files only touched resume as before. Real
+tiny runs on a local text corpus, real MLflow (SQLite under tmp_path)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
+
+from ablate.cli import main
+from ablate.driver.planning import plan
+from ablate.driver.runner import run_study
+from ablate.study import Study, load_study
+
+STUDY = """
+name: c1
+base:
+  device: cpu
+  model: {preset: tiny}
+  data: {corpus: text, path: corp/a.txt, val_tokens: 4096}
+  train: {steps: 9, batch_size: 2, seq_len: 16, eval_every: 3, eval_batches: 2, warmup_steps: 2}
+data_cache: cache
+grid: {seed: [0]}
+"""
+
+
+def _setup(tmp_path: Path, monkeypatch: Any) -> Study:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corp").mkdir()
+    text = "".join(
+        f"Paragraph {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(500)
+    )
+    (tmp_path / "corp" / "a.txt").write_text(text)
+    (tmp_path / "c1.yaml").write_text(STUDY)
+    s = load_study(tmp_path / "c1.yaml", output=tmp_path / "out")
+    first = run_study(s, executor="local", progress=False, stop_after=4)
+    assert {o.status for o in first.outcomes.values()} == {"interrupted"}
+    return s
+
+
+def _recorded(s: Study) -> dict[str, Any]:
+    """Everything the store holds of the study's runs, and the cells' checkpoint files."""
+    client = MlflowClient(tracking_uri=s.tracking_uri)
+    exp = client.get_experiment_by_name(s.name)
+    assert exp is not None
+    runs = {}
+    for r in client.search_runs([exp.experiment_id]):
+        metrics = {
+            k: [(m.step, m.value) for m in client.get_metric_history(r.info.run_id, k)]
+            for k in r.data.metrics
+        }
+        runs[r.info.run_id] = (r.info.status, r.data.params, r.data.tags, metrics)
+    files = {
+        str(p.relative_to(s.output_dir)): p.read_bytes()
+        for p in sorted((s.output_dir / "cells").rglob("*"))
+        if p.is_file()
+    }
+    return {"runs": runs, "files": files}
+
+
+def test_changed_corpus_refuses_before_anything_starts_and_rerun_stale_trains_anew(
+    tmp_path, monkeypatch
+):
+    s = _setup(tmp_path, monkeypatch)
+    (cell,) = s.cells
+    client = MlflowClient(tracking_uri=s.tracking_uri)
+    before = _recorded(s)
+    (old_id,) = [rid for rid, (_, prm, _, _) in before["runs"].items() if "data.fingerprint" in prm]
+    old_fp = before["runs"][old_id][1]["data.fingerprint"]
+    with open(tmp_path / "corp" / "a.txt", "a") as f:
+        f.write("more text appended\n")
+
+    (p,) = plan(s)  # the new data are not prepared yet: not known, not marked
+    assert p.action == "resume"
+    for flags in ([], ["--rerun-failed"]):
+        res = CliRunner().invoke(
+            main, ["run", "c1.yaml", "--executor", "local", "-o", "out", "--quiet", *flags]
+        )
+        assert res.exit_code == 2, res.output
+        assert "data.path corp/a.txt" in res.output and old_fp in res.output
+        assert "--rerun-stale" in res.output and "--rerun-failed" not in res.output
+        assert "Traceback" not in res.output
+        assert _recorded(s) == before  # nothing recorded changed, no checkpoint touched
+    (p,) = plan(s)  # prepared by the refused run: its fingerprint is known now
+    assert p.action == "stale-data" and old_fp in p.why
+    (p,) = plan(s, rerun_failed=True)
+    assert p.action == "stale-data"
+
+    again = run_study(s, executor="local", progress=False, rerun_stale=True)
+    assert {o.status for o in again.outcomes.values()} == {"finished"}
+    new_id = again.run_ids[cell.key]
+    assert new_id != old_id
+    assert client.get_run(old_id).data.params["data.fingerprint"] == old_fp  # kept
+    new_fp = client.get_run(new_id).data.params["data.fingerprint"]
+    assert new_fp != old_fp
+    assert (s.checkpoint_dir(cell).parent / f"{cell.key}.stale-{old_id[:12]}").is_dir()
+    assert [p.action for p in plan(s)] == ["skip"]
+
+
+def test_touched_corpus_resumes_in_the_same_run(tmp_path, monkeypatch):
+    s = _setup(tmp_path, monkeypatch)
+    corpus = tmp_path / "corp" / "a.txt"
+    st = corpus.stat()
+    os.utime(corpus, (st.st_atime, st.st_mtime + 100))  # a new prepared set, the same tokens
+    second = run_study(s, executor="local", progress=False)
+    assert [p.action for p in second.planned] == ["resume"]
+    assert {o.status for o in second.outcomes.values()} == {"finished"}, second.outcomes
