@@ -25,8 +25,9 @@ the lowest seed; trials change only the ``space`` paths. ``per: []`` is a single
 
 **Space.** Keys are the grid's axis names (dotted config paths such as ``train.lr``, or recipe
 shorthands such as ``intervention``). A parameter is a range (``low``, ``high``, optional ``log``
-or ``step``; an int range when ``type: int`` or when the config field is an int) or ``choices``
-(numbers, strings, booleans; not lists: vary list-valued axes such as ``fp4_gemms`` with ``per``).
+or ``step``; an int range when ``type: int`` or when the config field is an int, and ``type:
+float`` on an int field is refused) or ``choices`` (numbers, strings, booleans; not lists: vary
+list-valued axes such as ``fp4_gemms`` with ``per``).
 
 Everything is checked with the rest of the study, before anything runs, by ``check_tune``: each
 problem names its YAML path (``tune.space.train.lr.low: ...``). Bounds and choices are validated
@@ -127,9 +128,14 @@ def param_kind(path: str, p: SearchParam) -> ParamKind:
         return "categorical"
     if p.type is not None:
         return p.type
+    return "int" if _is_int_field(path) else "float"
+
+
+def _is_int_field(path: str) -> bool:
+    """Whether the config field at ``path`` takes only integers (its annotation)."""
     hint = _field_type(path)
     types = typing.get_args(hint) or (hint,)  # int | None (model.dim) is an int field too
-    return "int" if int in types and float not in types else "float"
+    return int in types and float not in types
 
 
 def _field_type(path: str) -> Any:
@@ -232,6 +238,11 @@ def _check_shape(path: str, p: SearchParam, where: str) -> list[str]:
         ]
     if kind == "categorical":
         return [f"{where}.choices: required for type categorical"]
+    if kind == "float" and _is_int_field(path):
+        return [
+            f"{where}.type: float, but {path} is an int field, which refuses fractional values "
+            "(allowed: int, or leave type out)"
+        ]
     missing = [n for n in ("low", "high") if getattr(p, n) is None]
     if missing:
         return [f"{where}.{n}: required for a range (or give choices: [...])" for n in missing]

@@ -106,6 +106,10 @@ def final_val_loss(study: Study, run_id: str) -> float:
         ({"train.lr": {"high": 1.0e-2}}, "tune.space.train.lr.low: required"),
         ({"fp4_gemms": {"choices": [["wgrad"]]}}, "tune.space.fp4_gemms: also in tune.per"),
         ({"seed": {"low": 0, "high": 3}}, "tune.space.seed: seed is not a hyperparameter"),
+        (
+            {"train.steps": {"type": "float", "low": 4, "high": 8}},
+            "tune.space.train.steps.type: float, but train.steps is an int field",
+        ),
     ],
 )
 def test_a_bad_search_space_is_refused_naming_its_yaml_path(tmp_path, space, where):
@@ -156,6 +160,14 @@ def test_cli_refuses_a_bad_tune_section_with_status_2_before_writing(tmp_path):
     res = CliRunner().invoke(main, ["tune", str(path), "--executor", "local"])
     assert res.exit_code == 2 and "has no tune: section" in res.output
     assert not (tmp_path / "out").exists()
+
+
+def test_an_int_range_on_a_float_field_is_still_accepted(tmp_path):
+    raw = raw_study()
+    raw["tune"]["space"]["train.warmup_steps"]["type"] = "int"
+    raw["tune"]["space"]["train.grad_clip"] = {"type": "int", "low": 1, "high": 3}
+    s = parse_study(raw, output=tmp_path / "out")
+    assert s.file.tune is not None and s.file.tune.space["train.grad_clip"].type == "int"
 
 
 def test_searches_split_the_cells_per_axis_and_start_from_the_lowest_seed(tmp_path):
