@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from ablate.errors import ReportError
+from ablate.errors import DamagedStoreError, ReportError
 from ablate.report.ladder.render import LadderResult, build_ladder_report, ladder_metrics
 from ablate.report.recorded import study_frames
 from ablate.report.render import ReportResult, build_report
@@ -88,7 +88,10 @@ def report_study(
     if study.file.tune is not None:
         from ablate.tune.storage import tune_summary
 
-        tuning = tune_summary(study)
+        try:
+            tuning = tune_summary(study)
+        except DamagedStoreError as e:  # the results are in MLflow: report them, say why not this
+            notes.append(f"No tuning section: {e}.")
     if study.file.ladder is not None:
         return _report_ladder(study, cells, evals, out, notes, attach, titles, mix_numerics)
     probes = probe_frame(study, cells)

@@ -37,10 +37,11 @@ The local executor runs a trial to its end in this process, so there the same de
 on the same points after the fact: the trial is PRUNED (its run ``finished``) but nothing is saved.
 
 **Storage and resuming.** Optuna's RDB storage in SQLite, ``<output>/optuna.db``, beside MLflow's
-``mlflow.db`` but in its own file. Only the driver writes it (one ``ablate tune`` per study at a
-time: a lock on ``<output>/tune/.lock`` and the lock ``tune`` in the tracking store,
-``ablate.tracking.lock``; workers write only MLflow), so SQLite's single writer is no
-limitation and a journal file would buy nothing. Running ``ablate tune`` again continues each
+``mlflow.db`` but in its own file; a file there that is damaged or is not an Optuna storage
+(another SQLite database) is refused before anything is written (``check_storage``). Only the
+driver writes it (one ``ablate tune`` per study at a time: a lock on ``<output>/tune/.lock`` and
+the lock ``tune`` in the tracking store, ``ablate.tracking.lock``; workers write only MLflow), so
+SQLite's single writer is no limitation and a journal file would buy nothing. Running ``ablate tune`` again continues each
 search: COMPLETE, PRUNED and FAIL trials count towards ``trials``, and only the remainder runs.
 A trial left RUNNING by a killed driver (or stopped by Ctrl-C) is marked FAIL with
 ``reason="interrupted"`` and does not count; it is not resumed (a new trial takes its place). The
@@ -93,6 +94,7 @@ from ablate.train.checkpoint import remove_checkpoint
 from ablate.train.config import config_hash
 from ablate.tune.storage import (
     STORAGE,
+    check_storage,
     continuation_problems,
     count_trials,
     make_pruner,
@@ -381,6 +383,7 @@ def run_tune(
     searches = plan_searches(tune, study)
     target_ppl = resolve_target_ppl(study) if tune.objective == "tokens_to_target" else None
     uri = study.tracking_uri
+    check_storage(study)  # a damaged or foreign optuna.db: refused before anything is written
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
     prepare_study(study, cells=[s.cell for s in searches], out=out)  # records nothing
     lock = study_lock(study.output_dir / "tune", command="ablate tune", error=TuneError)

@@ -1,4 +1,5 @@
-"""The Optuna side of ``ablate tune``: where a study's searches are stored and what they are named,
+"""The Optuna side of ``ablate tune``: where a study's searches are stored (``check_storage``
+refuses a damaged or foreign ``optuna.db`` before Optuna opens it) and what they are named,
 what a search starts from (``start_fingerprint``), the sampler, pruner and suggestions its ``tune``
 section asks for, and what the searches found,
 read back from the storage: a summary per search (for the terminal and the report) and
@@ -16,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +25,55 @@ import optuna
 import yaml
 from optuna.trial import Trial, TrialState
 
-from ablate.errors import TuneError
+from ablate.errors import DamagedStoreError, TuneError
 from ablate.study.axes import fmt_value, with_values
 from ablate.study.cells import Study
 from ablate.study.schema import SearchParam, TuneSection
 from ablate.study.tune import Search, param_kind, plan_searches
+from ablate.tracking.store import read_only
 
 STORAGE = "optuna.db"
 IMPORTANCE_MIN_TRIALS = 4
+OPTUNA_TABLES = frozenset({"version_info", "studies"})
+"""Tables that every Optuna RDB storage has; a SQLite file with other tables and not these is
+someone else's database."""
 
 
 def storage_url(study: Study) -> str:
     return "sqlite:///" + str((study.output_dir / STORAGE).resolve())
+
+
+def check_storage(study: Study) -> None:
+    """``DamagedStoreError`` where ``<output>/optuna.db`` is there, not empty, and not an Optuna
+    storage: a file SQLite cannot read (``ablate.tracking.store.check_sqlite_file``'s check), or a
+    SQLite database with tables but not Optuna's (``OPTUNA_TABLES``; e.g. a copy of mlflow.db, into
+    which Optuna would write its tables). Its table names read once through a read-only connection:
+    nothing written. A missing or empty file, or one without tables, passes (Optuna creates its
+    tables there), and so does a busy one."""
+    path = (study.output_dir / STORAGE).resolve()
+    try:
+        if path.stat().st_size == 0:
+            return
+    except OSError:
+        return
+    fix = "restore it from a copy, or move it aside to start the searches anew"
+    try:
+        with contextlib.closing(read_only(path, timeout=5)) as db:
+            rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    except sqlite3.OperationalError:  # locked, or cannot be opened: not a sign of damage
+        return
+    except sqlite3.DatabaseError as e:
+        raise DamagedStoreError(
+            f"the Optuna storage {path} is damaged or not a SQLite database ({e}); nothing was "
+            f"read or written: {fix}"
+        ) from None
+    tables = {name for (name,) in rows}
+    if tables and not tables >= OPTUNA_TABLES:
+        raise DamagedStoreError(
+            f"{path} is not an Optuna storage: a SQLite database with other tables "
+            f"({', '.join(sorted(tables)[:4])}{', ...' if len(tables) > 4 else ''}) and not "
+            f"Optuna's ({', '.join(sorted(OPTUNA_TABLES))}); nothing was written: {fix}"
+        )
 
 
 def optuna_name(study: Study, search: Search) -> str:
@@ -146,9 +185,10 @@ def tune_summary(study: Study) -> list[dict[str, Any]]:
     """Per search in the Optuna storage: search, study_name, objective, n_trials, complete,
     pruned, failed, best_value, best_trial, best_params, importance (None below 4 complete trials
     or with one parameter), values (of the ``per`` axes), start_cell. Reads only; [] before any
-    ``ablate tune``."""
+    ``ablate tune``; ``DamagedStoreError`` for a storage that ``check_storage`` refuses."""
     if study.file.tune is None or not (study.output_dir / STORAGE).is_file():
         return []
+    check_storage(study)
     tune = study.file.tune
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = optuna.storages.RDBStorage(storage_url(study))

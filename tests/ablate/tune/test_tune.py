@@ -5,8 +5,11 @@ study."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import math
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -306,6 +309,61 @@ def test_cli_tune_prints_the_best_parameters_per_search(searched, tmp_path):
     assert res.exit_code == 0, res.output
     assert "0 to run" in res.output
     assert "bf16: 5 trials (4 complete, 0 pruned, 0 failed); best final_val_loss" in res.output
+
+
+# --- a damaged or foreign optuna.db ------------------------------------------------------------------
+
+
+def spoil(db: Path, kind: str) -> bytes:
+    """Write a file at ``db`` that is no Optuna storage; its bytes."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "damaged":
+        db.write_bytes(bytes(range(256)) * 12)
+    else:  # another SQLite database, as a copy of mlflow.db would be
+        with contextlib.closing(sqlite3.connect(db)) as c, c:
+            c.execute("CREATE TABLE runs (run_uuid TEXT)")
+    return db.read_bytes()
+
+
+SPOILED = {"damaged": "is damaged or not a SQLite database", "foreign": "is not an Optuna storage"}
+
+
+@pytest.mark.parametrize("kind", ["damaged", "foreign"])
+def test_cli_tune_refuses_a_damaged_or_foreign_optuna_db_untouched(tmp_path, kind):
+    raw = raw_study(per=[], trials=1)
+    raw.update(grid={"fp4_gemms": [[]]}, output=str(tmp_path / "out"))
+    db = tmp_path / "out" / "optuna.db"
+    before = spoil(db, kind)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(main, ["tune", str(path), "--executor", "local"])
+    assert res.exit_code == 2, res.output
+    assert f"{db.resolve()} {SPOILED[kind]}" in res.output
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in db.parent.iterdir()) == ["optuna.db"]  # no mlflow.db either
+
+
+@pytest.mark.slow
+def test_report_leaves_out_the_tuning_of_a_damaged_or_foreign_optuna_db(store, tmp_path):
+    from ablate.driver.runner import run_study
+    from ablate.report.study import report_study
+
+    raw = raw_study("reported", per=[], trials=1)
+    raw.update(grid={"fp4_gemms": [[]], "seed": [0]}, baseline={"fp4_gemms": []})
+    raw["target"] = {"val_ppl": 200.0}
+    study = e2e_study(raw, store, tmp_path / "out")
+    run_study(study, executor="local", progress=False, stream=io.StringIO())
+    for kind in ("damaged", "foreign"):
+        db = study.output_dir / "optuna.db"
+        before = spoil(db, kind)
+        report_study(study, out_dir=tmp_path / kind, attach=False)
+        md = (tmp_path / kind / "report.md").read_text()
+        assert f"No tuning section: the Optuna storage {db.resolve()}" in md or (
+            f"No tuning section: {db.resolve()} is not an Optuna storage" in md
+        )
+        assert SPOILED[kind] in md
+        assert db.read_bytes() == before
+        db.unlink()
 
 
 # --- failing trials ------------------------------------------------------------------------------------
