@@ -14,7 +14,8 @@ child run under the study's parent run (role ``trial``, labelled ``<search>/tria
 search, trial number and parameters as tags: ``ablate.tracking.vocab``; ``ablate run`` plans only
 ``cell`` runs, so it never sees them) and hands a ``Task`` to the executor, ``parallelism`` trials per search at a time (ask-and-tell). Each
 trial checkpoints in ``<output>/tune/<search>/trial<N>/`` (so a Ray retry after a lost worker
-resumes it); the checkpoint file is deleted when the trial ends, as nothing resumes a trial later.
+resumes it); the checkpoint file is deleted when the trial ends, as nothing resumes a trial later,
+and when it is interrupted (by Ctrl-C; a killed driver's trials when ``ablate tune`` runs again).
 When a trial ends, Optuna is told its state and the run gets ``ablate.tune_state`` (COMPLETE,
 PRUNED, FAIL), ``ablate.value`` and ``ablate.reason``, so both stores agree.
 
@@ -195,8 +196,21 @@ class _Driver:
         for ft in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             reason = "interrupted: the driver stopped before the trial ended"
             self._fail_interrupted(ostudy, Trial(ostudy, ft._trial_id), reason)
+        for ft in ostudy.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+            if ft.user_attrs.get("interrupted"):  # nothing resumes it: its checkpoint goes
+                self._remove_checkpoint(self.trial_dir(search, ft.number))
         done = sum(count_trials(ostudy.get_trials(deepcopy=False)).values())
         return _Search(search, ostudy, todo=max(0, self.tune.trials - done))
+
+    def trial_dir(self, search: Search, number: int) -> Path:
+        """Where trial ``number`` of ``search`` checkpoints."""
+        return self.study.output_dir / "tune" / search.slug / f"trial{number}"
+
+    @staticmethod
+    def _remove_checkpoint(folder: str | Path) -> None:
+        if Path(folder).is_dir():
+            with contextlib.suppress(OSError):
+                remove_checkpoint(folder)
 
     def _fail_interrupted(self, ostudy: optuna.Study, trial: Trial, reason: str) -> None:
         trial.set_user_attr("interrupted", True)
@@ -226,7 +240,7 @@ class _Driver:
             trial.set_user_attr("mlflow_run_id", rid)
             self._tell(s, trial, None, TrialState.FAIL, reason, rid, "failed", {})
             return
-        ckpt = self.study.output_dir / "tune" / s.search.slug / f"trial{trial.number}"
+        ckpt = self.trial_dir(s.search, trial.number)
         if ckpt.exists():  # left by an earlier optuna.db (numbers restarted): not this trial's
             shutil.rmtree(ckpt)
         ckpt.parent.mkdir(parents=True, exist_ok=True)  # a worker checks that it sees the folder
@@ -288,8 +302,7 @@ class _Driver:
             state, status = TrialState.FAIL, "failed" if o.status == "failed" else "interrupted"
             reason = o.reason or o.status
         self._tell(s, trial, value, state, reason, rid, status, info)
-        with contextlib.suppress(OSError):
-            remove_checkpoint(live.task.config["checkpoint_dir"])
+        self._remove_checkpoint(live.task.config["checkpoint_dir"])
 
     def _tell(
         self,
@@ -361,6 +374,7 @@ class _Driver:
             self.pool.cancel(key)
             with contextlib.suppress(Exception):
                 self._fail_interrupted(lv.s.study, lv.trial, "interrupted: Ctrl-C")
+            self._remove_checkpoint(lv.task.config["checkpoint_dir"])  # or the next open() does
         self.live.clear()
 
 

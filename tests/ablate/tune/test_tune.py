@@ -9,7 +9,11 @@ import contextlib
 import copy
 import io
 import math
+import os
+import signal
 import sqlite3
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -204,8 +208,12 @@ def searched(store, tmp_path_factory) -> dict[str, Any]:
     study = e2e_study(raw_study(), store, tmp_path_factory.mktemp("searched") / "out")
     first = run_tune(study, executor="local")
     before = {k: (r.info.run_id, r.info.end_time) for k, r in trial_runs(study).items()}
-    # a driver killed while trial 3 of the bf16 search ran: Optuna has it RUNNING
+    # a driver killed while trial 3 of the bf16 search ran: Optuna has it RUNNING, and its
+    # checkpoint is there
     killed = optuna_studies(study)["bf16"].ask()
+    ckpt = study.output_dir / "tune" / "bf16" / f"trial{killed.number}" / "checkpoint.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"a killed trial's checkpoint")
     second = run_tune(study, executor="local", trials=4)
     return {
         "study": study,
@@ -213,7 +221,16 @@ def searched(store, tmp_path_factory) -> dict[str, Any]:
         "second": second,
         "before": before,
         "killed": killed.number,
+        "killed_checkpoint": ckpt,
     }
+
+
+def parent_tags(study: Study) -> dict[str, str]:
+    client = MlflowClient(tracking_uri=study.tracking_uri)
+    exp = client.get_experiment_by_name(study.name)
+    assert exp is not None
+    (parent,) = client.search_runs([exp.experiment_id], "tags.`ablate.role` = 'study'")
+    return parent.data.tags
 
 
 @pytest.mark.slow
@@ -249,6 +266,7 @@ def test_a_second_invocation_continues_the_searches(searched):
     bf16 = {t.number: t for t in studies["bf16"].get_trials()}
     killed = bf16[searched["killed"]]
     assert killed.state == TrialState.FAIL and killed.user_attrs["reason"].startswith("interrupted")
+    assert not searched["killed_checkpoint"].exists()  # nothing resumes it
     assert sorted(bf16) == [0, 1, 2, 3, 4]  # numbers go on; the killed trial does not count
     assert [t.number for t in studies["mxfp4[fprop,dgrad,wgrad]/bf16"].get_trials()] == [0, 1, 2, 3]
     assert second.ran == 2
@@ -364,6 +382,40 @@ def test_report_leaves_out_the_tuning_of_a_damaged_or_foreign_optuna_db(store, t
         assert SPOILED[kind] in md
         assert db.read_bytes() == before
         db.unlink()
+
+
+# --- Ctrl-C ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ctrl_c_fails_the_trial_in_flight_and_deletes_its_checkpoint(store, tmp_path):
+    raw = raw_study("ctrlc", per=[], trials=2)
+    raw["grid"] = {"fp4_gemms": [[]]}
+    raw["base"]["train"].update(steps=400, eval_every=200, checkpoint_every=2)
+    study = e2e_study(raw, store, tmp_path / "out")
+    ckpt = study.output_dir / "tune" / "all" / "trial0" / "checkpoint.pt"
+    stop = threading.Event()
+
+    def ctrl_c_once_checkpointed() -> None:
+        while not stop.is_set() and not ckpt.exists():
+            time.sleep(0.01)
+        if not stop.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    watcher = threading.Thread(target=ctrl_c_once_checkpointed)
+    watcher.start()
+    try:
+        res = run_tune(study, executor="local", stream=io.StringIO())
+    finally:
+        stop.set()
+        watcher.join()
+        signal.signal(signal.SIGINT, before)
+    assert res.interrupted and res.ran == 0
+    (t,) = optuna_studies(study)["all"].get_trials()
+    assert t.state == TrialState.FAIL and t.user_attrs["reason"] == "interrupted: Ctrl-C"
+    assert not ckpt.exists()  # nothing resumes an interrupted trial
+    assert parent_tags(study)["ablate.tune_status"] == "interrupted"
 
 
 # --- failing trials ------------------------------------------------------------------------------------
