@@ -17,7 +17,8 @@ trial checkpoints in ``<output>/tune/<search>/trial<N>/`` (so a Ray retry after 
 resumes it); the checkpoint file is deleted when the trial ends, as nothing resumes a trial later,
 and when it is interrupted (by Ctrl-C; a killed driver's trials when ``ablate tune`` runs again).
 When a trial ends, Optuna is told its state and the run gets ``ablate.tune_state`` (COMPLETE,
-PRUNED, FAIL), ``ablate.value`` and ``ablate.reason``, so both stores agree.
+PRUNED, FAIL), ``ablate.value`` and ``ablate.reason``, so both stores agree. The parent run gets
+``ablate.tune_status`` and ``ablate.tune_trials``: the trials that count in all its searches.
 
 **Objective.** ``final_val_loss``: the last validation loss. ``tokens_to_target``: training tokens
 at which validation perplexity first reaches the study's target (interpolated as in the report); a
@@ -430,12 +431,14 @@ def run_tune(
                 interrupted = True
                 driver.interrupt()
                 print("\ninterrupted: run `ablate tune` again to continue the searches", file=out)
-            # the study's own status (set by `ablate run`) stays as it is
+            # the study's own status (set by `ablate run`) stays as it is; tune_trials: the
+            # searches' trials that count (all invocations), not this invocation's
+            counted = sum(sum(count_trials(s.study.get_trials()).values()) for s in states)
             tracker.set_tags(
                 parent,
                 {
                     "tune_status": "interrupted" if interrupted else "finished",
-                    "tune_trials": driver.ran,
+                    "tune_trials": counted,
                 },
             )
         finally:

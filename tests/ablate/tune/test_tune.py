@@ -327,6 +327,8 @@ def test_cli_tune_prints_the_best_parameters_per_search(searched, tmp_path):
     assert res.exit_code == 0, res.output
     assert "0 to run" in res.output
     assert "bf16: 5 trials (4 complete, 0 pruned, 0 failed); best final_val_loss" in res.output
+    # the parent's count is the searches' (4 + 4 that count), not this invocation's 0
+    assert parent_tags(study)["ablate.tune_trials"] == "8"
 
 
 # --- a damaged or foreign optuna.db ------------------------------------------------------------------
