@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ablate.errors import ReportError
 from ablate.report import bars, markup, plots, provenance
 from ablate.report.markup import Block
 from ablate.report.metrics import (
@@ -119,6 +120,13 @@ def build_report(
     ev = clean_evals(cells, evals)
     target_ppl = resolve_target(target, ev, cells)
     cell_table = per_cell(cells, ev, target_ppl)
+    at_start = sorted(set(cell_table.loc[cell_table["tokens_to_target"] <= 0, "config"]))
+    if at_start:  # tokens to a target met before training measure nothing (and log(0) is not)
+        raise ReportError(
+            f"target: val ppl {target_ppl:.4g} is reached before any training (at 0 tokens, the "
+            f"first evaluation) by {', '.join(at_start[:5])}: tokens to it measure nothing; give "
+            "a target that training has to reach (a lower target.val_ppl)"
+        )
     config_table = per_config(cell_table, spec, ev)
     seq = decisions is not None
     all_notes = [

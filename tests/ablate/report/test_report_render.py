@@ -132,6 +132,21 @@ def test_the_report_opens_with_a_verdict_that_sorts_configurations_by_their_inte
     assert f"`{c3['config']}`" in undetermined.split("\n")[0]
 
 
+def test_a_target_met_before_training_is_refused_naming_it(tmp_path):
+    """Every run evaluates at step 0; a target at or above that perplexity is met at 0 tokens,
+    where a token cost means nothing (it ended in a ValueError of the censored fit)."""
+    cells, evals, _ = synthetic_study(3, 2, 30)
+    start = pd.DataFrame(
+        {"key": cells["key"], "step": 0, "tokens": 0.0, "val_loss": math.log(50.0)}
+    )
+    evals = pd.concat([start, evals], ignore_index=True)
+    with pytest.raises(ReportError, match=r"target: val ppl 1000 is reached before any training"):
+        build_report(cells, evals, {"val_ppl": 1000}, None, tmp_path / "r", study="easy")
+    assert not (tmp_path / "r" / "report.md").exists()
+    result = build_report(cells, evals, {"val_ppl": 20}, None, tmp_path / "ok", study="fine")
+    assert result.config_table["seeds_reached"].gt(0).all()
+
+
 def test_fp4_gemm_sets_get_distinct_colours_and_interventions_distinct_line_styles():
     cells, _, _ = synthetic_study(10, 1, 2)
     table = cells.drop_duplicates("config").assign(baseline=lambda d: d["baseline"].astype(bool))
