@@ -43,8 +43,9 @@ on the same points after the fact: the trial is PRUNED (its run ``finished``) bu
 (another SQLite database) is refused before anything is written (``check_storage``). Only the
 driver writes it (one ``ablate tune`` per study at a time: a lock on ``<output>/tune/.lock`` and
 the lock ``tune`` in the tracking store, ``ablate.tracking.lock``; workers write only MLflow), so
-SQLite's single writer is no limitation and a journal file would buy nothing. Running ``ablate tune`` again continues each
-search: COMPLETE, PRUNED and FAIL trials count towards ``trials``, and only the remainder runs.
+SQLite's single writer is no limitation and a journal file would buy nothing. Running ``ablate
+tune`` again continues each search: COMPLETE, PRUNED and FAIL trials count towards ``trials``, and
+only the remainder runs.
 A trial left RUNNING by a killed driver (or stopped by Ctrl-C) is marked FAIL with
 ``reason="interrupted"`` and does not count; it is not resumed (a new trial takes its place). The
 sampler is reseeded with ``seed + trials so far``, so a continuation does not replay suggestions.
