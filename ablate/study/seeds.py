@@ -61,8 +61,9 @@ def _grids(raw: dict[str, Any]) -> list[dict[str, Any]]:
 
 def plan_problems(raw: dict[str, Any]) -> list[str]:
     """What a study with ``seeds:`` must not write (its seeds come from the plan: no seed in
-    ``base``, a grid, ``exclude`` or ``baseline``), and what it must: a baseline to compare with, and a target of its own (a target derived from the
-    baseline's seeds would move as the waves add them, and every look's pairs with it)."""
+    ``base``, a grid, ``exclude`` or ``baseline``), and what it must: a baseline to compare with,
+    and a target of its own (a target derived from the baseline's seeds would move as the waves
+    add them, and every look's pairs with it)."""
     if not isinstance(raw.get("seeds"), dict):
         return []
     out = []
