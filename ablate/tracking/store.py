@@ -103,30 +103,40 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(database).resolve()
 
 
-def check_sqlite_file(path: Path) -> None:
-    """``DamagedStoreError`` where the file at ``path`` is there, not empty, and not a SQLite
-    database that SQLite can read (another file, truncated, malformed): its schema read once
-    through a read-only connection (a millisecond; nothing written, nothing created). A missing or
-    empty file passes (``Client``'s ``must_exist`` and ``prepare_store`` decide what that means),
-    and so does a store that is busy (``Client`` retries it)."""
-    try:
-        if path.stat().st_size == 0:
-            return
-    except OSError:
-        return
+def check_sqlite_file(
+    path: Path,
+    *,
+    what: str = "the tracking store",
+    fix: str = "move it aside to record the study anew",
+) -> set[str]:
+    """The names of the tables in the SQLite file at ``path``, its schema read once through a
+    read-only connection (a millisecond; nothing written, nothing created); ``DamagedStoreError``
+    naming it as ``what`` (and saying ``fix``) when it is there, not empty, and not a database
+    SQLite can read (another file, truncated, malformed). A missing or empty file gives no table
+    (``Client``'s ``must_exist`` and ``prepare_store`` decide what that means), and so does a
+    store that is busy (``Client`` retries it)."""
+    if _empty(path):
+        return set()
     try:
         with contextlib.closing(read_only(path, timeout=5)) as db:
-            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.OperationalError:  # locked, or cannot be opened: not a sign of damage
-        return
+            rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    except sqlite3.OperationalError:  # missing, locked, or cannot be opened: not a sign of damage
+        return set()
     except sqlite3.DatabaseError as e:
-        raise _damaged(path, e) from None
+        raise _damaged(path, e, what=what, fix=fix) from None
+    return {name for (name,) in rows}
 
 
-def _damaged(path: Path | None, e: Exception) -> DamagedStoreError:
+def _damaged(
+    path: Path | None,
+    e: Exception,
+    *,
+    what: str = "the tracking store",
+    fix: str = "move it aside to record the study anew",
+) -> DamagedStoreError:
     return DamagedStoreError(
-        f"the tracking store {path} is damaged or not a SQLite database ({e}); nothing was read "
-        "or written: restore it from a copy, or move it aside to record the study anew"
+        f"{what} {path} is damaged or not a SQLite database ({e}); nothing was read or written: "
+        f"restore it from a copy, or {fix}"
     )
 
 

@@ -17,7 +17,6 @@ import contextlib
 import hashlib
 import json
 import os
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from ablate.study.axes import fmt_value, with_values
 from ablate.study.cells import Study
 from ablate.study.schema import SearchParam, TuneSection
 from ablate.study.tune import Search, param_kind, plan_searches
-from ablate.tracking.store import read_only
+from ablate.tracking.store import check_sqlite_file
 
 STORAGE = "optuna.db"
 IMPORTANCE_MIN_TRIALS = 4
@@ -51,28 +50,14 @@ def check_storage(study: Study) -> None:
     nothing written. A missing or empty file, or one without tables, passes (Optuna creates its
     tables there), and so does a busy one."""
     path = (study.output_dir / STORAGE).resolve()
-    try:
-        if path.stat().st_size == 0:
-            return
-    except OSError:
-        return
-    fix = "restore it from a copy, or move it aside to start the searches anew"
-    try:
-        with contextlib.closing(read_only(path, timeout=5)) as db:
-            rows = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
-    except sqlite3.OperationalError:  # locked, or cannot be opened: not a sign of damage
-        return
-    except sqlite3.DatabaseError as e:
-        raise DamagedStoreError(
-            f"the Optuna storage {path} is damaged or not a SQLite database ({e}); nothing was "
-            f"read or written: {fix}"
-        ) from None
-    tables = {name for (name,) in rows}
+    fix = "move it aside to start the searches anew"
+    tables = check_sqlite_file(path, what="the Optuna storage", fix=fix)
     if tables and not tables >= OPTUNA_TABLES:
         raise DamagedStoreError(
             f"{path} is not an Optuna storage: a SQLite database with other tables "
             f"({', '.join(sorted(tables)[:4])}{', ...' if len(tables) > 4 else ''}) and not "
-            f"Optuna's ({', '.join(sorted(OPTUNA_TABLES))}); nothing was written: {fix}"
+            f"Optuna's ({', '.join(sorted(OPTUNA_TABLES))}); nothing was written: restore it "
+            f"from a copy, or {fix}"
         )
 
 
