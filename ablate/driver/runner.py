@@ -66,6 +66,7 @@ from ablate.tracking.vocab import (
     family_tags,
     outcome_details,
 )
+from ablate.train.checkpoint import move_aside
 
 
 @dataclass
@@ -243,12 +244,11 @@ class _StudyRun:
         c = p.cell
         ckpt = self.study.checkpoint_dir(c)
         if p.fresh and p.run is not None and ckpt.exists():  # keep the stale run and checkpoint
-            ckpt.rename(ckpt.with_name(f"{ckpt.name}.stale-{p.run.run_id[:12]}"))
+            move_aside(ckpt, f"stale-{p.run.run_id[:12]}")
         if p.run is not None and not p.fresh:
             return p.run.run_id
         if p.run is None and ckpt.exists():
-            when = time.strftime("%Y%m%d-%H%M%S")
-            ckpt.rename(ckpt.with_name(f"{ckpt.name}.orphan-{when}"))
+            move_aside(ckpt, f"orphan-{time.strftime('%Y%m%d-%H%M%S')}")
         return self.tracker.create_cell_run(self.result.parent_run_id, c)
 
     def task(self, cell: Cell, run_id: str) -> Task:

@@ -255,20 +255,28 @@ def _atomic_save(path: Path, obj: dict[str, Any]) -> None:
 
 def set_aside(checkpoint_dir: str | Path, why: CheckpointError) -> Path:
     """Rename the folder of a damaged checkpoint (``why``) beside itself, to
-    ``<name>.damaged-<time>`` (never deleted: it, its sidecar and anything else there are kept as
-    they were), so that a run there trains from step 0; warn naming both. Returns the new path."""
-    d = Path(checkpoint_dir)
-    when, n = time.strftime("%Y%m%d-%H%M%S"), 0
-    aside = d.with_name(f"{d.name}.damaged-{when}")
-    while aside.exists():  # set aside twice within a second
-        n += 1
-        aside = d.with_name(f"{d.name}.damaged-{when}-{n}")
-    d.rename(aside)
+    ``<name>.damaged-<time>`` (``move_aside``: never deleted, it, its sidecar and anything else
+    there kept as they were), so that a run there trains from step 0; warn naming both. Returns
+    the new path."""
+    aside = move_aside(checkpoint_dir, f"damaged-{time.strftime('%Y%m%d-%H%M%S')}")
     warnings.warn(
         f"ablate: {why}; set aside (kept) as {aside}, and this run trains from step 0",
         RuntimeWarning,
         stacklevel=2,
     )
+    return aside
+
+
+def move_aside(folder: str | Path, tag: str) -> Path:
+    """Rename a checkpoint folder no run will resume beside itself, to ``<name>.<tag>`` (then
+    ``-1``, ``-2``, ... where that is taken: set aside twice within a second); kept, never
+    deleted. Returns the new path."""
+    d = Path(folder)
+    aside, n = d.with_name(f"{d.name}.{tag}"), 0
+    while aside.exists():
+        n += 1
+        aside = d.with_name(f"{d.name}.{tag}-{n}")
+    d.rename(aside)
     return aside
 
 

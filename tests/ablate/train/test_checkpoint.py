@@ -16,6 +16,7 @@ from ablate.train.checkpoint import (
     checkpoint_info,
     checkpoint_step,
     load_checkpoint,
+    move_aside,
     save_checkpoint,
 )
 from ablate.train.config import config_hash
@@ -236,3 +237,19 @@ def test_without_a_usable_sidecar_the_step_is_read_from_the_checkpoint(tmp_path)
     raw = (tmp_path / CHECKPOINT).read_bytes()
     (tmp_path / CHECKPOINT).write_bytes(raw[: len(raw) // 2])
     assert checkpoint_step(tmp_path) is None
+
+
+def test_a_folder_moved_aside_twice_under_one_tag_keeps_both(tmp_path):
+    """Two checkpoints set aside within the same second (one tag) are both kept, the second with
+    a number: nothing moved aside is ever replaced."""
+    cells = tmp_path / "cells"
+    for n in range(3):
+        (cells / "k").mkdir(parents=True)
+        (cells / "k" / "checkpoint.pt").write_text(str(n))
+        move_aside(cells / "k", "orphan-20261129-160000")
+    kept = {p.name: (p / "checkpoint.pt").read_text() for p in cells.iterdir()}
+    assert kept == {
+        "k.orphan-20261129-160000": "0",
+        "k.orphan-20261129-160000-1": "1",
+        "k.orphan-20261129-160000-2": "2",
+    }
