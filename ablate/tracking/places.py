@@ -16,11 +16,7 @@ def recorded_places(study: Study) -> dict[str, Path]:
     """The folders that hold what ``study`` recorded, by what they are: its output folder (the
     SQLite store by default, its artifacts, the cells' checkpoints) and, for a SQLite store
     elsewhere (``tracking.uri``), the artifacts folder beside it."""
-    places = {"the study's output folder (--output)": study.output_dir}
-    db = sqlite_path(study.tracking_uri)
-    if db is not None:
-        places["the artifacts of its MLflow store (tracking.uri)"] = db.parent / "artifacts"
-    return places
+    return {"the study's output folder (--output)": study.output_dir, **_store_artifacts(study)}
 
 
 def record_folders(study: Study) -> dict[str, Path]:
@@ -29,15 +25,22 @@ def record_folders(study: Study) -> dict[str, Path]:
     artifacts (and those beside a SQLite store elsewhere). The store itself is in the output folder;
     a folder of its own there holds nothing recorded (``make quickstart`` writes its report to
     ``runs/quickstart/report/``)."""
-    places = {
+    return {
         "its cells' checkpoints": study.output_dir / "cells",
         "its branch checkpoints": study.output_dir / "branches",
         "the artifacts of its MLflow store": study.output_dir / "artifacts",
+        **_store_artifacts(study),
     }
+
+
+def _store_artifacts(study: Study) -> dict[str, Path]:
+    """The artifacts folder beside the study's SQLite store, by what it is (none for a server)."""
     db = sqlite_path(study.tracking_uri)
-    if db is not None:
-        places["the artifacts of its MLflow store (tracking.uri)"] = db.parent / "artifacts"
-    return places
+    return (
+        {}
+        if db is None
+        else {"the artifacts of its MLflow store (tracking.uri)": db.parent / "artifacts"}
+    )
 
 
 def place_holding(path: str | Path, places: dict[str, Path]) -> tuple[str, Path] | None:
