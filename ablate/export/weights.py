@@ -19,10 +19,9 @@ from ablate.train.checkpoint import (
     SHARDED,
     TRAIN_STATE_KEYS,
     checkpoint_info,
-    dcp_load,
-    dcp_metadata,
     load_file,
 )
+from ablate.train.untrusted import dcp_load, dcp_metadata
 
 _EXTRA = "pip install 'ablate[hf]'"
 __all__ = [

@@ -21,11 +21,11 @@ from ablate.export.weights import read_checkpoint
 from ablate.train import RunConfig, train
 from ablate.train.checkpoint import (
     CHECKPOINT,
-    dcp_load,
     load_checkpoint,
     load_file,
     rekey_checkpoint,
 )
+from ablate.train.untrusted import dcp_load
 
 ROOT = Path(__file__).resolve().parents[3]
 
