@@ -236,9 +236,10 @@ def load_branch(
 ) -> TrainState | None:
     """A branch: restore model, optimizer, data position and RNG states from its branch checkpoint
     and return its state at the branch point; None (nothing restored) when there is none, or when
-    it is damaged (``DamagedCheckpointError``: set aside beside itself, ``checkpoint.set_aside``; a
-    distributed run's is raised). A file that is not the family's checkpoint of that step is
-    refused (``CheckpointError``). Sharded, and collective, when ``ranks`` is a distributed run's."""
+    it is damaged (``DamagedCheckpointError``: set aside beside itself, ``checkpoint.set_aside``;
+    a sharded one found so by rank 0 before any rank loads it). A file that is not the family's
+    checkpoint of that step is refused (``CheckpointError``). Sharded, and collective, when
+    ``ranks`` is a distributed run's."""
     step = branches.start
     if step is None:
         return None
@@ -250,9 +251,7 @@ def load_branch(
         else:
             state = load_checkpoint(path, config_hash=branches.hash_at(step), **kw)
     except DamagedCheckpointError as e:  # as if there were none: the branch trains from step 0
-        if ranks is not None and ranks.distributed:  # every rank reads it: none renames it
-            raise
-        set_aside(path, e)
+        set_aside(path, e, ranks)  # distributed: every rank has the same verdict, rank 0 renames
         return None
     except CheckpointError:
         raise

@@ -19,9 +19,11 @@ a kill at any point leaves the sidecar naming a complete checkpoint (or none).
 Every file is read as untrusted (study folders live on shared file systems): ``load_file`` unpickles
 only tensors and plain values (``torch.load(weights_only=True)``), and a sharded checkpoint's DCP
 metadata and non-tensor entries are read the same way (``ablate.train.untrusted``); anything else
-is refused with ``CheckpointError`` before any of its code could run. A file that does not read as
-a checkpoint at all (truncated, garbage: ``DamagedCheckpointError``) a one-process run sets aside
-instead, its folder renamed beside itself (``set_aside``), and trains from step 0.
+is refused with ``CheckpointError`` before any of its code could run. A checkpoint that does not
+read as one at all (a file truncated, garbage or missing: ``DamagedCheckpointError``) a run sets
+aside instead, its folder renamed beside itself (``set_aside``), and trains from step 0; a sharded
+one is checked by rank 0 before any rank loads it, and every rank takes its verdict
+(``load_sharded``), so that one rank's missing RNG state does not fail that rank alone.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from torch import nn
 from ablate.data import BatchSampler
 from ablate.errors import CheckpointError, DamagedCheckpointError
 from ablate.train.state import TrainState
-from ablate.train.untrusted import dcp_load, plain
+from ablate.train.untrusted import checked_metadata, dcp_load, plain
 
 if TYPE_CHECKING:
     from ablate.train.parallel import Ranks
@@ -228,12 +230,20 @@ def _atomic_save(path: Path, obj: dict[str, Any]) -> None:
     _write_sidecar(path.parent, info)
 
 
-def set_aside(checkpoint_dir: str | Path, why: CheckpointError) -> Path:
+def set_aside(
+    checkpoint_dir: str | Path, why: CheckpointError, ranks: Ranks | None = None
+) -> Path | None:
     """Rename the folder of a damaged checkpoint (``why``) beside itself, to
     ``<name>.damaged-<time>`` (``move_aside``: never deleted, it, its sidecar and anything else
     there kept as they were), so that a run there trains from step 0; warn naming both. Returns
-    the new path."""
+    the new path. In a distributed run (``ranks``; collective) rank 0 renames it and warns while
+    the others wait, and they return None."""
+    if ranks is not None and ranks.distributed and not ranks.leader:
+        ranks.barrier()
+        return None
     aside = move_aside(checkpoint_dir, f"damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    if ranks is not None:
+        ranks.barrier()
     warnings.warn(
         f"ablate: {why}; set aside (kept) as {aside}, and this run trains from step 0",
         RuntimeWarning,
@@ -348,10 +358,14 @@ def load_sharded(
     optimizer: torch.optim.Optimizer,
     sampler: BatchSampler,
     ranks: Ranks,
+    set_aside_damaged: bool = False,
 ) -> TrainState | None:
     """Every rank: restore the sharded checkpoint the sidecar names (model and optimizer shards,
     data position, this rank's RNG states) and return its ``TrainState``; None when there is none.
-    ValueError when another configuration, or another number of workers, wrote it."""
+    ValueError when another configuration, or another number of workers, wrote it. Before any rank
+    reads it, rank 0 checks it (``_sharded_damage``) and every rank gets its verdict: a damaged one
+    is raised (``DamagedCheckpointError``) on every rank, or with ``set_aside_damaged`` set aside
+    (``set_aside``, nothing restored) and a new state returned, as ``load_checkpoint`` does."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     info = checkpoint_info(checkpoint_dir)
@@ -363,6 +377,12 @@ def load_sharded(
             )
         return None
     path = checkpoint_dir / info["path"]
+    damaged = _agreed_damage(path, ranks)
+    if damaged is not None:
+        if not set_aside_damaged:
+            raise damaged
+        set_aside(checkpoint_dir, damaged, ranks)
+        return TrainState()
     ts = load_file(path / "train_state.pt", keys=TRAIN_STATE_KEYS)
     if ts["config_hash"] != config_hash:
         raise ValueError(
@@ -381,3 +401,55 @@ def load_sharded(
     rng = load_file(path / f"rng-rank{ranks.rank}.pt", keys=("rng_cpu", "rng_cuda"))
     _set_rng_states(rng)
     return TrainState.from_dict(ts["state"])
+
+
+def _agreed_damage(path: Path, ranks: Ranks) -> DamagedCheckpointError | None:
+    """Rank 0's verdict on the sharded checkpoint in ``path`` (``_sharded_damage``), on every rank
+    (collective): what is damaged, or None; a file refused for what it holds is raised by every
+    rank (``CheckpointError``), so that none is left waiting for the others."""
+    import torch.distributed as dist
+
+    verdict: list[tuple[str, str] | None] = [None]
+    if ranks.leader:
+        try:
+            damaged = _sharded_damage(path)
+            verdict = [None if damaged is None else ("damaged", str(damaged))]
+        except CheckpointError as e:
+            verdict = [("refused", str(e))]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is None:
+        return None
+    kind, why = verdict[0]
+    if kind == "refused":
+        raise CheckpointError(why)
+    return DamagedCheckpointError(why)
+
+
+def _sharded_damage(path: Path) -> DamagedCheckpointError | None:
+    """What makes the sharded checkpoint in ``path`` unreadable, read as the ranks would read it
+    (untrusted) but without loading a shard: its train state and each of its ranks' RNG states
+    (small files, read whole), its DCP metadata, and each shard file the metadata names, which
+    must hold the bytes named (not missing nor truncated); None when it is sound. A file refused
+    for what it holds is raised (``CheckpointError``)."""
+    meta = path / ".metadata"
+    try:
+        world = load_file(path / "train_state.pt", keys=TRAIN_STATE_KEYS)["world"]
+        for r in range(world if _is_int(world) else 0):  # another worker count: the load says so
+            load_file(path / f"rng-rank{r}.pt", keys=("rng_cpu", "rng_cuda"))
+        storage = getattr(checked_metadata(meta), "storage_data", None)
+        need: dict[str, int] = {}  # each shard file's size, at least
+        for i in storage.values() if isinstance(storage, dict) else [None]:
+            name, at = getattr(i, "relative_path", None), getattr(i, "offset", None)
+            size = getattr(i, "length", None)
+            if not (isinstance(name, str) and _is_int(at) and _is_int(size)):
+                raise DamagedCheckpointError(f"{meta}: damaged checkpoint metadata (not DCP's)")
+            need[name] = max(need.get(name, 0), at + size)
+        for name, end in need.items():
+            f = path / name
+            size = f.stat().st_size if f.is_file() else None
+            if size is None or size < end:
+                held = "missing" if size is None else f"truncated: {size} of its {end} bytes"
+                raise DamagedCheckpointError(f"{f}: damaged checkpoint shard ({held})")
+    except DamagedCheckpointError as e:
+        return e
+    return None

@@ -304,15 +304,12 @@ class Run:
         without one, a branch's state at its branch point (``branch.load_branch``); else a fresh
         state."""
         kw: dict[str, Any] = dict(model=self.model, optimizer=self.optimizer, sampler=self.sampler)
-        state = None
+        own = dict(config_hash=self.config_hash, set_aside_damaged=True, **kw)
+        state = None  # a damaged checkpoint set aside: step 0, not a branch's
         if self.checkpoint_dir is not None and self.ranks.distributed:
-            state = load_sharded(
-                self.checkpoint_dir, config_hash=self.config_hash, ranks=self.ranks, **kw
-            )
-        elif self.checkpoint_dir is not None:  # a damaged one set aside: step 0, not a branch's
-            state = load_checkpoint(
-                self.checkpoint_dir, config_hash=self.config_hash, set_aside_damaged=True, **kw
-            )
+            state = load_sharded(self.checkpoint_dir, ranks=self.ranks, **own)
+        elif self.checkpoint_dir is not None:
+            state = load_checkpoint(self.checkpoint_dir, **own)
         if state is None and self.branches is not None:
             state = load_branch(self.branches, ranks=self.ranks, **kw)
             cfg, upto = self.config, state.step if state is not None else 0

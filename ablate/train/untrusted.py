@@ -81,16 +81,21 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def checked_metadata(path: Path) -> Any:
+    """The DCP metadata in the file ``path``, unpickled knowing DCP's metadata classes only:
+    ``CheckpointError`` when it names anything else, ``DamagedCheckpointError`` when it does not
+    read (missing, truncated, garbage)."""
     try:
         with open(path, "rb") as f:
             return _MetadataUnpickler(f).load()
+    except FileNotFoundError:
+        raise DamagedCheckpointError(f"{path}: damaged checkpoint metadata (missing)") from None
     except _Refused as e:
         raise CheckpointError(
             f"{path}: refused, not loaded: not the metadata of a checkpoint ({e}; unpickling it "
             "could run code)"
         ) from None
     except Exception as e:  # noqa: BLE001 (damaged bytes raise anything from the unpickler)
-        raise CheckpointError(f"{path}: damaged checkpoint metadata ({e})") from None
+        raise DamagedCheckpointError(f"{path}: damaged checkpoint metadata ({e})") from None
 
 
 def _reader(path: Path) -> Any:

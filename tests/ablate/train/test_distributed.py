@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import shutil
 import sys
 import tempfile
 from dataclasses import replace
@@ -18,6 +20,7 @@ import ranks
 import torch
 import torch.distributed as dist
 
+from ablate.errors import CheckpointError
 from ablate.train import RunConfig, train
 from ablate.train.branch import Branches, branch_point, family_hash, prefix_hash
 from ablate.train.checkpoint import checkpoint_info
@@ -149,6 +152,78 @@ def test_a_sharded_checkpoint_refuses_another_parallel_layout(tmp_path):
         losses(cfg("ddp", steps=2, checkpoint_dir=other))
 
 
+@pytest.fixture(scope="module")
+def sharded_at_2(tmp_path_factory) -> tuple[Path, list[float]]:
+    """A group of one's sharded checkpoint of step 2 (of 4), and the run's losses from step 0."""
+    ck = tmp_path_factory.mktemp("sharded") / "ck"
+    d = cfg("ddp", steps=4, checkpoint_dir=ck, checkpoint_every=2)
+    losses(d, stop_after=2)
+    return ck, losses(cfg("ddp", steps=4))
+
+
+class _Payload:
+    """Unpickled without restriction, it creates ``marker`` (as ``test_untrusted.Payload``)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _damage(step: Path, damage: str) -> None:
+    """Damage a sharded checkpoint's folder as a full disk or a lost file would."""
+    shard = next(step.glob("*.distcp"))
+    if damage == "no metadata":
+        (step / ".metadata").unlink()
+    elif damage == "metadata truncated":
+        (step / ".metadata").write_bytes((step / ".metadata").read_bytes()[:100])
+    elif damage == "shard truncated":
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    elif damage == "no rng of rank 1":
+        (step / "rng-rank1.pt").unlink()
+    else:
+        assert damage == "train state truncated"
+        (step / "train_state.pt").write_bytes((step / "train_state.pt").read_bytes()[:500])
+
+
+@pytest.mark.parametrize(
+    "damage", ["no metadata", "metadata truncated", "shard truncated", "train state truncated"]
+)
+def test_a_damaged_sharded_checkpoint_is_set_aside_and_the_run_trains_from_step_0(
+    sharded_at_2, tmp_path, damage
+):
+    src, ref = sharded_at_2
+    ck = tmp_path / "ck"
+    shutil.copytree(src, ck)
+    info = checkpoint_info(ck)
+    assert info is not None and info["step"] == 2
+    _damage(ck / info["path"], damage)
+    kept = {p.relative_to(ck): p.read_bytes() for p in ck.rglob("*") if p.is_file()}
+    d = cfg("ddp", steps=4, checkpoint_dir=ck, checkpoint_every=2)
+    with pytest.warns(RuntimeWarning, match=r"damaged.*; set aside \(kept\) as .*ck\.damaged-"):
+        assert losses(d) == ref  # from step 0: every step computed again
+    (aside,) = tmp_path.glob("ck.damaged-*")  # kept as it was, its sidecar with it
+    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == kept
+    info = checkpoint_info(ck)
+    assert info is not None and (info["step"], info["status"]) == (4, "finished")
+
+
+def test_a_sharded_checkpoint_with_poisoned_metadata_is_refused_not_set_aside(
+    sharded_at_2, tmp_path
+):
+    src, _ = sharded_at_2
+    ck = tmp_path / "ck"
+    shutil.copytree(src, ck)
+    info = checkpoint_info(ck)
+    assert info is not None
+    marker = tmp_path / "ran"
+    (ck / info["path"] / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(CheckpointError, match=r"\.metadata: refused, not loaded"):
+        losses(cfg("ddp", steps=4, checkpoint_dir=ck))
+    assert not marker.exists() and not list(tmp_path.glob("ck.*"))
+
+
 # --- two processes -------------------------------------------------------------------------------------
 
 
@@ -169,9 +244,10 @@ def _rank_main(rank: int, world: int, tmp: str, d: dict[str, Any]) -> None:
         loop.build_model = keep  # type: ignore[assignment]
         d = dict(d)
         branches = d.pop("_branches", None)  # a family's member: Branches.to_dict()
+        stop_after = d.pop("_stop_after", None)
         b = Branches.from_dict(branches) if branches else None
         start = b.start if b is not None else None  # where a branch starts: its checkpoint's step
-        res = train(RunConfig.from_dict(d), branches=b)
+        res = train(RunConfig.from_dict(d), branches=b, stop_after=stop_after)
         out: dict[str, Any] = {"evals": [e.val_loss for e in res.evals], "start": start}
         layers = [m for m in built[0].modules() if isinstance(m, QuantLinear)]
         if layers and not layers[0].recipe.fprop.high_precision:
@@ -294,6 +370,25 @@ def test_a_wsd_budget_on_two_ranks_branches_from_its_trunks_sharded_checkpoint(t
     b0, _ = two_ranks({**wsd(6), "_branches": replace(family, start_at=point).to_dict()})
     assert b0.pop("start") == point and direct.pop("start") is None
     assert b0 == direct
+
+
+@pytest.mark.slow
+def test_two_ranks_set_a_damaged_sharded_checkpoint_aside_once_and_train_from_step_0(tmp_path):
+    """Rank 1's RNG state lost: rank 0 finds it before any rank loads, sets the folder aside
+    once, and both ranks train from step 0 (before, rank 1 alone failed, at every rerun)."""
+    ck = tmp_path / "ck"
+    d = cfg("ddp", 2, steps=4, checkpoint_dir=ck, checkpoint_every=2)
+    two_ranks({**d, "_stop_after": 2})
+    info = checkpoint_info(ck)
+    assert info is not None and (info["step"], info["world"]) == (2, 2)
+    _damage(ck / info["path"], "no rng of rank 1")
+    r0, r1 = two_ranks(d)
+    assert r0["evals"] == r1["evals"] and len(r0["evals"]) == 3  # steps 0, 3 and 4
+    (aside,) = tmp_path.glob("ck.damaged-*")
+    assert (aside / info["path"] / "rng-rank0.pt").is_file()
+    assert not (aside / info["path"] / "rng-rank1.pt").exists()
+    info = checkpoint_info(ck)
+    assert info is not None and (info["step"], info["status"]) == (4, "finished")
 
 
 @pytest.mark.slow
