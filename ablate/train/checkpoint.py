@@ -176,7 +176,8 @@ def load_checkpoint(
     ValueError when a different configuration wrote it. A damaged one (``DamagedCheckpointError``)
     is raised, or with ``set_aside_damaged`` set aside (``set_aside``, nothing restored) and a new
     state returned: the run trains from step 0, recomputing alike any step it logged before (its
-    logger keeps each step's first point)."""
+    logger keeps each step's first point). A file refused for what it holds (``CheckpointError``)
+    is raised saying how the cell trains again (``_refused``)."""
     path = checkpoint_dir / CHECKPOINT
     info = checkpoint_info(checkpoint_dir)
     if info is not None and info.get("format") == SHARDED:
@@ -196,6 +197,8 @@ def load_checkpoint(
             raise
         set_aside(checkpoint_dir, e)
         return TrainState()
+    except CheckpointError as e:
+        raise _refused(e, checkpoint_dir) from None
     if ck["config_hash"] != config_hash:
         raise ValueError(
             f"checkpoint_dir: {path} was written by a different configuration "
@@ -228,6 +231,18 @@ def _atomic_save(path: Path, obj: dict[str, Any]) -> None:
     st = obj["state"]
     info = {"step": st["step"], "status": st["status"], "config_hash": obj["config_hash"]}
     _write_sidecar(path.parent, info)
+
+
+def _refused(e: CheckpointError, checkpoint_dir: str | Path) -> CheckpointError:
+    """``e``, a file of the checkpoint in ``checkpoint_dir`` refused for what it holds, saying how
+    its cell trains again; a damaged one (``DamagedCheckpointError``) as it is."""
+    if isinstance(e, DamagedCheckpointError):
+        return e
+    d = Path(checkpoint_dir)
+    return CheckpointError(
+        f"{e}; ablate will not load it: to train the cell from step 0, move its checkpoint folder "
+        f"aside (kept: `mv {d} {d}.refused`) and run it again (`ablate run --rerun-failed`)"
+    )
 
 
 def set_aside(
@@ -365,7 +380,8 @@ def load_sharded(
     ValueError when another configuration, or another number of workers, wrote it. Before any rank
     reads it, rank 0 checks it (``_sharded_damage``) and every rank gets its verdict: a damaged one
     is raised (``DamagedCheckpointError``) on every rank, or with ``set_aside_damaged`` set aside
-    (``set_aside``, nothing restored) and a new state returned, as ``load_checkpoint`` does."""
+    (``set_aside``, nothing restored) and a new state returned; a refused one is raised, as
+    ``load_checkpoint`` does both."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     info = checkpoint_info(checkpoint_dir)
@@ -377,7 +393,10 @@ def load_sharded(
             )
         return None
     path = checkpoint_dir / info["path"]
-    damaged = _agreed_damage(path, ranks)
+    try:
+        damaged = _agreed_damage(path, ranks)
+    except CheckpointError as e:
+        raise _refused(e, checkpoint_dir) from None
     if damaged is not None:
         if not set_aside_damaged:
             raise damaged
@@ -395,7 +414,10 @@ def load_sharded(
             f"{ranks.world}"
         )
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp_load({"model": model_sd, "optim": optim_sd}, path)  # in place
+    try:
+        dcp_load({"model": model_sd, "optim": optim_sd}, path)  # in place
+    except CheckpointError as e:  # an entry refused for what it holds (or damaged: as it is)
+        raise _refused(e, checkpoint_dir) from None
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     sampler.load_state_dict(ts["sampler"])
     rng = load_file(path / f"rng-rank{ranks.rank}.pt", keys=("rng_cpu", "rng_cuda"))

@@ -145,6 +145,6 @@ def dcp_load(state: dict[str, Any], path: Path, *, no_dist: bool = False) -> Non
     except CheckpointException as e:  # DCP wraps each rank's error: ours, named, comes first
         for failure in e.failures.values():
             err = failure[0] if isinstance(failure, tuple) else failure
-            if isinstance(err, CheckpointError):
-                raise CheckpointError(f"{path}: {err}") from None
+            if isinstance(err, CheckpointError):  # damaged or refused, as it was
+                raise type(err)(f"{path}: {err}") from None
         raise

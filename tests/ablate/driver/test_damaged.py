@@ -1,7 +1,8 @@
 """A cell's checkpoint files damaged between two runs of a study (they are read as untrusted): a
 sidecar that is not JSON, or JSON that is not a sidecar, counts as none, ``plan`` says the step the
 cell resumes from as ``run`` then resumes it; a damaged checkpoint is set aside, kept, and the cell
-trains from step 0; either way the store holds every step once."""
+trains from step 0; either way the store holds every step once. A poisoned checkpoint (one that
+could run code) fails its cell, saying how to train it again."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 from test_runner import assert_store_holds, tiny_study
+from test_untrusted import Payload
 
 from ablate.driver.planning import plan
 from ablate.driver.runner import run_study
@@ -55,3 +58,24 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_cell_trains_from_step_0(tmp_p
     logged = MlflowClient(s.tracking_uri).get_metric_history(ids[s.cells[0].key], "val_loss")
     evals = load_file(ck / CHECKPOINT)["state"]["evals"]
     assert sorted((m.step, m.value) for m in logged) == [(e["step"], e["val_loss"]) for e in evals]
+
+
+def test_a_poisoned_checkpoint_fails_its_cell_saying_how_to_train_it_again(tmp_path):
+    """Refused unread (it could run code), never set aside by ablate: the cell fails with one
+    line that names the file and says what to do; done so, the cell trains from step 0."""
+    s, ck = interrupted(tmp_path)
+    marker = tmp_path / "ran"
+    torch.save({**load_file(ck / CHECKPOINT), "extra": Payload(marker)}, ck / CHECKPOINT)
+    first = run_study(s, executor="local", progress=False, stream=io.StringIO())
+    (o,) = first.outcomes.values()
+    assert o.status == "failed" and "\n" not in o.reason
+    assert o.reason.startswith(f"CheckpointError: {ck / CHECKPOINT}: refused, not loaded")
+    assert "could run code" in o.reason and o.reason.endswith(
+        f"; ablate will not load it: to train the cell from step 0, move its checkpoint folder "
+        f"aside (kept: `mv {ck} {ck}.refused`) and run it again (`ablate run --rerun-failed`)"
+    )
+    ck.rename(f"{ck}.refused")  # as it says
+    again = run_study(s, executor="local", progress=False, rerun_failed=True, stream=io.StringIO())
+    assert [o.status for o in again.outcomes.values()] == ["finished"]
+    assert_store_holds(s, expect_steps=9)
+    assert not marker.exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import sys
 import tempfile
@@ -219,7 +220,8 @@ def test_a_sharded_checkpoint_with_poisoned_metadata_is_refused_not_set_aside(
     assert info is not None
     marker = tmp_path / "ran"
     (ck / info["path"] / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
-    with pytest.raises(CheckpointError, match=r"\.metadata: refused, not loaded"):
+    hint = rf"; ablate will not load it: .*`mv {re.escape(f'{ck} {ck}.refused')}`.*--rerun-failed"
+    with pytest.raises(CheckpointError, match=rf"\.metadata: refused, not loaded.*{hint}"):
         losses(cfg("ddp", steps=4, checkpoint_dir=ck))
     assert not marker.exists() and not list(tmp_path.glob("ck.*"))
 
