@@ -53,8 +53,9 @@ def members(study: Study) -> dict[str, Member]:
 
 
 def own_step(study: Study, p: PlannedCell) -> int:
-    """The step a cell to run resumes from: its own checkpoint's (0: none, or a rerun from 0)."""
-    return 0 if p.fresh else checkpoint_step(study.checkpoint_dir(p.cell)) or 0
+    """The step a cell to run resumes from: its own checkpoint's (0: none, a damaged one, or a
+    rerun from 0)."""
+    return 0 if p.fresh or p.damaged else checkpoint_step(study.checkpoint_dir(p.cell)) or 0
 
 
 def trunk_passes(study: Study, trunk: PlannedCell, point: int) -> bool:
@@ -67,10 +68,11 @@ def start_step(
 ) -> int:
     """The step a cell to run starts from: its own checkpoint's; else a branch's point where its
     trunk saves that checkpoint in this run, or where it exists already (unless the branch reruns
-    a stale result: such a checkpoint may be of the same older code); else 0."""
+    a stale result: such a checkpoint may be of the same older code); else 0 (and where its own
+    checkpoint is damaged: the run sets it aside and trains from step 0)."""
     own = own_step(study, p)
-    if own or m is None or m.point is None or m.trunk is None:
-        return own
+    if own or p.damaged or m is None or m.point is None or m.trunk is None:
+        return own  # a damaged checkpoint set aside: from step 0, not from the branch point
     trunk = planned.get(m.trunk.key)
     if trunk is not None and trunk_passes(study, trunk, m.point):
         return m.point
@@ -109,7 +111,9 @@ def notes(study: Study, planned: Iterable[PlannedCell]) -> dict[str, str]:
         here = f"{kind} branch of {m.trunk.key} from step {m.point}"
         if kind == "schedule":
             here += ", the trunk's steps before it"
-        if p is not None and p.action in TO_RUN and start_step(study, p, by_key, m) == 0:
+        if p is not None and p.action in TO_RUN and p.damaged:
+            here += ": its own checkpoint damaged (set aside): from step 0"
+        elif p is not None and p.action in TO_RUN and start_step(study, p, by_key, m) == 0:
             here += ": no checkpoint there, and its trunk does not pass it now: from step 0"
         out[key] = here
     return out

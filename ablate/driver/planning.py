@@ -8,7 +8,7 @@ the runner follows it.
   the cell that no run owns, its run deleted, is set aside: ``runner``);
 - ``skip``: finished or diverged (both are results);
 - ``resume``: started but not ended (interrupted, worker lost, driver killed) -> continue from its
-  checkpoint (or from step 0 when there is none) in the same run;
+  checkpoint (or from step 0 when there is none, or when it is damaged: set aside) in the same run;
 - ``failed``: ended with an error -> left alone unless ``--rerun-failed``;
 - ``stale-data``: started but not ended (or failed) on other prepared data than the study's data
   prepare to now (its ``data.fingerprint`` differs: a corpus file changed) -> resuming could not
@@ -36,7 +36,7 @@ from ablate.targets import headroom_warning, reached_fraction, schedule_fraction
 from ablate.tracking import CellRun, CellStatus, join_runs, study_status
 from ablate.tracking.status import baseline_curves, count
 from ablate.tracking.vocab import env_tag
-from ablate.train.checkpoint import checkpoint_step
+from ablate.train.checkpoint import checkpoint_damage, checkpoint_step
 from ablate.train.provenance import code_hash
 
 Action = Literal["run", "skip", "resume", "failed", "stale-data", "rerun", "reuse"]
@@ -55,6 +55,9 @@ class PlannedCell:
     kept, the checkpoint moved aside)."""
     data_change: str = ""
     """A ``stale-data`` cell's (or one rerun for it) change of data (``stale_data``)."""
+    damaged: str = ""
+    """Why its checkpoint is damaged (``checkpoint_damage``; "": not found so): ``run`` sets it
+    aside and trains the cell from step 0 in the same run, not from a branch point."""
 
 
 def stale(run: CellRun) -> str:
@@ -83,9 +86,11 @@ def plan_cell(
     ckpt_step: int | None,
     rerun_stale: bool = False,
     fingerprint: str | None = None,
+    damaged: str = "",
 ) -> PlannedCell:
-    """What ``run`` does to one cell, given its recorded run, its checkpoint's step and the
-    fingerprint of the prepared data it reads now (None: not known, not checked)."""
+    """What ``run`` does to one cell, given its recorded run, its checkpoint's step (and why that
+    checkpoint is damaged: ``PlannedCell.damaged``) and the fingerprint of the prepared data it
+    reads now (None: not known, not checked)."""
     if run is None:
         return PlannedCell(cell, "run", None, "new")
     if run.status in ("finished", "diverged"):
@@ -104,12 +109,15 @@ def plan_cell(
         why = f"{run.status} on other data ({old}); restore its data, or --rerun-stale"
         return PlannedCell(cell, "stale-data", run, why, data_change=old)
     where = f"from the step-{ckpt_step} checkpoint" if ckpt_step else "from step 0"
+    if damaged:
+        step = f"step-{ckpt_step} " if ckpt_step else ""
+        where = f"from step 0, its damaged {step}checkpoint set aside (kept)"
     if run.status == "failed":
         if rerun_failed:
-            return PlannedCell(cell, "rerun", run, f"failed before; again {where}")
+            return PlannedCell(cell, "rerun", run, f"failed before; again {where}", damaged=damaged)
         why = f"failed ({run.reason[:80]}); --rerun-failed reruns it"
         return PlannedCell(cell, "failed", run, why)
-    return PlannedCell(cell, "resume", run, f"{run.status}; {where}")
+    return PlannedCell(cell, "resume", run, f"{run.status}; {where}", damaged=damaged)
 
 
 def plan_cells(
@@ -130,6 +138,7 @@ def plan_cells(
             ckpt_step=_ckpt_step(study, cs.cell),
             rerun_stale=rerun_stale,
             fingerprint=fps.get(cs.cell.key),
+            damaged=_damage(study, cs.cell, cs.run),
         )
         for cs in statuses
     ]
@@ -343,3 +352,11 @@ def summarize(planned: Iterable[PlannedCell]) -> dict[str, int]:
 
 def _ckpt_step(study: Study, cell: Cell) -> int | None:
     return checkpoint_step(study.checkpoint_dir(cell))
+
+
+def _damage(study: Study, cell: Cell, run: CellRun | None) -> str:
+    """Why the checkpoint of a cell that ``run`` may resume is damaged ("": not found so, or the
+    cell has a result or no run, and no use for it)."""
+    if run is None or run.status in ("finished", "diverged"):
+        return ""
+    return checkpoint_damage(study.checkpoint_dir(cell)) or ""

@@ -5,7 +5,9 @@
 optimizer, the data position and the CPU and CUDA RNG states. ``checkpoint.json`` beside it says
 what it holds (step, status, config hash) without loading it, for the runner and ``ablate plan``;
 one that is damaged (not JSON, or not such an object) counts as none, and the step a run resumes
-from is then the one ``checkpoint.pt`` records (``checkpoint_step``).
+from is then the one ``checkpoint.pt`` records (``checkpoint_step``). Whether a run would set the
+checkpoint aside as damaged ``ablate plan`` tells from the ends of its files
+(``checkpoint_damage``).
 
 A distributed run (``train.parallel`` ddp or fsdp: ``ablate.train.parallel``) writes a sharded
 checkpoint instead, with ``torch.distributed.checkpoint`` (DCP): each rank writes its own shards of
@@ -30,10 +32,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import time
 import uuid
 import warnings
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -107,6 +111,43 @@ def checkpoint_step(checkpoint_dir: str | Path) -> int | None:
     except (CheckpointError, KeyError, TypeError):  # unreadable: the run does not resume from it
         return None
     return step if _is_int(step) and step >= 0 else None
+
+
+def checkpoint_damage(checkpoint_dir: str | Path) -> str | None:
+    """Why a run in ``checkpoint_dir`` would set its checkpoint aside as damaged, judged from the
+    ends of its files alone, for ``ablate plan`` (milliseconds, nothing unpickled), or None: no
+    checkpoint, or no damage found so. ``torch.save`` writes a zip whose central directory is its
+    last bytes (``zipfile`` reads it): a truncated, empty or garbage ``checkpoint.pt`` has none.
+    A sharded one (its sidecar's) also needs its train state, each rank's RNG state, and its
+    ``.metadata``, a pickle, which ends with pickle's STOP byte. What only a load finds (a pickle
+    that does not read, a shard shorter than its metadata says) the run finds."""
+    d = Path(checkpoint_dir)
+    info = checkpoint_info(d)
+    if info is None or info.get("format") != SHARDED:
+        return _zip_damage(d / CHECKPOINT) if (d / CHECKPOINT).exists() else None
+    path, world = d / info["path"], info.get("world", 1)
+    for name in ("train_state.pt", *(f"rng-rank{r}.pt" for r in range(world))):
+        if why := _zip_damage(path / name):
+            return why
+    try:
+        with open(path / ".metadata", "rb") as f:
+            f.seek(-1, os.SEEK_END)  # OSError when empty
+            whole = f.read(1) == pickle.STOP
+    except OSError as e:
+        return f"{path / '.metadata'}: damaged checkpoint metadata ({e})"
+    return None if whole else f"{path / '.metadata'}: damaged checkpoint metadata (truncated)"
+
+
+def _zip_damage(path: Path) -> str | None:
+    """Why ``path`` is not a whole ``torch.save`` file (its zip directory, read), or None."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except Exception as e:  # noqa: BLE001 (damaged bytes raise anything from the reader)
+        return f"{path}: damaged or not a checkpoint file ({type(e).__name__}: {e})"
+    if not any(n.endswith("/data.pkl") for n in names):
+        return f"{path}: not a checkpoint file (no data.pkl in it)"
+    return None
 
 
 def _is_int(v: Any) -> TypeGuard[int]:

@@ -177,6 +177,10 @@ def test_a_branch_whose_trunk_does_not_pass_its_point_is_planned_from_step_0(tmp
     assert branching.start_step(ladder, stale, planned, ms[cell.key]) == 0
     planned[trunk.key] = PlannedCell(trunk, "rerun", fresh=True)
     assert branching.start_step(ladder, stale, planned, ms[cell.key]) == point
+    # nor does one whose own checkpoint is damaged: the run sets it aside and trains from step 0
+    damaged = PlannedCell(cell, "resume", damaged=f"{where}: damaged")
+    assert branching.start_step(ladder, damaged, planned, ms[cell.key]) == 0
+    assert branching.cost(ladder, [damaged, PlannedCell(trunk, "skip")]) == (8, 8)
 
 
 def test_only_cells_that_differ_in_their_wsd_budget_alone_are_a_family(tmp_path):

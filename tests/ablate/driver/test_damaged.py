@@ -1,7 +1,7 @@
 """A cell's checkpoint files damaged between two runs of a study (they are read as untrusted): a
 sidecar that is not JSON, or JSON that is not a sidecar, counts as none, ``plan`` says the step the
 cell resumes from as ``run`` then resumes it; a damaged checkpoint is set aside, kept, and the cell
-trains from step 0; either way the store holds every step once. A poisoned checkpoint (one that
+trains from step 0, as ``plan`` says; either way the store holds every step once. A poisoned checkpoint (one that
 could run code) fails its cell, saying how to train it again."""
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_cell_trains_from_step_0(tmp_p
     s, ck = interrupted(tmp_path)
     raw = (ck / CHECKPOINT).read_bytes()
     (ck / CHECKPOINT).write_bytes(raw[:5000])  # `truncate -s 5000`
+    # its sidecar is sound, but plan reads the file's zip directory: none, so what run will do
+    assert json.loads((ck / "checkpoint.json").read_text())["step"] == 4
+    why = "interrupted; from step 0, its damaged step-4 checkpoint set aside (kept)"
+    assert [p.why for p in plan(s)] == [why]
     with pytest.warns(RuntimeWarning, match=rf"{re.escape(str(ck / CHECKPOINT))}: damaged.*step 0"):
         again = run_study(s, executor="local", progress=False, stream=io.StringIO())
     assert [o.status for o in again.outcomes.values()] == ["finished"]

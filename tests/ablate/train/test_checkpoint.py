@@ -1,21 +1,27 @@
 """Checkpoints: what they hold, the sidecar (a damaged one counts as none, and the step is read from
-the checkpoint itself), refusal of another configuration, and that a checkpoint in the layout
-written before ``TrainState`` existed (a plain ``"state"`` dict) still resumes."""
+the checkpoint itself), a damaged checkpoint found from the ends of its files (``ablate plan``),
+refusal of another configuration, and that a checkpoint in the layout written before
+``TrainState`` existed (a plain ``"state"`` dict) still resumes."""
 
 from __future__ import annotations
 
 import json
+import zipfile
 
 import pytest
 import torch
+from test_untrusted import Payload
 
 from ablate.data import BatchSampler, DataConfig
+from ablate.errors import DamagedCheckpointError
 from ablate.train import MemoryLogger, RunConfig, TrainConfig, train
 from ablate.train.checkpoint import (
     CHECKPOINT,
+    checkpoint_damage,
     checkpoint_info,
     checkpoint_step,
     load_checkpoint,
+    load_file,
     move_aside,
     save_checkpoint,
 )
@@ -237,6 +243,35 @@ def test_without_a_usable_sidecar_the_step_is_read_from_the_checkpoint(tmp_path)
     raw = (tmp_path / CHECKPOINT).read_bytes()
     (tmp_path / CHECKPOINT).write_bytes(raw[: len(raw) // 2])
     assert checkpoint_step(tmp_path) is None
+
+
+def test_a_damaged_checkpoint_is_found_from_the_ends_of_its_files_unread(tmp_path):
+    """What ``ablate plan`` tells of a checkpoint behind a sound sidecar, reading its zip directory
+    alone: the damage a run then finds, and no damage in a sound file, nor in a poisoned one (it
+    is not unpickled: the run refuses it)."""
+    assert checkpoint_damage(tmp_path / "none") is None
+    model, opt, sampler = _parts()
+    state = TrainState(step=3, tokens=48)
+    save_checkpoint(
+        tmp_path, config_hash="abc", state=state, model=model, optimizer=opt, sampler=sampler
+    )
+    path = tmp_path / CHECKPOINT
+    raw = path.read_bytes()
+    assert checkpoint_damage(tmp_path) is None
+    for bad in (raw[:-1], raw[: len(raw) // 2], raw[:100], b"", bytes(range(256)) * 20):
+        path.write_bytes(bad)
+        assert checkpoint_info(tmp_path) is not None  # the sidecar is sound
+        assert checkpoint_damage(tmp_path) == f"{path}: damaged or not a checkpoint file " + (
+            "(BadZipFile: File is not a zip file)"
+        )
+        with pytest.raises(DamagedCheckpointError):  # as the run finds it
+            load_file(path)
+    with zipfile.ZipFile(path, "w") as z:  # a zip, not torch's
+        z.writestr("notes.txt", "hello")
+    assert checkpoint_damage(tmp_path) == f"{path}: not a checkpoint file (no data.pkl in it)"
+    marker = tmp_path / "ran"
+    torch.save({"state": state.to_dict(), "x": Payload(marker)}, path)
+    assert checkpoint_damage(tmp_path) is None and not marker.exists()
 
 
 def test_a_folder_moved_aside_twice_under_one_tag_keeps_both(tmp_path):

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from ablate.errors import CheckpointError
 from ablate.train import RunConfig, train
 from ablate.train.branch import Branches, branch_point, family_hash, prefix_hash
-from ablate.train.checkpoint import checkpoint_info
+from ablate.train.checkpoint import checkpoint_damage, checkpoint_info
 from ablate.train.device import resolve_device
 from ablate.train.parallel import process_group
 from backends.layer import QuantLinear
@@ -200,6 +200,8 @@ def test_a_damaged_sharded_checkpoint_is_set_aside_and_the_run_trains_from_step_
     info = checkpoint_info(ck)
     assert info is not None and info["step"] == 2
     _damage(ck / info["path"], damage)
+    # what `ablate plan` sees from the files' ends: all but a shard's length (the run reads that)
+    assert (checkpoint_damage(ck) is None) == (damage == "shard truncated")
     kept = {p.relative_to(ck): p.read_bytes() for p in ck.rglob("*") if p.is_file()}
     d = cfg("ddp", steps=4, checkpoint_dir=ck, checkpoint_every=2)
     with pytest.warns(RuntimeWarning, match=r"damaged.*; set aside \(kept\) as .*ck\.damaged-"):
@@ -384,6 +386,7 @@ def test_two_ranks_set_a_damaged_sharded_checkpoint_aside_once_and_train_from_st
     info = checkpoint_info(ck)
     assert info is not None and (info["step"], info["world"]) == (2, 2)
     _damage(ck / info["path"], "no rng of rank 1")
+    assert checkpoint_damage(ck) is not None  # as `ablate plan` says
     r0, r1 = two_ranks(d)
     assert r0["evals"] == r1["evals"] and len(r0["evals"]) == 3  # steps 0, 3 and 4
     (aside,) = tmp_path.glob("ck.damaged-*")
