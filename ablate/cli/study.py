@@ -356,7 +356,7 @@ def ui(
         ablate ui studies/quickstart.yaml      # then open the printed URL
         ablate ui --tracking-uri http://mlflow-host:5000 --study mxfp4_wgrad
     """
-    from ablate.tracking.ui import serve, study_url
+    from ablate.tracking.ui import check_browsable, serve, study_url
 
     study = None
     if tracking_uri is None:
@@ -369,8 +369,13 @@ def ui(
             raise click.ClickException(
                 f"{db}: no MLflow store yet; run `ablate run {study_file}` first"
             )
-    elif study_file is not None:
-        study = load(study_file, output)
+    else:
+        try:  # before MLflow is asked (its client retries 2 min) or starts a server on it
+            check_browsable(tracking_uri)
+        except AblateError as e:
+            raise click.BadParameter(str(e), param_hint="--tracking-uri") from None
+        if study_file is not None:
+            study = load(study_file, output)
     name = (study.experiment or study.name) if study is not None else study_name
     axes = study.axes if study is not None else []
     try:
@@ -388,5 +393,5 @@ def ui(
             echo=lambda m: click.echo(m, err=True),
         )
     except AblateError as e:
-        raise click.ClickException(str(e)) from None
+        raise refuse(e) from None
     sys.exit(status)

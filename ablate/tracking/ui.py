@@ -24,7 +24,7 @@ from ablate.errors import TrackingError
 from ablate.tracking import vocab
 from ablate.tracking.runs import repair_artifacts
 from ablate.tracking.server import answers, server_command
-from ablate.tracking.store import Client
+from ablate.tracking.store import Client, check_sqlite_file, check_store, sqlite_path
 
 
 def view_state(axes: Sequence[str] = ()) -> dict[str, Any]:
@@ -63,6 +63,23 @@ def study_url(base: str, uri: str, experiment: str | None, *, axes: Sequence[str
     # workflowType: the sidebar of MLflow 3's training mode, not its GenAI one
     view = f"viewStateShareKey={vocab.VIEW}&workflowType=machine_learning"
     return f"{base}/#/experiments/{eid}/runs?{view}"
+
+
+def check_browsable(uri: str) -> None:
+    """Refuse, in seconds and writing nothing, a store ``ablate ui`` cannot show: a SQLite file
+    that is missing, empty or damaged (``mlflow server`` would create a new store there, or fail
+    with a traceback), a server that does not answer (one request of 5 s, never the client's
+    retries) and any other scheme; a ``TrackingError`` that says which."""
+    path = sqlite_path(uri)  # refuses a malformed or in-memory SQLite URI
+    if path is None:
+        check_store(uri, create=False)  # http(s): answers; any other scheme: unsupported
+        return
+    if not path.is_file() or path.stat().st_size == 0:
+        raise TrackingError(
+            f"no MLflow store at {path}{' (an empty file)' if path.is_file() else ''}: give the "
+            "sqlite:/// URI of a study's mlflow.db, or run the study first"
+        )
+    check_sqlite_file(path)
 
 
 def _port_free(host: str, port: int) -> bool:

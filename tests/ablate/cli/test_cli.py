@@ -326,6 +326,32 @@ def test_ui_refuses_a_study_that_has_no_store(tmp_path):
     assert res.exit_code == 1 and "no MLflow store yet" in res.output
 
 
+def test_ui_refuses_a_tracking_uri_it_cannot_show_at_once_and_writes_nothing(tmp_path, monkeypatch):
+    """A server that does not answer was asked through MLflow's client (minutes of retries); a
+    missing SQLite file, or an empty URI (./mlflow.db), got a new store made by `mlflow server`; a
+    damaged one or another scheme, the server's traceback."""
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    damaged = tmp_path / "damaged.db"
+    damaged.write_text("not a database\n")
+    cases = {
+        "http://127.0.0.1:9": "no MLflow tracking server answers",
+        "garbage": "unsupported tracking URI 'garbage'",
+        "": "unsupported tracking URI ''",
+        f"sqlite:///{tmp_path}/none.db": "no MLflow store at",
+        f"sqlite:///{damaged}": "is damaged or not a SQLite database",
+    }
+    for uri, says in cases.items():
+        t0 = time.monotonic()
+        res = CliRunner().invoke(main, ["ui", "--tracking-uri", uri, "--study", "x"])
+        assert res.exit_code == 2, (uri, res.output)
+        assert "--tracking-uri" in res.output and says in res.output, (uri, res.output)
+        assert time.monotonic() - t0 < 20, uri
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["damaged.db"]
+    assert damaged.read_text() == "not a database\n"
+
+
 def test_report_without_a_store_or_runs_says_so_and_fails(tmp_path):
     p = _write(tmp_path, STUDY)
     res = CliRunner().invoke(main, ["report", str(p), "--runs", str(tmp_path / "out")])
