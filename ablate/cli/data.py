@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
@@ -23,10 +24,10 @@ def data() -> None:
 @max_cells_opt
 @click.option(
     "--workers",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=os.cpu_count() or 1),  # each one a forked process
     default=None,
     help="Processes that tokenize with a Hugging Face tokenizer (default: half the CPUs, at most 8; "
-    "the byte tokenizer always runs in one).",
+    "at most the CPUs; the byte tokenizer always runs in one).",
 )
 def prepare(study_file: str, output: str | None, max_cells: int, workers: int | None) -> None:
     """Tokenize each distinct data configuration of a study once into its data cache (the study's

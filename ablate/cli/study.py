@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -328,8 +329,9 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
     "--workers",
     default=1,
     show_default=True,
-    type=click.IntRange(min=1),
-    help="Server worker processes (each holds ~300 MB; one serves a person browsing).",
+    type=click.IntRange(min=1, max=os.cpu_count() or 1),
+    help="Server worker processes (each holds ~300 MB; one serves a person browsing; at most the "
+    "CPUs).",
 )
 @click.option(
     "--timeout", default=120.0, show_default=True, help="Seconds to wait for the UI to answer."

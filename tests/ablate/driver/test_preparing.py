@@ -91,6 +91,24 @@ def test_too_few_tokens_is_refused_before_anything_is_recorded(tmp_path: Path, m
     assert res.exit_code == 2 and "fewer than data.val_tokens (200000)" in res.output
 
 
+def test_more_tokenizing_processes_than_cpus_are_refused_before_any_starts(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Each worker is a forked process: `--workers 100000` forked that many before."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    _corpus(tmp_path / "a.jsonl", "alpha")
+    (tmp_path / "s.yaml").write_text(TWO_CORPORA)
+    too_many = str((os.cpu_count() or 1) + 1)
+    res = CliRunner().invoke(main, ["data", "prepare", "s.yaml", "--workers", too_many])
+    assert res.exit_code == 2 and "--workers" in res.output, res.output
+    assert f"{too_many} is not in the range" in res.output
+    assert not (tmp_path / "cache").exists()
+    res = CliRunner().invoke(main, ["ui", "s.yaml", "--workers", too_many])
+    assert res.exit_code == 2 and "--workers" in res.output, res.output
+
+
 def test_a_validation_corpus_with_too_few_tokens_keeps_what_a_study_recorded(
     tmp_path: Path, monkeypatch
 ) -> None:
