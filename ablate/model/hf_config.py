@@ -16,6 +16,7 @@ import copy
 import functools
 import hashlib
 import json
+import math
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,7 @@ def _check_parts(spec: str, c: Any) -> None:
             f"model.hf: {spec!r} has num_hidden_layers {layers!r}: the recipe would quantize no "
             "decoder layer; give a config with at least one"
         )
+    _check_shapes(spec, c)
     _check_size(spec, c)
     act = getattr(c, "hidden_act", None)
     if act is not None and act not in ACT2FN:
@@ -209,6 +211,43 @@ def _check_parts(spec: str, c: Any) -> None:
             f"model.hf: {spec!r} has rope_type {kind!r}, which transformers does not have; "
             f"allowed: {', '.join(sorted(allowed))}"
         )
+
+
+POSITIVE = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+)
+"""The shape fields that must be positive integers (``num_key_value_heads`` and ``head_dim`` may
+be left unset: all the heads, and ``hidden_size // num_attention_heads``)."""
+
+
+def _check_shapes(spec: str, c: Any) -> None:
+    """Shapes ``transformers`` accepts but no model can have (a negative width, no heads, more
+    key/value heads than heads), and a norm epsilon or RoPE base that turns every loss into NaN:
+    a traceback (a division by zero heads) or a failed or diverged cell, refused here instead."""
+    for name in POSITIVE:
+        v = getattr(c, name, None)
+        if v is None and name in ("num_key_value_heads", "head_dim"):
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"model.hf: {spec!r} has {name} {v!r}; allowed: a positive integer")
+    heads, kv = c.num_attention_heads, getattr(c, "num_key_value_heads", None)
+    if kv is not None and heads % kv:
+        raise ValueError(
+            f"model.hf: {spec!r} has num_key_value_heads {kv}, which does not divide "
+            f"num_attention_heads {heads}; allowed: a divisor of it"
+        )
+    f = _shapes(c)
+    for name, v in (("rms_norm_eps", f["norm_eps"]), ("rope_theta", f["rope_theta"])):
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(
+                f"model.hf: {spec!r} has {name} {v!r}; allowed: a finite number above 0"
+            )
 
 
 def _check_size(spec: str, c: Any) -> None:

@@ -81,8 +81,32 @@ def _hf(tmp: Path, name: str, **changes) -> str:
             "not a multiple of the number of attention heads",
         ),
         ({"vocab_size": 100}, "vocab_size 100 is smaller than the tokenizer's"),
+        # these passed validate: a ZeroDivisionError traceback, failed cells, or NaN losses
+        # recorded as a diverged cell
+        ({"num_key_value_heads": 0}, "num_key_value_heads 0; allowed: a positive integer"),
+        ({"hidden_size": -64}, "hidden_size -64; allowed: a positive integer"),
+        ({"num_attention_heads": 0}, "num_attention_heads 0; allowed: a positive integer"),
+        ({"num_key_value_heads": 8}, "num_key_value_heads 8, which does not divide"),
+        ({"rms_norm_eps": math.nan}, "rms_norm_eps nan; allowed: a finite number above 0"),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}},
+            "rope_theta -1.0; allowed: a finite number above 0",
+        ),
     ],
-    ids=["no-layers", "negative-layers", "activation", "rope", "heads", "vocab"],
+    ids=[
+        "no-layers",
+        "negative-layers",
+        "activation",
+        "rope",
+        "heads",
+        "vocab",
+        "no-kv-heads",
+        "negative-width",
+        "no-heads",
+        "kv-not-dividing",
+        "nan-eps",
+        "negative-rope-theta",
+    ],  # fmt: skip
 )
 def test_an_architecture_that_cannot_train_is_refused(tmp_path, changes, named):
     hf = _hf(tmp_path, "arch", **changes)
