@@ -23,6 +23,7 @@ from ablate.numerics import FIRST_KEYED, NUMERICS_VERSION
 from ablate.train.phases import Phase, check, normalized
 from ablate.train.probe_config import ProbeConfig as ProbeConfig
 from ablate.train.resolve import Compile as Compile
+from ablate.train.resolve import check_device_name
 from ablate.train.resolve import device_kind as device_kind
 from ablate.train.resolve import resolved_compile as resolved_compile
 from ablate.train.resolve import resolved_log_every as resolved_log_every
@@ -374,6 +375,7 @@ class RunConfig:
                 f"quantizer_graph: unknown {self.quantizer_graph!r}; allowed: "
                 f"{', '.join(get_args(QuantizerGraph))}"
             )
+        check_device_name(self.device)
         check(self.phases, self.train.steps)
         self.phases = normalized(self.phases, self.recipe)
         if not 0 <= self.seed < SEED_LIMIT:

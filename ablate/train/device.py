@@ -17,17 +17,16 @@ from typing import Any
 import torch
 
 from ablate.train.config import Precision, resolved_precision
+from ablate.train.resolve import check_device_name
 
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` (cuda when available, else cpu), ``cpu``, ``cuda`` or ``cuda:N``; ValueError naming
     the ``device`` field for an unknown name or a CUDA device that is not there."""
+    check_device_name(name)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"device: unknown {name!r}; allowed: auto, cpu, cuda, cuda:N") from None
+    dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {name!r} requested but no CUDA device is available; use cpu")
     return dev

@@ -5,9 +5,20 @@ other choices that resolve per device (``train.precision``, ``train.compile``,
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 Compile = Literal["auto"] | bool
+
+
+DEVICES = "auto, cpu, cuda, cuda:N"
+
+
+def check_device_name(device: object) -> None:
+    """Refuse a ``device`` that names no device a run trains on (torch also knows ``meta``,
+    ``mps``, ``xpu``... which its key would record as cpu), naming the field."""
+    if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", device):
+        raise ValueError(f"device: unknown {device!r}; allowed: {DEVICES}")
 
 
 def device_kind(device: str) -> Literal["cpu", "cuda"]:

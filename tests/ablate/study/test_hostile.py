@@ -403,6 +403,14 @@ def test_a_boolean_where_a_number_belongs_is_refused_not_read_as_1(tmp_path, whe
     assert code == 2 and says in out, out
 
 
+@pytest.mark.parametrize("device", ["meta", "mps", "cpu:3"])
+def test_a_device_no_run_trains_on_is_refused(tmp_path, device):
+    """It passed validate, and `run` recorded failed cells (meta: "Cannot copy out of meta
+    tensor"; an unknown device type for autocast)."""
+    study = _study({"device": device})
+    _refused(tmp_path, study, f"device: unknown {device!r}; allowed: auto, cpu, cuda, cuda:N")
+
+
 def test_booleans_where_the_schema_takes_them_still_pass(tmp_path):
     study = _study(
         {
