@@ -36,7 +36,10 @@ def resolve_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]
         raise FileNotFoundError(
             f"{field}path: no files match {spec!r} (a directory is searched for *{ext})"
         )
-    return sorted(files, key=str)
+    # each file once: `**` follows links to folders, so a link to a folder above it (a loop) gave
+    # the same file under 40 names, and its documents 40 times
+    once = {os.path.realpath(f): f for f in sorted(files, key=str, reverse=True)}
+    return sorted(once.values(), key=str)
 
 
 def check_sources(cfg: DataConfig) -> None:

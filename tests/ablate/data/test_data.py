@@ -192,6 +192,20 @@ def test_glob_and_max_documents_select_files_in_name_order(tmp_path: Path) -> No
     assert limited.fingerprint != by_dir.fingerprint
 
 
+def test_a_recursive_glob_through_a_link_loop_reads_each_file_once(tmp_path: Path) -> None:
+    """``**`` follows links to folders: a link to the folder itself found each file under about
+    40 names (loop/a.txt, loop/sub/a.txt, loop/sub/sub/a.txt...), and read its documents as often."""
+    from ablate.data.sources import resolve_files
+
+    corpus = write_text(tmp_path / "corpus", DOCS_A)
+    (corpus / "sub").symlink_to(".")
+    cfg = small(corpus="text", path=str(corpus / "**" / "*.txt"))
+    assert [f.name for f in resolve_files(cfg)] == [f"{i:03d}.txt" for i in range(len(DOCS_A))]
+    plain = load_data(small(corpus="text", path=str(corpus)), cache=tmp_path / "c1")
+    looped = load_data(cfg, cache=tmp_path / "c2")
+    assert stream(looped).numel() == stream(plain).numel()
+
+
 def test_jsonl_without_the_text_field_names_file_line_and_field(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "fine"}\n{"body": "no text"}\n')
