@@ -132,15 +132,15 @@ def source_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]:
     return []
 
 
-def _text_documents(files: list[Path]) -> Iterator[str]:
+def _text_documents(files: list[Path], field: str) -> Iterator[str]:
     for f in files:
         try:
             yield f.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
-            raise ValueError(f"data.path: {f} is not UTF-8 text ({e})") from e
+            raise ValueError(f"{field}path: {f} is not UTF-8 text ({e})") from e
 
 
-def _jsonl_documents(files: list[Path], text_field: str) -> Iterator[str]:
+def _jsonl_documents(files: list[Path], text_field: str, field: str) -> Iterator[str]:
     for f in files:
         with open(f, "rb") as raw:
             for lineno, data in enumerate(raw, 1):
@@ -148,7 +148,7 @@ def _jsonl_documents(files: list[Path], text_field: str) -> Iterator[str]:
                     line = data.decode("utf-8")
                 except UnicodeDecodeError as e:
                     raise ValueError(
-                        f"data.path: {f}:{lineno} is not UTF-8 text (byte {data[e.start]:#04x} "
+                        f"{field}path: {f}:{lineno} is not UTF-8 text (byte {data[e.start]:#04x} "
                         f"at column {e.start + 1})"
                     ) from None
                 if not line.strip():
@@ -156,16 +156,16 @@ def _jsonl_documents(files: list[Path], text_field: str) -> Iterator[str]:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"data.path: {f}:{lineno} is not a JSON object ({e})") from e
+                    raise ValueError(f"{field}path: {f}:{lineno} is not a JSON object ({e})") from e
                 except RecursionError:
                     raise ValueError(
-                        f"data.path: {f}:{lineno} is not a JSON object (nested too deep to read)"
+                        f"{field}path: {f}:{lineno} is not a JSON object (nested too deep to read)"
                     ) from None
                 text = row.get(text_field) if isinstance(row, dict) else None
                 if not isinstance(text, str):
                     keys = sorted(row) if isinstance(row, dict) else type(row).__name__
                     raise ValueError(
-                        f"data.text_field: {f}:{lineno} has no string field {text_field!r} (has {keys})"
+                        f"{field}text_field: {f}:{lineno} has no string field {text_field!r} (has {keys})"
                     )
                 yield text
 
@@ -232,9 +232,9 @@ def documents(cfg: DataConfig | ValData, files: list[Path], field: str = "data."
     if cfg.corpus == "builtin":
         docs: Iterable[str] = builtin_documents()
     elif cfg.corpus == "text":
-        docs = _text_documents(files)
+        docs = _text_documents(files, field)
     elif cfg.corpus == "jsonl":
-        docs = _jsonl_documents(files, cfg.text_field)
+        docs = _jsonl_documents(files, cfg.text_field, field)
     elif cfg.corpus == "parquet":
         docs = _parquet_documents(files, cfg.text_field)
     else:

@@ -213,6 +213,21 @@ def test_jsonl_without_the_text_field_names_file_line_and_field(tmp_path: Path) 
         load_data(small(corpus="jsonl", path=str(path)))
 
 
+@pytest.mark.parametrize("corpus", ["text", "jsonl"])
+def test_a_bad_validation_corpus_file_names_data_val_not_the_training_path(
+    tmp_path: Path, corpus: str
+) -> None:
+    """The error named data.path, the training corpus's field, for a file of data.val's."""
+    from ablate.data.config import ValData
+
+    train = write_text(tmp_path / "train", DOCS_A)
+    bad = tmp_path / f"val.{'txt' if corpus == 'text' else 'jsonl'}"
+    bad.write_bytes(b'{"text": "caf\xe9"}\n')
+    cfg = small(corpus="text", path=str(train), val=ValData(corpus=corpus, path=str(bad)))
+    with pytest.raises(ValueError, match=r"^data\.val\.path: .*val\.(txt|jsonl).* is not UTF-8"):
+        load_data(cfg, cache=tmp_path / "cache")
+
+
 def test_a_jsonl_line_nested_too_deep_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "deep.jsonl"
     path.write_text('{"text": "fine"}\n' + "[" * 200_000 + "]" * 200_000 + "\n")
