@@ -138,7 +138,7 @@ def _train_cell(
     from ablate.tracking import MlflowLogger
     from ablate.train import train
     from ablate.train.branch import Branches
-    from ablate.train.checkpoint import checkpoint_step
+    from ablate.train.checkpoint import checkpoint_step, load_damage
     from ablate.train.device import resolve_device
     from ablate.train.parallel import process_group
     from ablate.train.provenance import environment
@@ -151,7 +151,9 @@ def _train_cell(
         logger.log_environment({**environment(cfg), **placement(cfg.device)})
         if ckpt is None:
             logger.mark_started()  # the run's start: now, not when the driver queued it
-        logger.log_status("running", {**where, "resumed_from": ckpt or 0})
+        # the step this attempt starts from: 0 where the trainer sets a damaged checkpoint aside
+        resumed = 0 if not ckpt or load_damage(cfg.checkpoint_dir) else ckpt
+        logger.log_status("running", {**where, "resumed_from": resumed})
         # a decay branch that starts from its trunk's checkpoint (the trainer loads the same one):
         # the trunk's curve up to there first, so that the run holds the whole curve
         start = branches.start if branches is not None and ckpt is None else None

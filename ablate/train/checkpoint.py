@@ -7,7 +7,8 @@ what it holds (step, status, config hash) without loading it, for the runner and
 one that is damaged (not JSON, or not such an object) counts as none, and the step a run resumes
 from is then the one ``checkpoint.pt`` records (``checkpoint_step``). Whether a run would set the
 checkpoint aside as damaged ``ablate plan`` tells from the ends of its files
-(``checkpoint_damage``).
+(``checkpoint_damage``), and a worker, logging the step its attempt starts from, as the run finds
+it (``load_damage``).
 
 A distributed run (``train.parallel`` ddp or fsdp: ``ablate.train.parallel``) writes a sharded
 checkpoint instead, with ``torch.distributed.checkpoint`` (DCP): each rank writes its own shards of
@@ -136,6 +137,26 @@ def checkpoint_damage(checkpoint_dir: str | Path) -> str | None:
     except OSError as e:
         return f"{path / '.metadata'}: damaged checkpoint metadata ({e})"
     return None if whole else f"{path / '.metadata'}: damaged checkpoint metadata (truncated)"
+
+
+def load_damage(checkpoint_dir: str | Path) -> DamagedCheckpointError | None:
+    """What makes a run in ``checkpoint_dir`` set its checkpoint aside, found as the run finds it
+    before training (the step its attempt starts from, logged first): ``checkpoint.pt`` read as
+    ``load_checkpoint`` reads it (its tensors mapped, not read), a sharded one checked as rank 0
+    checks it (``_sharded_damage``); None: no checkpoint, a sound one, or one refused for what it
+    holds (``CheckpointError``: the run fails on it)."""
+    d = Path(checkpoint_dir)
+    info = checkpoint_info(d)
+    try:
+        if info is not None and info.get("format") == SHARDED:
+            return _sharded_damage(d / info["path"])
+        if (d / CHECKPOINT).exists():
+            load_file(d / CHECKPOINT, keys=_SINGLE_KEYS, mmap=True)
+    except DamagedCheckpointError as e:
+        return e
+    except CheckpointError:
+        pass
+    return None
 
 
 def _zip_damage(path: Path) -> str | None:

@@ -1,14 +1,17 @@
 """A cell's checkpoint files damaged between two runs of a study (they are read as untrusted): a
 sidecar that is not JSON, or JSON that is not a sidecar, counts as none, ``plan`` says the step the
 cell resumes from as ``run`` then resumes it; a damaged checkpoint is set aside, kept, and the cell
-trains from step 0, as ``plan`` says; either way the store holds every step once. A poisoned checkpoint (one that
-could run code) fails its cell, saying how to train it again."""
+trains from step 0, as ``plan`` says (one damaged inside only a load finds, which ``plan`` leaves
+to the run), its run recording that the attempt started from step 0; either way the store holds
+every step once. A poisoned checkpoint (one that could run code) fails its cell, saying how to
+train it again."""
 
 from __future__ import annotations
 
 import io
 import json
 import re
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,11 @@ def interrupted(tmp_path: Path) -> tuple[Study, Path]:
     return s, ck
 
 
+def resumed_from(s: Study, run_id: str) -> str:
+    """The step the cell's last attempt started from, as its run records it."""
+    return MlflowClient(s.tracking_uri).get_run(run_id).data.tags["ablate.resumed_from"]
+
+
 @pytest.mark.parametrize("sidecar", ["{not json", "[]", '{"step": "abc"}', '{"step": true}'])
 def test_a_damaged_sidecar_resumes_from_the_checkpoint_as_plan_says(tmp_path, sidecar):
     s, ck = interrupted(tmp_path)
@@ -40,7 +48,8 @@ def test_a_damaged_sidecar_resumes_from_the_checkpoint_as_plan_says(tmp_path, si
     assert [p.why for p in plan(s)] == ["interrupted; from the step-4 checkpoint"]
     again = run_study(s, executor="local", progress=False, stream=io.StringIO())
     assert [o.status for o in again.outcomes.values()] == ["finished"]
-    assert_store_holds(s, expect_steps=9)
+    ids = assert_store_holds(s, expect_steps=9)
+    assert resumed_from(s, ids[s.cells[0].key]) == "4"
 
 
 def test_a_damaged_checkpoint_is_set_aside_and_the_cell_trains_from_step_0(tmp_path):
@@ -62,6 +71,26 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_cell_trains_from_step_0(tmp_p
     logged = MlflowClient(s.tracking_uri).get_metric_history(ids[s.cells[0].key], "val_loss")
     evals = load_file(ck / CHECKPOINT)["state"]["evals"]
     assert sorted((m.step, m.value) for m in logged) == [(e["step"], e["val_loss"]) for e in evals]
+    assert resumed_from(s, ids[s.cells[0].key]) == "0"  # not the sidecar's 4
+
+
+def test_a_checkpoint_damaged_inside_is_set_aside_and_its_run_says_it_started_at_0(tmp_path):
+    """Its pickle garbled behind a sound zip directory: only a load finds it, so ``plan`` says
+    step 4, but the attempt's recorded start is the step it trained from."""
+    s, ck = interrupted(tmp_path)
+    sound = ck.parent / "sound.pt"
+    (ck / CHECKPOINT).rename(sound)
+    with zipfile.ZipFile(sound) as src, zipfile.ZipFile(ck / CHECKPOINT, "w") as dst:
+        for i in src.infolist():
+            data = src.read(i)
+            dst.writestr(i, b"\0" * len(data) if i.filename.endswith("/data.pkl") else data)
+    assert [p.why for p in plan(s)] == ["interrupted; from the step-4 checkpoint"]
+    with pytest.warns(RuntimeWarning, match=r"damaged or not a checkpoint file.*step 0"):
+        again = run_study(s, executor="local", progress=False, stream=io.StringIO())
+    assert [o.status for o in again.outcomes.values()] == ["finished"]
+    assert len(list(ck.parent.glob(f"{ck.name}.damaged-*"))) == 1
+    ids = assert_store_holds(s, expect_steps=9)
+    assert resumed_from(s, ids[s.cells[0].key]) == "0"
 
 
 def test_a_poisoned_checkpoint_fails_its_cell_saying_how_to_train_it_again(tmp_path):

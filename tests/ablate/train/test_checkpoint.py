@@ -1,6 +1,6 @@
 """Checkpoints: what they hold, the sidecar (a damaged one counts as none, and the step is read from
-the checkpoint itself), a damaged checkpoint found from the ends of its files (``ablate plan``),
-refusal of another configuration, and that a checkpoint in the layout written before
+the checkpoint itself), a damaged checkpoint found from the ends of its files (``ablate plan``)
+and as a run finds it before training (``load_damage``), refusal of another configuration, and that a checkpoint in the layout written before
 ``TrainState`` existed (a plain ``"state"`` dict) still resumes."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ablate.train.checkpoint import (
     checkpoint_info,
     checkpoint_step,
     load_checkpoint,
+    load_damage,
     load_file,
     move_aside,
     save_checkpoint,
@@ -272,6 +273,32 @@ def test_a_damaged_checkpoint_is_found_from_the_ends_of_its_files_unread(tmp_pat
     marker = tmp_path / "ran"
     torch.save({"state": state.to_dict(), "x": Payload(marker)}, path)
     assert checkpoint_damage(tmp_path) is None and not marker.exists()
+
+
+def test_a_damaged_checkpoint_is_found_as_the_run_finds_it(tmp_path):
+    """What a worker logs as the step its attempt starts from: damage that only a load finds (a
+    pickle garbled behind a sound zip directory) too; none in a sound file, nor in a poisoned one
+    (refused: the run fails on it), whose payload is not run."""
+    assert load_damage(tmp_path / "none") is None
+    model, opt, sampler = _parts()
+    save_checkpoint(
+        tmp_path, config_hash="abc", state=TrainState(step=3), model=model, optimizer=opt,
+        sampler=sampler,
+    )  # fmt: skip
+    path, sound = tmp_path / CHECKPOINT, tmp_path / "sound.pt"
+    assert load_damage(tmp_path) is None
+    path.rename(sound)
+    with zipfile.ZipFile(sound) as src, zipfile.ZipFile(path, "w") as dst:
+        for i in src.infolist():
+            data = src.read(i)
+            dst.writestr(i, b"\0" * len(data) if i.filename.endswith("/data.pkl") else data)
+    assert checkpoint_damage(tmp_path) is None  # the ends of its files are sound
+    assert str(load_damage(tmp_path)).startswith(f"{path}: damaged or not a checkpoint file")
+    path.write_bytes(sound.read_bytes()[:100])
+    assert str(load_damage(tmp_path)).startswith(f"{path}: damaged or not a checkpoint file")
+    marker = tmp_path / "ran"
+    torch.save({**load_file(sound), "x": Payload(marker)}, path)
+    assert load_damage(tmp_path) is None and not marker.exists()
 
 
 def test_a_folder_moved_aside_twice_under_one_tag_keeps_both(tmp_path):

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from ablate.errors import CheckpointError
 from ablate.train import RunConfig, train
 from ablate.train.branch import Branches, branch_point, family_hash, prefix_hash
-from ablate.train.checkpoint import checkpoint_damage, checkpoint_info
+from ablate.train.checkpoint import checkpoint_damage, checkpoint_info, load_damage
 from ablate.train.device import resolve_device
 from ablate.train.parallel import process_group
 from backends.layer import QuantLinear
@@ -202,6 +202,7 @@ def test_a_damaged_sharded_checkpoint_is_set_aside_and_the_run_trains_from_step_
     _damage(ck / info["path"], damage)
     # what `ablate plan` sees from the files' ends: all but a shard's length (the run reads that)
     assert (checkpoint_damage(ck) is None) == (damage == "shard truncated")
+    assert load_damage(ck) is not None  # as the run finds it (its worker logs it from step 0)
     kept = {p.relative_to(ck): p.read_bytes() for p in ck.rglob("*") if p.is_file()}
     d = cfg("ddp", steps=4, checkpoint_dir=ck, checkpoint_every=2)
     with pytest.warns(RuntimeWarning, match=r"damaged.*; set aside \(kept\) as .*ck\.damaged-"):
