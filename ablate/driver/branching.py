@@ -53,8 +53,8 @@ def members(study: Study) -> dict[str, Member]:
 
 
 def own_step(study: Study, p: PlannedCell) -> int:
-    """The step a cell to run resumes from: its own checkpoint's (0: none, a damaged one, or a
-    rerun from 0)."""
+    """The step a cell to run resumes from: its own checkpoint's (0: none, a sidecar's whose
+    ``checkpoint.pt`` is missing too, a damaged one, or a rerun from 0)."""
     return 0 if p.fresh or p.damaged else checkpoint_step(study.checkpoint_dir(p.cell)) or 0
 
 

@@ -8,7 +8,8 @@ the runner follows it.
   the cell that no run owns, its run deleted, is set aside: ``runner``);
 - ``skip``: finished or diverged (both are results);
 - ``resume``: started but not ended (interrupted, worker lost, driver killed) -> continue from its
-  checkpoint (or from step 0 when there is none, or when it is damaged: set aside) in the same run;
+  checkpoint (or from step 0 when there is none, its sidecar's ``checkpoint.pt`` missing included,
+  or when it is damaged: set aside) in the same run;
 - ``failed``: ended with an error -> left alone unless ``--rerun-failed``;
 - ``stale-data``: started but not ended (or failed) on other prepared data than the study's data
   prepare to now (its ``data.fingerprint`` differs: a corpus file changed) -> resuming could not
@@ -36,7 +37,12 @@ from ablate.targets import headroom_warning, reached_fraction, schedule_fraction
 from ablate.tracking import CellRun, CellStatus, join_runs, study_status
 from ablate.tracking.status import baseline_curves, count
 from ablate.tracking.vocab import env_tag
-from ablate.train.checkpoint import checkpoint_damage, checkpoint_step
+from ablate.train.checkpoint import (
+    CHECKPOINT,
+    checkpoint_damage,
+    checkpoint_missing,
+    checkpoint_step,
+)
 from ablate.train.provenance import code_hash
 
 Action = Literal["run", "skip", "resume", "failed", "stale-data", "rerun", "reuse"]
@@ -87,10 +93,12 @@ def plan_cell(
     rerun_stale: bool = False,
     fingerprint: str | None = None,
     damaged: str = "",
+    missing: int | None = None,
 ) -> PlannedCell:
     """What ``run`` does to one cell, given its recorded run, its checkpoint's step (and why that
-    checkpoint is damaged: ``PlannedCell.damaged``) and the fingerprint of the prepared data it
-    reads now (None: not known, not checked)."""
+    checkpoint is damaged: ``PlannedCell.damaged``; or the step its sidecar names where its
+    ``checkpoint.pt`` is missing: ``checkpoint_missing``) and the fingerprint of the prepared data
+    it reads now (None: not known, not checked)."""
     if run is None:
         return PlannedCell(cell, "run", None, "new")
     if run.status in ("finished", "diverged"):
@@ -112,6 +120,8 @@ def plan_cell(
     if damaged:
         step = f"step-{ckpt_step} " if ckpt_step else ""
         where = f"from step 0, its damaged {step}checkpoint set aside (kept)"
+    elif missing is not None:
+        where = f"from step 0, its step-{missing} checkpoint missing (no {CHECKPOINT})"
     if run.status == "failed":
         if rerun_failed:
             return PlannedCell(cell, "rerun", run, f"failed before; again {where}", damaged=damaged)
@@ -139,6 +149,7 @@ def plan_cells(
             rerun_stale=rerun_stale,
             fingerprint=fps.get(cs.cell.key),
             damaged=_damage(study, cs.cell, cs.run),
+            missing=_missing(study, cs.cell, cs.run),
         )
         for cs in statuses
     ]
@@ -360,3 +371,11 @@ def _damage(study: Study, cell: Cell, run: CellRun | None) -> str:
     if run is None or run.status in ("finished", "diverged"):
         return ""
     return checkpoint_damage(study.checkpoint_dir(cell)) or ""
+
+
+def _missing(study: Study, cell: Cell, run: CellRun | None) -> int | None:
+    """The step the sidecar of a cell that ``run`` may resume names while its ``checkpoint.pt`` is
+    missing (None: not so, or the cell has a result or no run)."""
+    if run is None or run.status in ("finished", "diverged"):
+        return None
+    return checkpoint_missing(study.checkpoint_dir(cell))

@@ -5,7 +5,8 @@
 optimizer, the data position and the CPU and CUDA RNG states. ``checkpoint.json`` beside it says
 what it holds (step, status, config hash) without loading it, for the runner and ``ablate plan``;
 one that is damaged (not JSON, or not such an object) counts as none, and the step a run resumes
-from is then the one ``checkpoint.pt`` records (``checkpoint_step``). Whether a run would set the
+from is then the one ``checkpoint.pt`` records (``checkpoint_step``); one whose ``checkpoint.pt``
+is missing names none (``checkpoint_missing``). Whether a run would set the
 checkpoint aside as damaged ``ablate plan`` tells from the ends of its files
 (``checkpoint_damage``), and a worker, logging the step its attempt starts from, as the run finds
 it (``load_damage``).
@@ -100,11 +101,11 @@ def checkpoint_step(checkpoint_dir: str | Path) -> int | None:
     """The step a run in ``checkpoint_dir`` resumes from, for the runner and ``ablate plan``: its
     sidecar's; without a usable sidecar, the step its ``checkpoint.pt`` records, as the run loads
     it then (read as ``load_checkpoint`` reads it, its tensors mapped, not read); None when there is
-    no checkpoint or it cannot be read (no run resumes from it; a sharded one needs its sidecar)."""
-    info = checkpoint_info(checkpoint_dir)
+    no checkpoint (a one-process sidecar's ``checkpoint.pt`` missing: ``checkpoint_missing``) or it
+    cannot be read (no run resumes from it; a sharded one needs its sidecar)."""
+    info, path = checkpoint_info(checkpoint_dir), Path(checkpoint_dir) / CHECKPOINT
     if info is not None:
-        return int(info["step"])
-    path = Path(checkpoint_dir) / CHECKPOINT
+        return int(info["step"]) if info.get("format") == SHARDED or path.exists() else None
     if not path.is_file():
         return None
     try:
@@ -112,6 +113,16 @@ def checkpoint_step(checkpoint_dir: str | Path) -> int | None:
     except (CheckpointError, KeyError, TypeError):  # unreadable: the run does not resume from it
         return None
     return step if _is_int(step) and step >= 0 else None
+
+
+def checkpoint_missing(checkpoint_dir: str | Path) -> int | None:
+    """The step a one-process sidecar in ``checkpoint_dir`` names while its ``checkpoint.pt`` is
+    missing, or None: a run there has no checkpoint (``load_checkpoint``; from step 0, or a branch
+    from its point, nothing set aside, its first checkpoint replacing the sidecar)."""
+    info, path = checkpoint_info(checkpoint_dir), Path(checkpoint_dir) / CHECKPOINT
+    if info is None or info.get("format") == SHARDED or path.exists():
+        return None
+    return int(info["step"])
 
 
 def checkpoint_damage(checkpoint_dir: str | Path) -> str | None:

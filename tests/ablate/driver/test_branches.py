@@ -181,6 +181,17 @@ def test_a_branch_whose_trunk_does_not_pass_its_point_is_planned_from_step_0(tmp
     damaged = PlannedCell(cell, "resume", damaged=f"{where}: damaged")
     assert branching.start_step(ladder, damaged, planned, ms[cell.key]) == 0
     assert branching.cost(ladder, [damaged, PlannedCell(trunk, "skip")]) == (8, 8)
+    # a sidecar of its own whose checkpoint.pt is missing names no checkpoint: the run has none
+    # there and starts from its branch point, as without one
+    own = ladder.checkpoint_dir(cell)
+    own.mkdir(parents=True)
+    (own / "checkpoint.json").write_text(
+        json.dumps({"step": point + 1, "status": None, "config_hash": "h"})
+    )
+    orphan = PlannedCell(cell, "resume")
+    assert branching.own_step(ladder, orphan) == 0
+    assert branching.start_step(ladder, orphan, planned, ms[cell.key]) == point
+    assert branching.cost(ladder, [orphan, PlannedCell(trunk, "skip")]) == (8 - point, 8)
 
 
 def test_only_cells_that_differ_in_their_wsd_budget_alone_are_a_family(tmp_path):

@@ -2,8 +2,9 @@
 sidecar that is not JSON, or JSON that is not a sidecar, counts as none, ``plan`` says the step the
 cell resumes from as ``run`` then resumes it; a damaged checkpoint is set aside, kept, and the cell
 trains from step 0, as ``plan`` says (one damaged inside only a load finds, which ``plan`` leaves
-to the run), its run recording that the attempt started from step 0; either way the store holds
-every step once. A poisoned checkpoint (one that could run code) fails its cell, saying how to
+to the run), its run recording that the attempt started from step 0; a checkpoint missing behind
+its sidecar is none: the cell trains from step 0, nothing set aside, as ``plan`` says; either way
+the store holds every step once. A poisoned checkpoint (one that could run code) fails its cell, saying how to
 train it again."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from test_runner import assert_store_holds, tiny_study
 from test_untrusted import Payload
 
+from ablate.driver.branching import cost
 from ablate.driver.planning import plan
 from ablate.driver.runner import run_study
 from ablate.study import Study
@@ -89,6 +91,21 @@ def test_a_checkpoint_damaged_inside_is_set_aside_and_its_run_says_it_started_at
         again = run_study(s, executor="local", progress=False, stream=io.StringIO())
     assert [o.status for o in again.outcomes.values()] == ["finished"]
     assert len(list(ck.parent.glob(f"{ck.name}.damaged-*"))) == 1
+    ids = assert_store_holds(s, expect_steps=9)
+    assert resumed_from(s, ids[s.cells[0].key]) == "0"
+
+
+def test_a_checkpoint_missing_behind_its_sidecar_is_none_and_plan_says_so(tmp_path):
+    s, ck = interrupted(tmp_path)
+    (ck / CHECKPOINT).unlink()  # its sidecar names step 4
+    assert json.loads((ck / "checkpoint.json").read_text())["step"] == 4
+    why = "interrupted; from step 0, its step-4 checkpoint missing (no checkpoint.pt)"
+    assert [p.why for p in plan(s)] == [why]
+    assert cost(s, plan(s)) == (9, 9)  # every step trained again
+    again = run_study(s, executor="local", progress=False, stream=io.StringIO())
+    assert [o.status for o in again.outcomes.values()] == ["finished"]
+    assert not list(ck.parent.glob(f"{ck.name}.*"))  # nothing set aside
+    assert json.loads((ck / "checkpoint.json").read_text())["step"] == 9  # its own now
     ids = assert_store_holds(s, expect_steps=9)
     assert resumed_from(s, ids[s.cells[0].key]) == "0"
 

@@ -1,5 +1,5 @@
 """Checkpoints: what they hold, the sidecar (a damaged one counts as none, and the step is read from
-the checkpoint itself), a damaged checkpoint found from the ends of its files (``ablate plan``)
+the checkpoint itself; one whose ``checkpoint.pt`` is missing names none), a damaged checkpoint found from the ends of its files (``ablate plan``)
 and as a run finds it before training (``load_damage``), refusal of another configuration, and that a checkpoint in the layout written before
 ``TrainState`` existed (a plain ``"state"`` dict) still resumes."""
 
@@ -19,6 +19,7 @@ from ablate.train.checkpoint import (
     CHECKPOINT,
     checkpoint_damage,
     checkpoint_info,
+    checkpoint_missing,
     checkpoint_step,
     load_checkpoint,
     load_damage,
@@ -244,6 +245,28 @@ def test_without_a_usable_sidecar_the_step_is_read_from_the_checkpoint(tmp_path)
     raw = (tmp_path / CHECKPOINT).read_bytes()
     (tmp_path / CHECKPOINT).write_bytes(raw[: len(raw) // 2])
     assert checkpoint_step(tmp_path) is None
+
+
+def test_a_sidecar_whose_checkpoint_is_missing_names_no_step_to_resume_from(tmp_path):
+    """As ``load_checkpoint`` finds none there, the run trains from step 0; ``plan`` says why from
+    the step the sidecar names. A sharded one's missing files are damage (set aside) instead."""
+    model, opt, sampler = _parts()
+    save_checkpoint(
+        tmp_path, config_hash="abc", state=TrainState(step=3), model=model, optimizer=opt,
+        sampler=sampler,
+    )  # fmt: skip
+    assert (checkpoint_step(tmp_path), checkpoint_missing(tmp_path)) == (3, None)
+    (tmp_path / CHECKPOINT).unlink()
+    assert checkpoint_info(tmp_path) is not None  # the sidecar is sound
+    assert (checkpoint_step(tmp_path), checkpoint_missing(tmp_path)) == (None, 3)
+    assert (
+        load_checkpoint(tmp_path, config_hash="abc", model=model, optimizer=opt, sampler=sampler)
+        is None
+    )
+    (tmp_path / "checkpoint.json").write_text(json.dumps(SHARDED_INFO))
+    assert (checkpoint_step(tmp_path), checkpoint_missing(tmp_path)) == (3, None)
+    assert checkpoint_damage(tmp_path) is not None
+    assert checkpoint_missing(tmp_path / "none") is None
 
 
 def test_a_damaged_checkpoint_is_found_from_the_ends_of_its_files_unread(tmp_path):
