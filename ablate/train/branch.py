@@ -45,6 +45,7 @@ from ablate.key import digest, key_fields
 from ablate.numerics import NUMERICS_VERSION
 from ablate.train.checkpoint import (
     checkpoint_info,
+    checkpoint_step,
     load_checkpoint,
     load_sharded,
     save_checkpoint,
@@ -136,12 +137,13 @@ class Branches:
 
     def ready(self, step: int) -> bool:
         """Whether the branch checkpoint at ``step`` exists, of this family and that step (read from
-        its sidecar; the checkpoint itself is checked when it loads)."""
+        its sidecar, whose ``checkpoint.pt`` must be there: ``checkpoint_step``; the checkpoint
+        itself is checked when it loads)."""
         info = checkpoint_info(self.dir(step))
         return (
             info is not None
-            and info.get("step") == step
             and info.get("config_hash") == self.hash_at(step)
+            and checkpoint_step(self.dir(step)) == step
         )
 
     @property

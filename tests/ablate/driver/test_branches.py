@@ -166,6 +166,7 @@ def test_a_branch_whose_trunk_does_not_pass_its_point_is_planned_from_step_0(tmp
     # with its checkpoint there it starts from it, whatever its trunk does
     where = branch_root(ladder.output_dir, family.key) / f"step-{point:09d}"
     where.mkdir(parents=True)
+    (where / CHECKPOINT).touch()  # the file the sidecar names (read when the branch loads it)
     (where / "checkpoint.json").write_text(
         json.dumps({"step": point, "status": None, "config_hash": family.key})
     )
@@ -217,6 +218,7 @@ def test_the_gate_holds_a_branch_until_its_trunk_saved_its_checkpoint_or_ended(t
     gate.hold(task, b, trunk.key)
     assert gate.release({}) == [] and len(gate) == 1  # the trunk runs, short of the point
     b.dir(point).mkdir(parents=True)
+    (b.dir(point) / CHECKPOINT).touch()  # the file the sidecar names, written before it
     (b.dir(point) / "checkpoint.json").write_text(
         json.dumps({"step": point, "status": None, "config_hash": "another family"})
     )

@@ -149,6 +149,14 @@ def test_a_branch_checkpoint_with_a_damaged_sidecar_is_not_ready(tmp_path, sidec
     assert not branches.ready(6) and branches.start is None
 
 
+def test_a_branch_checkpoint_whose_file_is_missing_is_not_ready(tmp_path):
+    # the sidecar alone names no checkpoint: the trainer would find none there and train the
+    # branch from step 0, so the plan and the worker must not count it from its point
+    branches, step_dir = _branch_checkpoint(tmp_path, b"")
+    (step_dir / CHECKPOINT).unlink()
+    assert not branches.ready(6) and branches.start is None
+
+
 def test_a_family_is_a_config_less_its_budget():
     f = family_hash(cfg(16))
     assert family_hash(cfg(8)) == f
