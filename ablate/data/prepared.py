@@ -9,6 +9,7 @@ each file's token count, dtype, size and sha256, the tokenizer and the stream's 
 - keyed: ``data_identity`` holds what decides the tokens: the corpus fields, the local files'
   names, sizes and modification times, the tokenizer's identity (a file's content hash, a hub name)
   and the validation corpus; not ``val_tokens`` nor ``data_seed``, which only split and order them.
+  A file that changes between the key's computation and the end of its read is refused, naming it.
   The cache is ``$ABLATE_DATA_CACHE``, else ``~/.cache/ablate/data`` (a study's ``data_cache``).
 - atomic: a set is written into a temporary folder, its manifest last, and renamed into place,
   under a lock file (``fcntl.flock``): two drivers or ranks preparing the same data build it once;
@@ -41,7 +42,15 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from ablate.data.config import DataConfig, ValData
-from ablate.data.sources import corpus_name, documents, source_files, source_identity
+from ablate.data.sources import (
+    check_unchanged,
+    corpus_name,
+    documents,
+    file_states,
+    keyed_states,
+    source_files,
+    source_identity,
+)
 from ablate.data.tokenizer import HFTokenizer, Tokenizer, load_tokenizer, tokenizer_identity
 from ablate.data.tokenizing import chunks, encode_chunks
 
@@ -82,9 +91,9 @@ def data_identity(cfg: DataConfig) -> dict[str, Any]:
     }
 
 
-def data_key(cfg: DataConfig) -> str:
-    """The prepared set's name: 16 hex digits of the sha256 of ``data_identity``."""
-    blob = json.dumps(data_identity(cfg), sort_keys=True).encode()
+def data_key(cfg: DataConfig, identity: dict[str, Any] | None = None) -> str:
+    """The prepared set's name: 16 hex digits of the sha256 of ``data_identity`` (``identity``)."""
+    blob = json.dumps(identity or data_identity(cfg), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -247,7 +256,8 @@ def prepare(
     tokenizer, default ``default_workers()``). ``say`` gets one line per event; ``progress`` (default
     stderr) the progress of a build. Raises ValueError/FileNotFoundError naming the field."""
     root = Path(cache) if cache is not None else default_cache()
-    key = data_key(cfg)
+    identity = data_identity(cfg)
+    key = data_key(cfg, identity)
     final = root / key
     if final.is_dir():
         with contextlib.suppress(Damaged):
@@ -264,7 +274,7 @@ def prepare(
                 shutil.rmtree(aside, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
         try:
-            manifest = _build(cfg, key, tmp, workers, progress or sys.stderr)
+            manifest = _build(cfg, identity, key, tmp, workers, progress or sys.stderr)
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -406,9 +416,20 @@ def _write_part(
 
 
 def _build(
-    cfg: DataConfig, key: str, tmp: Path, workers: int | None, progress: IO[str]
+    cfg: DataConfig,
+    identity: dict[str, Any],
+    key: str,
+    tmp: Path,
+    workers: int | None,
+    progress: IO[str],
 ) -> dict[str, Any]:
+    """Writes the set of ``cfg`` keyed by ``identity`` into ``tmp``; refuses (ValueError, naming
+    the file) when a file is not as ``identity`` saw it, or changes while it is read."""
     t0 = time.perf_counter()
+    states = file_states(cfg)  # as the key saw them, and unchanged until all is read
+    check_unchanged(
+        keyed_states(identity["train"], identity["val"]), {k: v[:2] for k, v in states.items()}
+    )
     tok = load_tokenizer(cfg.tokenizer)
     dtype_name = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
     dtype = _NP[dtype_name]
@@ -426,10 +447,11 @@ def _build(
         files["val.bin"] = _write_part(
             cfg.val, "data.val.", tok, dtype, tmp / "val.bin", n_workers, fp, progress
         )
+    check_unchanged(states, file_states(cfg))
     manifest = {
         "format": FORMAT,
         "key": key,
-        "identity": data_identity(cfg),
+        "identity": identity,
         "corpus": corpus_name(cfg),
         "val_corpus": corpus_name(cfg.val) if cfg.val is not None else None,
         "tokenizer": tok.name,

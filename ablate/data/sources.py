@@ -2,7 +2,8 @@
 anything runs by ``check_sources``), whether a hub dataset can be had here (``hub_dataset_missing``:
 in the ``datasets`` cache, or the hub reachable), its documents in order (``documents``: the
 built-in corpus, text, JSONL, Parquet, Hugging Face datasets), its readable name and what of it
-decides its tokens (``source_identity``, which the prepared set's key holds). Optional packages
+decides its tokens (``source_identity``, which the prepared set's key holds) and whether its files
+changed while they were read (``file_states``, ``check_unchanged``). Optional packages
 (``pyarrow``, ``datasets``) are imported only by the code that reads those formats."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from glob import glob
 from itertools import islice
 from pathlib import Path
@@ -130,6 +131,53 @@ def source_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]:
     if src.corpus == "hf" and os.path.isdir(str(src.hf_dataset)):
         return sorted(p for p in Path(str(src.hf_dataset)).rglob("*") if p.is_file())
     return []
+
+
+def _path_field(corpus: str, field: str) -> str:
+    return f"{field}{'hf_dataset' if corpus == 'hf' else 'path'}"
+
+
+def file_states(cfg: DataConfig) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """Each local file ``cfg`` reads (its validation corpus's too), as ``(field naming it, resolved
+    name)``: its size, modification time (ns) and inode; a preparation compares them before and
+    after it reads."""
+    out = {}
+    for src, field in ((cfg, "data."), (cfg.val, "data.val.")):
+        if src is None:
+            continue
+        for f in source_files(src, field):
+            st = f.stat()
+            name = (_path_field(src.corpus, field), str(f.resolve()))
+            out[name] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def keyed_states(train: dict[str, Any], val: dict[str, Any] | None) -> dict[tuple[str, str], Any]:
+    """The files of two ``source_identity`` (the corpus's, the validation corpus's) as
+    ``file_states`` names them: their size and modification time when the key was computed."""
+    return {
+        (_path_field(src["corpus"], field), f[0]): tuple(f[1:])
+        for src, field in ((train, "data."), (val, "data.val."))
+        if src is not None
+        for f in src["files"]
+    }
+
+
+def check_unchanged(
+    before: Mapping[tuple[str, str], tuple[int, ...]],
+    after: Mapping[tuple[str, str], tuple[int, ...]],
+) -> None:
+    """Raises ValueError naming the first file that appeared, went or changed between ``before``
+    and ``after`` (``file_states``, or the size and time a key was computed from)."""
+    for field, f in sorted(before.keys() | after.keys()):
+        was, now = before.get((field, f)), after.get((field, f))
+        if was == now:
+            continue
+        what = "appeared" if was is None else "went away" if now is None else "changed"
+        raise ValueError(
+            f"{field}: {f} {what} while the data was prepared; nothing was stored: prepare it "
+            "again once its files no longer change"
+        )
 
 
 def _text_documents(files: list[Path], field: str) -> Iterator[str]:

@@ -302,6 +302,74 @@ def test_an_unreadable_shard_names_token_dtype(tmp_path: Path) -> None:
     assert not any((tmp_path / "c").glob("[0-9a-f]*[!k]"))  # no set, no temporary folder left
 
 
+def _text_corpus(tmp_path: Path, n: int = 30) -> tuple[DataConfig, list[Path]]:
+    """A text corpus of ``n`` files (a glob) and a validation file, last in the list."""
+    (tmp_path / "corpus").mkdir()
+    files = [tmp_path / "corpus" / f"{i:03d}.txt" for i in range(n)] + [tmp_path / "val.txt"]
+    for i, f in enumerate(files):
+        f.write_text(DOCS[i % len(DOCS)])
+    val = ValData(corpus="text", path=str(files[-1]))
+    return DataConfig(corpus="text", path=str(tmp_path / "corpus" / "*.txt"), val=val), files
+
+
+class _ChangeOnFirstWrite:
+    """A progress stream that appends to ``path`` when the first part's last line comes: after
+    the training files were read, before the validation file is."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.lines = path, []
+
+    def write(self, line: str) -> None:
+        if not self.lines:
+            with open(self.path, "a") as f:
+                f.write(" and an appended sentence that the read did not see.")
+        self.lines.append(line)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("which", "field", "part"),
+    [(3, "data.path", "train"), (-1, "data.val.path", "val")],  # read before; read after
+)
+def test_a_file_changed_while_it_is_read_is_refused_and_nothing_stored(
+    tmp_path: Path, which: int, field: str, part: str
+) -> None:
+    cfg, files = _text_corpus(tmp_path)
+    cache, key = tmp_path / "cache", data_key(cfg)
+    with pytest.raises(ValueError, match=rf"{field}: .*{files[which].name} changed while"):
+        prepare(cfg, cache=cache, progress=_ChangeOnFirstWrite(files[which]))  # type: ignore[arg-type]
+    assert sorted(p.name for p in cache.iterdir()) == [f"{key}.lock"]  # no set, no temporary one
+    p = prepare(cfg, cache=cache)  # the new content, under its own key
+    assert p.built and p.key == data_key(cfg) != key
+    sizes = {f[0]: f[1] for f in p.manifest["identity"][part]["files"]}
+    assert sizes[str(files[which].resolve())] == files[which].stat().st_size
+
+
+def test_a_file_changed_after_its_key_was_computed_is_refused(tmp_path: Path) -> None:
+    import fcntl
+
+    cfg, files = _text_corpus(tmp_path)
+    cache, key = tmp_path / "cache", data_key(cfg)
+    cache.mkdir()
+    with open(cache / f"{key}.lock", "a+") as lock:  # another preparation holds the key's lock
+        fcntl.flock(lock, fcntl.LOCK_EX)
+
+        def meanwhile(msg: str) -> None:  # said while it waits for the lock: the files change,
+            assert "waiting" in msg  # then the other preparation lets go
+            files[0].write_text("new content entirely")
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+        with pytest.raises(ValueError, match=rf"data.path: .*{files[0].name} changed while"):
+            prepare(cfg, cache=cache, say=meanwhile)
+    assert sorted(p.name for p in cache.iterdir()) == [f"{key}.lock"]
+    assert prepare(cfg, cache=cache).key == data_key(cfg) != key
+
+
 def test_two_processes_preparing_the_same_data_build_it_once(tmp_path: Path) -> None:
     corpus = write_jsonl(tmp_path / "c.jsonl", DOCS * 400)
     code = (
