@@ -5,7 +5,8 @@ names the file and what is wrong, before any of it is expanded:
 
 - not UTF-8 (a binary file, UTF-16, a stray Latin-1 byte): the byte offset of the first bad byte;
 - a key given twice in one mapping (YAML says keys are unique; PyYAML would keep the last one
-  silently, and a study could quietly get another name): both lines;
+  silently, and a study could quietly get another name): both lines. Merge keys (``<<: *defaults``)
+  merge, and a key written beside a merged one overrides it, as YAML 1.1 says;
 - nesting deeper than ``MAX_DEPTH`` (PyYAML's composer recurses, so 20,000 nested brackets would
   overflow Python's stack), more than ``MAX_ALIASES`` alias references, more than ``MAX_NODES``
   values once aliases are expanded (a "billion laughs" bomb is a few lines that expand to 10^9
@@ -30,13 +31,63 @@ MAX_ALIASES = 1_000
 MAX_NODES = 200_000  # values after alias expansion; a 10,000-cell grid written out is far less
 
 
+_MERGE = "tag:yaml.org,2002:merge"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping."""
+    """SafeLoader that refuses a key given twice in one mapping, and merges merge keys
+    (``<<: *defaults``, ``<<: [*a, *b]``) as YAML 1.1 says: a key written in the mapping overrides
+    a merged one, and an earlier merged mapping a later one (PyYAML 6.0.4's own flattening lets the
+    later win, and loses an override made in a mapping that is merged in turn)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._written: dict[yaml.Node, list[yaml.Node]] = {}  # the keys each mapping wrote
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        if node in self._written:  # once: another mapping that merges it may come first
+            return
+        self._written[node] = [k for k, _ in node.value]
+        merged: list[list[tuple[yaml.Node, yaml.Node]]] = []
+        own: list[tuple[yaml.Node, yaml.Node]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag != _MERGE:
+                own.append((key_node, value_node))
+                continue
+            subs = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for sub in subs:
+                if not isinstance(sub, yaml.MappingNode):
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"expected a mapping or a list of mappings to merge (<<), found {sub.id}",
+                        sub.start_mark,
+                    )
+                self.flatten_mapping(sub)
+                merged.append(sub.value)
+        # each key once, where it first comes (the merged mappings in order, then the mapping's
+        # own), with the value that takes precedence: its own, else the earliest merged mapping's
+        out: list[tuple[yaml.Node, yaml.Node]] = []
+        at: dict[tuple[str, Any], int] = {}
+        for pairs, wins in [*((m, False) for m in merged), (own, True)]:
+            for k, v in pairs:
+                key = (k.tag, k.value) if isinstance(k, yaml.ScalarNode) else None
+                if key is None or key not in at:
+                    if key is not None:
+                        at[key] = len(out)
+                    out.append((k, v))
+                elif wins:
+                    out[at[key]] = (k, v)
+        node.value = out
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if not isinstance(node, yaml.MappingNode):
+            return super().construct_mapping(node, deep=deep)  # PyYAML says what it expected
+        self.flatten_mapping(node)
         seen: dict[Any, yaml.Node] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
+        for key_node in self._written[node]:
+            merge = key_node.tag == _MERGE
+            key = "<<" if merge else self.construct_object(key_node, deep=True)
             try:
                 first = seen.get(key)
             except TypeError:  # an unhashable key: let PyYAML say so

@@ -7,6 +7,7 @@ import yaml
 
 from ablate.errors import StudyError
 from ablate.study import json_schema, load_study, parse_study
+from ablate.study.loader import parse_yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -235,6 +236,60 @@ def test_yaml_syntax_errors_and_missing_files(tmp_path):
     bad.write_text("- just\n- a list\n")
     with pytest.raises(StudyError, match="must be a mapping"):
         load_study(bad)
+
+
+MERGED = """\
+name: merged
+base:
+  model: {preset: tiny}
+  train: {steps: 5, batch_size: 4, eval_every: 5}
+grid:
+  - fp4_gemms: [[]]
+  - &full
+    fp4_gemms: [[fprop, dgrad, wgrad]]
+    intervention: [sr, dht]
+  - <<: *full
+    intervention: [none]
+    scale_mode: [ceil, even]
+  - {<<: [{fp4_gemms: [[fprop]], scale_mode: [even]}, *full, {scale_mode: [ceil]}]}
+baseline: {fp4_gemms: []}
+"""
+WRITTEN_OUT = """\
+name: merged
+base:
+  model: {preset: tiny}
+  train: {steps: 5, batch_size: 4, eval_every: 5}
+grid:
+  - fp4_gemms: [[]]
+  - fp4_gemms: [[fprop, dgrad, wgrad]]
+    intervention: [sr, dht]
+  - fp4_gemms: [[fprop, dgrad, wgrad]]
+    intervention: [none]
+    scale_mode: [ceil, even]
+  - {fp4_gemms: [[fprop]], scale_mode: [even], intervention: [sr, dht]}
+baseline: {fp4_gemms: []}
+"""
+
+
+def test_yaml_merge_keys_give_the_study_written_out(tmp_path):
+    # a key written beside a merged one overrides it; of merged mappings, the earlier wins
+    (tmp_path / "merged.yaml").write_text(MERGED)
+    (tmp_path / "written.yaml").write_text(WRITTEN_OUT)
+    merged, written = load_study(tmp_path / "merged.yaml"), load_study(tmp_path / "written.yaml")
+    assert [c.key for c in merged.cells] == [c.key for c in written.cells]
+    assert [c.label for c in merged.cells] == [c.label for c in written.cells]
+    assert len(merged.cells) == 7
+    # merged in turn: the override made in the merged mapping holds
+    nested = "a: &a {x: 1, y: 2}\nb: &b {<<: *a, x: 3}\nc: {<<: *b, z: 4}\n"
+    assert parse_yaml(nested)["c"] == {"x": 3, "y": 2, "z": 4}
+    twice = MERGED.replace("    scale_mode: [ceil, even]\n", "    scale_mode: [ceil]\n" * 2)
+    (tmp_path / "twice.yaml").write_text(twice)
+    with pytest.raises(StudyError, match="the key 'scale_mode' is given twice"):
+        load_study(tmp_path / "twice.yaml")
+    with pytest.raises(StudyError, match="the key '<<' is given twice"):
+        parse_yaml("a: &a {x: 1}\nb: {<<: *a, <<: *a}\n")
+    with pytest.raises(StudyError, match=r"a list of mappings to merge \(<<\), found scalar"):
+        parse_yaml("a: {<<: 3}\n")
 
 
 @pytest.mark.parametrize(
