@@ -8,8 +8,10 @@ changed while they were read (``file_states``, ``check_unchanged``). Optional pa
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from glob import glob
@@ -21,6 +23,32 @@ from ablate.data.config import FILE_EXT, DataConfig, ValData
 from ablate.data.corpus import builtin_documents
 from ablate.data.tokenizer import hub_unreachable, import_optional, tokenizer_kind
 
+_KINDS = {
+    stat.S_ISDIR: "a directory",
+    stat.S_ISFIFO: "a named pipe",
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+    stat.S_ISSOCK: "a socket",
+}
+
+
+def not_a_file(path: str | Path) -> str | None:
+    """Why ``path`` is not a regular file to read (``does not exist``, ``is a symbolic link loop``,
+    ``is not a regular file (a named pipe)``...), from its ``stat`` alone: a named pipe is never
+    opened (its read would wait for a writer). None for a regular file, or a link to one."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "is a link to a missing file" if os.path.islink(path) else "does not exist"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "is a symbolic link loop"
+        return f"cannot be read ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS.items() if test(mode)), "another kind of file")
+    return f"is not a regular file ({kind})"
+
 
 def resolve_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]:
     """The files a file corpus reads, in name order; raises naming ``{field}path``."""
@@ -29,10 +57,12 @@ def resolve_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]
         files = [Path(p) for p in glob(spec, recursive=True) if os.path.isfile(p)]
     elif os.path.isdir(spec):
         files = [p for p in Path(spec).iterdir() if p.is_file() and p.name.endswith(ext)]
-    elif os.path.isfile(spec):
+    elif (why := not_a_file(spec)) is None:
         files = [Path(spec)]
-    else:
+    elif why == "does not exist":
         raise FileNotFoundError(f"{field}path: {spec!r} does not exist")
+    else:  # a device, a named pipe (never opened), a link loop
+        raise ValueError(f"{field}path: {spec!r} {why}; give a file or a folder of files")
     if not files:
         raise FileNotFoundError(
             f"{field}path: no files match {spec!r} (a directory is searched for *{ext})"

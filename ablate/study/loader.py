@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from ablate.data.sources import not_a_file
 from ablate.errors import StudyError
 
 MAX_BYTES = 1 << 20  # 1 MiB: a study is a few KB
@@ -158,8 +159,11 @@ def _check_events(text: str) -> None:
 def read_study_text(path: str | Path) -> str:
     """The study file as text; ``StudyError`` if it is missing, too large or not UTF-8."""
     p = Path(path)
-    if not p.is_file():
+    why = not_a_file(p)  # never opens a named pipe: its read would wait for a writer
+    if why == "does not exist":
         raise StudyError([f"{path}: no such study file"])
+    if why is not None:
+        raise StudyError([f"{path}: the study file {why}"])
     size = p.stat().st_size
     if size > MAX_BYTES:
         raise StudyError([f"{path}: {size:,} bytes; a study file is at most {MAX_BYTES:,}"])

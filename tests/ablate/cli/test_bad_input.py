@@ -118,6 +118,31 @@ def test_a_bad_study_is_refused_in_seconds_with_exit_2_and_nothing_written(tmp_p
     assert not out.exists()  # nothing written, no lock left behind
 
 
+def test_a_study_or_data_path_that_is_no_regular_file_exits_2_without_blocking(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "pipe")  # opened, it would block until a writer came
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    says = {
+        "/dev/zero": "is not a regular file (a character device)",
+        str(tmp_path / "pipe"): "is not a regular file (a named pipe)",
+        str(tmp_path / "loop"): "is a symbolic link loop",
+    }
+    study = tmp_path / "study.yaml"
+    for path, phrase in says.items():
+        study.write_text(GOOD.replace("data: {", f"data: {{corpus: text, path: '{path}', "))
+        for target, line in (
+            (path, f"{path}: the study file {phrase}"),
+            (str(study), f"base.data.path: '{path}' {phrase}"),
+        ):
+            t0 = time.perf_counter()
+            res = CliRunner().invoke(main, ["validate", target])
+            assert res.exit_code == 2, (target, res.output, res.exception)
+            assert line in res.output, res.output
+            assert "does not exist" not in res.output and "no such" not in res.output
+            assert time.perf_counter() - t0 < HANG_GUARD_S
+
+
 def test_the_grid_cap_is_checked_before_expanding_and_raised_with_an_option(tmp_path):
     p = tmp_path / "s.yaml"
     p.write_text(

@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from ablate.data import BatchSampler, DataConfig, TokenData, load_data, load_tokenizer, val_batches
+from ablate.data import (
+    BatchSampler,
+    DataConfig,
+    TokenData,
+    ValData,
+    load_data,
+    load_tokenizer,
+    val_batches,
+)
 from ablate.data.corpus import builtin_documents
 from ablate.data.tokenizer import ByteTokenizer
 
@@ -461,6 +469,27 @@ def test_nonexistent_path_raises_file_not_found_naming_the_path(tmp_path: Path) 
         load_data(DataConfig(corpus="jsonl", path=str(missing)))
     with pytest.raises(FileNotFoundError, match="data.path: no files match"):
         load_data(DataConfig(corpus="text", path=str(tmp_path / "*.txt")))
+
+
+def test_a_path_that_is_no_regular_file_is_named_as_such_not_as_missing(tmp_path: Path) -> None:
+    from ablate.data import check_sources
+
+    os.mkfifo(tmp_path / "pipe.txt")  # never opened: a read would wait for a writer
+    (tmp_path / "loop.txt").symlink_to(tmp_path / "loop.txt")
+    (tmp_path / "dangling.txt").symlink_to(tmp_path / "gone.txt")
+    cases = {
+        "/dev/zero": "is not a regular file (a character device)",
+        str(tmp_path / "pipe.txt"): "is not a regular file (a named pipe)",
+        str(tmp_path / "loop.txt"): "is a symbolic link loop",
+        str(tmp_path / "dangling.txt"): "is a link to a missing file",
+    }
+    for path, says in cases.items():
+        for cfg, field in (
+            (DataConfig(corpus="text", path=path), "data.path"),
+            (DataConfig(val=ValData(corpus="text", path=path)), "data.val.path"),
+        ):
+            with pytest.raises(ValueError, match=re.escape(f"{field}: '{path}' {says}")):
+                check_sources(cfg)
 
 
 def test_too_short_corpus_names_the_token_counts(tmp_path: Path) -> None:

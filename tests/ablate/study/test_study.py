@@ -238,6 +238,24 @@ def test_yaml_syntax_errors_and_missing_files(tmp_path):
         load_study(bad)
 
 
+def test_a_study_path_that_is_no_regular_file_is_named_as_such(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "pipe.yaml")  # never opened: a read would wait for a writer
+    (tmp_path / "loop.yaml").symlink_to(tmp_path / "loop.yaml")
+    cases = {
+        "/dev/zero": "the study file is not a regular file (a character device)",
+        tmp_path / "pipe.yaml": "the study file is not a regular file (a named pipe)",
+        tmp_path / "loop.yaml": "the study file is a symbolic link loop",
+        tmp_path: "the study file is not a regular file (a directory)",
+        tmp_path / "nope.yaml": "no such study file",
+    }
+    for path, says in cases.items():
+        with pytest.raises(StudyError) as e:
+            load_study(path)
+        assert e.value.errors == [f"{path}: {says}"]
+
+
 MERGED = """\
 name: merged
 base:
