@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ablate.study.messages import did_you_mean
+from ablate.study.messages import did_you_mean, short_key
 from ablate.study.schema import SECTIONS, TOP_AXES
 
 
@@ -21,15 +21,15 @@ def check_axis_name(name: str) -> str | None:
                 f"{name!r} is a section; vary one of its fields (e.g. {name}.{_first_field(name)})"
             )
         hint = did_you_mean(name, [*TOP_AXES, *_all_dotted()])
-        return f"unknown axis {name!r}{hint}; allowed: {', '.join(allowed)}"
+        return f"unknown axis {short_key(name)!r}{hint}; allowed: {', '.join(allowed)}"
     section, _, fname = name.partition(".")
     if section not in SECTIONS:
         hint = did_you_mean(name, _all_dotted())
-        return f"unknown axis {name!r}{hint}; allowed: {', '.join(allowed)}"
+        return f"unknown axis {short_key(name)!r}{hint}; allowed: {', '.join(allowed)}"
     names = section_fields(section)
     if fname not in names:
         hint = did_you_mean(fname, names)
-        return f"{section} has no field {fname!r}{hint}; allowed: {', '.join(names)}"
+        return f"{section} has no field {short_key(fname)!r}{hint}; allowed: {', '.join(names)}"
     return None
 
 

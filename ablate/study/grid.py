@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ablate.study.axes import check_axis_name, fmt_value, get_path, with_values
-from ablate.study.messages import pydantic_errors
+from ablate.study.messages import pydantic_errors, short_key
 from ablate.study.schema import LIST_AXES, CellConfig, StudyFile
 from backends.recipes import GEMMS
 
@@ -88,7 +88,7 @@ def grid_of(spec: StudyFile, base: dict[str, Any]) -> tuple[Grid, list[str]]:
                         add_axis(n)
                     followers.update(names[1:])
             else:
-                options, errs = _axis_options(name, values, f"{gpath}.{name}", base)
+                options, errs = _axis_options(name, values, f"{gpath}.{short_key(name)}", base)
                 factors.append([(o,) for o in options])
                 errors.extend(errs)
                 add_axis(name)
@@ -117,7 +117,7 @@ def _zip_factor(
     errors: list[str] = []
     cols: list[list[tuple[str, Any]]] = []
     for name, values in group.items():
-        col, errs = _axis_options(name, values, f"{zpath}.{name}", base, together)
+        col, errs = _axis_options(name, values, f"{zpath}.{short_key(name)}", base, together)
         cols.append(col)
         errors.extend(errs)
     names = list(group)
@@ -203,7 +203,7 @@ def matcher(spec: Mapping[str, Any], path: str, axes: Sequence[str]) -> tuple[Ma
     for name, v in spec.items():
         if name not in axes:
             errors.append(
-                f"{path}.{name}: not an axis of this study; axes: {', '.join(axes) or 'none'}"
+                f"{path}.{short_key(name)}: not an axis of this study; axes: {', '.join(axes) or 'none'}"
             )
             continue
         if name in LIST_AXES:

@@ -1,7 +1,8 @@
 """Error messages of the study: pydantic's errors translated into ``StudyError`` lines (one per
-problem, each starting with its YAML path): unknown keys with the allowed ones and a did-you-mean,
-the trainer's own ``field: message`` texts placed at their path; booleans written where numbers
-are expected, which pydantic's lax mode would read as 1 or 0."""
+problem, each starting with its YAML path, a key longer than 60 characters cut: ``short_key``):
+unknown keys with the allowed ones and a did-you-mean, the trainer's own ``field: message`` texts
+placed at their path; booleans written where numbers are expected, which pydantic's lax mode would
+read as 1 or 0."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ from collections.abc import Sequence
 from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
+
+
+def short_key(key: Any, limit: int = 60) -> str:
+    """A key as an error message names it: at most ``limit`` characters, a longer one cut with
+    ``...`` (a study can hold a key of thousands of characters)."""
+    text = str(key)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def did_you_mean(word: str, options: Sequence[str]) -> str:
@@ -103,7 +111,7 @@ def _yaml_path(loc: Sequence[Any]) -> str:
         if isinstance(x, int):
             s += f"[{x}]"
         else:
-            s += f".{x}" if s else str(x)
+            s += f".{short_key(x)}" if s else short_key(x)
     return s
 
 

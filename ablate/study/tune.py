@@ -47,7 +47,7 @@ from pydantic import ValidationError
 
 from ablate.study.axes import check_axis_name, fmt_value, with_values
 from ablate.study.cells import Cell, Study
-from ablate.study.messages import pydantic_errors
+from ablate.study.messages import pydantic_errors, short_key
 from ablate.study.schema import (
     RECIPE_AXES,
     SECTIONS,
@@ -176,7 +176,7 @@ def check_tune(tune: TuneSection, study: Study) -> list[str]:
         )
     searches = plan_searches(tune, study) if not errors else []
     for path, p in tune.space.items():
-        where = f"tune.space.{path}"
+        where = f"tune.space.{short_key(path)}"
         problem = check_axis_name(path)
         if problem:
             errors.append(f"{where}: {problem}")

@@ -256,6 +256,18 @@ def test_a_study_path_that_is_no_regular_file_is_named_as_such(tmp_path):
         assert e.value.errors == [f"{path}: {says}"]
 
 
+def test_a_long_unknown_key_is_named_shortened():
+    long = "k" * 2000
+    cut = "k" * 57 + "..."
+    assert errors_of(**{long: 1}, grid={"seed": [0]})[0].startswith(f"{cut}: unknown key")
+    (err,) = errors_of(base={"train": {long: 1}}, grid={"seed": [0]})
+    assert err.startswith(f"base.train.{cut}: unknown key") and len(err) < 600
+    (err,) = errors_of(grid={"seed": [0], long: [1]})
+    assert err.startswith(f"grid.{cut}: unknown axis '{cut}'") and len(err) < 600
+    (err,) = errors_of(grid={"seed": [0], f"train.{long}": [1]})
+    assert f"train has no field '{cut}'" in err and len(err) < 900
+
+
 MERGED = """\
 name: merged
 base:
