@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from ablate.errors import DamagedStoreError, TrackingError
+from backends.cache import cache_dir
 
 _RETRY_S = 120.0  # how long a write keeps retrying a busy or unreachable store
 MAX_METRICS = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH
@@ -252,8 +253,7 @@ def _store_template() -> Path | None:
     experiment) and rebuilt when it fails."""
     import mlflow
 
-    cache = Path(os.environ.get("ABLATE_CACHE_DIR", Path.home() / ".cache" / "ablate"))
-    folder = cache / "mlflow-store" / mlflow.__version__
+    folder = cache_dir() / "mlflow-store" / mlflow.__version__
     template = folder / "empty.db"
     try:
         if template.is_file() and _template_ok(template):

@@ -45,11 +45,11 @@ from pathlib import Path
 
 import torch
 
+from backends.cache import cache_dir
 from backends.gemm.base import GemmKeys, UnsupportedFormatError
 from backends.gemm.capabilities import device_arch, device_name, supported_formats
 from backends.gemm.emulated import EmulatedBackend
 from backends.gemm.native import NativeBackend, dequantize_packed, pack_operand
-from backends.quant.ckernel import cache_dir
 from backends.quant.rotation import DETERMINISTIC
 from backends.recipes import GEMMS, GemmRecipe, Recipe
 

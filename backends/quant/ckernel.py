@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from backends.cache import cache_dir
+
 _SRC = Path(__file__).with_name("csrc") / "quant.c"
 # -ffp-contract=off: no fused multiply-adds, so every operation rounds as the torch reference does
 _FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
@@ -88,11 +90,6 @@ def _cpu_signature() -> str:
     except OSError:
         flags = ""
     return platform.machine() + flags
-
-
-def cache_dir() -> Path:
-    """``$ABLATE_CACHE_DIR``, default ``~/.cache/ablate``: where built kernels and checks are kept."""
-    return Path(os.environ.get("ABLATE_CACHE_DIR", Path.home() / ".cache" / "ablate"))
 
 
 def _build() -> ctypes.CDLL:

@@ -98,6 +98,17 @@ def test_builtin_corpus_is_identical_in_a_fresh_process(tmp_path: Path) -> None:
     assert out.stdout.strip() == load_data(DataConfig()).fingerprint
 
 
+def test_an_empty_cache_dir_keeps_the_corpus_in_the_default_not_here(tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
+    env = {**os.environ, "ABLATE_CACHE_DIR": "", "HOME": str(tmp_path / "home")}
+    code = "from ablate.data.corpus import builtin_documents; builtin_documents()"
+    subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path / "work", env=env, check=True, timeout=300
+    )
+    assert list((tmp_path / "home" / ".cache" / "ablate").glob("builtin-corpus-*.json"))
+    assert not list((tmp_path / "work").iterdir())  # nothing written in the current folder
+
+
 def test_builtin_corpus_ignores_what_other_libraries_patch() -> None:
     # Ray and MLflow replace logging's record factory; other libraries patch stdlib functions. The
     # corpus is read from source files, so a worker that imported them sees the same data.

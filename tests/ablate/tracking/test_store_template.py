@@ -111,3 +111,16 @@ def test_a_template_that_fails_its_checks_is_rebuilt_not_copied(
     store.new_sqlite_store(again)
     assert _contents(again)[0] == _contents(first)[0]
     assert _contents(template)[0] == _contents(first)[0]  # rebuilt in place
+
+
+def test_an_empty_cache_dir_is_the_default_not_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ABLATE_CACHE_DIR", "")  # as ABLATE_DATA_CACHE="": unset
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    store.new_sqlite_store(tmp_path / "s.db")
+    assert (tmp_path / "home" / ".cache" / "ablate" / "mlflow-store").is_dir()
+    assert not (work / "mlflow-store").exists()

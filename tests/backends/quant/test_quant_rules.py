@@ -478,6 +478,30 @@ def test_without_a_c_compiler_the_fused_torch_path_runs_with_one_warning(tmp_pat
     assert "using the pure-torch quantizer (identical numerics, slower)" in res.stdout
 
 
+def test_an_empty_cache_dir_keeps_the_kernel_in_the_default_not_here(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler: no kernel is built")
+    code = (
+        "import torch\n"
+        "from backends.quant import QuantSpec, fake_quantize\n"
+        "fake_quantize(torch.ones(4, 64), QuantSpec(format='mxfp4'))\n"
+    )
+    (tmp_path / "work").mkdir()
+    env = {**os.environ, "ABLATE_CACHE_DIR": "", "HOME": str(tmp_path / "home")}
+    env.pop("ABLATE_NO_KERNEL", None)
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path / "work", env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    assert list((tmp_path / "home" / ".cache" / "ablate" / "kernels").glob("*/quant.so"))
+    assert not list((tmp_path / "work").iterdir())  # nothing written in the current folder
+
+
 @pytest.mark.parametrize("entry", [quantize_fused, fake_quantize_fused, quantize, fake_quantize])
 def test_an_unsupported_hadamard_size_is_refused_naming_the_allowed_ones(entry):
     with pytest.raises(ValueError, match="hadamard size 24 is not supported; allowed: 16, 32"):
