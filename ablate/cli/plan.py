@@ -323,13 +323,18 @@ def _checks(study: Study, address: str | None, *, memory: bool = True) -> None:
     """What validate and plan check: ``preflight_or_exit`` (all that `run` checks), except for a
     study whose cells ask for more GPUs than this machine has, without --address: such a study is
     for other machines (8-GPU cells planned on a laptop), so it is checked as a cluster's driver
-    checks it, the study alone (tracking stores, device numbering, the backends of its CPU cells),
-    with a warning that `ablate run` refuses it here; this machine's devices and cores are not
-    checked, and `run` still refuses it."""
+    checks it, the study alone (tracking stores, device numbering, the backends of its CPU cells)
+    and this process's ``ABLATE_*`` switches, with a warning that `ablate run` refuses it here;
+    this machine's devices and cores are not checked, and `run` still refuses it."""
     import torch
 
     from ablate.driver.planning import ladder_brackets, target_headroom
-    from ablate.driver.preflight import check_baseline_source, check_devices, check_ray_devices
+    from ablate.driver.preflight import (
+        check_baseline_source,
+        check_devices,
+        check_environment,
+        check_ray_devices,
+    )
     from ablate.errors import CannotRunError, TrackingError
     from ablate.tracking import check_store
     from ablate.train.config import device_kind
@@ -341,6 +346,7 @@ def _checks(study: Study, address: str | None, *, memory: bool = True) -> None:
         return
     # resources.gpus > 0 here, so check_gpus (cells that need a GPU but get none) has nothing to say
     try:
+        check_environment()
         try:
             check_store(study.tracking_uri)
         except TrackingError as e:

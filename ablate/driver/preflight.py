@@ -1,5 +1,6 @@
 """Every check ``ablate run`` makes before it writes anything (``preflight``), which ``validate``,
-``plan`` and ``tune`` make too: the tracking store is usable; cells that need a GPU get one
+``plan`` and ``tune`` make too: the ``ABLATE_*`` switches hold values they allow
+(``check_environment``); the tracking store is usable; cells that need a GPU get one
 (``check_gpus``); a Ray task's ``cuda:N`` exists in it (``check_ray_devices``); and, unless a
 cluster's workers decide, this machine's device runs every cell's recipe (``check_devices``) and has
 the cores and GPUs a cell asks for (``check_resources``) and the memory a cell's estimate needs
@@ -21,6 +22,21 @@ from ablate.executor.devices import cuda_index
 from ablate.study import Cell, Study
 from ablate.tracking import check_cluster_uri, check_store
 from ablate.train.config import device_kind
+
+
+def check_environment() -> None:
+    """The ``ABLATE_*`` switches with a closed set of values (``backends.env``) hold one of them
+    in this process, as each switch's reader checks it; raises ``CannotRunError`` naming the first
+    that does not and what it allows. A Ray cluster's workers have their own environment: a bad
+    value there fails the cell that reads it."""
+    from backends.gemm import emulated, selfcheck
+    from backends.quant import ops, torch_path
+
+    try:
+        for reader in (emulated, torch_path, ops, selfcheck):
+            reader.check_env()
+    except ValueError as e:
+        raise CannotRunError(str(e)) from None
 
 
 def check_devices(study: Study, cells: Iterable[Cell] | None = None) -> None:
@@ -261,13 +277,15 @@ def preflight(
     num_cpus: int | None = None,
     memory: bool = True,
 ) -> None:
-    """Every check ``run`` makes before it writes anything: the tracking store is usable; cells
-    that need a GPU get one (``check_gpus``: from the study alone, and for ``device: auto`` from
-    this machine's GPUs unless a cluster runs the study; the executor checks the cluster's); and
-    (unless a cluster's workers decide) this machine's device runs every cell's recipe and has the
-    resources a cell asks for. ``validate``, ``plan``, ``run`` and ``tune`` all call it."""
+    """Every check ``run`` makes before it writes anything: the ``ABLATE_*`` switches hold values
+    they allow (``check_environment``); the tracking store is usable; cells that need a GPU get
+    one (``check_gpus``: from the study alone, and for ``device: auto`` from this machine's GPUs
+    unless a cluster runs the study; the executor checks the cluster's); and (unless a cluster's
+    workers decide) this machine's device runs every cell's recipe and has the resources a cell
+    asks for. ``validate``, ``plan``, ``run`` and ``tune`` all call it."""
     import torch
 
+    check_environment()
     try:
         check_store(study.tracking_uri)
     except TrackingError as e:

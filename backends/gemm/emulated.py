@@ -28,13 +28,13 @@ for one backend object.
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 import torch
 
+from backends.env import choice
 from backends.gemm.base import GemmKeys
 from backends.quant import QTensor, QuantSpec, hadamard_transform, nv_alpha
 from backends.quant.arith import rcp
@@ -61,17 +61,21 @@ def constant_when_traced(fn: F) -> F:
 
 @constant_when_traced
 def _mode_asked() -> str:
-    """``ABLATE_EMULATED_GEMM`` ("" unset); a traced model reads it once, at trace time, as a
-    constant (Dynamo tracing ``os.environ`` at each GEMM was 3% of a quantized block's trace)."""
-    return os.environ.get("ABLATE_EMULATED_GEMM", "")
+    """``ABLATE_EMULATED_GEMM`` ("" unset; another value than ``GEMM_MODES`` raises
+    ``ValueError``); a traced model reads it once, at trace time, as a constant (Dynamo tracing
+    ``os.environ`` at each GEMM was 3% of a quantized block's trace)."""
+    return choice("ABLATE_EMULATED_GEMM", GEMM_MODES, "")
+
+
+def check_env() -> None:
+    """Raise ``ValueError`` if ``ABLATE_EMULATED_GEMM`` is set to a value it does not allow."""
+    _mode_asked()
 
 
 def default_mode(device: torch.device) -> GemmMode:
     """``bf16`` on CUDA, ``fp32`` elsewhere, unless ``ABLATE_EMULATED_GEMM`` says otherwise."""
     env = _mode_asked()
     if env:
-        if env not in GEMM_MODES:
-            raise ValueError(f"ABLATE_EMULATED_GEMM: unknown {env!r}; allowed: fp32, bf16")
         return env  # type: ignore[return-value]
     return "bf16" if device.type == "cuda" else "fp32"
 

@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from backends.cache import cache_dir
+from backends.env import flag
 from backends.gemm.base import GemmKeys, UnsupportedFormatError
 from backends.gemm.capabilities import device_arch, device_name, supported_formats
 from backends.gemm.emulated import EmulatedBackend
@@ -257,6 +258,12 @@ def _write_cache(path: Path, key: str, entry: dict[str, str]) -> None:
     os.replace(tmp, path)
 
 
+def check_env() -> None:
+    """Raise ``ValueError`` if ``ABLATE_NATIVE_CHECK`` is set to a value it does not allow (``0``
+    skips the check, ``1`` runs it)."""
+    flag("ABLATE_NATIVE_CHECK", True)
+
+
 def self_check(
     recipe: Recipe,
     device: torch.device | str,
@@ -272,7 +279,7 @@ def self_check(
     todo = cases(recipe)
     if not todo:
         return "nothing to check: no GEMM is quantized"
-    if os.environ.get("ABLATE_NATIVE_CHECK", "1") == "0":
+    if not flag("ABLATE_NATIVE_CHECK", True):
         return "skipped: ABLATE_NATIVE_CHECK=0"
     names = ", ".join(c.name for c in todo)
     key = cache_key(device, todo)
@@ -369,6 +376,7 @@ __all__ = [
     "cache_path",
     "cases",
     "check_device",
+    "check_env",
     "compare",
     "edge_operand",
     "forget",

@@ -36,10 +36,10 @@ processes, so a graph cached on disk by Inductor means the same quantizer in the
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
+from backends.env import flag
 from backends.quant import quantizer
 from backends.quant.hadamard import sign_vector
 from backends.quant.operand import QuantSpec
@@ -48,6 +48,7 @@ from backends.quant.rotation import Rotation, rotation
 
 __all__ = [
     "block_values",
+    "check_env",
     "fake_quantize",
     "quantize",
     "quantized_block_values",
@@ -70,10 +71,16 @@ def set_traced_inline(inline: bool | None) -> None:
 
 def traced_inline() -> bool:
     """Whether a compiled model traces the quantizer into its graph instead of calling the opaque
-    ops: ``set_traced_inline``'s choice, else ``ABLATE_QUANT_OPS=0``."""
+    ops: ``set_traced_inline``'s choice, else ``ABLATE_QUANT_OPS=0`` (``0`` or ``1``; another
+    value raises ``ValueError``)."""
     if _inline is not None:
         return _inline
-    return os.environ.get("ABLATE_QUANT_OPS", "1") == "0"
+    return not flag("ABLATE_QUANT_OPS", True)
+
+
+def check_env() -> None:
+    """Raise ``ValueError`` if ``ABLATE_QUANT_OPS`` is set to a value it does not allow."""
+    flag("ABLATE_QUANT_OPS", True)
 
 
 def _spec_arg(spec: QuantSpec) -> str:

@@ -43,6 +43,7 @@ from collections.abc import Callable
 
 import torch
 
+from backends.env import flag
 from backends.quant.arith import (
     E4M3_ELEM,
     F32_MAX,
@@ -139,8 +140,13 @@ _failed: dict[Plan, str] = {}
 
 def compile_enabled(device: torch.device) -> bool:
     """Whether quantize calls on ``device`` go through ``torch.compile``: on CUDA (and ROCm), unless
-    ``ABLATE_COMPILE=0``."""
-    return device.type == "cuda" and os.environ.get("ABLATE_COMPILE", "1") != "0"
+    ``ABLATE_COMPILE=0`` (``0`` or ``1``; another value raises ``ValueError``)."""
+    return device.type == "cuda" and flag("ABLATE_COMPILE", True)
+
+
+def check_env() -> None:
+    """Raise ``ValueError`` if ``ABLATE_COMPILE`` is set to a value it does not allow."""
+    flag("ABLATE_COMPILE", True)
 
 
 PlanRunner = Callable[

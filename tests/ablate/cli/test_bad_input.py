@@ -143,6 +143,35 @@ def test_a_study_or_data_path_that_is_no_regular_file_exits_2_without_blocking(t
             assert time.perf_counter() - t0 < HANG_GUARD_S
 
 
+SWITCHES = {
+    "ABLATE_EMULATED_GEMM": "fp32, bf16",
+    "ABLATE_COMPILE": "0, 1",
+    "ABLATE_QUANT_OPS": "0, 1",
+    "ABLATE_NATIVE_CHECK": "0, 1",
+}
+
+
+@pytest.mark.parametrize("name", list(SWITCHES))
+def test_a_switch_set_to_a_value_it_does_not_allow_is_refused_before_anything_starts(
+    tmp_path, monkeypatch, name
+):
+    p = tmp_path / "study.yaml"
+    p.write_text(GOOD)
+    gpus = tmp_path / "gpus.yaml"  # for other machines: validate checks the study alone
+    gpus.write_text(GOOD + "resources: {gpus: 1}\n")
+    out = tmp_path / "out"
+    monkeypatch.setenv(name, "garbage")
+    said = f"environment variable {name}: unknown 'garbage'; allowed: {SWITCHES[name]}"
+    for cmd, study in [("validate", p), ("plan", p), ("run", p), ("validate", gpus)]:
+        local = ["--executor", "local", "--quiet"] if cmd == "run" else []
+        res = CliRunner().invoke(main, [cmd, str(study), "-o", str(out), *local])
+        assert res.exit_code == 2, (cmd, res.output, res.exception)
+        assert said in res.output and "Traceback" not in res.output, (cmd, res.output)
+    assert not out.exists()
+    monkeypatch.setenv(name, "1" if SWITCHES[name] == "0, 1" else "fp32")
+    assert CliRunner().invoke(main, ["validate", str(p), "-o", str(out)]).exit_code == 0
+
+
 def test_the_grid_cap_is_checked_before_expanding_and_raised_with_an_option(tmp_path):
     p = tmp_path / "s.yaml"
     p.write_text(

@@ -1,0 +1,38 @@
+"""The ``ABLATE_*`` environment switches whose values form a closed set, read one way.
+
+``choice`` reads one: unset (or empty) gives the reader's default, a value the reader allows gives
+itself, any other raises ``ValueError`` naming the variable and what it allows. Each reader keeps
+its variable's name and values beside the code it steers and exposes a ``check_env`` that reads it
+(``backends.gemm.emulated``: ``ABLATE_EMULATED_GEMM``; ``backends.quant.torch_path``:
+``ABLATE_COMPILE``; ``backends.quant.ops``: ``ABLATE_QUANT_OPS``; ``backends.gemm.selfcheck``:
+``ABLATE_NATIVE_CHECK``); ``ablate``'s preflight calls them all before a study starts, so a typo
+is refused there rather than when the first cell trains.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["FLAG", "choice", "flag"]
+
+FLAG = ("0", "1")
+"""What an on/off switch allows."""
+
+
+def choice(name: str, allowed: tuple[str, ...], default: str) -> str:
+    """The value of the environment variable ``name``: ``default`` when unset or empty, else one
+    of ``allowed``; any other value raises ``ValueError`` naming ``name`` and ``allowed``."""
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    if value not in allowed:
+        raise ValueError(
+            f"environment variable {name}: unknown {value!r}; allowed: {', '.join(allowed)} "
+            "(or unset)"
+        )
+    return value
+
+
+def flag(name: str, default: bool) -> bool:
+    """The on/off switch ``name`` (``0`` or ``1``; ``default`` when unset), as ``choice`` reads it."""
+    return choice(name, FLAG, "1" if default else "0") == "1"
