@@ -334,7 +334,12 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
     "CPUs).",
 )
 @click.option(
-    "--timeout", default=120.0, show_default=True, help="Seconds to wait for the UI to answer."
+    "--timeout",
+    type=FiniteRange(min=0, min_open=True),
+    default=120.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds to wait for the UI to answer.",
 )
 @click.option("--study", "study_name", default=None, help="With --tracking-uri: the study to open.")
 def ui(

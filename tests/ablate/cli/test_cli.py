@@ -352,6 +352,13 @@ def test_ui_refuses_a_tracking_uri_it_cannot_show_at_once_and_writes_nothing(tmp
     assert damaged.read_text() == "not a database\n"
 
 
+def test_ui_refuses_a_timeout_that_is_not_a_positive_number(tmp_path):
+    p = _write(tmp_path, STUDY)
+    for bad in ("-1", "0", "nan", "inf"):
+        res = CliRunner().invoke(main, ["ui", str(p), "--timeout", bad])
+        assert res.exit_code == 2 and "--timeout" in res.output, (bad, res.output)
+
+
 def test_report_without_a_store_or_runs_says_so_and_fails(tmp_path):
     p = _write(tmp_path, STUDY)
     res = CliRunner().invoke(main, ["report", str(p), "--runs", str(tmp_path / "out")])
