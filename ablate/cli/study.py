@@ -323,7 +323,12 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
 @tracking_uri_opt(
     "Browse this store instead of a study's; an http(s) server is not started, only linked."
 )
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind: one of this machine's (0.0.0.0: every interface).",
+)
 @click.option("--port", default=5000, show_default=True, type=click.IntRange(1, 65535))
 @click.option(
     "--workers",
@@ -363,8 +368,12 @@ def ui(
         ablate ui studies/quickstart.yaml      # then open the printed URL
         ablate ui --tracking-uri http://mlflow-host:5000 --study mxfp4_wgrad
     """
-    from ablate.tracking.ui import check_browsable, serve, study_url
+    from ablate.tracking.ui import check_browsable, check_host, serve, study_url
 
+    try:  # before anything is read or started
+        check_host(host)
+    except AblateError as e:
+        raise click.BadParameter(str(e), param_hint="--host") from None
     study = None
     if tracking_uri is None:
         if study_file is None:

@@ -5,10 +5,13 @@ answer after ~18 s on a 2-core machine) and opens an experiment without a kind i
 (traces, no runs). Here: ``mlflow server`` with one worker by default and job execution off, the
 experiment tagged for the training view (``vocab.TRAINING_KIND``), and the URL of its runs printed
 once the server answers. A server store (``http://...``) is already served: only its URL is given.
+The address to listen on is checked before anything starts (``check_host``): an empty one, or one
+this machine cannot resolve or listen on, is refused as such, not taken for a port in use.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -82,13 +85,54 @@ def check_browsable(uri: str) -> None:
     check_sqlite_file(path)
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+def check_host(host: str) -> None:
+    """Refuse, with a ``TrackingError`` that says why, an address the server could not listen on:
+    empty (which would listen on every interface, unasked), a name or address this machine does
+    not resolve (``999.1.1.1``, ``no-such-host.invalid``), or one that is not this machine's (a
+    bind to a free port on it fails). Binds nothing past the check itself."""
+    if not host:
+        raise TrackingError(
+            "an empty address; give one of this machine's (127.0.0.1, or 0.0.0.0 for every "
+            "interface)"
+        )
+    shown = repr(host if len(host) <= 80 else host[:80] + "...")
+    try:
+        family, _, _, _, addr = _address(host)
+    except (OSError, UnicodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise TrackingError(
+            f"{shown} is not an address or a host name this machine resolves ({why})"
+        ) from None
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
+            s.bind((addr[0], 0, *addr[2:]))
+        except OSError as e:
+            raise TrackingError(
+                f"{shown} is not an address of this machine ({e.strerror or e}): the server "
+                "could not listen on it"
+            ) from None
+
+
+def _address(host: str) -> tuple[Any, ...]:
+    """The first of ``getaddrinfo``'s answers for ``host`` as a TCP server's address."""
+    return socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+
+def _check_port(host: str, port: int) -> None:
+    """``TrackingError`` when ``port`` cannot be listened on at ``host`` (taken, or privileged)."""
+    family, _, _, _, addr = _address(host)
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((addr[0], port, *addr[2:]))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise TrackingError(
+                    f"port {port} on {host} is in use (another `ablate ui` or MLflow server?); "
+                    "pass --port"
+                ) from None
+            raise TrackingError(
+                f"port {port} on {host} cannot be listened on ({e.strerror or e}); pass --port"
+            ) from None
 
 
 def descendants(pid: int) -> list[tuple[int, str]]:
@@ -134,12 +178,11 @@ def serve(
     echo: Callable[[str], None] = print,
 ) -> int:
     """Run the MLflow server on ``uri`` until it exits or Ctrl-C; return its exit status (0 after
-    Ctrl-C). Raises TrackingError when the port is taken or the server does not answer in time."""
-    if not _port_free(host, port):
-        raise TrackingError(
-            f"port {port} on {host} is in use (another `ablate ui` or MLflow server?); pass --port"
-        )
-    local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    Ctrl-C). Raises TrackingError when ``host`` cannot be listened on (``check_host``), the port is
+    taken or the server does not answer in time."""
+    check_host(host)
+    _check_port(host, port)
+    local = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     base = f"http://{local}:{port}"
     url = study_url(base, uri, experiment, axes=axes)  # checks the store and experiment first
     cmd, env = server_command(uri, host, port, workers=workers)

@@ -359,6 +359,44 @@ def test_ui_refuses_a_timeout_that_is_not_a_positive_number(tmp_path):
         assert res.exit_code == 2 and "--timeout" in res.output, (bad, res.output)
 
 
+def test_ui_refuses_a_host_it_cannot_listen_on_naming_host_and_why(tmp_path):
+    """It said the port was in use (exit 1). Only unresolvable names here: nothing is bound."""
+    from ablate.tracking import prepare_store
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    prepare_store(uri, tmp_path)
+    for host in ("999.1.1.1", "no-such-host.invalid"):
+        res = CliRunner().invoke(
+            main, ["ui", "--tracking-uri", uri, "--study", "x", "--host", host]
+        )
+        assert res.exit_code == 2 and "--host" in res.output, (host, res.output)
+        assert "is not an address or a host name this machine resolves" in res.output, res.output
+        assert "in use" not in res.output and "Traceback" not in res.output, res.output
+
+
+def test_ui_refuses_an_empty_host_which_would_listen_on_every_interface(tmp_path):
+    p = _write(tmp_path, STUDY)  # no store: checked before the study is read
+    res = CliRunner().invoke(main, ["ui", str(p), "-o", str(tmp_path / "out"), "--host", ""])
+    assert res.exit_code == 2 and "--host" in res.output and "an empty address" in res.output
+
+
+def test_ui_says_a_port_that_is_taken_is_in_use(tmp_path):
+    import socket
+
+    from ablate.tracking import prepare_store
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    prepare_store(uri, tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        res = CliRunner().invoke(
+            main, ["ui", "--tracking-uri", uri, "--study", "x", "--port", port]
+        )
+    assert res.exit_code == 1 and f"port {port} on 127.0.0.1 is in use" in res.output, res.output
+
+
 def test_report_without_a_store_or_runs_says_so_and_fails(tmp_path):
     p = _write(tmp_path, STUDY)
     res = CliRunner().invoke(main, ["report", str(p), "--runs", str(tmp_path / "out")])
