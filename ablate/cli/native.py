@@ -15,16 +15,19 @@ import click
     "--format",
     "formats",
     multiple=True,
-    help="A format to check (repeatable; default: every format the device runs natively).",
+    help="A format to check (repeatable; default: every format the device runs natively; one it "
+    "does not run natively is refused, exit 2).",
 )
 @click.option("--no-cache", is_flag=True, help="Check again even where a pass is cached.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def native_check(device: str, formats: tuple[str, ...], no_cache: bool, as_json: bool) -> None:
     """Hold this machine's native GEMMs to the emulation: each format's GEMMs on seeded edge cases
     (zero blocks, the smallest scales, saturation, a NaN, ragged shapes), compared element by
-    element within the FP32 accumulation order's bound. Exits 1 when one differs."""
+    element within the FP32 accumulation order's bound. Exits 1 when one differs; 2, before any
+    check, for a --format the device has no native GEMM for (nothing to hold to the emulation)."""
     from ablate.train.device import resolve_device
-    from backends.gemm.selfcheck import check_device, versions
+    from backends.gemm import supported_formats
+    from backends.gemm.selfcheck import check_device, not_native, versions
     from backends.quant import FORMATS
 
     try:
@@ -35,6 +38,14 @@ def native_check(device: str, formats: tuple[str, ...], no_cache: bool, as_json:
     if unknown:
         raise click.BadParameter(
             f"{', '.join(unknown)}; allowed: {', '.join(FORMATS)}", param_hint="--format"
+        )
+    missing = not_native(dev, formats)
+    if missing:
+        here = ", ".join(sorted(supported_formats(dev))) or "none"
+        raise click.BadParameter(
+            f"{', '.join(missing)}: no native GEMM on {versions(dev)} (it runs natively: {here}; "
+            "`backend: emulated` runs every format on any device)",
+            param_hint="--format",
         )
     log = None if as_json else (lambda line: click.echo(line, err=True))
     results = check_device(dev, formats or None, use_cache=not no_cache, log=log)

@@ -335,6 +335,21 @@ def format_recipes(formats: Iterable[str]) -> dict[str, Recipe]:
     return out
 
 
+def not_native(device: torch.device | str, formats: Iterable[str]) -> list[str]:
+    """The formats of ``formats`` whose GEMMs (their ``format_recipes`` recipe) ``device`` has no
+    native GEMM for: what ``check_device`` could only report as ``FAILED: not native here``."""
+    device = torch.device(device)
+    native = NativeBackend()
+    out = []
+    for f in formats:
+        try:
+            for recipe in format_recipes([f]).values():
+                native.check(recipe, device)
+        except UnsupportedFormatError:
+            out.append(f)
+    return out
+
+
 def check_device(
     device: torch.device | str,
     formats: Iterable[str] | None = None,
@@ -381,6 +396,7 @@ __all__ = [
     "edge_operand",
     "forget",
     "format_recipes",
+    "not_native",
     "self_check",
     "versions",
 ]

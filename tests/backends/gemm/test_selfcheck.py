@@ -224,7 +224,12 @@ def test_the_command_checks_every_format_the_device_runs():
     cuda = f", CUDA {torch.version.cuda}" if torch.version.cuda else ""  # a CUDA build on a CPU
     assert out["device"] == f"cpu, torch {torch.__version__}{cuda}"
     assert out["results"] == {"fp8": "passed: fprop fp8_e4m3, dgrad fp8_e5m2|fp8_e4m3"}
-    res = CliRunner().invoke(main, ["native-check", "--device", "cpu", "--format", "mxfp4"])
-    assert res.exit_code == 1 and "mxfp4 (fprop, dgrad, wgrad) has no native GEMM" in res.output
+    # a format the CPU has no native GEMM for is a usage error, not a GEMM that differs (exit 1)
+    for fmts in (["nvfp4"], ["fp8_e4m3", "mxfp4"]):
+        args = [a for f in fmts for a in ("--format", f)]
+        res = CliRunner().invoke(main, ["native-check", "--device", "cpu", *args])
+        assert res.exit_code == 2 and "--format" in res.output, (fmts, res.output)
+        assert f"{fmts[-1]}: no native GEMM on cpu" in res.output, res.output
+        assert "it runs natively: fp8_e4m3, fp8_e5m2" in res.output and "FAILED" not in res.output
     res = CliRunner().invoke(main, ["native-check", "--format", "mxfp9"])
     assert res.exit_code == 2 and "allowed: mxfp4" in res.output
