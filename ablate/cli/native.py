@@ -25,11 +25,18 @@ def native_check(device: str, formats: tuple[str, ...], no_cache: bool, as_json:
     (zero blocks, the smallest scales, saturation, a NaN, ragged shapes), compared element by
     element within the FP32 accumulation order's bound. Exits 1 when one differs; 2, before any
     check, for a --format the device has no native GEMM for (nothing to hold to the emulation)."""
+    from ablate.cli.common import refuse
+    from ablate.driver.preflight import check_environment
+    from ablate.errors import AblateError
     from ablate.train.device import resolve_device
     from backends.gemm import supported_formats
     from backends.gemm.selfcheck import check_device, not_native, versions
     from backends.quant import FORMATS
 
+    try:
+        check_environment()  # the switches the check reads (ABLATE_NATIVE_CHECK, ...)
+    except AblateError as e:
+        raise refuse(e) from None
     try:
         dev = resolve_device(device)
     except ValueError as e:

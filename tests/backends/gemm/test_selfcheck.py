@@ -231,5 +231,11 @@ def test_the_command_checks_every_format_the_device_runs():
         assert res.exit_code == 2 and "--format" in res.output, (fmts, res.output)
         assert f"{fmts[-1]}: no native GEMM on cpu" in res.output, res.output
         assert "it runs natively: fp8_e4m3, fp8_e5m2" in res.output and "FAILED" not in res.output
+    for name in ("ABLATE_NATIVE_CHECK", "ABLATE_EMULATED_GEMM"):  # a typo was a traceback
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(name, "garbage")
+            res = CliRunner().invoke(main, ["native-check", "--device", "cpu"])
+        assert res.exit_code == 2 and f"environment variable {name}: unknown" in res.output
+        assert "Traceback" not in res.output and "passed" not in res.output, res.output
     res = CliRunner().invoke(main, ["native-check", "--format", "mxfp9"])
     assert res.exit_code == 2 and "allowed: mxfp4" in res.output
