@@ -20,9 +20,8 @@ This ``__init__`` loads its rooms on first attribute access (``from backends imp
 ``backends.recipes`` then), so a torch-free module such as ``backends.recipes.intervention`` (the
 grammar the report reads labels with) imports without torch. ``lazy`` is not a room: it makes the
 ``__getattr__`` this index and every other index of ablate and backends that loads on first use
-binds. Nor are ``cache``, the folder ``$ABLATE_CACHE_DIR`` names (``cache_dir``), which every
-reader of that variable reads it through, and ``env``: how the rooms read their ``ABLATE_*``
-switches, each refused when set to a value it does not allow.
+binds. Nor is ``env``: how the rooms read the ``ABLATE_*`` variables they share (the cache folder,
+and the switches, each refused when set to a value it does not allow).
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""The ``ABLATE_*`` environment switches whose values form a closed set, read one way.
+"""The ``ABLATE_*`` environment variables that steer more than one room, read one way.
+
+``cache_dir()`` is ``$ABLATE_CACHE_DIR``, where ablate keeps what it builds once per machine (the
+C quantization kernel, the native GEMM self-check, the built-in corpus, the empty MLflow store
+template), else ``~/.cache/ablate``; an empty value counts as unset (as an empty
+``ABLATE_DATA_CACHE`` does), never as the current folder. Every reader of the variable reads it
+here: ``backends`` (which imports nothing of ``ablate``) and ``ablate`` alike.
+
+The switches whose values form a closed set:
 
 ``choice`` reads one: unset (or empty) gives the reader's default, a value the reader allows gives
 itself, any other raises ``ValueError`` naming the variable and what it allows. Each reader keeps
@@ -12,8 +20,11 @@ is refused there rather than when the first cell trains.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-__all__ = ["FLAG", "choice", "flag"]
+__all__ = ["CACHE_DIR", "FLAG", "cache_dir", "choice", "flag"]
+
+CACHE_DIR = "ABLATE_CACHE_DIR"
 
 FLAG = ("0", "1")
 """What an on/off switch allows."""
@@ -36,3 +47,10 @@ def choice(name: str, allowed: tuple[str, ...], default: str) -> str:
 def flag(name: str, default: bool) -> bool:
     """The on/off switch ``name`` (``0`` or ``1``; ``default`` when unset), as ``choice`` reads it."""
     return choice(name, FLAG, "1" if default else "0") == "1"
+
+
+def cache_dir() -> Path:
+    """``$ABLATE_CACHE_DIR``, else ``~/.cache/ablate``; an empty one counts as unset."""
+    if given := os.environ.get(CACHE_DIR):
+        return Path(given)
+    return Path.home() / ".cache" / "ablate"

@@ -164,7 +164,7 @@ def builtin_documents() -> list[str]:
     such as Ray, MLflow and pytest patch stdlib modules, and a corpus read from a live process once
     differed between a Ray worker and the driver. The result is cached on disk, keyed by the Python
     version and this file's source (``$ABLATE_CACHE_DIR``, default ``~/.cache/ablate``)."""
-    from backends.cache import cache_dir  # here: this file also runs alone, as `python -I -S`
+    from backends.env import cache_dir  # here: this file also runs alone, as `python -I -S`
 
     src = Path(__file__).read_bytes()
     tag = hashlib.sha256(src + sys.version.encode()).hexdigest()[:16]

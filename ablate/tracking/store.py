@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from ablate.errors import DamagedStoreError, TrackingError
-from backends.cache import cache_dir
+from backends.env import cache_dir
 
 _RETRY_S = 120.0  # how long a write keeps retrying a busy or unreachable store
 MAX_METRICS = 1000  # mlflow.utils.validation.MAX_METRICS_PER_BATCH

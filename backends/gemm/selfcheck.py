@@ -45,8 +45,7 @@ from pathlib import Path
 
 import torch
 
-from backends.cache import cache_dir
-from backends.env import flag
+from backends.env import cache_dir, flag
 from backends.gemm.base import GemmKeys, UnsupportedFormatError
 from backends.gemm.capabilities import device_arch, device_name, supported_formats
 from backends.gemm.emulated import EmulatedBackend

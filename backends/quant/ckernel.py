@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from backends.cache import cache_dir
+from backends.env import cache_dir
 
 _SRC = Path(__file__).with_name("csrc") / "quant.c"
 # -ffp-contract=off: no fused multiply-adds, so every operation rounds as the torch reference does
