@@ -43,12 +43,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
-        self._written: dict[yaml.Node, list[yaml.Node]] = {}  # the keys each mapping wrote
+        self._flat: set[yaml.Node] = set()  # the mappings already checked and flattened
 
     def flatten_mapping(self, node: yaml.MappingNode) -> None:
-        if node in self._written:  # once: another mapping that merges it may come first
+        if node in self._flat:  # once: another mapping that merges it may come first
             return
-        self._written[node] = [k for k, _ in node.value]
+        self._flat.add(node)
+        # the keys the mapping wrote, before any merging: a mapping that is only merged in (never
+        # constructed on its own) is checked here too
+        self._check_unique(node.value)
         merged: list[list[tuple[yaml.Node, yaml.Node]]] = []
         own: list[tuple[yaml.Node, yaml.Node]] = []
         for key_node, value_node in node.value:
@@ -81,12 +84,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     out[at[key]] = (k, v)
         node.value = out
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        if not isinstance(node, yaml.MappingNode):
-            return super().construct_mapping(node, deep=deep)  # PyYAML says what it expected
-        self.flatten_mapping(node)
+    def _check_unique(self, pairs: list[tuple[yaml.Node, yaml.Node]]) -> None:
         seen: dict[Any, yaml.Node] = {}
-        for key_node in self._written[node]:
+        for key_node, _ in pairs:
             merge = key_node.tag == _MERGE
             key = "<<" if merge else self.construct_object(key_node, deep=True)
             try:
@@ -102,7 +102,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     key_node.start_mark,
                 )
             seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
 
 
 def _short(v: Any, limit: int = 60) -> str:

@@ -323,6 +323,20 @@ def test_yaml_merge_keys_give_the_study_written_out(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "text",
+    [
+        "x: {<<: {k: 1,\n  k: 2}}\n",  # merged, never constructed on its own
+        "x: {<<: &base {k: 1,\n  k: 2}}\n",  # anchored inline, still only merged
+        "x: {<<: [{j: 0}, {k: 1,\n  k: 2}]}\n",  # one of a list
+        "a: &a {k: 1,\n  k: 2}\nb: {<<: *a}\n",  # constructed and merged: refused once
+    ],
+)
+def test_a_key_given_twice_in_a_merged_mapping_is_refused(text):
+    with pytest.raises(StudyError, match=r"the key 'k' is given twice \(line 1 and line 2\)"):
+        parse_yaml(text)
+
+
+@pytest.mark.parametrize(
     "name", ["quickstart", "mxfp4_wgrad", "tseng_sr_rht", "recipes", "recipes_gpu", "probes"]
 )
 def test_shipped_studies_are_valid(name):
