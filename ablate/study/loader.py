@@ -94,11 +94,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: let PyYAML say so
                 continue
             if first is not None:
+                # keeping one of two merge keys would drop a merged mapping: say how to keep both
+                fix = "write one merge key with a list: <<: [*a, *b]" if merge else "keep one"
                 raise yaml.constructor.ConstructorError(
                     None,
                     None,
                     f"the key {_short(key)!r} is given twice (line {first.start_mark.line + 1} and "
-                    f"line {key_node.start_mark.line + 1}); keep one",
+                    f"line {key_node.start_mark.line + 1}); {fix}",
                     key_node.start_mark,
                 )
             seen[key] = key_node

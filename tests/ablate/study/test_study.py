@@ -316,8 +316,11 @@ def test_yaml_merge_keys_give_the_study_written_out(tmp_path):
     (tmp_path / "twice.yaml").write_text(twice)
     with pytest.raises(StudyError, match="the key 'scale_mode' is given twice"):
         load_study(tmp_path / "twice.yaml")
-    with pytest.raises(StudyError, match="the key '<<' is given twice"):
+    with pytest.raises(StudyError, match="the key '<<' is given twice") as e:
         parse_yaml("a: &a {x: 1}\nb: {<<: *a, <<: *a}\n")
+    # keeping one of the two would drop a merged mapping: the message says to write a list
+    assert "write one merge key with a list: <<: [*a, *b]" in str(e.value)
+    assert "keep one" not in str(e.value)
     with pytest.raises(StudyError, match=r"a list of mappings to merge \(<<\), found scalar"):
         parse_yaml("a: {<<: 3}\n")
 
