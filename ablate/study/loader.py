@@ -25,6 +25,7 @@ import yaml
 
 from ablate.data.sources import not_a_file
 from ablate.errors import StudyError
+from ablate.study.messages import short_key
 
 MAX_BYTES = 1 << 20  # 1 MiB: a study is a few KB
 MAX_DEPTH = 64
@@ -99,16 +100,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(
                     None,
                     None,
-                    f"the key {_short(key)!r} is given twice (line {first.start_mark.line + 1} and "
-                    f"line {key_node.start_mark.line + 1}); {fix}",
+                    f"the key {short_key(key)!r} is given twice (line "
+                    f"{first.start_mark.line + 1} and line {key_node.start_mark.line + 1}); {fix}",
                     key_node.start_mark,
                 )
             seen[key] = key_node
-
-
-def _short(v: Any, limit: int = 60) -> str:
-    text = str(v)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_events(text: str) -> None:

@@ -1,5 +1,6 @@
 """The study: expansion, keys, labels, and errors that name the YAML path and the allowed values."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -266,6 +267,9 @@ def test_a_long_unknown_key_is_named_shortened():
     assert err.startswith(f"grid.{cut}: unknown axis '{cut}'") and len(err) < 600
     (err,) = errors_of(grid={"seed": [0], f"train.{long}": [1]})
     assert f"train has no field '{cut}'" in err and len(err) < 900
+    # a long key given twice is cut the same way (an explicit key: a plain one is at most 1024)
+    with pytest.raises(StudyError, match=re.escape(f"the key '{cut}' is given twice")):
+        parse_yaml(f"? {long}\n: 1\n? {long}\n: 2\n")
 
 
 MERGED = """\
