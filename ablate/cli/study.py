@@ -371,7 +371,7 @@ def ui(
     from ablate.tracking.ui import check_browsable, check_host, serve, study_url
 
     try:  # before anything is read or started
-        check_host(host)
+        check_host(host, workers)
     except AblateError as e:
         raise click.BadParameter(str(e), param_hint="--host") from None
     study = None

@@ -5,13 +5,16 @@ answer after ~18 s on a 2-core machine) and opens an experiment without a kind i
 (traces, no runs). Here: ``mlflow server`` with one worker by default and job execution off, the
 experiment tagged for the training view (``vocab.TRAINING_KIND``), and the URL of its runs printed
 once the server answers. A server store (``http://...``) is already served: only its URL is given.
-The address to listen on is checked before anything starts (``check_host``): an empty one, or one
-this machine cannot resolve or listen on, is refused as such, not taken for a port in use.
+The address to listen on is checked before anything starts (``check_host``), where the server will
+listen (``listen_addresses``: uvicorn's IPv4 unless the host has a ':', or every address with one
+worker): an empty one, or one this machine cannot resolve or listen on, is refused as such, not
+taken for a port in use.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
 import os
 import signal
@@ -85,11 +88,12 @@ def check_browsable(uri: str) -> None:
     check_sqlite_file(path)
 
 
-def check_host(host: str) -> None:
+def check_host(host: str, workers: int = 1) -> None:
     """Refuse, with a ``TrackingError`` that says why, an address the server could not listen on:
     empty (which would listen on every interface, unasked), a name or address this machine does
-    not resolve (``999.1.1.1``, ``no-such-host.invalid``), or one that is not this machine's (a
-    bind to a free port on it fails). Binds nothing past the check itself."""
+    not resolve (``999.1.1.1``, ``no-such-host.invalid``) as the server does (``listen_addresses``),
+    or one that is not this machine's (a bind to a free port on it fails; ``::`` on a kernel
+    without IPv6). Binds nothing past the check itself."""
     if not host:
         raise TrackingError(
             "an empty address; give one of this machine's (127.0.0.1, or 0.0.0.0 for every "
@@ -97,42 +101,88 @@ def check_host(host: str) -> None:
         )
     shown = repr(host if len(host) <= 80 else host[:80] + "...")
     try:
-        family, _, _, _, addr = _address(host)
+        addresses = listen_addresses(host, workers)
     except (OSError, UnicodeError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise TrackingError(
             f"{shown} is not an address or a host name this machine resolves ({why})"
         ) from None
-    with socket.socket(family, socket.SOCK_STREAM) as s:
+
+    def refuse(e: OSError) -> TrackingError:
+        return TrackingError(
+            f"{shown} is not an address of this machine ({e.strerror or e}): the server could not "
+            "listen on it"
+        )
+
+    _bind_each(addresses, 0, refuse)
+
+
+def listen_addresses(host: str, workers: int = 1) -> list[tuple[int, tuple[Any, ...]]]:
+    """Where ``mlflow server`` (uvicorn) listens at ``host``, as (family, address) pairs: with one
+    worker, on every address ``getaddrinfo`` gives (asyncio's ``create_server``: ``localhost`` may
+    be ::1 and 127.0.0.1); with several, on the first IPv4 address, or IPv6 if ``host`` has a ':'
+    (uvicorn's one shared socket: a name that resolves to IPv6 only is not listened on).
+    ``OSError`` or ``UnicodeError`` when ``host`` does not resolve so."""
+    if workers > 1:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        infos = socket.getaddrinfo(host, 0, family, socket.SOCK_STREAM)[:1]
+    else:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    return list(dict.fromkeys((info[0], info[4]) for info in infos))
+
+
+def _bind_each(
+    addresses: Sequence[tuple[int, tuple[Any, ...]]],
+    port: int,
+    refuse: Callable[[OSError], TrackingError],
+) -> None:
+    """Bind a socket to ``port`` at each address in turn (and close it); ``refuse(error)`` for the
+    first that cannot be bound, or when no socket of any of their families can be made. As the
+    server does, an address whose family this kernel lacks is passed over while another is left."""
+    lacking: OSError | None = None
+    bound = False
+    for family, addr in addresses:
         try:
-            s.bind((addr[0], 0, *addr[2:]))
-        except OSError as e:
-            raise TrackingError(
-                f"{shown} is not an address of this machine ({e.strerror or e}): the server "
-                "could not listen on it"
-            ) from None
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as e:  # no IPv6 in this kernel, say
+            lacking = lacking or e
+            continue
+        with s:
+            try:
+                s.bind((addr[0], port, *addr[2:]))
+            except OSError as e:
+                raise refuse(e) from None
+        bound = True
+    if not bound:
+        raise refuse(lacking or OSError("no address to listen on"))
 
 
-def _address(host: str) -> tuple[Any, ...]:
-    """The first of ``getaddrinfo``'s answers for ``host`` as a TCP server's address."""
-    return socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-
-
-def _check_port(host: str, port: int) -> None:
+def _check_port(host: str, port: int, workers: int = 1) -> None:
     """``TrackingError`` when ``port`` cannot be listened on at ``host`` (taken, or privileged)."""
-    family, _, _, _, addr = _address(host)
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((addr[0], port, *addr[2:]))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                raise TrackingError(
-                    f"port {port} on {host} is in use (another `ablate ui` or MLflow server?); "
-                    "pass --port"
-                ) from None
-            raise TrackingError(
-                f"port {port} on {host} cannot be listened on ({e.strerror or e}); pass --port"
-            ) from None
+
+    def refuse(e: OSError) -> TrackingError:
+        if e.errno == errno.EADDRINUSE:
+            return TrackingError(
+                f"port {port} on {host} is in use (another `ablate ui` or MLflow server?); "
+                "pass --port"
+            )
+        return TrackingError(
+            f"port {port} on {host} cannot be listened on ({e.strerror or e}); pass --port"
+        )
+
+    _bind_each(listen_addresses(host, workers), port, refuse)
+
+
+def local_url(host: str, port: int) -> str:
+    """The server's URL from this machine: an address for every interface by its loopback (``::``
+    by ::1: one worker listens on IPv6 only there), an IPv6 address in brackets."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:  # a name
+        ip = None
+    if ip is not None and ip.is_unspecified:
+        host = "::1" if ip.version == 6 else "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def descendants(pid: int) -> list[tuple[int, str]]:
@@ -180,10 +230,9 @@ def serve(
     """Run the MLflow server on ``uri`` until it exits or Ctrl-C; return its exit status (0 after
     Ctrl-C). Raises TrackingError when ``host`` cannot be listened on (``check_host``), the port is
     taken or the server does not answer in time."""
-    check_host(host)
-    _check_port(host, port)
-    local = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    base = f"http://{local}:{port}"
+    check_host(host, workers)
+    _check_port(host, port, workers)
+    base = local_url(host, port)
     url = study_url(base, uri, experiment, axes=axes)  # checks the store and experiment first
     cmd, env = server_command(uri, host, port, workers=workers)
     start = time.monotonic()

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from ablate.cli import main
@@ -395,6 +396,54 @@ def test_ui_says_a_port_that_is_taken_is_in_use(tmp_path):
             main, ["ui", "--tracking-uri", uri, "--study", "x", "--port", port]
         )
     assert res.exit_code == 1 and f"port {port} on 127.0.0.1 is in use" in res.output, res.output
+
+
+def test_ui_checks_where_the_server_listens_not_getaddrinfos_first_answer(tmp_path):
+    """The checks took getaddrinfo's first answer of any family: with `localhost` resolving to ::1
+    first, they tested [::1]:5000 while several uvicorn workers bind 127.0.0.1:5000 (IPv4 unless
+    the host has a ':') and one worker binds every answer. Nothing is bound past 127.0.0.1."""
+    import socket
+
+    from ablate.errors import TrackingError
+    from ablate.tracking import prepare_store
+    from ablate.tracking.ui import _bind_each, _check_port, listen_addresses, local_url
+
+    # several workers: one IPv4 socket whatever the resolver's order, IPv6 for an IPv6 address
+    assert {f for f, _ in listen_addresses("localhost", workers=2)} == {socket.AF_INET}
+    assert [f for f, _ in listen_addresses("::1", workers=2)] == [socket.AF_INET6]
+    # one worker: every answer, 127.0.0.1 among those of localhost
+    assert (socket.AF_INET, ("127.0.0.1", 0)) in listen_addresses("localhost", workers=1)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    prepare_store(uri, tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(TrackingError, match=f"port {port} on localhost is in use"):
+            _check_port("localhost", port, workers=2)
+        res = CliRunner().invoke(
+            main,
+            [
+                "ui",
+                "--tracking-uri",
+                uri,
+                "--study",
+                "x",
+                "--host",
+                "localhost",
+                "--port",
+                str(port),
+            ],
+        )
+    assert res.exit_code == 1 and f"port {port} on localhost is in use" in res.output, res.output
+    # a family this kernel lacks (`--host ::` without IPv6): a refusal, not a traceback
+    with pytest.raises(TrackingError, match="cannot make it"):
+        _bind_each([(12345, ("::", 0))], 0, lambda e: TrackingError(f"cannot make it ({e})"))
+    # the server is waited for, and its URL printed, at an address a client can reach
+    assert local_url("::1", 5000) == "http://[::1]:5000"
+    assert local_url("::", 5000) == "http://[::1]:5000"  # one worker listens on IPv6 only there
+    assert local_url("0.0.0.0", 5000) == "http://127.0.0.1:5000"
+    assert local_url("localhost", 5000) == "http://localhost:5000"
 
 
 def test_report_without_a_store_or_runs_says_so_and_fails(tmp_path):
