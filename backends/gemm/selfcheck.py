@@ -339,14 +339,21 @@ def not_native(device: torch.device | str, formats: Iterable[str]) -> list[str]:
     native GEMM for: what ``check_device`` could only report as ``FAILED: not native here``."""
     device = torch.device(device)
     native = NativeBackend()
-    out = []
-    for f in formats:
-        try:
-            for recipe in format_recipes([f]).values():
-                native.check(recipe, device)
-        except UnsupportedFormatError:
-            out.append(f)
-    return out
+    return [
+        f
+        for f in formats
+        if any(_why_not_native(r, device, native) for r in format_recipes([f]).values())
+    ]
+
+
+def _why_not_native(recipe: Recipe, device: torch.device, native: NativeBackend) -> str | None:
+    """Why ``device`` has no native GEMM for ``recipe`` (``native.check``, what ``convert_model``
+    asks first), or None when it has."""
+    try:
+        native.check(recipe, device)
+    except UnsupportedFormatError as e:
+        return str(e)
+    return None
 
 
 def check_device(
@@ -363,10 +370,9 @@ def check_device(
     results: dict[str, str] = {}
     for name, recipe in format_recipes(fmts).items():
         native = NativeBackend()
-        try:
-            native.check(recipe, device)  # what convert_model asks first
-        except UnsupportedFormatError as e:
-            results[name] = f"FAILED: not native here: {e}"
+        why = _why_not_native(recipe, device, native)
+        if why is not None:
+            results[name] = f"FAILED: not native here: {why}"
             continue
         try:
             results[name] = self_check(recipe, device, native, use_cache=use_cache, log=log)

@@ -239,3 +239,13 @@ def test_the_command_checks_every_format_the_device_runs():
         assert "Traceback" not in res.output and "passed" not in res.output, res.output
     res = CliRunner().invoke(main, ["native-check", "--format", "mxfp9"])
     assert res.exit_code == 2 and "allowed: mxfp4" in res.output
+
+
+def test_what_is_not_native_is_the_same_to_native_check_and_check_device():
+    """``not_native`` (the command's refusal) and ``check_device``'s ``not native here`` ask one
+    question: the CPU runs FP8 natively, not MXFP4."""
+    assert selfcheck.not_native("cpu", ["fp8_e4m3", "mxfp4", "nvfp4"]) == ["mxfp4", "nvfp4"]
+    results = selfcheck.check_device("cpu", ["fp8_e4m3", "mxfp4"])
+    assert results["fp8"] == "passed: fprop fp8_e4m3, dgrad fp8_e5m2|fp8_e4m3"
+    (other,) = (v for k, v in results.items() if k != "fp8")
+    assert other.startswith("FAILED: not native here: ") and len(other) > 25, results
