@@ -9,7 +9,11 @@ here: ``backends`` (which imports nothing of ``ablate``) and ``ablate`` alike.
 The switches whose values form a closed set:
 
 ``choice`` reads one: unset (or empty) gives the reader's default, a value the reader allows gives
-itself, any other raises ``ValueError`` naming the variable and what it allows. Each reader keeps
+itself, any other raises ``ValueError`` naming the variable and what it allows. ``flag`` reads an
+on/off switch: ``1``, ``true``, ``yes``, ``on`` (``ON``) and ``0``, ``false``, ``no``, ``off``
+(``OFF``), in any case; any other value is refused, so that ``false`` never means on. ``truthy``
+reads a variable another tool owns (``HF_HUB_OFFLINE``) as that tool does: one of ``ON`` is on,
+anything else off. Each reader keeps
 its variable's name and values beside the code it steers and exposes a ``check_env`` that reads it
 (``backends.gemm.emulated``: ``ABLATE_EMULATED_GEMM``; ``backends.quant.torch_path``:
 ``ABLATE_COMPILE``; ``backends.quant.ops``: ``ABLATE_QUANT_OPS``; ``backends.gemm.selfcheck``:
@@ -22,12 +26,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["CACHE_DIR", "FLAG", "cache_dir", "choice", "flag"]
+__all__ = ["CACHE_DIR", "FLAG", "OFF", "ON", "cache_dir", "choice", "flag", "truthy"]
 
 CACHE_DIR = "ABLATE_CACHE_DIR"
 
-FLAG = ("0", "1")
-"""What an on/off switch allows."""
+ON = ("1", "true", "yes", "on")
+"""What turns an on/off switch on (in any case)."""
+
+OFF = ("0", "false", "no", "off")
+"""What turns an on/off switch off (in any case)."""
+
+FLAG = tuple(v for pair in zip(OFF, ON, strict=True) for v in pair)
+"""What an on/off switch allows, pairwise: ``0, 1, false, true, no, yes, off, on``."""
 
 
 def choice(name: str, allowed: tuple[str, ...], default: str) -> str:
@@ -45,8 +55,25 @@ def choice(name: str, allowed: tuple[str, ...], default: str) -> str:
 
 
 def flag(name: str, default: bool) -> bool:
-    """The on/off switch ``name`` (``0`` or ``1``; ``default`` when unset), as ``choice`` reads it."""
-    return choice(name, FLAG, "1" if default else "0") == "1"
+    """The on/off switch ``name``: one of ``ON`` or ``OFF`` in any case, ``default`` when unset or
+    empty; any other value raises ``ValueError`` naming ``name`` and ``FLAG``."""
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    if value.lower() in ON:
+        return True
+    if value.lower() in OFF:
+        return False
+    raise ValueError(
+        f"environment variable {name}: unknown {value!r}; allowed: {', '.join(FLAG)} in any case "
+        "(or unset)"
+    )
+
+
+def truthy(value: str | None) -> bool:
+    """Whether ``value`` (an environment variable's, None when unset) is one of ``ON`` in any case;
+    anything else is off. For a variable another tool reads this way too (``HF_HUB_OFFLINE``)."""
+    return (value or "").lower() in ON
 
 
 def cache_dir() -> Path:

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from backends.env import truthy
+
 
 class Tokenizer(Protocol):
     """Text <-> token ids. ``eos_id`` separates documents in the token stream."""
@@ -134,7 +136,7 @@ def hub_unreachable(timeout: float = 2.0, *, datasets: bool = False) -> str | No
     flag = "HF_HUB_OFFLINE"
     if datasets and os.environ.get("HF_DATASETS_OFFLINE") is not None:
         flag = "HF_DATASETS_OFFLINE"
-    if os.environ.get(flag, "").lower() in ("1", "true", "yes", "on"):
+    if truthy(os.environ.get(flag)):  # as huggingface_hub reads it
         return f"{flag} is set"
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
     return _unreachable(endpoint, timeout)

@@ -258,8 +258,8 @@ def _write_cache(path: Path, key: str, entry: dict[str, str]) -> None:
 
 
 def check_env() -> None:
-    """Raise ``ValueError`` if ``ABLATE_NATIVE_CHECK`` is set to a value it does not allow (``0``
-    skips the check, ``1`` runs it)."""
+    """Raise ``ValueError`` if ``ABLATE_NATIVE_CHECK`` is set to a value it does not allow (an
+    on/off switch, ``backends.env.flag``: off skips the check, on runs it)."""
     flag("ABLATE_NATIVE_CHECK", True)
 
 

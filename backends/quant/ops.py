@@ -71,8 +71,8 @@ def set_traced_inline(inline: bool | None) -> None:
 
 def traced_inline() -> bool:
     """Whether a compiled model traces the quantizer into its graph instead of calling the opaque
-    ops: ``set_traced_inline``'s choice, else ``ABLATE_QUANT_OPS=0`` (``0`` or ``1``; another
-    value raises ``ValueError``)."""
+    ops: ``set_traced_inline``'s choice, else ``ABLATE_QUANT_OPS=0`` (an on/off switch,
+    ``backends.env.flag``; another value raises ``ValueError``)."""
     if _inline is not None:
         return _inline
     return not flag("ABLATE_QUANT_OPS", True)

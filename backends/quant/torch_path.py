@@ -140,7 +140,8 @@ _failed: dict[Plan, str] = {}
 
 def compile_enabled(device: torch.device) -> bool:
     """Whether quantize calls on ``device`` go through ``torch.compile``: on CUDA (and ROCm), unless
-    ``ABLATE_COMPILE=0`` (``0`` or ``1``; another value raises ``ValueError``)."""
+    ``ABLATE_COMPILE=0`` (an on/off switch, ``backends.env.flag``: ``0``/``false``/``no``/``off``
+    or ``1``/``true``/``yes``/``on``; another value raises ``ValueError``)."""
     return device.type == "cuda" and flag("ABLATE_COMPILE", True)
 
 

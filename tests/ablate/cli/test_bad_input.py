@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
@@ -143,11 +144,12 @@ def test_a_study_or_data_path_that_is_no_regular_file_exits_2_without_blocking(t
             assert time.perf_counter() - t0 < HANG_GUARD_S
 
 
+ON_OFF = "0, 1, false, true, no, yes, off, on"
 SWITCHES = {
     "ABLATE_EMULATED_GEMM": "fp32, bf16",
-    "ABLATE_COMPILE": "0, 1",
-    "ABLATE_QUANT_OPS": "0, 1",
-    "ABLATE_NATIVE_CHECK": "0, 1",
+    "ABLATE_COMPILE": ON_OFF,
+    "ABLATE_QUANT_OPS": ON_OFF,
+    "ABLATE_NATIVE_CHECK": ON_OFF,
 }
 
 
@@ -168,8 +170,30 @@ def test_a_switch_set_to_a_value_it_does_not_allow_is_refused_before_anything_st
         assert res.exit_code == 2, (cmd, res.output, res.exception)
         assert said in res.output and "Traceback" not in res.output, (cmd, res.output)
     assert not out.exists()
-    monkeypatch.setenv(name, "1" if SWITCHES[name] == "0, 1" else "fp32")
+    monkeypatch.setenv(name, "1" if SWITCHES[name] == ON_OFF else "fp32")
     assert CliRunner().invoke(main, ["validate", str(p), "-o", str(out)]).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "value, on",
+    [("0", False), ("1", True), ("false", False), ("TRUE", True), ("No", False), ("yes", True)]
+    + [("off", False), ("ON", True)],
+)
+def test_an_on_off_switch_takes_the_words_people_write_and_false_means_off(
+    tmp_path, monkeypatch, value, on
+):
+    from backends.env import flag
+    from backends.quant import ops, torch_path
+
+    p = tmp_path / "study.yaml"
+    p.write_text(GOOD)
+    for name in ("ABLATE_COMPILE", "ABLATE_QUANT_OPS", "ABLATE_NATIVE_CHECK"):
+        monkeypatch.setenv(name, value)
+    res = CliRunner().invoke(main, ["validate", str(p), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert torch_path.compile_enabled(torch.device("cuda")) is on  # (asks no GPU)
+    assert ops.traced_inline() is not on
+    assert flag("ABLATE_NATIVE_CHECK", not on) is on
 
 
 def test_the_grid_cap_is_checked_before_expanding_and_raised_with_an_option(tmp_path):
