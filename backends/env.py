@@ -16,9 +16,11 @@ reads a variable another tool owns (``HF_HUB_OFFLINE``) as that tool does: one o
 anything else off. Each reader keeps
 its variable's name and values beside the code it steers and exposes a ``check_env`` that reads it
 (``backends.gemm.emulated``: ``ABLATE_EMULATED_GEMM``; ``backends.quant.torch_path``:
-``ABLATE_COMPILE``; ``backends.quant.ops``: ``ABLATE_QUANT_OPS``; ``backends.gemm.selfcheck``:
-``ABLATE_NATIVE_CHECK``); ``ablate``'s preflight calls them all before a study starts, so a typo
-is refused there rather than when the first cell trains.
+``ABLATE_COMPILE``, and ``ABLATE_COMPILE_BACKEND``, read by ``text`` and checked against torch's
+compile backends; ``backends.quant.ops``: ``ABLATE_QUANT_OPS``; ``backends.quant.ckernel``:
+``ABLATE_NO_KERNEL``; ``backends.gemm.selfcheck``: ``ABLATE_NATIVE_CHECK``); ``ablate``'s preflight
+calls them all before a study starts, so a typo is refused there rather than when the first cell
+trains.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["CACHE_DIR", "FLAG", "OFF", "ON", "cache_dir", "choice", "flag", "truthy"]
+__all__ = ["CACHE_DIR", "FLAG", "OFF", "ON", "cache_dir", "choice", "flag", "text", "truthy"]
 
 CACHE_DIR = "ABLATE_CACHE_DIR"
 
@@ -68,6 +70,12 @@ def flag(name: str, default: bool) -> bool:
         f"environment variable {name}: unknown {value!r}; allowed: {', '.join(FLAG)} in any case "
         "(or unset)"
     )
+
+
+def text(name: str, default: str) -> str:
+    """The value of the environment variable ``name``, ``default`` when unset or empty (for a
+    variable whose reader checks the value itself)."""
+    return os.environ.get(name) or default
 
 
 def truthy(value: str | None) -> bool:

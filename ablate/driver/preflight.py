@@ -25,15 +25,16 @@ from ablate.train.config import device_kind
 
 
 def check_environment() -> None:
-    """The ``ABLATE_*`` switches with a closed set of values (``backends.env``) hold one of them
-    in this process, as each switch's reader checks it; raises ``CannotRunError`` naming the first
-    that does not and what it allows. A Ray cluster's workers have their own environment: a bad
+    """The ``ABLATE_*`` switches with a closed set of values (``backends.env``; and
+    ``ABLATE_COMPILE_BACKEND``, one of torch's compile backends) hold one of them in this process,
+    as each switch's reader checks it; raises ``CannotRunError`` naming the first that does not and
+    what it allows. A Ray cluster's workers have their own environment: a bad
     value there fails the cell that reads it."""
     from backends.gemm import emulated, selfcheck
-    from backends.quant import ops, torch_path
+    from backends.quant import ckernel, ops, torch_path
 
     try:
-        for reader in (emulated, torch_path, ops, selfcheck):
+        for reader in (emulated, torch_path, ops, ckernel, selfcheck):
             reader.check_env()
     except ValueError as e:
         raise CannotRunError(str(e)) from None

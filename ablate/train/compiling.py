@@ -34,13 +34,13 @@ Why these units and this order (as torchtitan does it):
 In place: a block's ``forward`` and the model's ``output`` become their compiled versions on the
 instances, so parameter and buffer names, hence checkpoints, are those of the eager model. The
 token embedding (one gather) stays eager. The backend is Inductor unless ``ABLATE_COMPILE_BACKEND``
-names another (tests use ``aot_eager`` where they need only Dynamo's and AOTAutograd's tracing).
+names another (as ``backends.quant.torch_path.compile_backend`` reads it, for the quantizer too;
+tests use ``aot_eager`` where they need only Dynamo's and AOTAutograd's tracing).
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import types
 from collections.abc import Callable
 from typing import Any
@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["allow_aot_cache", "compile_backend", "compile_model"]
+__all__ = ["allow_aot_cache", "compile_model"]
 
 AUTOCAST_REGION = (
     "torch.amp.autocast_mode._enter_autocast",
@@ -74,14 +74,11 @@ def allow_aot_cache() -> None:
         functorch_config.autograd_cache_allow_custom_autograd_functions = True
 
 
-def compile_backend() -> str:
-    """The ``torch.compile`` backend: ``ABLATE_COMPILE_BACKEND``, else Inductor."""
-    return os.environ.get("ABLATE_COMPILE_BACKEND", "inductor")
-
-
 def compile_model(model: nn.Module, backend: str | None = None) -> None:
     """Compile ``model``'s blocks (``model.layers``) and head (``model.output``) in place, each
     ``fullgraph`` (module docstring). Call before DDP or FSDP2 wraps the model."""
+    from backends.quant.torch_path import compile_backend
+
     backend = backend or compile_backend()
     blocks = getattr(model, "layers", None)
     output = getattr(model, "output", None)

@@ -3,8 +3,10 @@
 The kernel is plain C with no Python or torch headers, so it compiles in about a second with the
 system C compiler on first use and is cached under ``$ABLATE_CACHE_DIR`` (default
 ``~/.cache/ablate``), keyed by the source, the compiler flags and the CPU's feature flags (it is built
-with ``-march=native``). Without a C compiler ``available()`` is False and ``backends.quant.quantizer`` uses its
-pure-torch path of ``torch_path.py``, which gives bit-identical results, slower; a warning says so once.
+with ``-march=native``). Without a C compiler (or with ``ABLATE_NO_KERNEL`` on, an on/off switch
+of ``backends.env``) ``available()`` is False and ``backends.quant.quantizer`` uses its
+pure-torch path of ``torch_path.py``, which gives bit-identical results, slower; a kernel that fails
+to build says so once, in a warning.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from backends.env import cache_dir
+from backends.env import cache_dir, flag
 
 _SRC = Path(__file__).with_name("csrc") / "quant.c"
 # -ffp-contract=off: no fused multiply-adds, so every operation rounds as the torch reference does
@@ -124,7 +126,7 @@ def library() -> ctypes.CDLL | None:
         return _lib
     with _lock:
         if _lib is None and _failed is None:
-            if os.environ.get("ABLATE_NO_KERNEL"):
+            if flag("ABLATE_NO_KERNEL", False):
                 _failed = "disabled by ABLATE_NO_KERNEL"
                 return None
             try:
@@ -138,6 +140,12 @@ def library() -> ctypes.CDLL | None:
                     stacklevel=3,
                 )
     return _lib
+
+
+def check_env() -> None:
+    """Raise ``ValueError`` if ``ABLATE_NO_KERNEL`` (on: use the pure-torch quantizer, not the
+    kernel) is set to a value an on/off switch does not allow (``backends.env.flag``)."""
+    flag("ABLATE_NO_KERNEL", False)
 
 
 def available() -> bool:

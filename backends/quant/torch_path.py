@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import threading
 import types
 import warnings
@@ -43,7 +42,7 @@ from collections.abc import Callable
 
 import torch
 
-from backends.env import flag
+from backends.env import flag, text
 from backends.quant.arith import (
     E4M3_ELEM,
     F32_MAX,
@@ -146,8 +145,36 @@ def compile_enabled(device: torch.device) -> bool:
 
 
 def check_env() -> None:
-    """Raise ``ValueError`` if ``ABLATE_COMPILE`` is set to a value it does not allow."""
+    """Raise ``ValueError`` if ``ABLATE_COMPILE`` or ``ABLATE_COMPILE_BACKEND`` is set to a value
+    it does not allow."""
     flag("ABLATE_COMPILE", True)
+    compile_backend()
+
+
+COMMON_BACKENDS = ("inductor", "aot_eager", "eager")
+"""The ``torch.compile`` backends taken without asking torch (which imports Dynamo, seconds)."""
+
+
+def compile_backend() -> str:
+    """The ``torch.compile`` backend of the quantizer's plans and of a compiled model (the trainer's
+    ``train.compile``): ``ABLATE_COMPILE_BACKEND``, else (unset or empty) ``inductor``. A name that
+    is none of torch's backends raises ``ValueError`` naming the variable and some it allows."""
+    name = text("ABLATE_COMPILE_BACKEND", "inductor")
+    if name not in COMMON_BACKENDS:
+        _check_backend(name)
+    return name
+
+
+@functools.cache
+def _check_backend(name: str) -> None:
+    import torch._dynamo
+
+    if name not in torch._dynamo.list_backends(exclude_tags=()):
+        shown = sorted(set(COMMON_BACKENDS) | set(torch._dynamo.list_backends()))
+        raise ValueError(
+            f"environment variable ABLATE_COMPILE_BACKEND: unknown {name!r}; allowed: a "
+            f"torch.compile backend such as {', '.join(shown)} (or unset: inductor)"
+        )
 
 
 PlanRunner = Callable[
@@ -170,7 +197,7 @@ training step of full MXFP4 with SR met 9 and more on an H200 and on the CPU, an
 @functools.cache
 def compiled(p: Plan, impl: PlanRunner | None = None) -> Runner:
     """``impl`` (default ``run``) for plan ``p`` as one compiled function (dynamic shapes after the
-    first recompile), by ``ABLATE_COMPILE_BACKEND`` (default Inductor).
+    first recompile), by ``compile_backend()`` (default Inductor).
 
     Each plan compiles a copy of the function under its own code object: Dynamo keeps its cache and
     its recompile limit per code object, and one plan's variants fit in that limit
@@ -185,8 +212,7 @@ def compiled(p: Plan, impl: PlanRunner | None = None) -> Runner:
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
     _codes.append(code)
-    backend = os.environ.get("ABLATE_COMPILE_BACKEND", "inductor")
-    return torch.compile(fn, fullgraph=True, backend=backend)
+    return torch.compile(fn, fullgraph=True, backend=compile_backend())
 
 
 _plan_ids = itertools.count()
@@ -221,6 +247,7 @@ def call(
         return fn(xm, k, signs, p)
     use = compile_enabled(xm.device) if compile_ is None else compile_
     if use and p not in _failed:
+        compile_backend()  # a bad name raises here, not as a failed compile that runs eagerly
         try:
             return (compiled(p) if impl is None else compiled(p, impl))(xm, k, signs)
         except Exception as exc:  # compile errors surface at the first call

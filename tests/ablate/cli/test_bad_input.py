@@ -175,6 +175,33 @@ def test_a_switch_set_to_a_value_it_does_not_allow_is_refused_before_anything_st
 
 
 @pytest.mark.parametrize(
+    "name, bad, said",
+    [
+        (
+            "ABLATE_COMPILE_BACKEND",
+            "indutor",
+            "allowed: a torch.compile backend such as aot_eager, ",
+        ),
+        ("ABLATE_NO_KERNEL", "garbage", f"allowed: {ON_OFF} in any case"),
+    ],
+)
+def test_a_compile_backend_or_kernel_switch_torch_or_ablate_lacks_is_refused_at_validate(
+    tmp_path, monkeypatch, name, bad, said
+):
+    p = tmp_path / "study.yaml"
+    p.write_text(GOOD)
+    monkeypatch.setenv(name, bad)
+    res = CliRunner().invoke(main, ["validate", str(p), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert f"environment variable {name}: unknown {bad!r}; {said}" in res.output, res.output
+    assert "Traceback" not in res.output
+    monkeypatch.setenv(name, "")  # empty is unset
+    assert (
+        CliRunner().invoke(main, ["validate", str(p), "-o", str(tmp_path / "out")]).exit_code == 0
+    )
+
+
+@pytest.mark.parametrize(
     "value, on",
     [("0", False), ("1", True), ("false", False), ("TRUE", True), ("No", False), ("yes", True)]
     + [("off", False), ("ON", True)],

@@ -502,6 +502,41 @@ def test_an_empty_cache_dir_keeps_the_kernel_in_the_default_not_here(tmp_path):
     assert not list((tmp_path / "work").iterdir())  # nothing written in the current folder
 
 
+@pytest.mark.parametrize("value, kernel", [("0", True), ("false", True), ("1", False), ("", True)])
+def test_no_kernel_is_an_on_off_switch_and_0_keeps_the_kernel(tmp_path, value, kernel):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if kernel and not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler: no kernel is built")
+    code = "from backends.quant import ckernel\nprint(ckernel.available())\n"
+    env = {**os.environ, "ABLATE_NO_KERNEL": value, "ABLATE_CACHE_DIR": str(tmp_path / "cache")}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert (res.returncode, res.stdout) == (0, f"{kernel}\n"), res.stderr
+
+
+def test_a_compile_backend_torch_lacks_is_refused_not_run_eagerly(monkeypatch):
+    from backends.quant import torch_path as fused
+
+    monkeypatch.setattr(fused, "_failed", {})
+    x = heavy((4, 64), 1)
+    spec = QuantSpec(format="mxfp4", rounding="sr")
+    monkeypatch.setenv("ABLATE_COMPILE_BACKEND", "indutor")
+    said = "environment variable ABLATE_COMPILE_BACKEND: unknown 'indutor'; allowed: a torch"
+    with pytest.raises(ValueError, match=said):
+        fake_quantize_fused(x, spec, -1, KEY, compile=True)
+    assert not fused._failed  # not taken for a compile that failed
+    for value, backend in [
+        ("", "inductor"),
+        ("aot_eager", "aot_eager"),
+        ("cudagraphs", "cudagraphs"),
+    ]:
+        monkeypatch.setenv("ABLATE_COMPILE_BACKEND", value)  # empty: unset
+        assert fused.compile_backend() == backend
+
+
 @pytest.mark.parametrize("entry", [quantize_fused, fake_quantize_fused, quantize, fake_quantize])
 def test_an_unsupported_hadamard_size_is_refused_naming_the_allowed_ones(entry):
     with pytest.raises(ValueError, match="hadamard size 24 is not supported; allowed: 16, 32"):
