@@ -48,6 +48,7 @@ from ablate.data.sources import (
     documents,
     file_states,
     keyed_states,
+    left_out_names,
     source_files,
     source_identity,
 )
@@ -272,6 +273,8 @@ def prepare(
                 aside = root / f".damaged-{key}-{os.getpid()}"
                 os.rename(final, aside)
                 shutil.rmtree(aside, ignore_errors=True)
+        for line in left_out_names(cfg):  # said when the set is built: once
+            say(line)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
         try:
             manifest = _build(cfg, identity, key, tmp, workers, progress or sys.stderr)

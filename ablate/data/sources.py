@@ -1,7 +1,9 @@
-"""Where a corpus's documents come from: the files it reads (``resolve_files``, checked before
-anything runs by ``check_sources``), whether a hub dataset can be had here (``hub_dataset_missing``:
-in the ``datasets`` cache, or the hub reachable), its documents in order (``documents``: the
-built-in corpus, text, JSONL, Parquet, Hugging Face datasets), its readable name and what of it
+"""Where a corpus's documents come from: the files it reads (``resolve_files``, each real file
+once, checked before anything runs by ``check_sources``; ``left_out_names`` says which links to an
+already found file it leaves out), whether a hub dataset can be had here
+(``hub_dataset_missing``: in the ``datasets`` cache, or the hub reachable), its documents in order
+(``documents``: the built-in corpus, text, JSONL, Parquet, Hugging Face datasets), its readable
+name and what of it
 decides its tokens (``source_identity``, which the prepared set's key holds) and whether its files
 changed while they were read (``file_states``, ``check_unchanged``). Optional packages
 (``pyarrow``, ``datasets``) are imported only by the code that reads those formats."""
@@ -51,7 +53,24 @@ def not_a_file(path: str | Path) -> str | None:
 
 
 def resolve_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]:
-    """The files a file corpus reads, in name order; raises naming ``{field}path``."""
+    """The files a file corpus reads, in name order, each real file once (``found_files``, the
+    first of its names); raises naming ``{field}path``."""
+    return sorted(_once(found_files(src, field)).values(), key=str)
+
+
+def _once(files: list[Path]) -> dict[str, Path]:
+    """Each real file of ``files`` with its first name in name order. Once, because ``**`` follows
+    links to folders: a link to a folder above it (a loop) gave the same file under 40 names, and
+    its documents 40 times."""
+    once: dict[str, Path] = {}
+    for f in sorted(files, key=str):
+        once.setdefault(os.path.realpath(f), f)
+    return once
+
+
+def found_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]:
+    """Every name under which a file corpus's ``path`` finds a file, links to one file included;
+    raises naming ``{field}path``."""
     spec, ext = str(src.path), FILE_EXT[src.corpus]
     if any(c in spec for c in "*?["):
         files = [Path(p) for p in glob(spec, recursive=True) if os.path.isfile(p)]
@@ -67,10 +86,30 @@ def resolve_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]
         raise FileNotFoundError(
             f"{field}path: no files match {spec!r} (a directory is searched for *{ext})"
         )
-    # each file once: `**` follows links to folders, so a link to a folder above it (a loop) gave
-    # the same file under 40 names, and its documents 40 times
-    once = {os.path.realpath(f): f for f in sorted(files, key=str, reverse=True)}
-    return sorted(once.values(), key=str)
+    return files
+
+
+def left_out_names(cfg: DataConfig, shown: int = 3) -> list[str]:
+    """One line per corpus (``cfg``'s, its ``val``'s) naming the names ``resolve_files`` leaves out
+    because they are links to a file found under another name (the first ``shown`` and how many):
+    the corpus reads that file once, where a link made to read it twice (upsampling) would not."""
+    lines = []
+    for src, field in ((cfg, "data."), (cfg.val, "data.val.")):
+        if src is None or src.corpus not in FILE_EXT:
+            continue
+        found = found_files(src, field)
+        kept = _once(found)
+        out = sorted((f for f in found if kept[os.path.realpath(f)] is not f), key=str)
+        if not out:
+            continue
+        names = [f"{f} (the file of {kept[os.path.realpath(f)]})" for f in out[:shown]]
+        more = f", and {len(out) - shown} more" if len(out) > shown else ""
+        lines.append(
+            f"data: {field}path {str(src.path)!r} finds {len(out)} file(s) again under another "
+            f"name (through a link); each file is read once, so these names are left out: "
+            f"{', '.join(names)}{more}; to read a file twice, copy it"
+        )
+    return lines
 
 
 def check_sources(cfg: DataConfig) -> None:

@@ -225,6 +225,39 @@ def test_a_recursive_glob_through_a_link_loop_reads_each_file_once(tmp_path: Pat
     assert stream(looped).numel() == stream(plain).numel()
 
 
+def test_a_file_linked_under_a_second_name_is_read_once_and_the_left_out_name_said(
+    tmp_path: Path,
+) -> None:
+    """A link made to read a file twice (upsampling) is read once, as a loop's names are: said,
+    once, when the set is prepared, naming the first names left out and how many there are."""
+    from ablate.data.prepared import prepare
+
+    corpus = write_text(tmp_path / "corpus", DOCS_A[:4])
+    (corpus / "up").mkdir()
+    (corpus / "up" / "000.txt").symlink_to("../000.txt")
+    said: list[str] = []
+    cfg = small(corpus="text", path=str(corpus / "**" / "*.txt"))
+    for _ in range(2):  # the second finds the set prepared: nothing said again
+        prepare(cfg, cache=tmp_path / "c1", say=said.append)
+    left_out = [line for line in said if "left out" in line]
+    assert left_out == [
+        f"data: data.path {cfg.path!r} finds 1 file(s) again under another name (through a "
+        f"link); each file is read once, so these names are left out: {corpus}/up/000.txt (the "
+        f"file of {corpus}/000.txt); to read a file twice, copy it"
+    ]
+    (corpus / "sub").symlink_to(".")  # a loop: many names, the first three said
+    said.clear()
+    prepare(cfg, cache=tmp_path / "c2", say=said.append)
+    (line,) = [line for line in said if "left out" in line]
+    n = int(re.search(r"finds (\d+) file", line)[1])  # type: ignore[index]
+    assert n > 10 and line.count("(the file of") == 3 and f", and {n - 3} more; " in line
+    said.clear()  # the folder itself finds each file once: nothing to say, the same tokens
+    plain = prepare(small(corpus="text", path=str(corpus)), cache=tmp_path / "c3", say=said.append)
+    assert len(said) == 1 and "left out" not in said[0], said
+    looped = prepare(cfg, cache=tmp_path / "c2")
+    assert plain.manifest["fingerprint"] == looped.manifest["fingerprint"]
+
+
 def test_jsonl_without_the_text_field_names_file_line_and_field(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "fine"}\n{"body": "no text"}\n')
