@@ -4,13 +4,25 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import click
 
 from ablate.cli.common import load, max_cells_opt, output_opt, refuse, study_arg
 from ablate.errors import AblateError
+
+
+def _at_most_usable_cpus(ctx: click.Context, param: click.Parameter, value: int | None) -> Any:
+    from ablate.data.tokenizing import usable_cpus
+
+    if value is not None and value > (cpus := usable_cpus()):
+        raise click.BadParameter(
+            f"{value} tokenizing processes, but this process may use {cpus} CPUs (its CPU "
+            f"affinity, as SLURM or taskset set it); give at most {cpus}",
+            ctx,
+            param,
+        )
+    return value
 
 
 @click.group()
@@ -24,10 +36,11 @@ def data() -> None:
 @max_cells_opt
 @click.option(
     "--workers",
-    type=click.IntRange(min=1, max=os.cpu_count() or 1),  # each one a forked process
+    type=click.IntRange(min=1),
+    callback=_at_most_usable_cpus,  # each one a forked process
     default=None,
-    help="Processes that tokenize with a Hugging Face tokenizer (default: half the CPUs, at most 8; "
-    "at most the CPUs; the byte tokenizer always runs in one).",
+    help="Processes that tokenize with a Hugging Face tokenizer (default: half the CPUs this "
+    "process may use, at most 8; at most those CPUs; the byte tokenizer always runs in one).",
 )
 def prepare(study_file: str, output: str | None, max_cells: int, workers: int | None) -> None:
     """Tokenize each distinct data configuration of a study once into its data cache (the study's

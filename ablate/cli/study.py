@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -317,6 +316,22 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         )
 
 
+MAX_UI_WORKERS = 64
+"""The most ``ablate ui --workers``: server workers are mostly idle, so the CPUs are no bound, but
+each is a process of about 300 MB."""
+
+
+def _at_most_ui_workers(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    if value > MAX_UI_WORKERS:
+        raise click.BadParameter(
+            f"{value} server workers is more than {MAX_UI_WORKERS}: each is a process of about "
+            "300 MB, and one serves a person browsing",
+            ctx,
+            param,
+        )
+    return value
+
+
 @click.command()
 @click.argument("study_file", metavar="STUDY.yaml", required=False, type=click.Path(dir_okay=False))
 @output_opt
@@ -334,9 +349,10 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
     "--workers",
     default=1,
     show_default=True,
-    type=click.IntRange(min=1, max=os.cpu_count() or 1),
-    help="Server worker processes (each holds ~300 MB; one serves a person browsing; at most the "
-    "CPUs).",
+    type=click.IntRange(min=1),
+    callback=_at_most_ui_workers,
+    help=f"Server worker processes (each holds ~300 MB; one serves a person browsing; at most "
+    f"{MAX_UI_WORKERS}).",
 )
 @click.option(
     "--timeout",

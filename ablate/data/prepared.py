@@ -53,7 +53,7 @@ from ablate.data.sources import (
     source_identity,
 )
 from ablate.data.tokenizer import HFTokenizer, Tokenizer, load_tokenizer, tokenizer_identity
-from ablate.data.tokenizing import chunks, encode_chunks
+from ablate.data.tokenizing import chunks, encode_chunks, usable_cpus
 
 if TYPE_CHECKING:
     import torch
@@ -69,9 +69,9 @@ _NP: dict[str, np.dtype[Any]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("
 
 
 def default_workers() -> int:
-    """Processes that tokenize with a Hugging Face tokenizer by default: half the CPUs (each
-    single-threaded; one process already encodes on several threads), at most 8, at least 1."""
-    return max(1, min(8, (os.cpu_count() or 1) // 2))
+    """Processes that tokenize with a Hugging Face tokenizer by default: half the CPUs this process
+    may use (each single-threaded; one process already encodes on several threads), 1 to 8."""
+    return max(1, min(8, usable_cpus() // 2))
 
 
 def default_cache() -> Path:

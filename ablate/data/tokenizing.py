@@ -1,5 +1,5 @@
-"""Documents -> token ids, in this process or in worker processes, in order: what prepared data
-is written from. numpy and the tokenizer only (no torch), so that worker processes start fast.
+"""Documents -> token ids, in this process or in worker processes (at most ``usable_cpus``), in
+order: what prepared data is written from. numpy and the tokenizer only (no torch), so that worker processes start fast.
 
 A chunk of documents becomes one array of ids with the tokenizer's end-of-text id between
 documents; the writer puts one more between chunks, so the stream is the same whatever the chunk
@@ -47,6 +47,15 @@ def encode_chunk(tok: Tokenizer, texts: list[str], dtype: np.dtype) -> np.ndarra
 
 
 # --- worker processes --------------------------------------------------------------------------
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use: its CPU affinity (what SLURM or ``taskset`` leave it) where
+    the system has one, else the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
 
 _WORKER_TOKENIZER: Tokenizer | None = None
 

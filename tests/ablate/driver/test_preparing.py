@@ -94,19 +94,44 @@ def test_too_few_tokens_is_refused_before_anything_is_recorded(tmp_path: Path, m
 def test_more_tokenizing_processes_than_cpus_are_refused_before_any_starts(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """Each worker is a forked process: `--workers 100000` forked that many before."""
+    """Each worker is a forked process: `--workers 100000` forked that many before. The bound is
+    the CPUs this process may use (its affinity, as SLURM sets it), not the machine's."""
     import os
 
     monkeypatch.chdir(tmp_path)
     _corpus(tmp_path / "a.jsonl", "alpha")
+    _corpus(tmp_path / "b.jsonl", "beta")
     (tmp_path / "s.yaml").write_text(TWO_CORPORA)
-    too_many = str((os.cpu_count() or 1) + 1)
-    res = CliRunner().invoke(main, ["data", "prepare", "s.yaml", "--workers", too_many])
+    mine = os.sched_getaffinity(0)
+    if len(mine) < 2:
+        pytest.skip("one CPU: no affinity narrower than the machine to set")
+    os.sched_setaffinity(0, {min(mine)})  # this thread, where the command runs
+    try:
+        res = CliRunner().invoke(main, ["data", "prepare", "s.yaml", "--workers", "2"])
+    finally:
+        os.sched_setaffinity(0, mine)
     assert res.exit_code == 2 and "--workers" in res.output, res.output
-    assert f"{too_many} is not in the range" in res.output
+    assert "2 tokenizing processes, but this process may use 1 CPUs" in res.output
+    assert "give at most 1" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "cache").exists()
-    res = CliRunner().invoke(main, ["ui", "s.yaml", "--workers", too_many])
+
+
+def test_ui_takes_more_server_workers_than_cpus_up_to_a_bound_that_says_why(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """UI server workers are mostly idle: `ablate ui --workers 4` was refused on two cores."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    _corpus(tmp_path / "a.jsonl", "alpha")
+    _corpus(tmp_path / "b.jsonl", "beta")
+    (tmp_path / "s.yaml").write_text(TWO_CORPORA)
+    for n in (str((os.cpu_count() or 1) + 1), "64"):  # taken: the study has no store yet
+        res = CliRunner().invoke(main, ["ui", "s.yaml", "--workers", n])
+        assert res.exit_code == 1 and "no MLflow store yet" in res.output, (n, res.output)
+    res = CliRunner().invoke(main, ["ui", "s.yaml", "--workers", "65"])
     assert res.exit_code == 2 and "--workers" in res.output, res.output
+    assert "65 server workers is more than 64: each is a process of about 300 MB" in res.output
 
 
 def test_a_validation_corpus_with_too_few_tokens_keeps_what_a_study_recorded(
