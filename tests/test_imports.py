@@ -17,7 +17,11 @@
 - ``ablate/``'s root holds at most ``MAX_ROOT_MODULES`` modules: the rest live in the rooms;
 - what ``ablate.slurm`` runs on every node of a job (``on_node``, ``supervise``) imports only its
   light neighbours: it starts in milliseconds, and neither Ray nor MLflow is imported by
-  ``ablate.slurm`` at all (they run there as programs).
+  ``ablate.slurm`` at all (they run there as programs);
+- ``docs/architecture.md`` tells these layers true: it names each module at the root of
+  ``backends`` (``backends/env.py`` or ``backends.env``), and each ``ablate`` package's row says
+  which ``backends`` modules it may import (``backends``, or the module or a package above it),
+  ``backends.lazy`` aside (every package index uses it, as the page says).
 
 Every check reads the source with ``ast``: a deferred import inside a function counts the same.
 """
@@ -382,3 +386,55 @@ def test_what_runs_on_each_slurm_node_imports_only_light_modules():
         libs = _imports(path) & {"ray", "mlflow", "torch"}
         heavy = {"ray", "mlflow"} | ({"torch"} if _module_name(path) in SLURM_NODE_LIGHT else set())
         assert not libs & heavy, f"{path.relative_to(ROOT)} imports {sorted(libs & heavy)}"
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+ROW = re.compile(r"^\| `(ablate/[a-z_/]+(?:\.py)?)` \|.*\| ([^|]*) \|$", re.MULTILINE)
+
+
+def _backends_imports(path: Path) -> set[str]:
+    """The ``backends`` modules ``path`` (a module, or a folder of them) imports, at any level."""
+    out: set[str] = set()
+    for f in [path] if path.suffix == ".py" else sorted(path.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                out.add(node.module)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+    return {m for m in out if m.split(".")[0] == "backends" and m != "backends.lazy"}
+
+
+def architecture_problems(text: str, root: Path) -> list[str]:
+    """What ``text`` (the architecture page) leaves untrue about the modules under ``root``."""
+    problems = []
+    for f in sorted((root / "backends").glob("*.py")):
+        if f.stem != "__init__" and not re.search(rf"`backends(/{f.stem}\.py|\.{f.stem})`", text):
+            problems.append(f"backends/{f.name} is not named")
+    rows = ROW.findall(text)
+    assert rows, "no table row of an ablate package found"
+    for name, may in rows:
+        listed = re.findall(r"`(backends[a-z_.]*)`", may)
+        for mod in sorted(_backends_imports(root / name)):
+            if "everything above" not in may and not any(
+                mod == m or mod.startswith(m + ".") for m in listed
+            ):
+                problems.append(f"{name} imports {mod}, which its row does not list")
+    return problems
+
+
+def test_the_architecture_page_names_what_each_package_imports_of_backends():
+    assert architecture_problems(ARCHITECTURE.read_text(), ROOT) == []
+
+
+def test_the_architecture_check_finds_an_unnamed_module_and_an_unlisted_import(tmp_path):
+    (tmp_path / "backends").mkdir()
+    (tmp_path / "backends" / "env.py").write_text("")
+    (tmp_path / "ablate" / "data").mkdir(parents=True)
+    (tmp_path / "ablate" / "data" / "corpus.py").write_text("from backends.env import x\n")
+    row = "| `ablate/data/` | the data | torch, numpy |\n"
+    assert architecture_problems(row, tmp_path) == [
+        "backends/env.py is not named",
+        "ablate/data/ imports backends.env, which its row does not list",
+    ]
+    fixed = "`backends/env.py`\n\n" + row.replace("torch,", "`backends.env`, torch,")
+    assert architecture_problems(fixed, tmp_path) == []
