@@ -1,5 +1,6 @@
 """Documents -> token ids, in this process or in worker processes (at most ``usable_cpus``), in
-order: what prepared data is written from. numpy and the tokenizer only (no torch), so that worker processes start fast.
+order: what prepared data is written from. numpy and the tokenizer only (no torch), so that worker
+processes start fast.
 
 A chunk of documents becomes one array of ids with the tokenizer's end-of-text id between
 documents; the writer puts one more between chunks, so the stream is the same whatever the chunk
