@@ -37,12 +37,8 @@ from ablate.targets import headroom_warning, reached_fraction, schedule_fraction
 from ablate.tracking import CellRun, CellStatus, join_runs, study_status
 from ablate.tracking.status import baseline_curves, count
 from ablate.tracking.vocab import env_tag
-from ablate.train.checkpoint import (
-    CHECKPOINT,
-    checkpoint_damage,
-    checkpoint_missing,
-    checkpoint_step,
-)
+from ablate.train.checkpoint import CHECKPOINT, checkpoint_missing, checkpoint_step
+from ablate.train.damage import checkpoint_damage
 from ablate.train.provenance import code_hash
 
 Action = Literal["run", "skip", "resume", "failed", "stale-data", "rerun", "reuse"]

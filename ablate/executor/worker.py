@@ -138,7 +138,8 @@ def _train_cell(
     from ablate.tracking import MlflowLogger
     from ablate.train import train
     from ablate.train.branch import Branches
-    from ablate.train.checkpoint import checkpoint_step, load_damage
+    from ablate.train.checkpoint import checkpoint_step
+    from ablate.train.damage import load_damage
     from ablate.train.device import resolve_device
     from ablate.train.parallel import process_group
     from ablate.train.provenance import environment

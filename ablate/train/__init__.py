@@ -12,7 +12,8 @@ Modules, one concept each:
 - ``resolve``: what ``auto`` and the other per-device settings mean on a device kind
 - ``loop``: ``train`` and ``evaluate``; ``state``: ``TrainState``, the progress a checkpoint stores
 - ``checkpoint``: atomic checkpoints, their ``checkpoint.json`` sidecar, resume; ``untrusted``:
-  their files read as untrusted (tensors and plain values only, DCP's metadata checked)
+  their files read as untrusted (tensors and plain values only, DCP's metadata checked);
+  ``damage``: whether a run would set a damaged checkpoint aside, found before it loads one
 - ``schedule``: the learning rate per step; ``device``: ``resolve_device`` and the autocast policy
 - ``parallel``: DDP and FSDP2 over ``torch.distributed``; ``compiling``: ``torch.compile``
 - ``memory``: the memory estimate of a cell; ``probe``: gradient-fidelity probes during training,

@@ -6,10 +6,7 @@ optimizer, the data position and the CPU and CUDA RNG states. ``checkpoint.json`
 what it holds (step, status, config hash) without loading it, for the runner and ``ablate plan``;
 one that is damaged (not JSON, or not such an object) counts as none, and the step a run resumes
 from is then the one ``checkpoint.pt`` records (``checkpoint_step``); one whose ``checkpoint.pt``
-is missing names none (``checkpoint_missing``). Whether a run would set the
-checkpoint aside as damaged ``ablate plan`` tells from the ends of its files
-(``checkpoint_damage``), and a worker, logging the step its attempt starts from, as the run finds
-it (``load_damage``).
+is missing names none (``checkpoint_missing``: the run has no checkpoint, nothing set aside).
 
 A distributed run (``train.parallel`` ddp or fsdp: ``ablate.train.parallel``) writes a sharded
 checkpoint instead, with ``torch.distributed.checkpoint`` (DCP): each rank writes its own shards of
@@ -24,22 +21,22 @@ Every file is read as untrusted (study folders live on shared file systems): ``l
 only tensors and plain values (``torch.load(weights_only=True)``), and a sharded checkpoint's DCP
 metadata and non-tensor entries are read the same way (``ablate.train.untrusted``); anything else
 is refused with ``CheckpointError`` before any of its code could run. A checkpoint that does not
-read as one at all (a file truncated, garbage or missing: ``DamagedCheckpointError``) a run sets
-aside instead, its folder renamed beside itself (``set_aside``), and trains from step 0; a sharded
-one is checked by rank 0 before any rank loads it, and every rank takes its verdict
-(``load_sharded``), so that one rank's missing RNG state does not fail that rank alone.
+read as one at all (a file truncated or garbage, or a sharded checkpoint's file missing:
+``DamagedCheckpointError``) a run sets aside instead, its folder renamed beside itself
+(``set_aside``), and trains from step 0; a sharded one is checked by rank 0 before any rank loads
+it (``sharded_damage``), and every rank takes its verdict (``load_sharded``), so that one rank's
+missing RNG state does not fail that rank alone. Whether a run would set its checkpoint aside
+``ablate plan`` and a worker tell beforehand (``ablate.train.damage``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import time
 import uuid
 import warnings
-import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -57,7 +54,7 @@ if TYPE_CHECKING:
 CHECKPOINT = "checkpoint.pt"
 _SIDECAR = "checkpoint.json"
 SHARDED = "sharded"
-_SINGLE_KEYS = ("config_hash", "state", "model", "optimizer", "sampler", "rng_cpu", "rng_cuda")
+SINGLE_KEYS = ("config_hash", "state", "model", "optimizer", "sampler", "rng_cpu", "rng_cuda")
 TRAIN_STATE_KEYS = ("config_hash", "state", "sampler", "world", "parallel")
 
 
@@ -109,7 +106,7 @@ def checkpoint_step(checkpoint_dir: str | Path) -> int | None:
     if not path.is_file():
         return None
     try:
-        step = load_file(path, keys=_SINGLE_KEYS, mmap=True)["state"]["step"]
+        step = load_file(path, keys=SINGLE_KEYS, mmap=True)["state"]["step"]
     except (CheckpointError, KeyError, TypeError):  # unreadable: the run does not resume from it
         return None
     return step if _is_int(step) and step >= 0 else None
@@ -123,63 +120,6 @@ def checkpoint_missing(checkpoint_dir: str | Path) -> int | None:
     if info is None or info.get("format") == SHARDED or path.exists():
         return None
     return int(info["step"])
-
-
-def checkpoint_damage(checkpoint_dir: str | Path) -> str | None:
-    """Why a run in ``checkpoint_dir`` would set its checkpoint aside as damaged, judged from the
-    ends of its files alone, for ``ablate plan`` (milliseconds, nothing unpickled), or None: no
-    checkpoint, or no damage found so. ``torch.save`` writes a zip whose central directory is its
-    last bytes (``zipfile`` reads it): a truncated, empty or garbage ``checkpoint.pt`` has none.
-    A sharded one (its sidecar's) also needs its train state, each rank's RNG state, and its
-    ``.metadata``, a pickle, which ends with pickle's STOP byte. What only a load finds (a pickle
-    that does not read, a shard shorter than its metadata says) the run finds."""
-    d = Path(checkpoint_dir)
-    info = checkpoint_info(d)
-    if info is None or info.get("format") != SHARDED:
-        return _zip_damage(d / CHECKPOINT) if (d / CHECKPOINT).exists() else None
-    path, world = d / info["path"], info.get("world", 1)
-    for name in ("train_state.pt", *(f"rng-rank{r}.pt" for r in range(world))):
-        if why := _zip_damage(path / name):
-            return why
-    try:
-        with open(path / ".metadata", "rb") as f:
-            f.seek(-1, os.SEEK_END)  # OSError when empty
-            whole = f.read(1) == pickle.STOP
-    except OSError as e:
-        return f"{path / '.metadata'}: damaged checkpoint metadata ({e})"
-    return None if whole else f"{path / '.metadata'}: damaged checkpoint metadata (truncated)"
-
-
-def load_damage(checkpoint_dir: str | Path) -> DamagedCheckpointError | None:
-    """What makes a run in ``checkpoint_dir`` set its checkpoint aside, found as the run finds it
-    before training (the step its attempt starts from, logged first): ``checkpoint.pt`` read as
-    ``load_checkpoint`` reads it (its tensors mapped, not read), a sharded one checked as rank 0
-    checks it (``_sharded_damage``); None: no checkpoint, a sound one, or one refused for what it
-    holds (``CheckpointError``: the run fails on it)."""
-    d = Path(checkpoint_dir)
-    info = checkpoint_info(d)
-    try:
-        if info is not None and info.get("format") == SHARDED:
-            return _sharded_damage(d / info["path"])
-        if (d / CHECKPOINT).exists():
-            load_file(d / CHECKPOINT, keys=_SINGLE_KEYS, mmap=True)
-    except DamagedCheckpointError as e:
-        return e
-    except CheckpointError:
-        pass
-    return None
-
-
-def _zip_damage(path: Path) -> str | None:
-    """Why ``path`` is not a whole ``torch.save`` file (its zip directory, read), or None."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            names = z.namelist()
-    except Exception as e:  # noqa: BLE001 (damaged bytes raise anything from the reader)
-        return f"{path}: damaged or not a checkpoint file ({type(e).__name__}: {e})"
-    if not any(n.endswith("/data.pkl") for n in names):
-        return f"{path}: not a checkpoint file (no data.pkl in it)"
-    return None
 
 
 def _is_int(v: Any) -> TypeGuard[int]:
@@ -264,7 +204,7 @@ def load_checkpoint(
     # on the CPU: the RNG states must stay CPU tensors (torch.set_rng_state refuses CUDA ones), and
     # load_state_dict moves the model's and the optimizer's tensors to their parameters' device
     try:
-        ck = load_file(path, keys=_SINGLE_KEYS)
+        ck = load_file(path, keys=SINGLE_KEYS)
     except DamagedCheckpointError as e:
         if not set_aside_damaged:
             raise
@@ -290,7 +230,7 @@ def rekey_checkpoint(checkpoint_dir: Path, config_hash: str) -> bool:
     path = checkpoint_dir / CHECKPOINT
     if not path.exists():
         return False
-    ck = load_file(path, keys=_SINGLE_KEYS)
+    ck = load_file(path, keys=SINGLE_KEYS)
     ck["config_hash"] = config_hash
     _atomic_save(path, ck)
     return True
@@ -451,7 +391,7 @@ def load_sharded(
     """Every rank: restore the sharded checkpoint the sidecar names (model and optimizer shards,
     data position, this rank's RNG states) and return its ``TrainState``; None when there is none.
     ValueError when another configuration, or another number of workers, wrote it. Before any rank
-    reads it, rank 0 checks it (``_sharded_damage``) and every rank gets its verdict: a damaged one
+    reads it, rank 0 checks it (``sharded_damage``) and every rank gets its verdict: a damaged one
     is raised (``DamagedCheckpointError``) on every rank, or with ``set_aside_damaged`` set aside
     (``set_aside``, nothing restored) and a new state returned; a refused one is raised, as
     ``load_checkpoint`` does both."""
@@ -499,7 +439,7 @@ def load_sharded(
 
 
 def _agreed_damage(path: Path, ranks: Ranks) -> DamagedCheckpointError | None:
-    """Rank 0's verdict on the sharded checkpoint in ``path`` (``_sharded_damage``), on every rank
+    """Rank 0's verdict on the sharded checkpoint in ``path`` (``sharded_damage``), on every rank
     (collective): what is damaged, or None; a file refused for what it holds is raised by every
     rank (``CheckpointError``), so that none is left waiting for the others."""
     import torch.distributed as dist
@@ -507,7 +447,7 @@ def _agreed_damage(path: Path, ranks: Ranks) -> DamagedCheckpointError | None:
     verdict: list[tuple[str, str] | None] = [None]
     if ranks.leader:
         try:
-            damaged = _sharded_damage(path)
+            damaged = sharded_damage(path)
             verdict = [None if damaged is None else ("damaged", str(damaged))]
         except CheckpointError as e:
             verdict = [("refused", str(e))]
@@ -520,7 +460,7 @@ def _agreed_damage(path: Path, ranks: Ranks) -> DamagedCheckpointError | None:
     return DamagedCheckpointError(why)
 
 
-def _sharded_damage(path: Path) -> DamagedCheckpointError | None:
+def sharded_damage(path: Path) -> DamagedCheckpointError | None:
     """What makes the sharded checkpoint in ``path`` unreadable, read as the ranks would read it
     (untrusted) but without loading a shard: its train state and each of its ranks' RNG states
     (small files, read whole), its DCP metadata, and each shard file the metadata names, which

@@ -17,17 +17,16 @@ from ablate.errors import DamagedCheckpointError
 from ablate.train import MemoryLogger, RunConfig, TrainConfig, train
 from ablate.train.checkpoint import (
     CHECKPOINT,
-    checkpoint_damage,
     checkpoint_info,
     checkpoint_missing,
     checkpoint_step,
     load_checkpoint,
-    load_damage,
     load_file,
     move_aside,
     save_checkpoint,
 )
 from ablate.train.config import config_hash
+from ablate.train.damage import checkpoint_damage, load_damage
 from ablate.train.result import EvalPoint
 from ablate.train.state import TrainState
 

@@ -24,7 +24,8 @@ import torch.distributed as dist
 from ablate.errors import CheckpointError
 from ablate.train import RunConfig, train
 from ablate.train.branch import Branches, branch_point, family_hash, prefix_hash
-from ablate.train.checkpoint import checkpoint_damage, checkpoint_info, load_damage
+from ablate.train.checkpoint import checkpoint_info
+from ablate.train.damage import checkpoint_damage, load_damage
 from ablate.train.device import resolve_device
 from ablate.train.parallel import process_group
 from backends.layer import QuantLinear
