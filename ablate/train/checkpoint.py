@@ -46,7 +46,7 @@ from torch import nn
 from ablate.data import BatchSampler
 from ablate.errors import CheckpointError, DamagedCheckpointError
 from ablate.train.state import TrainState
-from ablate.train.untrusted import checked_metadata, dcp_load, plain
+from ablate.train.untrusted import checked_metadata, dcp_load, is_damage, plain
 
 if TYPE_CHECKING:
     from ablate.train.parallel import Ranks
@@ -62,12 +62,16 @@ def load_file(path: Path, *, keys: tuple[str, ...] = (), mmap: bool = False) -> 
     """The mapping a checkpoint file holds, unpickled as tensors and plain values only; each of
     ``keys`` must be in it. ``CheckpointError`` naming the file when it is damaged, is not such a
     mapping, or would need any other object (a pickle that could run code is never run). With
-    ``mmap``, its tensors are mapped from the file, not read (to read its plain values only)."""
+    ``mmap``, its tensors are mapped from the file, not read (to read its plain values only). A
+    read the file system fails (``OSError``: I/O error, permission refused) is raised as it is:
+    no damage (``untrusted.is_damage``)."""
     try:
         obj = plain(path, str(path), mmap=mmap)
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 (damaged bytes raise anything from the unpickler)
+        if not is_damage(e):
+            raise
         raise DamagedCheckpointError(
             f"{path}: damaged or not a checkpoint file ({type(e).__name__}: {e})"
         ) from None
@@ -107,7 +111,7 @@ def checkpoint_step(checkpoint_dir: str | Path) -> int | None:
         return None
     try:
         step = load_file(path, keys=SINGLE_KEYS, mmap=True)["state"]["step"]
-    except (CheckpointError, KeyError, TypeError):  # unreadable: the run does not resume from it
+    except (CheckpointError, OSError, KeyError, TypeError):  # the run does not resume from it
         return None
     return step if _is_int(step) and step >= 0 else None
 
@@ -441,22 +445,30 @@ def load_sharded(
 def _agreed_damage(path: Path, ranks: Ranks) -> DamagedCheckpointError | None:
     """Rank 0's verdict on the sharded checkpoint in ``path`` (``sharded_damage``), on every rank
     (collective): what is damaged, or None; a file refused for what it holds is raised by every
-    rank (``CheckpointError``), so that none is left waiting for the others."""
+    rank (``CheckpointError``), and a read that failed (``OSError``: no damage) alike, so that
+    none is left waiting for the others."""
     import torch.distributed as dist
 
     verdict: list[tuple[str, str] | None] = [None]
+    failed: Exception | None = None
     if ranks.leader:
         try:
             damaged = sharded_damage(path)
             verdict = [None if damaged is None else ("damaged", str(damaged))]
         except CheckpointError as e:
             verdict = [("refused", str(e))]
+        except Exception as e:  # noqa: BLE001 (raised below, on every rank)
+            failed, verdict = e, [("failed", f"{type(e).__name__}: {e}")]
     dist.broadcast_object_list(verdict, src=0)
+    if failed is not None:
+        raise failed
     if verdict[0] is None:
         return None
     kind, why = verdict[0]
     if kind == "refused":
         raise CheckpointError(why)
+    if kind == "failed":
+        raise OSError(f"{path}: rank 0 failed to read the checkpoint ({why})")
     return DamagedCheckpointError(why)
 
 
@@ -465,7 +477,8 @@ def sharded_damage(path: Path) -> DamagedCheckpointError | None:
     (untrusted) but without loading a shard: its train state and each of its ranks' RNG states
     (small files, read whole), its DCP metadata, and each shard file the metadata names, which
     must hold the bytes named (not missing nor truncated); None when it is sound. A file refused
-    for what it holds is raised (``CheckpointError``)."""
+    for what it holds is raised (``CheckpointError``), and a read the file system fails
+    (``OSError``: no damage, ``untrusted.is_damage``)."""
     meta = path / ".metadata"
     try:
         world = load_file(path / "train_state.pt", keys=TRAIN_STATE_KEYS)["world"]

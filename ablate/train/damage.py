@@ -25,6 +25,7 @@ from ablate.train.checkpoint import (
     load_file,
     sharded_damage,
 )
+from ablate.train.untrusted import is_damage
 
 
 def checkpoint_damage(checkpoint_dir: str | Path) -> str | None:
@@ -34,7 +35,8 @@ def checkpoint_damage(checkpoint_dir: str | Path) -> str | None:
     last bytes (``zipfile`` reads it): a truncated, empty or garbage ``checkpoint.pt`` has none.
     A sharded one (its sidecar's) also needs its train state, each rank's RNG state, and its
     ``.metadata``, a pickle, which ends with pickle's STOP byte. What only a load finds (a pickle
-    that does not read, a shard shorter than its metadata says) the run finds."""
+    that does not read, a shard shorter than its metadata says) the run finds; a read the file
+    system fails (``untrusted.is_damage``: no damage, the run fails on it) finds none."""
     d = Path(checkpoint_dir)
     info = checkpoint_info(d)
     if info is None or info.get("format") != SHARDED:
@@ -45,10 +47,11 @@ def checkpoint_damage(checkpoint_dir: str | Path) -> str | None:
             return why
     try:
         with open(path / ".metadata", "rb") as f:
-            f.seek(-1, os.SEEK_END)  # OSError when empty
-            whole = f.read(1) == pickle.STOP
+            end = f.seek(0, os.SEEK_END)
+            f.seek(max(end - 1, 0))
+            whole = f.read(1) == pickle.STOP  # b"" when empty
     except OSError as e:
-        return f"{path / '.metadata'}: damaged checkpoint metadata ({e})"
+        return f"{path / '.metadata'}: damaged checkpoint metadata ({e})" if is_damage(e) else None
     return None if whole else f"{path / '.metadata'}: damaged checkpoint metadata (truncated)"
 
 
@@ -56,8 +59,9 @@ def load_damage(checkpoint_dir: str | Path) -> DamagedCheckpointError | None:
     """What makes a run in ``checkpoint_dir`` set its checkpoint aside, found as the run finds it
     before training (the step its attempt starts from, logged first): ``checkpoint.pt`` read as
     ``load_checkpoint`` reads it (its tensors mapped, not read), a sharded one checked as rank 0
-    checks it (``sharded_damage``); None: no checkpoint, a sound one, or one refused for what it
-    holds (``CheckpointError``: the run fails on it)."""
+    checks it (``sharded_damage``); None: no checkpoint, a sound one, one refused for what it
+    holds (``CheckpointError``), or one whose read the file system failed (``OSError``, no
+    damage: ``untrusted.is_damage``): the run fails on those."""
     d = Path(checkpoint_dir)
     info = checkpoint_info(d)
     try:
@@ -67,7 +71,7 @@ def load_damage(checkpoint_dir: str | Path) -> DamagedCheckpointError | None:
             load_file(d / CHECKPOINT, keys=SINGLE_KEYS, mmap=True)
     except DamagedCheckpointError as e:
         return e
-    except CheckpointError:
+    except (CheckpointError, OSError):
         pass
     return None
 
@@ -78,6 +82,8 @@ def _zip_damage(path: Path) -> str | None:
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
     except Exception as e:  # noqa: BLE001 (damaged bytes raise anything from the reader)
+        if not is_damage(e):
+            return None  # a read the file system failed: the run fails on it
         return f"{path}: damaged or not a checkpoint file ({type(e).__name__}: {e})"
     if not any(n.endswith("/data.pkl") for n in names):
         return f"{path}: not a checkpoint file (no data.pkl in it)"

@@ -2,7 +2,8 @@
 
 ``plain`` is ``torch.load`` of tensors and plain values only (``weights_only=True``): a pickle that
 names a global (an object to build: what a pickle written to run code needs) is refused with
-``CheckpointError``, one that does not read (garbage, truncated) with ``DamagedCheckpointError``.
+``CheckpointError``, one that does not read (garbage, truncated) with ``DamagedCheckpointError``;
+a read the file system fails (an I/O error, a permission refused: not damage, ``is_damage``) passes.
 ``torch.distributed.checkpoint`` (DCP) unpickles its ``.metadata`` file with plain pickle and a
 state dict's non-tensor entries with an unrestricted ``torch.load``; ``dcp_load`` and
 ``dcp_metadata`` read them instead, the metadata checked by an unpickler that knows only DCP's own
@@ -12,6 +13,7 @@ reads every file through these.
 
 from __future__ import annotations
 
+import errno
 import io
 import pickle
 from pathlib import Path
@@ -37,6 +39,20 @@ def plain(source: Path | io.BytesIO, what: str, *, mmap: bool = False) -> Any:
             f"{what}: refused, not loaded: it holds objects other than tensors and plain values, "
             f"which no file this project writes does (unpickling them could run code): {_why(e)}"
         ) from None
+
+
+_DAMAGE_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EINVAL)
+
+
+def is_damage(e: BaseException) -> bool:
+    """Whether ``e``, raised reading a checkpoint's file, is what damage raises: the file missing
+    or not a file (``ENOENT``, ``ENOTDIR``, ``EISDIR``), or its bytes not a checkpoint's (truncated,
+    garbage: ``EOFError``, the unpickler's or the zip reader's errors, anything not an ``OSError``;
+    an ``OSError`` without an errno, or ``EINVAL``, torch's zip reader seeking past the end of a
+    truncated file). Any other ``OSError`` is a read the file system failed (an I/O error, a
+    permission refused, a stale NFS handle), no damage: it passes, the attempt fails and is
+    retried, and nothing is set aside."""
+    return not isinstance(e, OSError) or e.errno is None or e.errno in _DAMAGE_ERRNOS
 
 
 def _why(e: BaseException) -> str:
@@ -83,7 +99,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 def checked_metadata(path: Path) -> Any:
     """The DCP metadata in the file ``path``, unpickled knowing DCP's metadata classes only:
     ``CheckpointError`` when it names anything else, ``DamagedCheckpointError`` when it does not
-    read (missing, truncated, garbage)."""
+    read (missing, truncated, garbage); a read the file system fails passes (``is_damage``)."""
     try:
         with open(path, "rb") as f:
             return _MetadataUnpickler(f).load()
@@ -95,6 +111,8 @@ def checked_metadata(path: Path) -> Any:
             "could run code)"
         ) from None
     except Exception as e:  # noqa: BLE001 (damaged bytes raise anything from the unpickler)
+        if not is_damage(e):
+            raise
         raise DamagedCheckpointError(f"{path}: damaged checkpoint metadata ({e})") from None
 
 

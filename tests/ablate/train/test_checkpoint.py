@@ -5,8 +5,11 @@ and as a run finds it before training (``load_damage``), refusal of another conf
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -321,6 +324,41 @@ def test_a_damaged_checkpoint_is_found_as_the_run_finds_it(tmp_path):
     marker = tmp_path / "ran"
     torch.save({**load_file(sound), "x": Payload(marker)}, path)
     assert load_damage(tmp_path) is None and not marker.exists()
+
+
+def unreadable(path: Path, how: str) -> int:
+    """Make the file ``path`` fail to read as a file system fails a read, not as damage does, and
+    return the errno a read gets: ``eio``, a link to ``/proc/self/mem``, whose first page (address
+    0, never mapped) reads with EIO, as a failing disk or a lost NFS server does; ``eacces``, its
+    permissions taken away (which do not bind root: skipped there)."""
+    if how == "eacces":
+        if os.geteuid() == 0:
+            pytest.skip("root reads a file whatever its permissions")
+        path.chmod(0)
+        return errno.EACCES
+    if not Path("/proc/self/mem").exists():
+        pytest.skip("no /proc/self/mem here")
+    path.unlink()
+    path.symlink_to("/proc/self/mem")
+    return errno.EIO
+
+
+@pytest.mark.parametrize("how", ["eio", "eacces"])
+def test_a_checkpoint_the_file_system_fails_to_read_is_not_set_aside(tmp_path, how):
+    """A read that fails for the file system's reasons is no damage: the attempt fails on it (and
+    is retried, reading the file again), its checkpoint left where it is, not set aside."""
+    ck = tmp_path / "ck"
+    model, opt, sampler = _parts()
+    kw = dict(model=model, optimizer=opt, sampler=sampler)
+    save_checkpoint(ck, config_hash="abc", state=TrainState(step=3), **kw)
+    code = unreadable(ck / CHECKPOINT, how)
+    with pytest.raises(OSError) as e:
+        load_checkpoint(ck, config_hash="abc", set_aside_damaged=True, **kw)
+    assert e.value.errno == code
+    assert [p.name for p in tmp_path.iterdir()] == ["ck"]  # nothing set aside
+    assert load_damage(ck) is None  # as its worker logs it: the step the sidecar names
+    (ck / "checkpoint.json").unlink()
+    assert checkpoint_step(ck) is None  # what plan reads without a sidecar: none to resume
 
 
 def test_a_folder_moved_aside_twice_under_one_tag_keeps_both(tmp_path):

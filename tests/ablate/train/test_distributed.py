@@ -5,6 +5,7 @@ torch (``ranks.spawn``). The Ray Train path through ``ablate run`` is in test_di
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -228,6 +229,27 @@ def test_a_sharded_checkpoint_with_poisoned_metadata_is_refused_not_set_aside(
     with pytest.raises(CheckpointError, match=rf"\.metadata: refused, not loaded.*{hint}"):
         losses(cfg("ddp", steps=4, checkpoint_dir=ck))
     assert not marker.exists() and not list(tmp_path.glob("ck.*"))
+
+
+def test_a_sharded_checkpoint_the_file_system_fails_to_read_is_not_set_aside(
+    sharded_at_2, tmp_path
+):
+    """Its ``.metadata`` read with EIO (as a failing disk or a lost NFS server does: a link to
+    ``/proc/self/mem``, whose first page is never mapped): no damage, the attempt fails on it
+    (and is retried), the checkpoint left where it is."""
+    if not Path("/proc/self/mem").exists():
+        pytest.skip("no /proc/self/mem here")
+    src, _ = sharded_at_2
+    ck = tmp_path / "ck"
+    shutil.copytree(src, ck)
+    info = checkpoint_info(ck)
+    assert info is not None
+    (ck / info["path"] / ".metadata").unlink()
+    (ck / info["path"] / ".metadata").symlink_to("/proc/self/mem")
+    with pytest.raises(OSError) as e:
+        losses(cfg("ddp", steps=4, checkpoint_dir=ck))
+    assert e.value.errno == errno.EIO
+    assert not list(tmp_path.glob("ck.*")) and checkpoint_info(ck) == info
 
 
 # --- two processes -------------------------------------------------------------------------------------
