@@ -268,14 +268,29 @@ def set_aside(
     """Rename the folder of a damaged checkpoint (``why``) beside itself, to
     ``<name>.damaged-<time>`` (``move_aside``: never deleted, it, its sidecar and anything else
     there kept as they were), so that a run there trains from step 0; warn naming both. Returns
-    the new path. In a distributed run (``ranks``; collective) rank 0 renames it and warns while
-    the others wait, and they return None."""
-    if ranks is not None and ranks.distributed and not ranks.leader:
-        ranks.barrier()
-        return None
-    aside = move_aside(checkpoint_dir, f"damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-    if ranks is not None:
-        ranks.barrier()
+    the new path. In a distributed run (``ranks``; collective) rank 0 renames it and warns, and
+    tells the others whether it could (they return None): where its rename raises (EACCES, EBUSY)
+    it raises that and every other rank an ``OSError`` naming it, at once, none left waiting."""
+    tag = f"damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+    if ranks is None or not ranks.distributed:
+        aside = move_aside(checkpoint_dir, tag)
+    else:
+        import torch.distributed as dist
+
+        failed: Exception | None = None
+        outcome: list[str | None] = [None]
+        if ranks.leader:
+            try:
+                aside = move_aside(checkpoint_dir, tag)
+            except Exception as e:  # noqa: BLE001 (raised below, on every rank)
+                failed, outcome = e, [f"{type(e).__name__}: {e}"]
+        dist.broadcast_object_list(outcome, src=0)
+        if failed is not None:
+            raise failed
+        if outcome[0] is not None:
+            raise OSError(f"{checkpoint_dir}: rank 0 failed to set it aside ({outcome[0]})")
+        if not ranks.leader:
+            return None
     warnings.warn(
         f"ablate: {why}; set aside (kept) as {aside}, and this run trains from step 0",
         RuntimeWarning,

@@ -13,6 +13,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -311,6 +312,43 @@ def two_ranks(d: dict[str, Any]) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         ranks.spawn(_rank_main, args=(2, tmp, d), nprocs=2)
         return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def _set_aside_main(rank: int, tmp: str) -> None:
+    """Both ranks set aside a damaged checkpoint that rank 0 cannot rename (its folder is gone, as
+    one EACCES or EBUSY refuses), each recording what it raised and after how long. Rank 0 then
+    stays in the group until rank 1 has (a Ray worker's process outlives its error), so that a
+    rank left waiting would wait for the group's timeout."""
+    from datetime import timedelta
+
+    from ablate.errors import DamagedCheckpointError
+    from ablate.train.checkpoint import set_aside
+    from ablate.train.parallel import Ranks
+
+    store = dist.FileStore(os.path.join(tmp, "store"), 2)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=15)
+    )
+    t0, raised = time.monotonic(), None
+    try:
+        set_aside(Path(tmp, "gone"), DamagedCheckpointError("damaged"), Ranks("ddp", rank, 2))
+    except Exception as e:  # noqa: BLE001 (what each rank raised is the result)
+        raised = f"{type(e).__name__}: {e}"
+    result = {"raised": raised, "s": time.monotonic() - t0}
+    Path(tmp, f"rank{rank}.json").write_text(json.dumps(result))
+    deadline = time.monotonic() + 30
+    while rank == 0 and not Path(tmp, "rank1.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_rank_0_that_cannot_set_a_checkpoint_aside_fails_every_rank_at_once(tmp_path):
+    """Rank 0's rename raised; the other ranks learn it at once and raise too, naming it, instead
+    of waiting for rank 0 in a barrier until the process group times out."""
+    ranks.spawn(_set_aside_main, args=(str(tmp_path),), nprocs=2)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["raised"].startswith("FileNotFoundError") and r0["s"] < 5
+    assert r1["raised"].startswith(f"OSError: {tmp_path / 'gone'}: rank 0 failed to set it aside")
+    assert r1["raised"].endswith(f"({r0['raised']})") and r1["s"] < 5, r1
 
 
 def _importer(rank: int, out: str) -> None:
