@@ -67,9 +67,10 @@ def start_step(
     study: Study, p: PlannedCell, planned: dict[str, PlannedCell], m: Member | None
 ) -> int:
     """The step a cell to run starts from: its own checkpoint's; else a branch's point where its
-    trunk saves that checkpoint in this run, or where it exists already (unless the branch reruns
-    a stale result: such a checkpoint may be of the same older code); else 0 (and where its own
-    checkpoint is damaged: the run sets it aside and trains from step 0)."""
+    trunk saves that checkpoint in this run, or where it exists already, undamaged
+    (``Branches.ready``; unless the branch reruns a stale result: such a checkpoint may be of the
+    same older code); else 0 (and where its own checkpoint, or its branch checkpoint, is damaged:
+    the run sets it aside and trains from step 0)."""
     own = own_step(study, p)
     if own or p.damaged or m is None or m.point is None or m.trunk is None:
         return own  # a damaged checkpoint set aside: from step 0, not from the branch point
@@ -114,7 +115,10 @@ def notes(study: Study, planned: Iterable[PlannedCell]) -> dict[str, str]:
         if p is not None and p.action in TO_RUN and p.damaged:
             here += ": its own checkpoint damaged (set aside): from step 0"
         elif p is not None and p.action in TO_RUN and start_step(study, p, by_key, m) == 0:
-            here += ": no checkpoint there, and its trunk does not pass it now: from step 0"
+            if m.point is not None and not p.fresh and m.branches.damage(m.point):
+                here += ": its checkpoint there damaged (set aside): from step 0"
+            else:
+                here += ": no checkpoint there, and its trunk does not pass it now: from step 0"
         out[key] = here
     return out
 

@@ -7,8 +7,8 @@ family's longest run, its *trunk*, saves a *branch checkpoint* at the decay star
 member; a shorter member, a *branch*, starts from that checkpoint and trains only its decay. It
 ends bit-identical to the run trained to its budget from step 0 (tested), so it has that run's
 key; where its checkpoint does not exist (the trunk failed or diverged before it, or never ran),
-or is damaged (set aside beside itself: ``load_branch``), it trains from step 0: the same numbers,
-only slower.
+or is damaged (``Branches.ready``: as ``ablate plan`` finds it, and set aside beside itself by
+``load_branch``), it trains from step 0: the same numbers, only slower.
 
 Nothing before the decay reads ``steps``: the schedule holds ``lr`` there (``schedule``), the batch
 order is a permutation per epoch (``ablate.data.batches``), the random streams count calls
@@ -53,6 +53,7 @@ from ablate.train.checkpoint import (
     set_aside,
 )
 from ablate.train.config import RunConfig, device_kind
+from ablate.train.damage import checkpoint_damage
 from ablate.train.parallel import Ranks
 from ablate.train.phases import prefix, quantizes, timeline
 from ablate.train.state import TrainState
@@ -137,8 +138,21 @@ class Branches:
 
     def ready(self, step: int) -> bool:
         """Whether the branch checkpoint at ``step`` exists, of this family and that step (read from
-        its sidecar, whose ``checkpoint.pt`` must be there: ``checkpoint_step``; the checkpoint
-        itself is checked when it loads)."""
+        its sidecar, whose ``checkpoint.pt`` must be there: ``checkpoint_step``), and is not damaged
+        as the ends of its files show (``damage``): so ``ablate plan``, the worker (copying the
+        trunk's curve up to it) and the run agree where the branch starts. What only a load finds
+        the run finds (``load_branch``)."""
+        return self._named(step) and checkpoint_damage(self.dir(step)) is None
+
+    def damage(self, step: int) -> str | None:
+        """Why the branch checkpoint at ``step`` of this family and that step is damaged, from the
+        ends of its files (``damage.checkpoint_damage``, milliseconds), or None: not damaged so, or
+        none there. A damaged one is not ``ready``: the branch trains from step 0, and its run sets
+        the checkpoint aside (``load_branch``)."""
+        return checkpoint_damage(self.dir(step)) if self._named(step) else None
+
+    def _named(self, step: int) -> bool:
+        """Whether a sidecar at ``step`` names a checkpoint of this family and that step."""
         info = checkpoint_info(self.dir(step))
         return (
             info is not None
@@ -238,12 +252,17 @@ def load_branch(
 ) -> TrainState | None:
     """A branch: restore model, optimizer, data position and RNG states from its branch checkpoint
     and return its state at the branch point; None (nothing restored) when there is none, or when
-    it is damaged (``DamagedCheckpointError``: set aside beside itself, ``checkpoint.set_aside``;
-    a sharded one found so by rank 0 before any rank loads it). A file that is not the family's
-    checkpoint of that step is refused (``CheckpointError``). Sharded, and collective, when
-    ``ranks`` is a distributed run's."""
+    it is damaged (``DamagedCheckpointError``: set aside beside itself, ``checkpoint.set_aside``):
+    found so from the ends of its files (not ``ready``, ``Branches.damage``) or by its load (a
+    sharded one by rank 0 before any rank loads it). A file that is not the family's checkpoint of
+    that step is refused (``CheckpointError``). Sharded, and collective, when ``ranks`` is a
+    distributed run's."""
     step = branches.start
     if step is None:
+        at = branches.start_at
+        why = None if at is None else branches.damage(at)
+        if at is not None and why is not None:  # as a load would find it: kept, set aside
+            set_aside(branches.dir(at), DamagedCheckpointError(why), ranks)
         return None
     path = branches.dir(step)
     kw: dict[str, Any] = dict(model=model, optimizer=optimizer, sampler=sampler)

@@ -166,7 +166,7 @@ def test_a_branch_whose_trunk_does_not_pass_its_point_is_planned_from_step_0(tmp
     # with its checkpoint there it starts from it, whatever its trunk does
     where = branch_root(ladder.output_dir, family.key) / f"step-{point:09d}"
     where.mkdir(parents=True)
-    (where / CHECKPOINT).touch()  # the file the sidecar names (read when the branch loads it)
+    torch.save({}, where / CHECKPOINT)  # the file the sidecar names (its zip directory is read)
     (where / "checkpoint.json").write_text(
         json.dumps({"step": point, "status": None, "config_hash": family.key})
     )
@@ -195,6 +195,36 @@ def test_a_branch_whose_trunk_does_not_pass_its_point_is_planned_from_step_0(tmp
     assert branching.cost(ladder, [orphan, PlannedCell(trunk, "skip")]) == (8 - point, 8)
 
 
+def test_a_branch_whose_checkpoint_is_damaged_is_planned_from_step_0(tmp_path):
+    """Its ``checkpoint.pt`` truncated behind a sound sidecar: not ready, so ``plan``, the gate and
+    the worker (which copies the trunk's curve up to where the branch starts) count the branch
+    from step 0, as its run trains it (setting the checkpoint aside: test_branch.py)."""
+    ladder = study(tmp_path, "ladder", BUDGETS)
+    (family,) = families(ladder.cells)
+    (cell, point), trunk = family.branches[0], family.trunk
+    b = branching.members(ladder)[cell.key].branches
+    b.dir(point).mkdir(parents=True)
+    torch.save({"x": torch.zeros(256)}, b.dir(point) / CHECKPOINT)
+    (b.dir(point) / "checkpoint.json").write_text(
+        json.dumps({"step": point, "status": None, "config_hash": family.key})
+    )
+    branch, done = PlannedCell(cell, "run"), PlannedCell(trunk, "skip")
+    planned = {cell.key: branch, trunk.key: done}
+    assert (
+        branching.start_step(ladder, branch, planned, branching.members(ladder)[cell.key]) == point
+    )
+    raw = (b.dir(point) / CHECKPOINT).read_bytes()
+    (b.dir(point) / CHECKPOINT).write_bytes(raw[: len(raw) // 2])
+    assert not b.ready(point) and b.start is None and b.damage(point)
+    assert branching.start_step(ladder, branch, planned, branching.members(ladder)[cell.key]) == 0
+    assert branching.cost(ladder, [branch, done]) == (8, 8)
+    note = branching.notes(ladder, [branch, done])[cell.key]
+    assert note.endswith(": its checkpoint there damaged (set aside): from step 0"), note
+    gate = branching.BranchGate()
+    gate.hold(Task(cell.key, cell.label, {}, "", "", ""), b, trunk.key)
+    assert gate.release({}) == []  # held while its trunk runs: it would save a sound one
+
+
 def test_only_cells_that_differ_in_their_wsd_budget_alone_are_a_family(tmp_path):
     two = parse_study(
         raw("two", BUDGETS) | {"grid": {"train.steps": BUDGETS, "seed": [0, 1]}},
@@ -218,7 +248,7 @@ def test_the_gate_holds_a_branch_until_its_trunk_saved_its_checkpoint_or_ended(t
     gate.hold(task, b, trunk.key)
     assert gate.release({}) == [] and len(gate) == 1  # the trunk runs, short of the point
     b.dir(point).mkdir(parents=True)
-    (b.dir(point) / CHECKPOINT).touch()  # the file the sidecar names, written before it
+    torch.save({}, b.dir(point) / CHECKPOINT)  # the file the sidecar names, written before it
     (b.dir(point) / "checkpoint.json").write_text(
         json.dumps({"step": point, "status": None, "config_hash": "another family"})
     )

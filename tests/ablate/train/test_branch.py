@@ -1,15 +1,15 @@
 """Decay branches in the trainer (``ablate.train.branch``): a wsd trunk saves the branch checkpoints
 of its family's shorter budgets, a branch starts from its own and ends bit-identical to the run
 trained to its budget from step 0, random streams included; without its checkpoint it trains from
-step 0 with the same numbers; one whose checkpoint is damaged sets it aside (kept) and trains from
-step 0; a checkpoint that is not its family's, or that would run code, is refused. (That the trunk
+step 0 with the same numbers; one whose checkpoint is damaged is not ready (as ``ablate plan``
+finds it), sets it aside (kept) and trains from step 0; a checkpoint that is not its family's, or that would run code, is refused. (That the trunk
 trains as a run without branch saves: ``tests/ablate/driver/test_branches.py``.)"""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
-import pickle
 from pathlib import Path
 
 import pytest
@@ -113,16 +113,28 @@ def _branch_checkpoint(tmp_path: Path, content: bytes) -> tuple[Branches, Path]:
         json.dumps({"step": 6, "status": None, "config_hash": family})
     )
     (step_dir / CHECKPOINT).write_bytes(content)
-    branches = Branches(root=str(tmp_path), family=family, start_at=6)
-    assert branches.ready(6)
-    return branches, step_dir
+    return Branches(root=str(tmp_path), family=family, start_at=6), step_dir
 
 
-@pytest.mark.parametrize("content", [b"\x80\x02not a checkpoint", b"PK\x03\x04" + bytes(5000)])
+def _truncated() -> bytes:
+    """A ``torch.save`` file cut in half (as a full disk leaves one): no zip directory."""
+    buf = io.BytesIO()
+    torch.save({"model": {"w": torch.zeros(256)}, "state": {"step": 6}}, buf)
+    return buf.getvalue()[: len(buf.getvalue()) // 2]
+
+
+@pytest.mark.parametrize(
+    "content", [b"\x80\x02not a checkpoint", b"PK\x03\x04" + bytes(5000), _truncated()]
+)
 def test_a_damaged_branch_checkpoint_is_set_aside_and_the_branch_trains_from_step_0(
     tmp_path, content
 ):
     branches, step_dir = _branch_checkpoint(tmp_path, content)
+    # not ready (as `ablate plan` and the worker find it from its zip directory): from step 0
+    assert not branches.ready(6) and branches.start is None
+    assert branches.damage(6) == f"{step_dir / CHECKPOINT}: damaged or not a checkpoint file " + (
+        "(BadZipFile: File is not a zip file)"
+    )
     log = MemoryLogger()
     with pytest.warns(RuntimeWarning, match=rf"{step_dir}/{CHECKPOINT}: damaged.*step 0"):
         res = train(cfg(8), log, branches=branches)
@@ -133,8 +145,10 @@ def test_a_damaged_branch_checkpoint_is_set_aside_and_the_branch_trains_from_ste
 
 def test_a_poisoned_branch_checkpoint_is_refused_naming_it(tmp_path):
     marker = tmp_path / "ran"
-    poison = pickle.dumps({"model": Payload(marker)}, protocol=2)
-    branches, step_dir = _branch_checkpoint(tmp_path, poison)
+    buf = io.BytesIO()
+    torch.save({"model": Payload(marker)}, buf)  # torch's format: ready (its zip directory whole)
+    branches, step_dir = _branch_checkpoint(tmp_path, buf.getvalue())
+    assert branches.ready(6)
     with pytest.raises(CheckpointError, match=rf"{step_dir}/{CHECKPOINT}: refused, not loaded"):
         train(cfg(8), branches=branches)
     assert not marker.exists() and (step_dir / CHECKPOINT).exists()
