@@ -6,15 +6,13 @@ template), else ``~/.cache/ablate``; an empty value counts as unset (as an empty
 ``ABLATE_DATA_CACHE`` does), never as the current folder. Every reader of the variable reads it
 here: ``backends`` (which imports nothing of ``ablate``) and ``ablate`` alike.
 
-The switches whose values form a closed set:
-
-``choice`` reads one: unset (or empty) gives the reader's default, a value the reader allows gives
-itself, any other raises ``ValueError`` naming the variable and what it allows. ``flag`` reads an
-on/off switch: ``1``, ``true``, ``yes``, ``on`` (``ON``) and ``0``, ``false``, ``no``, ``off``
-(``OFF``), in any case; any other value is refused, so that ``false`` never means on. ``truthy``
-reads a variable another tool owns (``HF_HUB_OFFLINE``) as that tool does: one of ``ON`` is on,
-anything else off. Each reader keeps
-its variable's name and values beside the code it steers and exposes a ``check_env`` that reads it
+The switches, whose values form a closed set: ``choice`` reads one: unset (or empty) gives the
+reader's default, a value the reader allows gives itself, any other raises ``ValueError`` naming the
+variable and what it allows. ``flag`` reads an on/off switch: ``1``, ``true``, ``yes``, ``on``
+(``ON``) and ``0``, ``false``, ``no``, ``off`` (``OFF``), in any case; any other value is refused,
+so that ``false`` never means on. ``truthy`` reads a variable another tool owns (``HF_HUB_OFFLINE``)
+as that tool does: one of ``ON`` is on, anything else off. Each reader keeps its variable's name and
+values beside the code it steers and exposes a ``check_env`` that reads it
 (``backends.gemm.emulated``: ``ABLATE_EMULATED_GEMM``; ``backends.quant.torch_path``:
 ``ABLATE_COMPILE``, and ``ABLATE_COMPILE_BACKEND``, read by ``text`` and checked against torch's
 compile backends; ``backends.quant.ops``: ``ABLATE_QUANT_OPS``; ``backends.quant.ckernel``:
