@@ -72,6 +72,8 @@ def export(
         raise SpecProblem(str(e)) from None
     except AblateError as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:  # a read or write the file system failed (an I/O error, a full disk)
+        raise click.ClickException(f"{label}: not exported: {e}") from None
     meta = json.loads((out / METADATA).read_text())
     click.echo(
         f"{meta['cell']} at step {meta['step']} ({meta['status']}) written to "

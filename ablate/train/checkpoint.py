@@ -71,6 +71,8 @@ def load_file(path: Path, *, keys: tuple[str, ...] = (), mmap: bool = False) -> 
         raise
     except Exception as e:  # noqa: BLE001 (damaged bytes raise anything from the unpickler)
         if not is_damage(e):
+            if isinstance(e, OSError) and e.filename is None:  # name the file (a read's error)
+                raise OSError(e.errno, e.strerror, str(path)) from e
             raise
         raise DamagedCheckpointError(
             f"{path}: damaged or not a checkpoint file ({type(e).__name__}: {e})"

@@ -25,6 +25,7 @@ from ablate.model import build_model
 from ablate.study import load_study
 from ablate.tracking import read_histories, study_status
 from ablate.train import RunConfig, train
+from ablate.train.checkpoint import CHECKPOINT
 from ablate.train.parallel import process_group
 
 transformers = pytest.importorskip("transformers")
@@ -170,6 +171,27 @@ def test_export_refuses_an_unknown_cell_a_cell_without_checkpoint_and_a_folder_i
     res = CliRunner().invoke(main, [*args, "--force"])
     assert res.exit_code == 0, res.output
     assert (used / "notes.txt").read_text() == "mine" and (used / "config.json").is_file()
+
+
+def test_a_checkpoint_the_file_system_cannot_read_fails_the_export_in_one_line(study, tmp_path):
+    # an I/O error (here: reading /proc/self/mem at offset 0) is no refusal of the input (exit 2)
+    # nor damage: exit 1, the file named, no traceback, nothing written
+    p, out, _ = study
+    s = load_study(p, output=out)
+    ckpt = s.checkpoint_dir(s.cells[1]) / CHECKPOINT
+    kept = tmp_path / "kept.pt"
+    ckpt.rename(kept)
+    try:
+        ckpt.symlink_to("/proc/self/mem")
+        args = ["export", str(p), "--output", str(out), "--cell", s.cells[1].label]
+        res = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "x")])
+    finally:
+        ckpt.unlink()
+        kept.rename(ckpt)
+    assert res.exit_code == 1, res.output
+    assert isinstance(res.exception, SystemExit), res.exception
+    assert f"not exported: [Errno 5] Input/output error: '{ckpt}'" in res.output, res.output
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.slow
