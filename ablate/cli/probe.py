@@ -98,7 +98,7 @@ def probe(
     for cell, paths in plan:
         try:
             results = probe_checkpoints(cell.config, paths, cfg, device=device)
-        except ValueError as e:
+        except (ValueError, OSError) as e:  # OSError: a read the file system failed (I/O error)
             raise click.ClickException(f"{cell.label}: {e}") from None
         for step, metrics in results:
             rows.extend((cell.key, cell.label, step, k, v) for k, v in sorted(metrics.items()))

@@ -110,6 +110,13 @@ def test_a_probed_study_logs_probes_reports_them_and_probes_its_checkpoints(tmp_
     torch.save(obj, other)
     res = CliRunner().invoke(main, ["probe", str(p), "-o", str(out), "--checkpoint", str(other)])
     assert res.exit_code == 2 and "written by no cell of study probetest" in res.output
+    # a checkpoint the file system cannot read (an I/O error: /proc/self/mem at offset 0) is no
+    # refusal (exit 2) but a failure: exit 1 in one line naming the file, not a traceback
+    (ck / "checkpoint.pt").rename(tmp_path / "kept.pt")
+    (ck / "checkpoint.pt").symlink_to("/proc/self/mem")
+    res = CliRunner().invoke(main, ["probe", str(p), "-o", str(out), "--cell", key])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert f"Input/output error: '{ck / 'checkpoint.pt'}'" in res.output, res.output
 
 
 def test_probe_log_adds_probes_to_a_study_that_trained_without_them(tmp_path, monkeypatch):
