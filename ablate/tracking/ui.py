@@ -8,7 +8,8 @@ once the server answers. A server store (``http://...``) is already served: only
 The address to listen on is checked before anything starts (``check_host``), where the server will
 listen (``listen_addresses``: uvicorn's IPv4 unless the host has a ':', or every address with one
 worker): an empty one, or one this machine cannot resolve or listen on, is refused as such, not
-taken for a port in use.
+taken for a port in use. The port is checked by a bind with the server's own socket options
+(``_set_as_server``), so a port in TIME_WAIT is free as it is to the server.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def check_host(host: str, workers: int = 1) -> None:
             "listen on it"
         )
 
-    _bind_each(addresses, 0, refuse)
+    _bind_each(addresses, 0, refuse, workers)
 
 
 def listen_addresses(host: str, workers: int = 1) -> list[tuple[int, tuple[Any, ...]]]:
@@ -135,10 +136,12 @@ def _bind_each(
     addresses: Sequence[tuple[int, tuple[Any, ...]]],
     port: int,
     refuse: Callable[[OSError], TrackingError],
+    workers: int = 1,
 ) -> None:
-    """Bind a socket to ``port`` at each address in turn (and close it); ``refuse(error)`` for the
-    first that cannot be bound, or when no socket of any of their families can be made. As the
-    server does, an address whose family this kernel lacks is passed over while another is left."""
+    """Bind a socket to ``port`` at each address in turn (and close it), with the options the
+    server sets (``_set_as_server``); ``refuse(error)`` for the first that cannot be bound, or when
+    no socket of any of their families can be made. As the server does, an address whose family
+    this kernel lacks is passed over while another is left."""
     lacking: OSError | None = None
     bound = False
     for family, addr in addresses:
@@ -149,12 +152,24 @@ def _bind_each(
             continue
         with s:
             try:
+                _set_as_server(s, workers)
                 s.bind((addr[0], port, *addr[2:]))
             except OSError as e:
                 raise refuse(e) from None
         bound = True
     if not bound:
         raise refuse(lacking or OSError("no address to listen on"))
+
+
+def _set_as_server(s: socket.socket, workers: int) -> None:
+    """The options the server sets on its socket before the bind: SO_REUSEADDR (with one worker
+    asyncio's ``create_server``, with several uvicorn's ``bind_socket``: a port left in TIME_WAIT
+    by a server that stopped binds again) and, with one worker, IPV6_V6ONLY on IPv6 (asyncio's:
+    ``::`` then listens on IPv6 only, whatever holds the port on IPv4; uvicorn's one socket keeps
+    the kernel's default, dual stack on Linux)."""
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if workers == 1 and s.family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
 
 
 def _check_port(host: str, port: int, workers: int = 1) -> None:
@@ -170,7 +185,7 @@ def _check_port(host: str, port: int, workers: int = 1) -> None:
             f"port {port} on {host} cannot be listened on ({e.strerror or e}); pass --port"
         )
 
-    _bind_each(listen_addresses(host, workers), port, refuse)
+    _bind_each(listen_addresses(host, workers), port, refuse, workers)
 
 
 def local_url(host: str, port: int) -> str:

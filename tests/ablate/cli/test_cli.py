@@ -446,6 +446,48 @@ def test_ui_checks_where_the_server_listens_not_getaddrinfos_first_answer(tmp_pa
     assert local_url("localhost", 5000) == "http://localhost:5000"
 
 
+def test_ui_checks_the_port_with_the_servers_socket_options():
+    """The check bound a plain socket: a port left in TIME_WAIT by a server that just stopped read
+    as in use, though the server (SO_REUSEADDR) binds it; and `--host ::` with one worker was
+    refused for a port taken on IPv4 only, though asyncio binds `::` IPv6-only."""
+    import errno
+    import socket
+
+    from ablate.errors import TrackingError
+    from ablate.tracking.ui import _check_port
+
+    def listener(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+        s = socket.socket()  # as a server sets it up
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        s.listen()
+        return s
+
+    with listener() as server:  # a connection the server closes first: its end in TIME_WAIT
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            conn, _ = server.accept()
+            conn.close()
+            assert client.recv(1) == b""
+    with pytest.raises(OSError) as plain, socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # the old check's bind
+    assert plain.value.errno == errno.EADDRINUSE
+    for workers in (1, 2):
+        _check_port("127.0.0.1", port, workers=workers)
+    with listener(port=port):  # really in use: still refused
+        for workers in (1, 2):
+            with pytest.raises(TrackingError, match=f"port {port} on 127.0.0.1 is in use"):
+                _check_port("127.0.0.1", port, workers=workers)
+        try:
+            socket.socket(socket.AF_INET6).close()
+        except OSError:
+            return  # no IPv6 here
+        _check_port("::", port, workers=1)  # asyncio's `::`: IPv6 only
+        if Path("/proc/sys/net/ipv6/bindv6only").read_text().strip() == "0":
+            with pytest.raises(TrackingError, match="is in use"):  # uvicorn's: dual stack
+                _check_port("::", port, workers=2)
+
+
 def test_report_without_a_store_or_runs_says_so_and_fails(tmp_path):
     p = _write(tmp_path, STUDY)
     res = CliRunner().invoke(main, ["report", str(p), "--runs", str(tmp_path / "out")])
