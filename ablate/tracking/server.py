@@ -12,6 +12,7 @@ experiment says (created before the server starts: the output folder), or into
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import shutil
 import signal
@@ -35,6 +36,19 @@ def answers(url: str) -> bool:
         return False
 
 
+def local_url(host: str, port: int) -> str:
+    """The URL of a server listening at ``host:port`` (``ablate ui``'s, a ``TrackingServer``), from
+    this machine: an address for every interface by its loopback (``::`` by ::1: one worker listens
+    on IPv6 only there), an IPv6 address in brackets (``http://[::1]:5000``)."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:  # a name
+        ip = None
+    if ip is not None and ip.is_unspecified:
+        host = "::1" if ip.version == 6 else "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def server_command(
     store: str, host: str, port: int, *, workers: int = 1, extra: Sequence[str] = ()
 ) -> tuple[list[str], dict[str, str]]:
@@ -54,7 +68,7 @@ class TrackingServer:
     """``mlflow server`` on ``store`` at ``host:port``, started in a session of its own (so that a
     signal to the driver's process group does not reach it); ``wrap`` goes before its command (a
     supervisor: ``ablate.slurm.supervise``) and ``preexec`` runs in its process before it
-    starts."""
+    starts. ``url`` is where it answers (``local_url``: an IPv6 address in brackets)."""
 
     def __init__(
         self,
@@ -68,18 +82,25 @@ class TrackingServer:
         wrap: list[str] | None = None,
     ) -> None:
         self.store, self.host, self.port = store, host, port
-        self.url = f"http://{host}:{port}"
+        self.url = local_url(host, port)
         self.artifacts_destination, self.log = artifacts_destination, log
         self.preexec, self.wrap = preexec, wrap or []
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        """The command line (``wrap`` first) and environment that ``start`` runs; the server allows
+        the Host header a client of ``url`` sends (``10.0.0.1:5000``, ``[fd00::1]:5000``) and the
+        host alone."""
+        netloc = self.url.removeprefix("http://")
         extra = [
             "--artifacts-destination", str(self.artifacts_destination),
-            "--allowed-hosts", f"{self.host}:{self.port},{self.host}",
+            "--allowed-hosts", f"{netloc},{netloc.rpartition(':')[0]}",
         ]  # fmt: skip
         cmd, env = server_command(self.store, self.host, self.port, extra=extra)
-        cmd = [*self.wrap, *cmd]
+        return [*self.wrap, *cmd], env
+
+    def start(self) -> None:
+        cmd, env = self.command()
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self._proc = subprocess.Popen(

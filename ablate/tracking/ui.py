@@ -15,7 +15,6 @@ taken for a port in use. The port is checked by a bind with the server's own soc
 from __future__ import annotations
 
 import errno
-import ipaddress
 import json
 import os
 import signal
@@ -30,7 +29,7 @@ from typing import Any
 from ablate.errors import TrackingError
 from ablate.tracking import vocab
 from ablate.tracking.runs import repair_artifacts
-from ablate.tracking.server import answers, server_command
+from ablate.tracking.server import answers, local_url, server_command
 from ablate.tracking.store import Client, check_sqlite_file, check_store, sqlite_path
 
 
@@ -186,18 +185,6 @@ def _check_port(host: str, port: int, workers: int = 1) -> None:
         )
 
     _bind_each(listen_addresses(host, workers), port, refuse, workers)
-
-
-def local_url(host: str, port: int) -> str:
-    """The server's URL from this machine: an address for every interface by its loopback (``::``
-    by ::1: one worker listens on IPv6 only there), an IPv6 address in brackets."""
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:  # a name
-        ip = None
-    if ip is not None and ip.is_unspecified:
-        host = "::1" if ip.version == 6 else "127.0.0.1"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def descendants(pid: int) -> list[tuple[int, str]]:

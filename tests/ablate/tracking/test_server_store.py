@@ -129,3 +129,26 @@ def test_the_driver_lock_works_through_the_server(server):
     assert tracker.drivers("run") == []
     tags = MlflowClient(tracking_uri=uri).get_experiment(tracker.experiment_id).tags
     assert not [k for k in tags if k.startswith("ablate.driver.")]  # deleted through the server
+
+
+def test_a_tracking_server_on_an_ipv6_address_is_reached_in_brackets(tmp_path):
+    """Its URL was http://::1:5000 (which urllib and MLflow's client cannot parse), and it allowed
+    the Host header ::1:5000, which no client sends. Nothing is started here."""
+    import urllib.parse
+
+    from ablate.tracking.server import TrackingServer
+
+    for host, netloc in [
+        ("::1", "[::1]:5000"),
+        ("fd00::7", "[fd00::7]:5000"),
+        ("10.0.0.1", "10.0.0.1:5000"),
+        ("node-1", "node-1:5000"),
+    ]:
+        server = TrackingServer(
+            "sqlite:///x.db", host=host, port=5000, artifacts_destination=tmp_path, log=tmp_path
+        )
+        assert server.url == f"http://{netloc}" and urllib.parse.urlsplit(server.url).port == 5000
+        cmd, _ = server.command()
+        assert cmd[cmd.index("--host") + 1] == host  # listens at the address as given
+        allowed = cmd[cmd.index("--allowed-hosts") + 1].split(",")
+        assert netloc in allowed, allowed  # the Host a client of url sends (MLflow: equal to one)
