@@ -13,6 +13,7 @@ import click
 
 from ablate.cli.common import (
     FiniteRange,
+    SpecProblem,
     address_opt,
     executor_opt,
     load,
@@ -398,9 +399,7 @@ def ui(
         tracking_uri = study.tracking_uri
         db = tracking_uri.removeprefix("sqlite:///")
         if tracking_uri.startswith("sqlite:///") and not Path(db).exists():
-            raise click.ClickException(
-                f"{db}: no MLflow store yet; run `ablate run {study_file}` first"
-            )
+            raise SpecProblem(f"{db}: no MLflow store yet; run `ablate run {study_file}` first")
     else:
         try:  # before MLflow is asked (its client retries 2 min) or starts a server on it
             check_browsable(tracking_uri)

@@ -322,9 +322,13 @@ def test_every_command_has_help_with_an_example():
 
 
 def test_ui_refuses_a_study_that_has_no_store(tmp_path):
+    """A refusal of what the user named, before anything starts: exit 2, as a missing
+    --tracking-uri store is (it was 1)."""
     p = _write(tmp_path, STUDY)
     res = CliRunner().invoke(main, ["ui", str(p), "-o", str(tmp_path / "out")])
-    assert res.exit_code == 1 and "no MLflow store yet" in res.output
+    db = tmp_path / "out" / "mlflow.db"
+    assert res.exit_code == 2 and f"{db}: no MLflow store yet; run `ablate run" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
 def test_ui_refuses_a_tracking_uri_it_cannot_show_at_once_and_writes_nothing(tmp_path, monkeypatch):
