@@ -99,6 +99,18 @@ def executor_opt(each: str) -> Callable[[F], F]:
     )
 
 
+def environment_or_exit() -> None:
+    """``preflight.check_environment`` (the ``ABLATE_*`` switches hold values they allow), its
+    refusal as exit 2: first thing in a command that reads them outside ``preflight`` (``probe``,
+    ``native-check``)."""
+    from ablate.driver.preflight import check_environment
+
+    try:
+        check_environment()
+    except AblateError as e:
+        raise refuse(e) from None
+
+
 def preflight_or_exit(study: Study, address: str | None, *, memory: bool = True) -> None:
     """``preflight.preflight`` (what ``run`` checks before it starts), its refusal as exit 2; then the
     target-headroom warning (``planning.target_headroom``) on stderr."""

@@ -25,18 +25,13 @@ def native_check(device: str, formats: tuple[str, ...], no_cache: bool, as_json:
     (zero blocks, the smallest scales, saturation, a NaN, ragged shapes), compared element by
     element within the FP32 accumulation order's bound. Exits 1 when one differs; 2, before any
     check, for a --format the device has no native GEMM for (nothing to hold to the emulation)."""
-    from ablate.cli.common import refuse
-    from ablate.driver.preflight import check_environment
-    from ablate.errors import AblateError
+    from ablate.cli.common import environment_or_exit
     from ablate.train.device import resolve_device
     from backends.gemm import supported_formats
     from backends.gemm.selfcheck import check_device, not_native, versions
     from backends.quant import FORMATS
 
-    try:
-        check_environment()  # the switches the check reads (ABLATE_NATIVE_CHECK, ...)
-    except AblateError as e:
-        raise refuse(e) from None
+    environment_or_exit()  # the switches the check reads (ABLATE_NATIVE_CHECK, ...)
     try:
         dev = resolve_device(device)
     except ValueError as e:

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import click
 
-from ablate.cli.common import load, max_cells_opt, output_opt, study_arg, tracking_uri_opt
+from ablate.cli.common import (
+    environment_or_exit,
+    load,
+    max_cells_opt,
+    output_opt,
+    study_arg,
+    tracking_uri_opt,
+)
 from ablate.errors import AblateError, CheckpointError
 from ablate.study import Cell, Study
 from backends.recipes import GEMMS
@@ -78,6 +85,7 @@ def probe(
     from ablate.train.device import resolve_device
     from ablate.train.probe import probe_checkpoints
 
+    environment_or_exit()  # the switches the probes' GEMMs read, before any work
     try:
         resolve_device(device)
     except ValueError as e:

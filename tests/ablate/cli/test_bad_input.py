@@ -164,7 +164,7 @@ def test_a_switch_set_to_a_value_it_does_not_allow_is_refused_before_anything_st
     out = tmp_path / "out"
     monkeypatch.setenv(name, "garbage")
     said = f"environment variable {name}: unknown 'garbage'; allowed: {SWITCHES[name]}"
-    for cmd, study in [("validate", p), ("plan", p), ("run", p), ("validate", gpus)]:
+    for cmd, study in [("validate", p), ("plan", p), ("run", p), ("validate", gpus), ("probe", p)]:
         local = ["--executor", "local", "--quiet"] if cmd == "run" else []
         res = CliRunner().invoke(main, [cmd, str(study), "-o", str(out), *local])
         assert res.exit_code == 2, (cmd, res.output, res.exception)
