@@ -4,7 +4,7 @@ In order, the first two refusing (``SlurmError``, exit status 2) before anything
 
 1. the allocation (``allocation.read_allocation``) must fit the study: a cell's ``resources.cpus``
    and ``resources.gpus`` on some node (its workers on the nodes together), and the study's own
-   checks (``driver.preflight``: GPUs, devices, memory, the hub);
+   checks (``driver.preflight``: the ``ABLATE_*`` switches, GPUs, devices, memory, the hub);
 2. the job's ports must be free on this node (another job's Ray or MLflow would collide), and the
    study's SQLite store must not be in use by another job (``StoreLock``);
 3. the study planned against its store: with nothing left to run it starts nothing (the report);
@@ -47,11 +47,13 @@ START_TIMEOUT_S = 180.0
 
 
 def check_study(study: Study, alloc: Allocation) -> None:
-    """``driver.preflight``'s checks that do not need the cluster: the store can be created, cells
+    """``driver.preflight``'s checks that do not need the cluster: the ``ABLATE_*`` switches hold
+    values they allow (as ``ablate run`` checks them first), the store can be created, cells
     that need a GPU get one, ``cuda:N`` exists in a task, this node's device runs every recipe and
     has the memory a cell needs (the allocation's nodes are taken to be alike), the hub."""
     from ablate.driver.preflight import (
         check_devices,
+        check_environment,
         check_gpus,
         check_hub,
         check_memory,
@@ -60,6 +62,7 @@ def check_study(study: Study, alloc: Allocation) -> None:
     from ablate.errors import TrackingError
     from ablate.tracking import check_store
 
+    check_environment()
     try:
         check_store(study.tracking_uri)
     except TrackingError as e:

@@ -1,7 +1,7 @@
 """``ablate slurm``: its help, the batch script ``submit`` writes (``--dry-run``), and every refusal
 that needs no cluster: outside an allocation, a node list that does not parse, a cell larger than
-a node, a port of the job's that another process holds, a bad ``--time``; each exits 2 in
-seconds, naming what is wrong, before anything starts (nothing written)."""
+a node, a bad ``ABLATE_*`` switch, a port of the job's that another process holds, a bad ``--time``;
+each exits 2 in seconds, naming what is wrong, before anything starts (nothing written)."""
 
 from __future__ import annotations
 
@@ -149,6 +149,19 @@ def test_run_refuses_a_cell_larger_than_the_nodes(tmp_path, monkeypatch):
     assert res.exit_code == 2, res.output
     assert "resources: a cell asks for 3 CPU(s) and 0 GPU(s) per worker" in res.output
     assert "job 31337's nodes hold n1: 2 CPUs, n2: 2 CPUs" in res.output
+    assert not out.exists()
+
+
+def test_run_refuses_a_bad_switch_before_anything_starts(study, tmp_path, monkeypatch):
+    """The ABLATE_* switches were checked only by the study's run, once the job's Ray was up."""
+    _clean_env(monkeypatch)
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("ABLATE_COMPILE", "maybe")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["slurm", "run", str(study), "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "environment variable ABLATE_COMPILE: unknown 'maybe'" in res.output, res.output
     assert not out.exists()
 
 
