@@ -25,8 +25,9 @@ operand:
 A pass is cached (``native_check.json`` in ``ABLATE_CACHE_DIR``, default ``~/.cache/ablate``) per
 device, torch, CUDA/ROCm, this check's and the native backend's code, and the GEMMs checked: it
 costs its seconds once per machine. The cache is untrusted: an entry is read only as the pass it
-records, anything else in the file is ignored, and a damaged file is rewritten. ``ABLATE_NATIVE_CHECK=0``
-skips the check (a run then records ``skipped``). ``ablate native-check`` runs it for every format a
+records, anything else in the file is ignored, and a damaged file is rewritten. ``ABLATE_NATIVE_CHECK``
+off (``0``, ``false``, ``no``, ``off``) skips the check: a run then records ``skipped:
+ABLATE_NATIVE_CHECK=`` and the value as set. ``ablate native-check`` runs it for every format a
 device has, and ``make gpu-check`` as a stage.
 """
 
@@ -45,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from backends.env import cache_dir, flag
+from backends.env import cache_dir, flag, text
 from backends.gemm.base import GemmKeys, UnsupportedFormatError
 from backends.gemm.capabilities import device_arch, device_name, supported_formats
 from backends.gemm.emulated import EmulatedBackend
@@ -278,8 +279,8 @@ def self_check(
     todo = cases(recipe)
     if not todo:
         return "nothing to check: no GEMM is quantized"
-    if not flag("ABLATE_NATIVE_CHECK", True):
-        return "skipped: ABLATE_NATIVE_CHECK=0"
+    if not flag("ABLATE_NATIVE_CHECK", True):  # the value as set: 0, false, no or off, any case
+        return f"skipped: ABLATE_NATIVE_CHECK={text('ABLATE_NATIVE_CHECK', '')}"
     names = ", ".join(c.name for c in todo)
     key = cache_key(device, todo)
     with _lock:

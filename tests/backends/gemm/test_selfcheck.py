@@ -48,6 +48,14 @@ def test_the_cpus_fp8_gemm_passes_and_the_pass_is_cached():
     assert self_check(FP8, "cpu").startswith("passed (cached 20")
 
 
+@pytest.mark.parametrize("value", ["0", "false", "OFF", "no"])
+def test_a_skipped_check_records_the_value_that_turned_it_off(monkeypatch, value):
+    """It said ABLATE_NATIVE_CHECK=0 whatever the off value set."""
+    monkeypatch.setenv("ABLATE_NATIVE_CHECK", value)
+    assert self_check(FP8, "cpu") == f"skipped: ABLATE_NATIVE_CHECK={value}"
+    assert not selfcheck.cache_path().exists()  # nothing checked, nothing cached
+
+
 ROCM_714 = native.layout_for("gfx950", hip=(7, 14))  # MX scales in hipBLASLt's 32x8 tiles
 
 
