@@ -40,6 +40,11 @@ class DamagedStoreError(TrackingError):
     malformed): refused before anything reads or writes it, by every command alike."""
 
 
+class MissingStoreError(TrackingError):
+    """A SQLite store that a reading command needs and that is not there (or is an empty file):
+    refused before anything starts, never made."""
+
+
 class RunnerError(AblateError, RuntimeError):
     """The study cannot be run as asked (another driver holds it, the cluster is unreachable...)."""
 

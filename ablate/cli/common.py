@@ -9,7 +9,13 @@ from typing import Any, TypeVar
 
 import click
 
-from ablate.errors import AblateError, CannotRunError, DamagedStoreError, StudyError
+from ablate.errors import (
+    AblateError,
+    CannotRunError,
+    DamagedStoreError,
+    MissingStoreError,
+    StudyError,
+)
 from ablate.study import Study, load_study
 from ablate.study.expand import MAX_CELLS
 
@@ -35,7 +41,7 @@ class SpecProblem(click.ClickException):
 
 def refuse(e: AblateError) -> click.ClickException:
     """The CLI's form of a library error: a refusal before anything started exits 2, the rest 1."""
-    if isinstance(e, StudyError | CannotRunError | DamagedStoreError):
+    if isinstance(e, StudyError | CannotRunError | DamagedStoreError | MissingStoreError):
         return SpecProblem(str(e))
     return click.ClickException(str(e))
 

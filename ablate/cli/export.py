@@ -7,7 +7,7 @@ import json
 
 import click
 
-from ablate.cli.common import SpecProblem, load, study_arg, tracking_uri_opt
+from ablate.cli.common import SpecProblem, load, refuse, study_arg, tracking_uri_opt
 from ablate.errors import AblateError, CheckpointError, ExportError
 
 
@@ -71,7 +71,7 @@ def export(
         # refused, or failed before the export was in place: nothing written (exit 2)
         raise SpecProblem(str(e)) from None
     except AblateError as e:
-        raise click.ClickException(str(e)) from None
+        raise refuse(e) from None
     except OSError as e:  # a read or write the file system failed (an I/O error, a full disk)
         raise click.ClickException(f"{label}: not exported: {e}") from None
     meta = json.loads((out / METADATA).read_text())

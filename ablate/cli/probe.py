@@ -16,6 +16,7 @@ from ablate.cli.common import (
     load,
     max_cells_opt,
     output_opt,
+    refuse,
     study_arg,
     tracking_uri_opt,
 )
@@ -207,7 +208,7 @@ def _run_ids(study: Study) -> dict[str, str]:
     try:
         return {cs.cell.key: cs.run.run_id for cs in study_status(study) if cs.run is not None}
     except AblateError as e:
-        raise click.ClickException(str(e)) from None
+        raise refuse(e) from None
 
 
 def _log(

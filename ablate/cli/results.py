@@ -77,7 +77,7 @@ def report(
                 parse_yaml(text, study_name), text=text, check_files=False, max_cells=max_cells
             )
         except AblateError as e:
-            raise click.ClickException(str(e)) from None
+            raise refuse(e) from None
         study.file.tracking.uri = tracking_uri
     else:
         raise click.UsageError("give a STUDY.yaml, or --tracking-uri and --study")

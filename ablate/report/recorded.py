@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from ablate.errors import DamagedStoreError, ReportError, TrackingError
+from ablate.errors import DamagedStoreError, MissingStoreError, ReportError, TrackingError
 from ablate.report.frames import cell_row, cells_frame
 from ablate.tracking import CellRun, join_runs, read_histories, study_status
 from ablate.tracking.vocab import env_of
@@ -28,7 +28,7 @@ def study_frames(
     ``runs``: the study's runs by key as the caller read them (default: read from the store)."""
     try:
         statuses = study_status(study) if runs is None else join_runs(study, runs)
-    except DamagedStoreError:  # a refusal of its own (exit 2), not a report that cannot be made
+    except (DamagedStoreError, MissingStoreError):  # refusals of their own (exit 2)
         raise
     except TrackingError as e:
         raise ReportError(str(e)) from None

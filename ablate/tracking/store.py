@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from ablate.errors import DamagedStoreError, TrackingError
+from ablate.errors import DamagedStoreError, MissingStoreError, TrackingError
 from backends.env import cache_dir
 
 _RETRY_S = 120.0  # how long a write keeps retrying a busy or unreachable store
@@ -306,7 +306,7 @@ class Client:
         # file; a reader must do neither. Asked before MLflow is imported (seconds of CPU):
         # `ablate validate` and `plan` of a study that has recorded nothing yet never need it.
         if must_exist and path is not None and (not path.is_file() or _empty(path)):
-            raise TrackingError(
+            raise MissingStoreError(
                 f"no MLflow store at {path}{' (an empty file)' if path.is_file() else ''}: run "
                 "the study first (`ablate run`), or pass the --tracking-uri that it used"
             )

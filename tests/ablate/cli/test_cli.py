@@ -495,11 +495,11 @@ def test_ui_checks_the_port_with_the_servers_socket_options():
 def test_report_without_a_store_or_runs_says_so_and_fails(tmp_path):
     p = _write(tmp_path, STUDY)
     res = CliRunner().invoke(main, ["report", str(p), "--runs", str(tmp_path / "out")])
-    assert res.exit_code == 1 and "no MLflow store" in res.output, res.output
+    assert res.exit_code == 2 and "no MLflow store" in res.output, res.output
     res = CliRunner().invoke(
         main, ["report", "--tracking-uri", f"sqlite:///{tmp_path}/none.db", "--study", "x"]
     )
-    assert res.exit_code == 1 and "no MLflow store" in res.output, res.output
+    assert res.exit_code == 2 and "no MLflow store" in res.output, res.output
     assert not (tmp_path / "none.db").exists()
     # a store with the study's runs created but none finished
     from ablate.driver.runner import run_study

@@ -128,7 +128,7 @@ def test_ui_takes_more_server_workers_than_cpus_up_to_a_bound_that_says_why(
     (tmp_path / "s.yaml").write_text(TWO_CORPORA)
     for n in (str((os.cpu_count() or 1) + 1), "64"):  # taken: the study has no store yet
         res = CliRunner().invoke(main, ["ui", "s.yaml", "--workers", n])
-        assert res.exit_code == 1 and "no MLflow store yet" in res.output, (n, res.output)
+        assert res.exit_code == 2 and "no MLflow store yet" in res.output, (n, res.output)
     res = CliRunner().invoke(main, ["ui", "s.yaml", "--workers", "65"])
     assert res.exit_code == 2 and "--workers" in res.output, res.output
     assert "65 server workers is more than 64: each is a process of about 300 MB" in res.output
