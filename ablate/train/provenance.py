@@ -42,9 +42,12 @@ from backends.gemm.capabilities import device_description
 
 _ROOT = Path(__file__).resolve().parents[2]  # the folder holding ablate/ and backends/
 _NUMERICS = ("backends", "ablate/model", "ablate/data", "ablate/train")
-NOT_NUMERICS = frozenset({"backends/layer/probe.py", "ablate/train/probe.py"})
+NOT_NUMERICS = frozenset(
+    {"backends/layer/probe.py", "ablate/train/probe.py", "backends/gemm/selfcheck.py"}
+)
 """Sources under ``_NUMERICS`` that compute no number of a run (a run is bit-identical with probes
-on or off): a change to them marks no result stale. The benchmarks live in ``ablate/bench/``."""
+on or off; the native GEMMs' self-check decides whether a cell starts, and its products are thrown
+away): a change to them marks no result stale. The benchmarks live in ``ablate/bench/``."""
 
 
 @functools.cache
