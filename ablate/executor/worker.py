@@ -156,9 +156,12 @@ def _train_cell(
         resumed = 0 if not ckpt or load_damage(cfg.checkpoint_dir) else ckpt
         logger.log_status("running", {**where, "resumed_from": resumed})
         # a decay branch that starts from its trunk's checkpoint (the trainer loads the same one):
-        # the trunk's curve up to there first, so that the run holds the whole curve
-        start = branches.start if branches is not None and ckpt is None else None
-        if start is not None and task.trunk_run:
+        # the trunk's curve up to there first, so that the run holds the whole curve; none where
+        # the trainer's load would find it damaged, set it aside and train from step 0
+        start = None
+        if branches is not None and ckpt is None and task.trunk_run:
+            start = branches.loaded_start()
+        if start is not None:
             logger.copy_curve(task.trunk_run, step=start, tokens=start * cfg.train.tokens_per_step)
     with process_group(cfg, resolve_device(cfg.device)):
         res = train(cfg, logger, stop_after=task.stop_after, branches=branches, stop=stop)

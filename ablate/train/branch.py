@@ -7,8 +7,9 @@ family's longest run, its *trunk*, saves a *branch checkpoint* at the decay star
 member; a shorter member, a *branch*, starts from that checkpoint and trains only its decay. It
 ends bit-identical to the run trained to its budget from step 0 (tested), so it has that run's
 key; where its checkpoint does not exist (the trunk failed or diverged before it, or never ran),
-or is damaged (``Branches.ready``: as ``ablate plan`` finds it, and set aside beside itself by
-``load_branch``), it trains from step 0: the same numbers, only slower.
+or is damaged (``Branches.ready``: as ``ablate plan`` finds it; ``Branches.loaded_start``: as its
+load finds it, which the worker asks before it copies the trunk's curve; set aside beside itself
+by ``load_branch``), it trains from step 0: the same numbers, only slower.
 
 Nothing before the decay reads ``steps``: the schedule holds ``lr`` there (``schedule``), the batch
 order is a permutation per epoch (``ablate.data.batches``), the random streams count calls
@@ -44,8 +45,9 @@ from ablate.errors import CheckpointError, DamagedCheckpointError
 from ablate.key import digest, key_fields
 from ablate.numerics import NUMERICS_VERSION
 from ablate.train.checkpoint import (
+    CHECKPOINT,
+    SHARDED,
     checkpoint_info,
-    checkpoint_step,
     load_checkpoint,
     load_sharded,
     save_checkpoint,
@@ -53,7 +55,7 @@ from ablate.train.checkpoint import (
     set_aside,
 )
 from ablate.train.config import RunConfig, device_kind
-from ablate.train.damage import checkpoint_damage
+from ablate.train.damage import checkpoint_damage, load_damage
 from ablate.train.parallel import Ranks
 from ablate.train.phases import prefix, quantizes, timeline
 from ablate.train.state import TrainState
@@ -138,27 +140,41 @@ class Branches:
 
     def ready(self, step: int) -> bool:
         """Whether the branch checkpoint at ``step`` exists, of this family and that step (read from
-        its sidecar, whose ``checkpoint.pt`` must be there: ``checkpoint_step``), and is not damaged
-        as the ends of its files show (``damage``): so ``ablate plan``, the worker (copying the
-        trunk's curve up to it) and the run agree where the branch starts. What only a load finds
-        the run finds (``load_branch``)."""
-        return self._named(step) and checkpoint_damage(self.dir(step)) is None
+        its sidecar, whose ``checkpoint.pt`` must be there: as ``checkpoint_step`` reads it), and is
+        not damaged as the ends of its files show (``damage``): so ``ablate plan`` and the run
+        agree where the branch starts. What only a load finds the run finds (``load_branch``), and
+        the worker before it copies the trunk's curve (``loaded_start``)."""
+        info = self._named(step)
+        return info is not None and checkpoint_damage(self.dir(step), info) is None
 
     def damage(self, step: int) -> str | None:
         """Why the branch checkpoint at ``step`` of this family and that step is damaged, from the
         ends of its files (``damage.checkpoint_damage``, milliseconds), or None: not damaged so, or
         none there. A damaged one is not ``ready``: the branch trains from step 0, and its run sets
         the checkpoint aside (``load_branch``)."""
-        return checkpoint_damage(self.dir(step)) if self._named(step) else None
+        info = self._named(step)
+        return None if info is None else checkpoint_damage(self.dir(step), info)
 
-    def _named(self, step: int) -> bool:
-        """Whether a sidecar at ``step`` names a checkpoint of this family and that step."""
-        info = checkpoint_info(self.dir(step))
-        return (
-            info is not None
-            and info.get("config_hash") == self.hash_at(step)
-            and checkpoint_step(self.dir(step)) == step
-        )
+    def _named(self, step: int) -> dict[str, Any] | None:
+        """The sidecar at ``step`` (read once) where it names a checkpoint of this family and that
+        step whose files are there (``checkpoint_step``: a one-process one's ``checkpoint.pt``),
+        else None."""
+        d = self.dir(step)
+        info = checkpoint_info(d)
+        if info is None or info.get("config_hash") != self.hash_at(step) or info["step"] != step:
+            return None
+        return info if info.get("format") == SHARDED or (d / CHECKPOINT).exists() else None
+
+    def loaded_start(self) -> int | None:
+        """``start`` as the run finds it when it loads the checkpoint: also None where the load
+        finds it damaged (``damage.load_damage``: a pickle garbled behind a sound zip directory,
+        which the ends of its files do not show), which the run then sets aside and trains from
+        step 0 (``load_branch``). The worker copies the trunk's curve up to this step only."""
+        at = self.start_at
+        info = None if at is None else self._named(at)
+        if at is None or info is None or checkpoint_damage(self.dir(at), info) is not None:
+            return None
+        return at if load_damage(self.dir(at), info) is None else None
 
     @property
     def start(self) -> int | None:

@@ -3,12 +3,15 @@ and 16 of one wsd configuration run as one trunk and two decays, on real MLflow 
 tmp_path) and the in-process executor; every recorded number and the final weights equal those of
 each budget trained from step 0 (the trunk's: those of a run that saves no branch checkpoint),
 interrupted runs included; a re-run skips everything; ``plan`` shows the family and counts the
-steps trained."""
+steps trained; a branch whose checkpoint only a load finds damaged copies none of its trunk's
+curve."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,8 +25,10 @@ from ablate.driver import branching
 from ablate.driver.planning import PlannedCell, plan
 from ablate.driver.runner import run_study
 from ablate.executor.task import Task
+from ablate.executor.worker import run_one
 from ablate.study import Study, parse_study
 from ablate.study.families import branch_root, families
+from ablate.tracking import StudyTracker, prepare_store
 from ablate.train.checkpoint import CHECKPOINT, load_file
 
 BUDGETS = [8, 12, 16]  # decays of 2, 2, 3 steps: branch points 6 (an evaluation) and 10
@@ -223,6 +228,52 @@ def test_a_branch_whose_checkpoint_is_damaged_is_planned_from_step_0(tmp_path):
     gate = branching.BranchGate()
     gate.hold(Task(cell.key, cell.label, {}, "", "", ""), b, trunk.key)
     assert gate.release({}) == []  # held while its trunk runs: it would save a sound one
+
+
+def test_a_branch_checkpoint_damaged_inside_copies_no_trunk_curve_and_trains_from_0(tmp_path):
+    """Its pickle garbled behind a sound zip directory: ready as the ends of its files show it,
+    but its load finds the damage, so the worker asks as the run does before it copies anything:
+    no trunk point copied, the branch trains from step 0 (the checkpoint set aside), and its run
+    says so (no ``branch_of``, resumed from step 0)."""
+    ladder = study(tmp_path, "ladder", BUDGETS)
+    (family,) = families(ladder.cells)
+    (cell, point), trunk = family.branches[0], family.trunk
+    b = branching.members(ladder)[cell.key].branches
+    b.dir(point).mkdir(parents=True)
+    buf = io.BytesIO()
+    torch.save({"state": {"step": point}, "model": {"w": torch.zeros(64)}}, buf)
+    with zipfile.ZipFile(buf) as src, zipfile.ZipFile(b.dir(point) / CHECKPOINT, "w") as dst:
+        for i in src.infolist():
+            data = src.read(i)
+            dst.writestr(i, b"\0" * len(data) if i.filename.endswith("/data.pkl") else data)
+    (b.dir(point) / "checkpoint.json").write_text(
+        json.dumps({"step": point, "status": None, "config_hash": family.key})
+    )
+    assert b.ready(point) and b.start == point  # as `plan` finds it: only a load tells
+    prepare_store(ladder.tracking_uri, ladder.output_dir)
+    tracker = StudyTracker(ladder.tracking_uri, ladder.name)
+    parent = tracker.parent_run("name: ladder\n")
+    client = MlflowClient(ladder.tracking_uri)
+    trunk_run = tracker.create_cell_run(parent, trunk)
+    for step in range(1, point + 1):  # the trunk's curve up to the point: not this branch's
+        client.log_metric(trunk_run, "train_loss", 99.0, step=step)
+    ckpt = ladder.checkpoint_dir(cell)
+    ckpt.parent.mkdir(parents=True)
+    cfg = dataclasses.replace(cell.config, checkpoint_dir=str(ckpt))
+    run_id = tracker.create_cell_run(parent, cell)
+    task = Task(cell.key, cell.label, cfg.to_dict(), ladder.tracking_uri, run_id, str(tmp_path))
+    task = dataclasses.replace(task, branches=b.to_dict(), trunk_run=trunk_run)
+    with pytest.warns(
+        RuntimeWarning, match=rf"{CHECKPOINT}: damaged.*; set aside \(kept\).*step 0"
+    ):
+        outcome = run_one(task)
+    assert outcome.status == "finished", outcome.reason
+    losses = client.get_metric_history(run_id, "train_loss")
+    assert sorted(m.step for m in losses) == list(range(1, 9))  # its own, every step
+    assert 99.0 not in [m.value for m in losses]
+    tags = client.get_run(run_id).data.tags
+    assert "ablate.branch_of" not in tags and tags["ablate.resumed_from"] == "0"
+    assert len(list(b.dir(point).parent.glob(f"{b.dir(point).name}.damaged-*"))) == 1
 
 
 def test_only_cells_that_differ_in_their_wsd_budget_alone_are_a_family(tmp_path):
