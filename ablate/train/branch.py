@@ -9,7 +9,8 @@ ends bit-identical to the run trained to its budget from step 0 (tested), so it 
 key; where its checkpoint does not exist (the trunk failed or diverged before it, or never ran),
 or is damaged (``Branches.ready``: as ``ablate plan`` finds it; ``Branches.loaded_start``: as its
 load finds it, which the worker asks before it copies the trunk's curve; set aside beside itself
-by ``load_branch``), it trains from step 0: the same numbers, only slower.
+by ``load_branch``), it trains from step 0: the same numbers, only slower. A distributed branch's
+ranks take rank 0's verdict.
 
 Nothing before the decay reads ``steps``: the schedule holds ``lr`` there (``schedule``), the batch
 order is a permutation per epoch (``ablate.data.batches``), the random streams count calls
@@ -180,7 +181,17 @@ class Branches:
     def start(self) -> int | None:
         """The step a branch starts from now: ``start_at`` where its checkpoint is ready, else
         None (it trains from step 0)."""
-        return self.start_at if self.start_at is not None and self.ready(self.start_at) else None
+        return self.judged()[0]
+
+    def judged(self) -> tuple[int | None, str | None]:
+        """``start`` and, where it is None, ``damage(start_at)`` (None: not damaged, or none
+        there), from one read of the sidecar."""
+        at = self.start_at
+        info = None if at is None else self._named(at)
+        if at is None or info is None:
+            return None, None
+        why = checkpoint_damage(self.dir(at), info)
+        return (at, None) if why is None else (None, why)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -272,11 +283,11 @@ def load_branch(
     found so from the ends of its files (not ``ready``, ``Branches.damage``) or by its load (a
     sharded one by rank 0 before any rank loads it). A file that is not the family's checkpoint of
     that step is refused (``CheckpointError``). Sharded, and collective, when ``ranks`` is a
-    distributed run's."""
-    step = branches.start
+    distributed run's: whether it starts from the checkpoint, or sets it aside, is rank 0's
+    verdict on every rank (``_agreed_start``)."""
+    step, why = _agreed_start(branches, ranks)
     if step is None:
         at = branches.start_at
-        why = None if at is None else branches.damage(at)
         if at is not None and why is not None:  # as a load would find it: kept, set aside
             set_aside(branches.dir(at), DamagedCheckpointError(why), ranks)
         return None
@@ -288,7 +299,7 @@ def load_branch(
         else:
             state = load_checkpoint(path, config_hash=branches.hash_at(step), **kw)
     except DamagedCheckpointError as e:  # as if there were none: the branch trains from step 0
-        set_aside(path, e, ranks)  # distributed: every rank has the same verdict, rank 0 renames
+        set_aside(path, e, ranks)  # distributed: every rank has rank 0's verdict, rank 0 renames
         return None
     except CheckpointError:
         raise
@@ -302,3 +313,31 @@ def load_branch(
             f"point {step} of a run in training; delete it to train the branch from step 0"
         )
     return state
+
+
+def _agreed_start(branches: Branches, ranks: Ranks | None) -> tuple[int | None, str | None]:
+    """Where the branch starts (``Branches.start``) and, where it does not, why its checkpoint
+    there is damaged (``Branches.damage``; None: it is not, or there is none). In a distributed
+    run (collective) rank 0's verdict, on every rank: ranks that judged it each (their file
+    systems' views differ, or the trunk writes it meanwhile) could start one from the checkpoint
+    and another from step 0. Where rank 0's check raises, every rank raises, none left waiting."""
+    distributed = ranks is not None and ranks.distributed
+    verdict: list[Any] = [None]
+    failed: Exception | None = None
+    if not distributed or (ranks is not None and ranks.leader):
+        try:
+            verdict = [branches.judged()]
+        except Exception as e:  # noqa: BLE001 (raised below, on every rank)
+            failed, verdict = e, [f"{type(e).__name__}: {e}"]
+    if distributed:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(verdict, src=0)
+    if failed is not None:
+        raise failed
+    if isinstance(verdict[0], str):
+        raise OSError(
+            f"{branches.root}: rank 0 failed to check its branch checkpoint ({verdict[0]})"
+        )
+    start, why = verdict[0]
+    return start, why

@@ -23,9 +23,10 @@ metadata and non-tensor entries are read the same way (``ablate.train.untrusted`
 is refused with ``CheckpointError`` before any of its code could run. A checkpoint that does not
 read as one at all (a file truncated or garbage, or a sharded checkpoint's file missing:
 ``DamagedCheckpointError``) a run sets aside instead, its folder renamed beside itself
-(``set_aside``), and trains from step 0; a sharded one is checked by rank 0 before any rank loads
-it (``sharded_damage``), and every rank takes its verdict (``load_sharded``), so that one rank's
-missing RNG state does not fail that rank alone. Whether a run would set its checkpoint aside
+(``set_aside``), and trains from step 0; a sharded one's sidecar is read, and the checkpoint
+checked, by rank 0 before any rank loads it (``sharded_damage``), and every rank takes its verdicts
+(``load_sharded``), so that one rank's missing RNG state does not fail that rank alone, nor a rank
+that sees no sidecar train from step 0. Whether a run would set its checkpoint aside
 ``ablate plan`` and a worker tell beforehand (``ablate.train.damage``).
 """
 
@@ -412,15 +413,20 @@ def load_sharded(
     """Every rank: restore the sharded checkpoint the sidecar names (model and optimizer shards,
     data position, this rank's RNG states) and return its ``TrainState``; None when there is none.
     ValueError when another configuration, or another number of workers, wrote it. Before any rank
-    reads it, rank 0 checks it (``sharded_damage``) and every rank gets its verdict: a damaged one
-    is raised (``DamagedCheckpointError``) on every rank, or with ``set_aside_damaged`` set aside
-    (``set_aside``, nothing restored) and a new state returned; a refused one is raised, as
-    ``load_checkpoint`` does both."""
+    reads it, rank 0 reads its sidecar and checks it (``sharded_damage``), and every rank gets its
+    verdicts: whether there is one and where; a damaged one is raised (``DamagedCheckpointError``)
+    on every rank, or with ``set_aside_damaged`` set aside (``set_aside``, nothing restored) and a
+    new state returned; a refused one is raised, as ``load_checkpoint`` does both."""
+    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    info = checkpoint_info(checkpoint_dir)
+    seen: list[Any] = [None]  # rank 0's view of the sidecar on every rank: one that saw none
+    if ranks.leader:  # would train from step 0 while the others load
+        seen = [(checkpoint_info(checkpoint_dir), os.path.exists(checkpoint_dir / CHECKPOINT))]
+    dist.broadcast_object_list(seen, src=0)
+    info, one_process = seen[0]
     if info is None or info.get("format") != SHARDED:
-        if (checkpoint_dir / CHECKPOINT).exists():
+        if one_process:
             raise ValueError(
                 f"checkpoint_dir: {checkpoint_dir} holds a one-process checkpoint, but this run "
                 f"is distributed (train.parallel: {ranks.mode}); use a new checkpoint_dir"

@@ -314,41 +314,91 @@ def two_ranks(d: dict[str, Any]) -> list[dict[str, Any]]:
         return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(2)]
 
 
-def _set_aside_main(rank: int, tmp: str) -> None:
+def _rank_0_decides_main(rank: int, tmp: str) -> None:
     """Both ranks set aside a damaged checkpoint that rank 0 cannot rename (its folder is gone, as
-    one EACCES or EBUSY refuses), each recording what it raised and after how long. Rank 0 then
-    stays in the group until rank 1 has (a Ray worker's process outlives its error), so that a
-    rank left waiting would wait for the group's timeout."""
+    one EACCES or EBUSY refuses), then load a branch checkpoint that each rank sees in a folder of
+    its own (``view<rank>``: nodes whose views of a file system differ), each recording what it
+    raised or returned and after how long. Rank 0 then stays in the group until rank 1 has (a
+    Ray worker's process outlives its error), so that a rank left waiting would wait for the
+    group's timeout."""
     from datetime import timedelta
 
+    import ablate.train.branch as branch
     from ablate.errors import DamagedCheckpointError
     from ablate.train.checkpoint import set_aside
     from ablate.train.parallel import Ranks
+
+    loads: list[str] = []  # the branch checkpoints this rank began to load
+    load = branch.load_sharded
+
+    def counted(path: Path, **kw: Any) -> Any:
+        loads.append(str(path))
+        return load(path, **kw)
+
+    branch.load_sharded = counted  # type: ignore[assignment]
 
     store = dist.FileStore(os.path.join(tmp, "store"), 2)
     dist.init_process_group(
         "gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=15)
     )
+    ddp = Ranks("ddp", rank, 2)
     t0, raised = time.monotonic(), None
     try:
-        set_aside(Path(tmp, "gone"), DamagedCheckpointError("damaged"), Ranks("ddp", rank, 2))
+        set_aside(Path(tmp, "gone"), DamagedCheckpointError("damaged"), ddp)
     except Exception as e:  # noqa: BLE001 (what each rank raised is the result)
         raised = f"{type(e).__name__}: {e}"
-    result = {"raised": raised, "s": time.monotonic() - t0}
+    result: dict[str, Any] = {"raised": raised, "s": time.monotonic() - t0}
+    for case in ("rank 1 sees it", "rank 0 sees it"):
+        t0, got = time.monotonic(), None
+        b = Branches(root=os.path.join(tmp, case, f"view{rank}"), family="f", start_at=6)
+        kw: dict[str, Any] = dict(model=torch.nn.Linear(2, 2), optimizer=None, sampler=None)
+        try:  # nothing is restored: no rank starts from it, or rank 0 finds it damaged
+            state = branch.load_branch(b, ranks=ddp, **kw)
+            got = None if state is None else state.step
+        except Exception as e:  # noqa: BLE001
+            got = f"{type(e).__name__}: {e}"
+        result[case] = {"state": got, "loaded": bool(loads), "s": time.monotonic() - t0}
+        loads.clear()
     Path(tmp, f"rank{rank}.json").write_text(json.dumps(result))
     deadline = time.monotonic() + 30
     while rank == 0 and not Path(tmp, "rank1.json").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
-def test_a_rank_0_that_cannot_set_a_checkpoint_aside_fails_every_rank_at_once(tmp_path):
+def _sharded_branch_checkpoint(folder: Path) -> None:
+    """A sharded branch checkpoint of family ``f`` at step 6 that is ready (its files' ends are
+    whole) but that rank 0's check finds damaged (its train state holds nothing)."""
+    step = folder / "step-000000006"
+    (step / "sharded" / "s").mkdir(parents=True)
+    for name in ("train_state.pt", "rng-rank0.pt", "rng-rank1.pt"):
+        torch.save({}, step / "sharded" / "s" / name)
+    (step / "sharded" / "s" / ".metadata").write_bytes(pickle.dumps({}))
+    sidecar = {"step": 6, "status": None, "config_hash": "f", "format": "sharded"}
+    sidecar |= {"path": "sharded/s", "world": 2, "parallel": "ddp"}
+    (step / "checkpoint.json").write_text(json.dumps(sidecar))
+    assert Branches(root=str(folder), family="f", start_at=6).ready(6)
+
+
+def test_every_rank_takes_rank_0s_word_on_setting_aside_and_on_a_branch_checkpoint(tmp_path):
     """Rank 0's rename raised; the other ranks learn it at once and raise too, naming it, instead
-    of waiting for rank 0 in a barrier until the process group times out."""
-    ranks.spawn(_set_aside_main, args=(str(tmp_path),), nprocs=2)
+    of waiting for rank 0 in a barrier until the process group times out. And where ranks see a
+    branch checkpoint differently, every rank takes rank 0's verdict on it: none starts from it
+    where rank 0 sees none; where rank 0 sees one, every rank loads it with rank 0, which here
+    finds it damaged and sets it aside once (before, each rank judged it: one loaded, the other
+    trained from step 0, and the loading rank waited for the other until the group timed out)."""
+    _sharded_branch_checkpoint(tmp_path / "rank 1 sees it" / "view1")
+    _sharded_branch_checkpoint(tmp_path / "rank 0 sees it" / "view0")
+    ranks.spawn(_rank_0_decides_main, args=(str(tmp_path),), nprocs=2)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert r0["raised"].startswith("FileNotFoundError") and r0["s"] < 5
     assert r1["raised"].startswith(f"OSError: {tmp_path / 'gone'}: rank 0 failed to set it aside")
     assert r1["raised"].endswith(f"({r0['raised']})") and r1["s"] < 5, r1
+    for case, loaded in (("rank 1 sees it", False), ("rank 0 sees it", True)):
+        assert r0[case]["loaded"] == r1[case]["loaded"] == loaded, (case, r0, r1)
+        assert r0[case]["state"] is None and r1[case]["state"] is None, (case, r0, r1)  # step 0
+        assert r0[case]["s"] < 5 and r1[case]["s"] < 5, (case, r0, r1)
+    assert (tmp_path / "rank 1 sees it" / "view1" / "step-000000006").is_dir()  # not rank 0's
+    assert len(list((tmp_path / "rank 0 sees it" / "view0").glob("step-*.damaged-*"))) == 1
 
 
 def _importer(rank: int, out: str) -> None:
