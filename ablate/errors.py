@@ -68,6 +68,11 @@ class ExportError(AblateError):
     output folder)."""
 
 
+class AdoptError(AblateError):
+    """A run that ``ablate adopt`` cannot adopt: its checkpoint cannot be read (refused, damaged, or
+    a read the file system failed)."""
+
+
 class CheckpointError(AblateError, ValueError):
     """A checkpoint, train state or RNG state file refused: damaged, truncated, not what the project
     writes, or holding more than tensors and plain values (such a pickle could run code, so it is

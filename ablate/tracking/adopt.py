@@ -6,7 +6,9 @@ and at every bump of the numerics version (``ablate.numerics``: ``config_hash(cf
 for each older ``v``). Such a study's cells would all run again; ``adopt`` re-labels the old runs
 instead: each cell whose current key has no run and one of its older keys has one gets that run
 re-tagged with the current key (the old one kept as ``ablate.legacy_key``) and its checkpoint
-folder renamed and re-keyed, so ``ablate run`` skips or resumes it.
+folder renamed and re-keyed, so ``ablate run`` skips or resumes it. Every checkpoint to move is
+unpickled first (its tensors mapped): one that cannot be (refused, damaged, or a read the file
+system failed) stops it before anything is adopted, naming the cell and the file (``AdoptError``).
 
 Adopting asserts that those runs trained on the device kind and precision the study now resolves
 to (``env.device`` and ``env.precision`` are recorded with ``env.adopted``). A run of an older
@@ -17,15 +19,18 @@ with runs of the current one unless told to; only a run that ended is adopted ac
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ablate.errors import AdoptError, CheckpointError
 from ablate.key import digest
 from ablate.numerics import NUMERICS_VERSION
 from ablate.study.cells import Cell, Study
 from ablate.tracking import vocab
 from ablate.tracking.runs import StudyTracker
-from ablate.train.checkpoint import rekey_checkpoint
+from ablate.train.checkpoint import CHECKPOINT, SINGLE_KEYS, load_file, rekey_checkpoint
 from ablate.train.config import RunConfig, config_hash, device_kind, resolved_precision
 
 LEGACY_TRAIN = (
@@ -102,8 +107,23 @@ def adoptable(study: Study, tracker: StudyTracker) -> tuple[list[Adoption], list
 
 def adopt(study: Study, tracker: StudyTracker, found: list[Adoption]) -> None:
     """Re-tag each run with its cell's current key (and its numerics version) and move its
-    checkpoint to the current key's folder."""
+    checkpoint to the current key's folder, re-keyed. Every checkpoint to move is read first (as
+    ``checkpoint_step`` reads one: its tensors mapped, not read), so that one that cannot be read
+    (refused, damaged, or a read the file system failed: ``OSError``) fails the adoption before
+    anything is adopted; each cell's checkpoint is then re-keyed before its folder moves and its
+    run is re-tagged, so that a cell is adopted whole or not at all. ``AdoptError`` naming the
+    cell and the file."""
     for a in found:
+        path = study.output_dir / "cells" / a.old_key / CHECKPOINT
+        with _adopting(a):
+            if a.checkpoint and path.exists():  # as rekey_checkpoint reads it, tensors mapped
+                load_file(path, keys=SINGLE_KEYS, mmap=True)
+    for n, a in enumerate(found):
+        old_dir: Path = study.output_dir / "cells" / a.old_key
+        if a.checkpoint:  # the checkpoint first, under the old name: then the run
+            with _adopting(a, adopted=n):
+                rekey_checkpoint(old_dir, a.cell.key)
+                old_dir.rename(study.checkpoint_dir(a.cell))
         kind = device_kind(a.cell.config.device)
         tracker.set_raw_tags(
             a.run_id,
@@ -116,8 +136,14 @@ def adopt(study: Study, tracker: StudyTracker, found: list[Adoption]) -> None:
                 vocab.env_tag("adopted"): "true",
             },
         )
-        if a.checkpoint:
-            old_dir: Path = study.output_dir / "cells" / a.old_key
-            new_dir = study.checkpoint_dir(a.cell)
-            old_dir.rename(new_dir)
-            rekey_checkpoint(new_dir, a.cell.key)
+
+
+@contextlib.contextmanager
+def _adopting(a: Adoption, adopted: int = 0) -> Iterator[None]:
+    """``AdoptError`` naming ``a``'s cell (and the runs adopted before it) where its checkpoint is
+    refused, damaged, or a read or rename of it fails."""
+    try:
+        yield
+    except (CheckpointError, OSError) as e:
+        before = f" ({adopted} runs adopted before it; adopt again for the rest)" if adopted else ""
+        raise AdoptError(f"{a.cell.label}: not adopted: {e}{before}") from None

@@ -3,13 +3,15 @@ as the code before the layout change computed them, when every seed read batch o
 study finds them with ``data: {data_seed: 0}``). This code keys them the same at
 numerics 1, so nothing of the layout moved a key; its own numerics are newer, so the study resumed
 now trains new cells instead of mixing two sets of numbers, and ``ablate adopt`` takes the old runs
-over knowingly, after which every cell is found finished."""
+over knowingly, after which every cell is found finished (a checkpoint it cannot read stops it
+first, in one line, nothing adopted; one it reads moves, re-keyed)."""
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
 
+import torch
 from click.testing import CliRunner
 
 from ablate.cli import main
@@ -17,6 +19,7 @@ from ablate.driver.planning import plan
 from ablate.driver.runner import run_study
 from ablate.study import load_study
 from ablate.tracking import StudyTracker
+from ablate.train.checkpoint import CHECKPOINT, load_file
 from ablate.train.config import config_hash
 
 QUICKSTART = Path(__file__).parent / "quickstart_numerics1.yaml"
@@ -61,10 +64,33 @@ def test_a_quickstart_recorded_under_numerics_1_reruns_unless_adopted(tmp_path, 
         tracker.set_status(run_id, "finished")
     # resumed across the numerics change: every cell is new
     assert [p.action for p in plan(study)] == ["run"] * len(study.cells)
+    # a checkpoint of an old run that the file system cannot read (an I/O error: /proc/self/mem
+    # at offset 0) is no damage: exit 1 in one line naming the cell and the file, and nothing
+    # adopted, the cells before it included
+    cell = study.cells[3]
+    old_dir = study.output_dir / "cells" / config_hash(cell.config, numerics=1)
+    old_dir.mkdir(parents=True)
+    (old_dir / CHECKPOINT).symlink_to("/proc/self/mem")
+    res = CliRunner().invoke(main, ["adopt", "--yes", str(tmp_path / "quickstart.yaml")])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert res.output.splitlines()[-1] == (
+        f"Error: {cell.label}: not adopted: [Errno 5] Input/output error: '{old_dir / CHECKPOINT}'"
+    )
+    assert sorted(tracker.cell_runs()) == RECORDED  # every run under its old key
+    assert (old_dir / CHECKPOINT).is_symlink() and not study.checkpoint_dir(cell).exists()
+    # a checkpoint it reads moves to the cell's current key, re-keyed
+    (old_dir / CHECKPOINT).unlink()
+    torch.save(
+        {"config_hash": old_dir.name, "state": {"step": 8, "status": "finished"}, "model": {}}
+        | {"optimizer": {}, "sampler": {}, "rng_cpu": torch.zeros(1), "rng_cuda": None},
+        old_dir / CHECKPOINT,
+    )
     # taken over knowingly: every cell is found finished, and nothing trains
     res = CliRunner().invoke(main, ["adopt", "--yes", str(tmp_path / "quickstart.yaml")])
     assert res.exit_code == 0, res.output
     assert f"adopted {len(study.cells)} runs" in res.output and "numerics 1" in res.output
+    assert not old_dir.exists()
+    assert load_file(study.checkpoint_dir(cell) / CHECKPOINT)["config_hash"] == cell.key
     assert [p.action for p in plan(study)] == ["skip"] * len(study.cells)
     res = run_study(study, executor="local", progress=False, stream=io.StringIO())
     assert res.outcomes == {} and not res.failed
