@@ -8,7 +8,8 @@ The way through, in the order a study takes it:
 
 - ``config``: ``DataConfig`` and ``ValData``, each field checked when made;
 - ``sources``: the files a corpus reads and its documents (``check_sources`` fails fast on
-  missing inputs), and what of it decides its tokens;
+  missing inputs), and what of it decides its tokens; ``paths``: what a path a study names is
+  (a file, a folder, or a named pipe, a device, a link loop, said as such), from its stat alone;
 - ``tokenizer``: bytes or a Hugging Face tokenizer; ``tokenizing`` encodes documents in worker
   processes; ``corpus`` is the built-in corpus (Python's own documentation);
 - ``prepared``: a data configuration tokenized once into memory-mappable files keyed by its

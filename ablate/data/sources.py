@@ -10,10 +10,8 @@ changed while they were read (``file_states``, ``check_unchanged``). Optional pa
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from glob import glob
@@ -23,33 +21,8 @@ from typing import Any
 
 from ablate.data.config import FILE_EXT, DataConfig, ValData
 from ablate.data.corpus import builtin_documents
+from ablate.data.paths import neither_file_nor_folder, not_a_file
 from ablate.data.tokenizer import hub_unreachable, import_optional, tokenizer_kind
-
-_KINDS = {
-    stat.S_ISDIR: "a directory",
-    stat.S_ISFIFO: "a named pipe",
-    stat.S_ISCHR: "a character device",
-    stat.S_ISBLK: "a block device",
-    stat.S_ISSOCK: "a socket",
-}
-
-
-def not_a_file(path: str | Path) -> str | None:
-    """Why ``path`` is not a regular file to read (``does not exist``, ``is a symbolic link loop``,
-    ``is not a regular file (a named pipe)``...), from its ``stat`` alone: a named pipe is never
-    opened (its read would wait for a writer). None for a regular file, or a link to one."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return "is a link to a missing file" if os.path.islink(path) else "does not exist"
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            return "is a symbolic link loop"
-        return f"cannot be read ({e.strerror})"
-    if stat.S_ISREG(mode):
-        return None
-    kind = next((name for test, name in _KINDS.items() if test(mode)), "another kind of file")
-    return f"is not a regular file ({kind})"
 
 
 def resolve_files(src: DataConfig | ValData, field: str = "data.") -> list[Path]:
@@ -113,10 +86,13 @@ def left_out_names(cfg: DataConfig, shown: int = 3) -> list[str]:
 
 
 def check_sources(cfg: DataConfig) -> None:
-    """Fail fast on inputs that do not exist (data files, the validation corpus's files, a
+    """Fail fast on inputs that do not exist, or are no file or folder to read (a named pipe, a
+    device, a symbolic link loop: data files, the validation corpus's files, a local dataset, a
     tokenizer file), before any training starts, without the network (a hub tokenizer is fetched
     when the data is prepared); relative paths are taken from the current directory."""
     for src, field in ((cfg, "data."), (cfg.val, "data.val.")):
+        if src is not None and src.corpus == "hf":
+            _check_local_dataset(str(src.hf_dataset), field)
         if src is None or src.corpus not in FILE_EXT:
             continue
         files = resolve_files(src, field)
@@ -125,6 +101,17 @@ def check_sources(cfg: DataConfig) -> None:
             for f in files:
                 _parquet_text_column(pq, f, src.text_field, field)
     tokenizer_kind(cfg.tokenizer)
+
+
+def _check_local_dataset(name: str, field: str) -> None:
+    """Refuses, naming ``{field}hf_dataset``, a local path there that is neither a folder nor a
+    file (a named pipe, a device, a symbolic link loop, a dangling link): never read, nor taken for
+    a hub name. A name with nothing at it is a hub name."""
+    if os.path.lexists(name) and (why := neither_file_nor_folder(name)) is not None:
+        raise ValueError(
+            f"{field}hf_dataset: {name!r} {why}; give the folder Dataset.save_to_disk wrote, or "
+            "a hub name such as 'allenai/c4'"
+        )
 
 
 def _parquet_text_column(pq: Any, f: Path, text_field: str, field: str = "data.") -> Any:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from ablate.data.paths import neither_file_nor_folder, not_a_file
 from backends.env import truthy
 
 
@@ -101,17 +102,29 @@ def is_hub_name(spec: str) -> bool:
 
 def tokenizer_kind(spec: str) -> str:
     """What ``data.tokenizer`` names: ``byte``, ``file`` (a tokenizer.json, or a folder holding
-    one) or ``hub`` (``org/name`` that is no local path). Raises naming the field otherwise."""
+    one) or ``hub`` (``org/name`` that is no local path). Raises naming the field otherwise: a path
+    (or its folder's ``tokenizer.json``) that is there but no file (a named pipe, a device, a
+    symbolic link loop) as what it is, never opened."""
     if spec == "byte":
         return "byte"
-    if os.path.isfile(spec) or os.path.isfile(os.path.join(spec, "tokenizer.json")):
+    inner = os.path.join(spec, "tokenizer.json")
+    checks = [(spec, neither_file_nor_folder)]
+    if os.path.isdir(spec):
+        checks.append((inner, not_a_file))
+    for path, why_not in checks:  # there, but no file to read (a named pipe is never opened)
+        if os.path.lexists(path) and (why := why_not(path)) is not None:
+            raise ValueError(f"data.tokenizer: {path!r} {why}; {_GIVE}")
+    if os.path.isfile(spec) or os.path.isfile(inner):
         return "file"
     if is_hub_name(spec):
         return "hub"
-    raise FileNotFoundError(
-        f"data.tokenizer: {spec!r} does not exist; give 'byte', the path of a tokenizer.json (or of "
-        "a folder holding one), or a Hugging Face hub name such as 'meta-llama/Llama-3.1-8B'"
-    )
+    raise FileNotFoundError(f"data.tokenizer: {spec!r} does not exist; {_GIVE}")
+
+
+_GIVE = (
+    "give 'byte', the path of a tokenizer.json (or of a folder holding one), or a Hugging Face hub "
+    "name such as 'meta-llama/Llama-3.1-8B'"
+)
 
 
 def _local_file(spec: str) -> str:

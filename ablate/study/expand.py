@@ -100,8 +100,8 @@ def parse_study(
         raise StudyError(tune_errors, source)
     if check_files:
         errors = []
-        if (problem := _cache_problem(study)) is not None:
-            errors.append(problem)
+        if (cache_problem := _cache_problem(study)) is not None:
+            errors.append(cache_problem)
         if spec.baseline_from is not None:  # the study file it names is read now, once
             try:
                 study.baseline_source = baseline_source(spec.baseline_from)
@@ -114,8 +114,9 @@ def parse_study(
             try:
                 check_sources(cfg)
                 # the token counts where the data is prepared already (``ablate run`` prepares
-                # it, and checks them, before anything starts)
-                if (p := already_prepared(cfg, study.data_cache())) is not None:
+                # it, and checks them, before anything starts) in a cache that can be used
+                p = None if cache_problem else already_prepared(cfg, study.data_cache())
+                if p is not None:
                     check_counts(cfg, p)
             except (FileNotFoundError, ValueError) as err:
                 varied = any(a.startswith("data.") for a in study.axes)
@@ -128,8 +129,8 @@ def parse_study(
             if (msg := _model_fits_tokenizer(c.config)) is not None:
                 varied = any(a.startswith(("data.", "model.")) for a in study.axes)
                 errors.append(f"cell {c.label}: {msg}" if varied else f"base.{msg}")
-        if errors:
-            raise StudyError(errors, source)
+        if errors:  # once each: a tokenizer is asked by its data's checks and by its model's
+            raise StudyError(list(dict.fromkeys(errors)), source)
     return study
 
 
@@ -166,10 +167,11 @@ def _preset_beside_hf(raw: dict[str, Any]) -> list[str]:
 
 def _cache_problem(study: Study) -> str | None:
     """What stops the prepared-data cache from being used: an empty ``data_cache``, a file where
-    its folder goes, or a folder (or the nearest existing parent of a new one) this process cannot
-    write or make a folder in (``/proc``, a read-only mount; tried with a folder made and removed).
-    """
-    from ablate.data.prepared import CACHE_ENV
+    its folder goes (a named pipe, a device or a symbolic link loop named as such, never opened),
+    or a folder (or the nearest existing parent of a new one) this process cannot write or make a
+    folder in (``/proc``, a read-only mount; tried with a folder made and removed)."""
+    from ablate.data.paths import not_a_folder
+    from ablate.data.prepared import CACHE_ENV, default_cache
 
     given = study.file.data_cache
     if given is not None and not given.strip():
@@ -177,8 +179,14 @@ def _cache_problem(study: Study) -> str | None:
             "data_cache: an empty string is not a path; give a folder for prepared data, or leave "
             f"data_cache out (then ${CACHE_ENV}, else ~/.cache/ablate/data)"
         )
-    cache = study.data_cache()
     field = "data_cache" if given is not None else f"${CACHE_ENV} (the prepared-data cache)"
+    named = (Path(given) if given else default_cache()).expanduser().absolute()
+    # the nearest part of it that is there, as it is (not followed: a link loop cannot resolve)
+    here = next((p for p in (named, *named.parents) if os.path.lexists(p)), None)
+    why = None if here is None or os.path.isfile(here) else not_a_folder(here)
+    if why is not None and why != "is a link to a missing file":  # that one: made when prepared
+        return f"{field}: {here} {why}; give a folder for prepared data"
+    cache = study.data_cache()
     there = next((p for p in (cache, *cache.parents) if p.exists()), None)
     if there is None:
         return None

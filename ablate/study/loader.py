@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from ablate.data.sources import not_a_file
+from ablate.data.paths import not_a_file
 from ablate.errors import StudyError
 from ablate.study.messages import short_key
 

@@ -208,6 +208,57 @@ def test_a_data_cache_that_is_a_file_is_refused(tmp_path):
     _refused(tmp_path, _study(data_cache=str(tmp_path / "cache" / "sub")), "data_cache")
 
 
+def test_a_tokenizer_dataset_or_data_cache_that_is_no_file_is_named_as_such(tmp_path):
+    """A named pipe (never opened: its read would wait for a writer), a device or a symbolic link
+    loop where data.tokenizer, data.hf_dataset or data_cache names a file or a folder."""
+    import os
+
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "tok").mkdir()
+    os.mkfifo(tmp_path / "tok" / "tokenizer.json")
+    pipe, loop = str(tmp_path / "pipe"), str(tmp_path / "loop")
+    cases = [
+        (
+            {"tokenizer": pipe},
+            {},
+            f"data.tokenizer: '{pipe}' is not a regular file or a folder (a named pipe)",
+        ),
+        (
+            {"tokenizer": "/dev/zero"},
+            {},
+            "data.tokenizer: '/dev/zero' is not a regular file or a folder (a character device)",
+        ),
+        ({"tokenizer": loop}, {}, f"data.tokenizer: '{loop}' is a symbolic link loop"),
+        (
+            {"tokenizer": str(tmp_path / "tok")},
+            {},
+            f"data.tokenizer: '{tmp_path}/tok/tokenizer.json' is not a regular file (a named pipe)",
+        ),
+        (
+            {"corpus": "hf", "hf_dataset": pipe},
+            {},
+            f"data.hf_dataset: '{pipe}' is not a regular file or a folder (a named pipe)",
+        ),
+        (
+            {"val": {"corpus": "hf", "hf_dataset": loop}},
+            {},
+            f"data.val.hf_dataset: '{loop}' is a symbolic link loop",
+        ),
+        ({}, {"data_cache": pipe}, f"data_cache: {pipe} is not a folder (a named pipe)"),
+        (
+            {},
+            {"data_cache": "/dev/null"},
+            "data_cache: /dev/null is not a folder (a character device)",
+        ),
+        ({}, {"data_cache": f"{loop}/sub"}, f"data_cache: {loop} is a symbolic link loop"),
+    ]
+    for data, top, says in cases:
+        study = _study({"data": {"val_tokens": 4096, **data}}, **top)
+        out = _refused(tmp_path, study, says)
+        assert "does not exist" not in out and "is a file" not in out, out
+
+
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
 def test_a_data_cache_that_cannot_be_made_or_is_empty_is_refused(tmp_path, monkeypatch):
     """/proc takes no new folder (even for root); an empty string is no path, not the default."""
