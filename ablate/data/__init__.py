@@ -14,7 +14,8 @@ The way through, in the order a study takes it:
   processes; ``corpus`` is the built-in corpus (Python's own documentation);
 - ``prepared``: a data configuration tokenized once into memory-mappable files keyed by its
   fingerprint (``prepare``, ``already_prepared``, ``check_counts``), and ``load_data``, which maps
-  them for a run (``TokenData``);
+  them for a run (``TokenData``); ``manifest``: a prepared set's layout on disk and its checks
+  (``check_set``: a damaged set is rebuilt, never trained on);
 - ``batches``: the seeded, resumable order of training windows and the fixed validation batches.
 
 It imports torch and numpy only; the trainer, the study and the driver import it. This ``__init__``

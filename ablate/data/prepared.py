@@ -14,10 +14,10 @@ each file's token count, dtype, size and sha256, the tokenizer and the stream's 
 - atomic: a set is written into a temporary folder, its manifest last, and renamed into place,
   under a lock file (``fcntl.flock``): two drivers or ranks preparing the same data build it once;
   the second waits, then reads it.
-- checked: every ``load_data`` checks the manifest and each file's size (cheap: a run's start-up
-  does not grow with the corpus); ``prepare(verify=True)`` (``ablate run`` and ``ablate data
-  prepare``, once per study) checks the checksums too. A set that fails either is removed and
-  rebuilt, never trained on.
+- checked (``manifest.py``): every ``load_data`` checks the manifest and each file's size
+  (cheap: a run's start-up does not grow with the corpus); ``prepare(verify=True)`` (``ablate
+  run`` and ``ablate data prepare``, once per study) checks the checksums too. A set that fails
+  either is removed and rebuilt, never trained on.
 - parallel: a Hugging Face tokenizer encodes in ``workers`` processes (``tokenizing.py``); the byte
   tokenizer never starts any.
 """
@@ -42,6 +42,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from ablate.data.config import DataConfig, ValData
+from ablate.data.manifest import DTYPES, FORMAT, MANIFEST, Damaged, check_set, manifest_digest
 from ablate.data.sources import (
     check_unchanged,
     corpus_name,
@@ -58,14 +59,9 @@ from ablate.data.tokenizing import chunks, encode_chunks, usable_cpus
 if TYPE_CHECKING:
     import torch
 
-FORMAT = 1
-"""The layout of a prepared set; a set of another format is rebuilt."""
 CACHE_ENV = "ABLATE_DATA_CACHE"
-MANIFEST = "manifest.json"
 MIN_TRAIN_TOKENS = 4096
 """The fewest training tokens a run accepts (after the held-out tail)."""
-
-_NP: dict[str, np.dtype[Any]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 
 def default_workers() -> int:
@@ -125,104 +121,11 @@ class Prepared:
         """The part's ids, memory-mapped copy-on-write (pages are read when a batch touches them)."""
         import torch  # here: a study is checked against its prepared sets without torch
 
-        dtypes = {"uint16": torch.uint16, "uint32": torch.uint32}  # _NP's, as torch names them
+        dtypes = {"uint16": torch.uint16, "uint32": torch.uint32}  # DTYPES, as torch names them
         n, dtype = self.tokens(part), dtypes[self.manifest["dtype"]]
         if n == 0:
             return torch.empty(0, dtype=dtype)
         return torch.from_file(str(self.path / f"{part}.bin"), shared=False, size=n, dtype=dtype)
-
-
-class Damaged(Exception):
-    """A prepared set that must not be trained on (the reason is the message)."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
-def check_set(path: Path, *, verify: bool) -> dict[str, Any]:
-    """The manifest of the prepared set at ``path``, after checking it and each file's size (and
-    with ``verify`` its sha256); raises ``Damaged`` saying what is wrong."""
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise Damaged("no manifest: its preparation did not finish") from None
-    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested too deep
-        raise Damaged(f"unreadable manifest ({type(e).__name__}: {str(e)[:200]})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise Damaged(f"a manifest of another format (expected {FORMAT})")
-    _check_manifest(manifest, path)
-    width = _NP[manifest["dtype"]].itemsize
-    for name, f in manifest["files"].items():
-        p = path / name
-        try:
-            size = p.stat().st_size
-        except OSError:
-            raise Damaged(f"{name} is missing") from None
-        if size != f["tokens"] * width or size != f["bytes"]:
-            raise Damaged(
-                f"{name} has {size} bytes, the manifest says {f['bytes']} bytes for "
-                f"{f['tokens']} tokens of {width} bytes"
-            )
-        if verify and _sha256(p) != f["sha256"]:
-            raise Damaged(f"{name}'s checksum does not match the manifest's")
-    return manifest
-
-
-def manifest_digest(manifest: dict[str, Any]) -> str:
-    """The sha256 of a manifest's fields but ``digest`` (canonical JSON): an edit shows."""
-    body = {k: v for k, v in manifest.items() if k != "digest"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def _check_manifest(m: dict[str, Any], path: Path) -> None:
-    """Every field a reader reads (``load_data``, ``ablate data show``), in either style, of the
-    type and range it must have; and the manifest's own digest (a set prepared before manifests
-    had one: its vocabulary and end-of-text id against its tokenizer's). Raises ``Damaged`` (the
-    set is then rebuilt)."""
-    if m.get("dtype") not in _NP:
-        raise Damaged(f"the manifest's dtype {m.get('dtype')!r} is not one of {', '.join(_NP)}")
-    files = m.get("files")
-    if not isinstance(files, dict) or "train.bin" not in files:
-        raise Damaged("the manifest's files are not a mapping holding train.bin")
-    for name, f in files.items():
-        if name not in ("train.bin", "val.bin") or not isinstance(f, dict):
-            raise Damaged(f"the manifest names an unknown file {name!r}")
-        ok = all(type(f.get(k)) is int and f[k] >= 0 for k in ("tokens", "bytes"))
-        if not ok or not isinstance(f.get("sha256"), str):
-            raise Damaged(f"the manifest's entry of {name} is malformed")
-    vocab, eos = m.get("vocab_size"), m.get("eos_id")
-    if type(vocab) is not int or not 0 < vocab <= np.iinfo(_NP[m["dtype"]]).max + 1:
-        raise Damaged(f"the manifest's vocab_size {vocab!r} does not fit its dtype {m['dtype']}")
-    if type(eos) is not int or not 0 <= eos < vocab:
-        raise Damaged(f"the manifest's eos_id {eos!r} is outside its vocabulary ({vocab})")
-    for k in ("key", "corpus", "tokenizer", "fingerprint"):
-        if not isinstance(m.get(k), str):
-            raise Damaged(f"the manifest's {k} is missing or not text")
-    want = str if "val.bin" in files else type(None)  # the validation corpus's name iff val.bin
-    if "val_corpus" not in m or not isinstance(m["val_corpus"], want):
-        raise Damaged("the manifest's val_corpus is missing or does not match its files")
-    if m["key"] != path.name:
-        raise Damaged(f"the manifest's key {m['key']!r} is not its folder's name")
-    if "tokenizer_file" not in m or not isinstance(m["tokenizer_file"], str | None):
-        raise Damaged("the manifest's tokenizer_file is not a path")
-    if "digest" in m:
-        if m["digest"] != manifest_digest(m):
-            raise Damaged("the manifest was changed after its set was prepared (its digest)")
-        return
-    try:  # before digests: what the tokens depend on, against the tokenizer itself
-        tok = load_tokenizer(m["tokenizer_file"] or "byte")
-    except (OSError, ValueError, ImportError) as e:
-        raise Damaged(f"its tokenizer cannot be checked ({e})") from None
-    if (tok.vocab_size, tok.eos_id) != (vocab, eos):
-        raise Damaged(
-            f"the manifest's vocab_size {vocab} and eos_id {eos} are not its tokenizer's "
-            f"({tok.vocab_size}, {tok.eos_id})"
-        )
 
 
 @contextlib.contextmanager
@@ -348,7 +251,7 @@ def _token_arrays(
     if src.corpus != "tokens":
         yield from encode_chunks(tok, chunks(documents(src, files, field)), dtype, workers)
         return
-    stored = _NP[src.token_dtype]
+    stored = DTYPES[src.token_dtype]
     if stored.itemsize == 2 and tok.vocab_size > 1 << 16:
         raise ValueError(
             f"{field}token_dtype: 'uint16' cannot hold the {tok.vocab_size} ids of data.tokenizer "
@@ -435,7 +338,7 @@ def _build(
     )
     tok = load_tokenizer(cfg.tokenizer)
     dtype_name = "uint16" if tok.vocab_size <= 1 << 16 else "uint32"
-    dtype = _NP[dtype_name]
+    dtype = DTYPES[dtype_name]
     n_workers = workers if workers is not None else default_workers()
     # the fingerprint runs logged before prepared data existed: the tokenizer's name, then the
     # stream as int64 (the held-out tail included), so the same tokens keep their fingerprint

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ablate.data import DataConfig, ValData, data_key, load_data, load_tokenizer, prepare
-from ablate.data.prepared import Damaged, check_set
+from ablate.data.manifest import Damaged, check_set
 from ablate.data.tokenizer import tokenizer_kind
 
 pytest.importorskip("tokenizers")
@@ -213,7 +213,7 @@ def test_a_truncated_or_corrupted_set_is_rebuilt(tmp_path: Path) -> None:
 
 def _redigest(m: dict) -> dict:
     """``m`` with its digest recomputed (a manifest damaged consistently: only the files can tell)."""
-    from ablate.data.prepared import manifest_digest
+    from ablate.data.manifest import manifest_digest
 
     m["digest"] = manifest_digest(m)
     return m
