@@ -2,7 +2,8 @@
 (``MANIFEST``) and the token files' element types (``DTYPES``); ``check_set``, which reads a set's
 manifest and checks every field a reader reads, the manifest's own digest (``manifest_digest``)
 and each file's size (with ``verify``, its sha256); and ``Damaged``, what it raises for a set that
-must not be trained on. ``prepared`` writes sets in this layout and checks each one it uses here.
+must not be trained on; ``changed_parts``, which parts of two sets' tokens differ. ``prepared``
+writes sets in this layout and checks each one it uses here.
 """
 
 from __future__ import annotations
@@ -114,3 +115,17 @@ def _check_manifest(m: dict[str, Any], path: Path) -> None:
             f"the manifest's vocab_size {vocab} and eos_id {eos} are not its tokenizer's "
             f"({tok.vocab_size}, {tok.eos_id})"
         )
+
+
+def changed_parts(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Which of two checked sets' tokens differ, from their manifests: ``data.tokenizer`` when
+    their tokenizers differ (then every token may), else ``data.`` where their training tokens
+    (``train.bin``) differ and ``data.val.`` where their validation tokens (``val.bin``) do."""
+    if old["tokenizer"] != new["tokenizer"]:
+        return ["data.tokenizer"]
+    return [
+        part
+        for part, name in (("data.", "train.bin"), ("data.val.", "val.bin"))
+        if (old["files"].get(name) or {}).get("sha256")
+        != (new["files"].get(name) or {}).get("sha256")
+    ]

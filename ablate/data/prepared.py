@@ -30,6 +30,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -194,8 +195,15 @@ def prepare(
 
 def already_prepared(cfg: DataConfig, cache: str | Path | None = None) -> Prepared | None:
     """``cfg``'s prepared set if it is there and whole (sizes checked, not checksums), else None."""
+    return prepared_set(data_key(cfg), cache)
+
+
+def prepared_set(key: str, cache: str | Path | None = None) -> Prepared | None:
+    """The prepared set named ``key`` (a run's ``data.prepared``) if it is there and whole (sizes
+    checked, not checksums), else None."""
     root = Path(cache) if cache is not None else default_cache()
-    key = data_key(cfg)
+    if not re.fullmatch(r"[0-9a-f]{16}", key):  # no key: nothing outside the cache is read
+        return None
     try:
         return Prepared(key, root / key, check_set(root / key, verify=False))
     except Damaged:

@@ -13,7 +13,8 @@ the runner follows it.
 - ``failed``: ended with an error -> left alone unless ``--rerun-failed``;
 - ``stale-data``: started but not ended (or failed) on other prepared data than the study's data
   prepare to now (its ``data.fingerprint`` differs: a corpus file changed) -> resuming could not
-  replay its batches, so ``run`` refuses before anything starts (``stale_data_refusal``);
+  replay its batches, so ``run`` refuses before anything starts (``stale_data_refusal``), naming
+  the field that changed;
 - ``rerun``: a failed cell with ``--rerun-failed`` (continued like ``resume``), or a finished or
   diverged cell that other numerics code produced (stale), or a ``stale-data`` one, with
   ``--rerun-stale`` (from step 0 in a new run; the old run and its checkpoint are kept);
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ablate.driver.preparing import fingerprints, study_data
+from ablate.driver.preparing import DataChange, DataSet, data_changes, data_now, study_data
 from ablate.driver.reuse import baseline_plan
 from ablate.errors import CannotRunError, TrackingError
 from ablate.study import Cell, Study
@@ -55,8 +56,8 @@ class PlannedCell:
     fresh: bool = False
     """Rerun from step 0 in a new MLflow run (a stale result: the old run and its checkpoint are
     kept, the checkpoint moved aside)."""
-    data_change: str = ""
-    """A ``stale-data`` cell's (or one rerun for it) change of data (``stale_data``)."""
+    data_change: DataChange | None = None
+    """How its data changed since its run trained on them (``preparing.data_changes``)."""
     damaged: str = ""
     """Why its checkpoint is damaged (``checkpoint_damage``; "": not found so): ``run`` sets it
     aside and trains the cell from step 0 in the same run, not from a branch point."""
@@ -71,15 +72,6 @@ def stale(run: CellRun) -> str:
     return f"code_hash {recorded}, now {code_hash()}"
 
 
-def stale_data(run: CellRun, fingerprint: str | None) -> str:
-    """Why a run cannot go on with the data its cell prepares to now (``fingerprint``: the
-    prepared set's; None when not known): "" when it can, or when the run logged no data yet."""
-    recorded = run.data.get("data.fingerprint")
-    if not recorded or fingerprint is None or recorded == fingerprint:
-        return ""
-    return f"data.fingerprint {recorded}, now {fingerprint}"
-
-
 def plan_cell(
     cell: Cell,
     run: CellRun | None,
@@ -87,16 +79,17 @@ def plan_cell(
     rerun_failed: bool,
     ckpt_step: int | None,
     rerun_stale: bool = False,
-    fingerprint: str | None = None,
+    data_change: DataChange | None = None,
     damaged: str = "",
     missing: int | None = None,
 ) -> PlannedCell:
     """What ``run`` does to one cell, given its recorded run, its checkpoint's step (and why that
     checkpoint is damaged: ``PlannedCell.damaged``; or the step its sidecar names where its
-    ``checkpoint.pt`` is missing: ``checkpoint_missing``) and the fingerprint of the prepared data
-    it reads now (None: not known, not checked)."""
+    ``checkpoint.pt`` is missing: ``checkpoint_missing``) and how its data changed since its run
+    trained on them (None: they did not, or that is not known)."""
     if run is None:
         return PlannedCell(cell, "run", None, "new")
+    change = data_change
     if run.status in ("finished", "diverged"):
         old = stale(run)
         if old and rerun_stale:
@@ -106,12 +99,25 @@ def plan_cell(
             why = f"{run.status}; stale: other training code ({old}); --rerun-stale reruns it"
             return PlannedCell(cell, "skip", run, why)
         return PlannedCell(cell, "skip", run, run.status)
-    if old := stale_data(run, fingerprint):
+    if change is not None:
         if rerun_stale:
-            why = f"{run.status} on other data ({old}); again from step 0 in a new run"
-            return PlannedCell(cell, "rerun", run, why, fresh=True, data_change=old)
-        why = f"{run.status} on other data ({old}); restore its data, or --rerun-stale"
-        return PlannedCell(cell, "stale-data", run, why, data_change=old)
+            why = f"{run.status}; {change.said()}; again from step 0 in a new run"
+            return PlannedCell(cell, "rerun", run, why, fresh=True, data_change=change)
+        why = f"{run.status}; {change.said()}; restore its data, or --rerun-stale"
+        return PlannedCell(cell, "stale-data", run, why, data_change=change)
+    return _resumed(cell, run, rerun_failed, ckpt_step, damaged, missing)
+
+
+def _resumed(
+    cell: Cell,
+    run: CellRun,
+    rerun_failed: bool,
+    ckpt_step: int | None,
+    damaged: str,
+    missing: int | None,
+) -> PlannedCell:
+    """What ``run`` does to a cell whose run started and did not end with a result, on the data
+    it trained on: resumed, rerun or left failed."""
     where = f"from the step-{ckpt_step} checkpoint" if ckpt_step else "from step 0"
     if damaged:
         step = f"step-{ckpt_step} " if ckpt_step else ""
@@ -132,10 +138,13 @@ def plan_cells(
     *,
     rerun_failed: bool = False,
     rerun_stale: bool = False,
-    fingerprints: Mapping[str, str] | None = None,
+    data: Mapping[str, DataSet] | None = None,
 ) -> list[PlannedCell]:
-    """Each cell's plan; ``fingerprints``: the prepared data each cell reads now, by key."""
-    fps = fingerprints or {}
+    """Each cell's plan; ``data``: the data each cell reads now, by key (``preparing.data_now``;
+    None: not compared with what its run trained on)."""
+    statuses = list(statuses)
+    recorded = {cs.cell.key: cs.run.data for cs in statuses if cs.run is not None}
+    changes = data_changes(recorded, data, study.data_cache()) if data else {}
     return [
         plan_cell(
             cs.cell,
@@ -143,7 +152,7 @@ def plan_cells(
             rerun_failed=rerun_failed,
             ckpt_step=_ckpt_step(study, cs.cell),
             rerun_stale=rerun_stale,
-            fingerprint=fps.get(cs.cell.key),
+            data_change=changes.get(cs.cell.key),
             damaged=_damage(study, cs.cell, cs.run),
             missing=_missing(study, cs.cell, cs.run),
         )
@@ -151,28 +160,27 @@ def plan_cells(
     ]
 
 
-def check_stale_data(study: Study, fingerprints: Mapping[str, str]) -> None:
+def check_stale_data(study: Study, data: Mapping[str, DataSet]) -> None:
     """Refuse (``CannotRunError``) a study with ``stale-data`` cells, from what its store holds
     (read only: before ``run`` opens the store, so that a refusal changes nothing recorded)."""
     try:
         statuses = study_status(study)
     except TrackingError:  # nothing recorded yet (or a damaged store: refused when opened)
         return
-    if why := stale_data_refusal(plan_cells(study, statuses, fingerprints=fingerprints)):
+    if why := stale_data_refusal(plan_cells(study, statuses, data=data)):
         raise CannotRunError(why)
 
 
 def stale_data_refusal(planned: Iterable[PlannedCell]) -> str | None:
-    """Why ``run`` must not start: the ``stale-data`` cells, with their data fields and both
-    fingerprints, and how to go on (None when there is none)."""
+    """Why ``run`` must not start: the ``stale-data`` cells, with the data fields that changed and
+    both fingerprints, and how to go on (None when there is none)."""
     cells = [p for p in planned if p.action == "stale-data" and p.run is not None]
     if not cells:
         return None
     lines = [
-        f"cell {p.cell.label}: its {p.run.status} run trained on other data than "
-        f"{data_field(p.cell)} prepares to now ({p.data_change})"
+        f"cell {p.cell.label}: its {p.run.status} run {p.data_change.said()}"
         for p in cells
-        if p.run is not None
+        if p.run is not None and p.data_change is not None
     ]
     return "\n".join(
         [
@@ -185,17 +193,6 @@ def stale_data_refusal(planned: Iterable[PlannedCell]) -> str | None:
     )
 
 
-def data_field(cell: Cell) -> str:
-    """The field that names a cell's data, with its value: ``data.path``, ``data.hf_dataset``
-    or ``data.corpus``."""
-    d = cell.config.data
-    if d.path:
-        return f"data.path {d.path}"
-    if d.hf_dataset:
-        return f"data.hf_dataset {d.hf_dataset}"
-    return f"data.corpus {d.corpus}"
-
-
 def plan(
     study: Study, *, rerun_failed: bool = False, rerun_stale: bool = False
 ) -> list[PlannedCell]:
@@ -205,12 +202,12 @@ def plan(
         statuses = study_status(study)
     except TrackingError:  # nothing recorded yet: every cell is new
         statuses = join_runs(study, {})
-    try:  # the sets prepared already (the others prepare when the study runs)
-        fps = fingerprints(study_data(study))
+    try:  # the keys its files give, the sets prepared already (the others prepare in `run`)
+        data = data_now(study_data(study))
     except (FileNotFoundError, ValueError, ImportError):  # refused with its field by the checks
-        fps = {}
+        data = {}
     planned = plan_cells(
-        study, statuses, rerun_failed=rerun_failed, rerun_stale=rerun_stale, fingerprints=fps
+        study, statuses, rerun_failed=rerun_failed, rerun_stale=rerun_stale, data=data
     )
     reuse = baseline_plan(study, {p.cell.key: p.run for p in planned if p.run is not None})
     if reuse is None or not reuse.copy:

@@ -3,17 +3,30 @@ distinct data configuration once into the study's data cache (``ablate.data.prep
 the checksums of sets prepared before, and checks every cell's token counts. ``ablate run``,
 ``ablate tune`` and ``ablate data prepare`` call it; a refusal comes before anything is recorded.
 ``check_hub_data`` refuses at once a hub dataset that neither a cache nor the hub can give
-(``validate`` asks too, through ``preflight.check_hub``).
+(``validate`` asks too, through ``preflight.check_hub``). ``data_changes`` says how each cell's
+data changed since its run trained on them (other tokens), naming the field that changed, for
+``planning``.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
 
-from ablate.data import DataConfig, Prepared, already_prepared, check_counts, data_key, prepare
+from ablate.data import (
+    DataConfig,
+    Prepared,
+    ValData,
+    already_prepared,
+    check_counts,
+    data_key,
+    prepare,
+)
+from ablate.data.manifest import changed_parts
+from ablate.data.prepared import prepared_set
 from ablate.errors import CannotRunError, StudyError
 from ablate.study import Cell, Study
 
@@ -41,10 +54,86 @@ def study_data(study: Study, cells: Iterable[Cell] | None = None) -> list[DataSe
     return list(sets.values())
 
 
-def fingerprints(sets: Iterable[DataSet]) -> dict[str, str]:
-    """The fingerprint of the prepared data each cell reads, by cell key (for the sets prepared:
-    ``planning.stale_data`` compares it with the one its run recorded)."""
-    return {c.key: s.prepared.fingerprint for s in sets if s.prepared for c in s.cells}
+def data_now(sets: Iterable[DataSet]) -> dict[str, DataSet]:
+    """The data each cell reads now, by cell key: the key its files give and, where prepared, its
+    set (``data_changes`` compares them with what its run recorded)."""
+    return {c.key: s for s in sets for c in s.cells}
+
+
+@dataclass(frozen=True)
+class DataChange:
+    """How a cell's data now differ from those its run trained on (``data_changes``)."""
+
+    fields: tuple[str, ...]
+    """The fields whose data changed, each with its value (``data.path corp/a.txt``); where that
+    is not known (the set it trained on is gone from the cache), every field of its data."""
+    known: bool
+    """Whether ``fields`` are those that changed (else: one of them did)."""
+    detail: str
+    """What shows it: both fingerprints."""
+
+    def said(self) -> str:
+        """The change in the words ``run`` refuses a cell with, and ``plan`` shows."""
+        verb = "prepare" if self.known and len(self.fields) > 1 else "prepares"
+        return f"trained on other data than {self.named()} {verb} to now ({self.detail})"
+
+    def named(self) -> str:
+        return (" and " if self.known else " or ").join(self.fields)
+
+
+def source_field(src: DataConfig | ValData, part: str = "data.") -> str:
+    """The field that names a corpus's data, with its value: ``data.path``, ``data.hf_dataset``
+    or ``data.corpus`` (``part`` ``data.val.``: the validation corpus's)."""
+    if src.path:
+        return f"{part}path {src.path}"
+    if src.hf_dataset:
+        return f"{part}hf_dataset {src.hf_dataset}"
+    return f"{part}corpus {src.corpus}"
+
+
+def _fields(cfg: DataConfig, parts: Iterable[str]) -> tuple[tuple[str, ...], bool]:
+    """The fields of ``parts`` (``data.``, ``data.val.``, ``data.tokenizer``) with their values, and
+    whether they are known: none given, every corpus field of ``cfg``."""
+    named = {
+        "data.": source_field(cfg),
+        "data.tokenizer": f"data.tokenizer {cfg.tokenizer}",
+        **({"data.val.": source_field(cfg.val, "data.val.")} if cfg.val is not None else {}),
+    }
+    fields = tuple(dict.fromkeys(named[p] for p in parts if p in named))
+    if fields:
+        return fields, True
+    return tuple(v for k, v in named.items() if k != "data.tokenizer"), False
+
+
+def data_changes(
+    recorded: Mapping[str, Mapping[str, str]], now: Mapping[str, DataSet], cache: Path
+) -> dict[str, DataChange]:
+    """By cell key, how the data of each cell changed since its run recorded them (``recorded``:
+    each run's ``data.fingerprint`` and ``data.prepared``, by cell key; ``now``: ``data_now``);
+    a cell whose data did not change, whose set is not prepared yet, or whose run recorded none
+    yet, is left out. Read only. The field that changed is named from the set the run trained on,
+    where it is still in ``cache``."""
+    out: dict[str, DataChange] = {}
+    memo: dict[tuple[str, str, str], DataChange | None] = {}
+    for cell_key, params in recorded.items():
+        fp, key = params.get("data.fingerprint", ""), params.get("data.prepared", "")
+        s = now.get(cell_key)
+        if not fp or s is None:
+            continue
+        if (fp, key, s.key) not in memo:
+            memo[fp, key, s.key] = _change(fp, key, s, cache)
+        if (change := memo[fp, key, s.key]) is not None:
+            out[cell_key] = change
+    return out
+
+
+def _change(fp: str, key: str, s: DataSet, cache: Path) -> DataChange | None:
+    if s.prepared is None or fp == s.prepared.fingerprint:  # not known yet, or the same tokens
+        return None
+    old = prepared_set(key, cache) if key else None
+    parts = changed_parts(old.manifest, s.prepared.manifest) if old is not None else []
+    detail = f"data.fingerprint {fp}, now {s.prepared.fingerprint}"
+    return DataChange(*_fields(s.config, parts), detail)
 
 
 def check_hub_data(study: Study, cells: Iterable[Cell] | None = None) -> None:

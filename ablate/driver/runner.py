@@ -40,7 +40,7 @@ from ablate.driver.planning import (
     summarize,
 )
 from ablate.driver.preflight import preflight
-from ablate.driver.preparing import fingerprints, prepare_study
+from ablate.driver.preparing import data_now, prepare_study
 from ablate.driver.progress import (
     WAIT_REPEAT_S,
     WAIT_WARN_S,
@@ -123,9 +123,9 @@ def run_study(
     out = stream or sys.stderr
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
     sets = prepare_study(study, out=out)  # tokenizes each data configuration once, records nothing
-    fps = fingerprints(sets)
+    data = data_now(sets)
     if not rerun_stale:  # a cell interrupted on other data: refused before anything is recorded
-        check_stale_data(study, fps)
+        check_stale_data(study, data)
     with (
         clean_failed_start(study.output_dir) as launched,
         study_lock(study.output_dir),
@@ -142,7 +142,7 @@ def run_study(
                 join_runs(study, runs),
                 rerun_failed=rerun_failed,
                 rerun_stale=rerun_stale,
-                fingerprints=fps,
+                data=data,
             )
             if why := stale_data_refusal(planned):  # recorded since check_stale_data read
                 raise CannotRunError(why)

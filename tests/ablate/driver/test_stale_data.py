@@ -22,7 +22,7 @@ name: c1
 base:
   device: cpu
   model: {preset: tiny}
-  data: {corpus: text, path: corp/a.txt, val_tokens: 4096}
+  data: {corpus: text, path: corp/a.txt, val_tokens: 4096, val: {corpus: text, path: corp/v.txt}}
   train: {steps: 9, batch_size: 2, seq_len: 16, eval_every: 3, eval_batches: 2, warmup_steps: 2}
 data_cache: cache
 grid: {seed: [0]}
@@ -36,6 +36,7 @@ def _setup(tmp_path: Path, monkeypatch: Any) -> Study:
         f"Paragraph {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(500)
     )
     (tmp_path / "corp" / "a.txt").write_text(text)
+    (tmp_path / "corp" / "v.txt").write_text(text[:6000])
     (tmp_path / "c1.yaml").write_text(STUDY)
     s = load_study(tmp_path / "c1.yaml", output=tmp_path / "out")
     first = run_study(s, executor="local", progress=False, stop_after=4)
@@ -72,7 +73,7 @@ def test_changed_corpus_refuses_before_anything_starts_and_rerun_stale_trains_an
     before = _recorded(s)
     (old_id,) = [rid for rid, (_, prm, _, _) in before["runs"].items() if "data.fingerprint" in prm]
     old_fp = before["runs"][old_id][1]["data.fingerprint"]
-    with open(tmp_path / "corp" / "a.txt", "a") as f:
+    with open(tmp_path / "corp" / "v.txt", "a") as f:  # only the validation corpus
         f.write("more text appended\n")
 
     (p,) = plan(s)  # the new data are not prepared yet: not known, not marked
@@ -82,12 +83,14 @@ def test_changed_corpus_refuses_before_anything_starts_and_rerun_stale_trains_an
             main, ["run", "c1.yaml", "--executor", "local", "-o", "out", "--quiet", *flags]
         )
         assert res.exit_code == 2, res.output
-        assert "data.path corp/a.txt" in res.output and old_fp in res.output
+        assert "than data.val.path corp/v.txt prepares to now" in res.output, res.output
+        assert old_fp in res.output and "data.path" not in res.output
         assert "--rerun-stale" in res.output and "--rerun-failed" not in res.output
         assert "Traceback" not in res.output
         assert _recorded(s) == before  # nothing recorded changed, no checkpoint touched
     (p,) = plan(s)  # prepared by the refused run: its fingerprint is known now
     assert p.action == "stale-data" and old_fp in p.why
+    assert "than data.val.path corp/v.txt prepares to now" in p.why
     (p,) = plan(s, rerun_failed=True)
     assert p.action == "stale-data"
 
