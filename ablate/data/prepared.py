@@ -35,7 +35,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ import numpy as np
 from ablate.data.config import DataConfig, ValData
 from ablate.data.manifest import DTYPES, FORMAT, MANIFEST, Damaged, check_set, manifest_digest
 from ablate.data.sources import (
+    changed_states,
     check_unchanged,
     corpus_name,
     documents,
@@ -208,6 +209,20 @@ def prepared_set(key: str, cache: str | Path | None = None) -> Prepared | None:
         return Prepared(key, root / key, check_set(root / key, verify=False))
     except Damaged:
         return None
+
+
+def identity_changes(cfg: DataConfig, identity: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What of ``cfg``'s data is no longer as ``identity`` (a prepared set's, from its manifest)
+    saw it, from what a key holds, without reading a corpus file: ``(part, what)`` for each file
+    that appeared, went away or changed its size or modification time (part ``data.`` or
+    ``data.val.``), and for a tokenizer file that changed (``data.tokenizer``)."""
+    out = []
+    if identity.get("tokenizer") != tokenizer_identity(cfg.tokenizer):
+        out.append(("data.tokenizer", f"{cfg.tokenizer} changed"))
+    now = {k: v[:2] for k, v in file_states(cfg).items()}
+    for named, f, what in changed_states(keyed_states(identity["train"], identity["val"]), now):
+        out.append(("data.val." if named.startswith("data.val.") else "data.", f"{f} {what}"))
+    return out
 
 
 def _count(manifest: dict[str, Any]) -> str:

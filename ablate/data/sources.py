@@ -1,12 +1,12 @@
-"""Where a corpus's documents come from: the files it reads (``resolve_files``, each real file
-once, checked before anything runs by ``check_sources``; ``left_out_names`` says which links to an
-already found file it leaves out), whether a hub dataset can be had here
-(``hub_dataset_missing``: in the ``datasets`` cache, or the hub reachable), its documents in order
-(``documents``: the built-in corpus, text, JSONL, Parquet, Hugging Face datasets), its readable
-name and what of it
-decides its tokens (``source_identity``, which the prepared set's key holds) and whether its files
-changed while they were read (``file_states``, ``check_unchanged``). Optional packages
-(``pyarrow``, ``datasets``) are imported only by the code that reads those formats."""
+"""Where a corpus's documents come from: the files it reads (``resolve_files``, each real file once,
+checked before anything runs by ``check_sources``; ``left_out_names`` says which links to an already
+found file it leaves out), whether a hub dataset can be had here (``hub_dataset_missing``: in the
+``datasets`` cache, or the hub reachable), its documents in order (``documents``: the built-in
+corpus, text, JSONL, Parquet, Hugging Face datasets), its readable name and what of it decides its
+tokens (``source_identity``, which the prepared set's key holds) and whether its files changed while
+they were read, or since a key was computed (``file_states``, ``changed_states``,
+``check_unchanged``). Optional packages (``pyarrow``, ``datasets``) are imported only by the code
+that reads those formats."""
 
 from __future__ import annotations
 
@@ -219,17 +219,30 @@ def keyed_states(train: dict[str, Any], val: dict[str, Any] | None) -> dict[tupl
     }
 
 
+def changed_states(
+    before: Mapping[tuple[str, str], tuple[int, ...]],
+    after: Mapping[tuple[str, str], tuple[int, ...]],
+) -> list[tuple[str, str, str]]:
+    """Each file that appeared, went away or changed between ``before`` and ``after``
+    (``file_states``, or the size and time a key was computed from), in order, as ``(field naming
+    it, file, "appeared" | "went away" | "changed")``."""
+    out = []
+    for field, f in sorted(before.keys() | after.keys()):
+        was, now = before.get((field, f)), after.get((field, f))
+        if was != now:
+            out.append(
+                (field, f, "appeared" if was is None else "went away" if now is None else "changed")
+            )
+    return out
+
+
 def check_unchanged(
     before: Mapping[tuple[str, str], tuple[int, ...]],
     after: Mapping[tuple[str, str], tuple[int, ...]],
 ) -> None:
     """Raises ValueError naming the first file that appeared, went or changed between ``before``
-    and ``after`` (``file_states``, or the size and time a key was computed from)."""
-    for field, f in sorted(before.keys() | after.keys()):
-        was, now = before.get((field, f)), after.get((field, f))
-        if was == now:
-            continue
-        what = "appeared" if was is None else "went away" if now is None else "changed"
+    and ``after`` (``changed_states``)."""
+    for field, f, what in changed_states(before, after)[:1]:
         raise ValueError(
             f"{field}: {f} {what} while the data was prepared; nothing was stored: prepare it "
             "again once its files no longer change"

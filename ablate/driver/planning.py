@@ -6,7 +6,8 @@ the runner follows it.
 
 - ``run``: no MLflow run has its key yet -> create one and train from step 0 (a checkpoint of
   the cell that no run owns, its run deleted, is set aside: ``runner``);
-- ``skip``: finished or diverged (both are results);
+- ``skip``: finished or diverged (both are results; one whose data changed since it trained says
+  so: ``preparing.data_changes``);
 - ``resume``: started but not ended (interrupted, worker lost, driver killed) -> continue from its
   checkpoint (or from step 0 when there is none, its sidecar's ``checkpoint.pt`` missing included,
   or when it is damaged: set aside) in the same run;
@@ -14,7 +15,9 @@ the runner follows it.
 - ``stale-data``: started but not ended (or failed) on other prepared data than the study's data
   prepare to now (its ``data.fingerprint`` differs: a corpus file changed) -> resuming could not
   replay its batches, so ``run`` refuses before anything starts (``stale_data_refusal``), naming
-  the field that changed;
+  the field that changed. Before the changed files are prepared their tokens are not known (files
+  only touched give the same): such a cell is planned as it would be otherwise, saying that its
+  data changed and that ``run`` prepares them first;
 - ``rerun``: a failed cell with ``--rerun-failed`` (continued like ``resume``), or a finished or
   diverged cell that other numerics code produced (stale), or a ``stale-data`` one, with
   ``--rerun-stale`` (from step 0 in a new run; the old run and its checkpoint are kept);
@@ -25,6 +28,7 @@ the runner follows it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,17 +99,23 @@ def plan_cell(
         if old and rerun_stale:
             why = f"{run.status} by other code ({old}); again from step 0 in a new run"
             return PlannedCell(cell, "rerun", run, why, fresh=True)
+        why = run.status
         if old:
             why = f"{run.status}; stale: other training code ({old}); --rerun-stale reruns it"
-            return PlannedCell(cell, "skip", run, why)
-        return PlannedCell(cell, "skip", run, run.status)
-    if change is not None:
+        if change is not None:
+            why += f"; {change.said()}"
+        return PlannedCell(cell, "skip", run, why, data_change=change)
+    if change is not None and change.tokens:
         if rerun_stale:
             why = f"{run.status}; {change.said()}; again from step 0 in a new run"
             return PlannedCell(cell, "rerun", run, why, fresh=True, data_change=change)
         why = f"{run.status}; {change.said()}; restore its data, or --rerun-stale"
         return PlannedCell(cell, "stale-data", run, why, data_change=change)
-    return _resumed(cell, run, rerun_failed, ckpt_step, damaged, missing)
+    planned = _resumed(cell, run, rerun_failed, ckpt_step, damaged, missing)
+    if change is None:
+        return planned
+    why = f"{planned.why}; {change.said()}: run prepares them first and refuses it if they did"
+    return dataclasses.replace(planned, why=why, data_change=change)
 
 
 def _resumed(

@@ -4,8 +4,8 @@ the checksums of sets prepared before, and checks every cell's token counts. ``a
 ``ablate tune`` and ``ablate data prepare`` call it; a refusal comes before anything is recorded.
 ``check_hub_data`` refuses at once a hub dataset that neither a cache nor the hub can give
 (``validate`` asks too, through ``preflight.check_hub``). ``data_changes`` says how each cell's
-data changed since its run trained on them (other tokens), naming the field that changed, for
-``planning``.
+data changed since its run trained on them (other tokens, or files changed and not prepared yet),
+naming the field that changed, for ``planning``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ablate.data import (
     prepare,
 )
 from ablate.data.manifest import changed_parts
-from ablate.data.prepared import prepared_set
+from ablate.data.prepared import identity_changes, prepared_set
 from ablate.errors import CannotRunError, StudyError
 from ablate.study import Cell, Study
 
@@ -70,12 +70,20 @@ class DataChange:
     known: bool
     """Whether ``fields`` are those that changed (else: one of them did)."""
     detail: str
-    """What shows it: both fingerprints."""
+    """What shows it: both fingerprints, or both keys and the files that changed."""
+    tokens: bool
+    """Known to prepare to other tokens (both sets' fingerprints); False: its files changed since
+    and are not prepared yet, so their tokens are not known (files only touched give the same)."""
 
     def said(self) -> str:
         """The change in the words ``run`` refuses a cell with, and ``plan`` shows."""
-        verb = "prepare" if self.known and len(self.fields) > 1 else "prepares"
-        return f"trained on other data than {self.named()} {verb} to now ({self.detail})"
+        if self.tokens:
+            verb = "prepare" if self.known and len(self.fields) > 1 else "prepares"
+            return f"trained on other data than {self.named()} {verb} to now ({self.detail})"
+        return (
+            f"its data changed since it trained ({self.named()}: {self.detail}); whether their "
+            "tokens did is known once they are prepared"
+        )
 
     def named(self) -> str:
         return (" and " if self.known else " or ").join(self.fields)
@@ -110,9 +118,10 @@ def data_changes(
 ) -> dict[str, DataChange]:
     """By cell key, how the data of each cell changed since its run recorded them (``recorded``:
     each run's ``data.fingerprint`` and ``data.prepared``, by cell key; ``now``: ``data_now``);
-    a cell whose data did not change, whose set is not prepared yet, or whose run recorded none
-    yet, is left out. Read only. The field that changed is named from the set the run trained on,
-    where it is still in ``cache``."""
+    a cell whose data did not change, or whose run recorded none yet, is left out. Read only, and
+    nothing is tokenized: a set not prepared yet is compared by its key, its files' sizes and
+    modification times (then ``DataChange.tokens`` is False). The field that changed is named from
+    the set the run trained on, where it is still in ``cache``."""
     out: dict[str, DataChange] = {}
     memo: dict[tuple[str, str, str], DataChange | None] = {}
     for cell_key, params in recorded.items():
@@ -128,12 +137,25 @@ def data_changes(
 
 
 def _change(fp: str, key: str, s: DataSet, cache: Path) -> DataChange | None:
-    if s.prepared is None or fp == s.prepared.fingerprint:  # not known yet, or the same tokens
+    if s.prepared is not None:  # its tokens are known
+        if fp == s.prepared.fingerprint:
+            return None
+        old = prepared_set(key, cache) if key else None
+        parts = changed_parts(old.manifest, s.prepared.manifest) if old is not None else []
+        detail = f"data.fingerprint {fp}, now {s.prepared.fingerprint}"
+        return DataChange(*_fields(s.config, parts), detail, tokens=True)
+    if not key or key == s.key:  # the same files as it trained on (or not known)
         return None
-    old = prepared_set(key, cache) if key else None
-    parts = changed_parts(old.manifest, s.prepared.manifest) if old is not None else []
-    detail = f"data.fingerprint {fp}, now {s.prepared.fingerprint}"
-    return DataChange(*_fields(s.config, parts), detail)
+    old = prepared_set(key, cache)
+    try:
+        changes = identity_changes(s.config, old.manifest["identity"]) if old else []
+    except (OSError, ValueError, KeyError, TypeError):  # a file gone since, an odd manifest
+        changes = []
+    what = ", ".join(w for _, w in changes[:3]) + (
+        f" and {len(changes) - 3} more" if len(changes) > 3 else ""
+    )
+    detail = f"{what + '; ' if what else ''}data.prepared {key}, now {s.key}"
+    return DataChange(*_fields(s.config, [p for p, _ in changes]), detail, tokens=False)
 
 
 def check_hub_data(study: Study, cells: Iterable[Cell] | None = None) -> None:

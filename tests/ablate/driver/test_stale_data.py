@@ -1,7 +1,9 @@
 """A cell interrupted on data that prepare to other tokens now (a corpus file changed since): `plan`
-marks it stale-data and `run` refuses before anything starts, with nothing recorded changed, until
-the data are restored or --rerun-stale trains it anew; files only touched resume as before. Real
-tiny runs on a local text corpus, real MLflow (SQLite under tmp_path)."""
+says its data changed before they are prepared and marks it stale-data once they are, and `run`
+refuses before anything starts, naming the field that changed, with nothing recorded changed, until
+the data are restored or --rerun-stale trains it anew; files only touched resume as before; a
+finished cell whose data changed stays a result, and `plan` says so. Real tiny runs on a local text
+corpus and its validation corpus, real MLflow (SQLite under tmp_path)."""
 
 from __future__ import annotations
 
@@ -76,8 +78,13 @@ def test_changed_corpus_refuses_before_anything_starts_and_rerun_stale_trains_an
     with open(tmp_path / "corp" / "v.txt", "a") as f:  # only the validation corpus
         f.write("more text appended\n")
 
-    (p,) = plan(s)  # the new data are not prepared yet: not known, not marked
-    assert p.action == "resume"
+    # not prepared yet: its tokens are not known (touched files give the same), its files changed
+    sets = set((tmp_path / "cache").iterdir())
+    (p,) = plan(s)  # prepares nothing
+    assert p.action == "resume" and set((tmp_path / "cache").iterdir()) == sets
+    assert "its data changed since it trained" in p.why, p.why
+    assert f"data.val.path corp/v.txt: {tmp_path}/corp/v.txt changed" in p.why, p.why
+    assert "data.path" not in p.why and "run prepares them first" in p.why
     for flags in ([], ["--rerun-failed"]):
         res = CliRunner().invoke(
             main, ["run", "c1.yaml", "--executor", "local", "-o", "out", "--quiet", *flags]
@@ -102,7 +109,24 @@ def test_changed_corpus_refuses_before_anything_starts_and_rerun_stale_trains_an
     new_fp = client.get_run(new_id).data.params["data.fingerprint"]
     assert new_fp != old_fp
     assert (s.checkpoint_dir(cell).parent / f"{cell.key}.stale-{old_id[:12]}").is_dir()
-    assert [p.action for p in plan(s)] == ["skip"]
+    (p,) = plan(s)
+    assert (p.action, p.why) == ("skip", "finished")
+
+    # a finished cell whose training corpus changed since: still a result, and plan says so
+    with open(tmp_path / "corp" / "a.txt", "a") as f:
+        f.write("appended after it finished\n")
+    sets = set((tmp_path / "cache").iterdir())
+    (p,) = plan(s)
+    assert p.action == "skip" and set((tmp_path / "cache").iterdir()) == sets
+    assert p.why.startswith("finished; its data changed since it trained (data.path corp/a.txt: ")
+    assert "data.val.path" not in p.why, p.why
+    res = CliRunner().invoke(main, ["data", "prepare", "c1.yaml", "-o", "out"])
+    assert res.exit_code == 0, res.output
+    (p,) = plan(s)
+    assert p.action == "skip" and p.why.startswith(
+        f"finished; trained on other data than data.path corp/a.txt prepares to now "
+        f"(data.fingerprint {new_fp}, now "
+    ), p.why
 
 
 def test_touched_corpus_resumes_in_the_same_run(tmp_path, monkeypatch):
