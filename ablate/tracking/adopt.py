@@ -6,9 +6,11 @@ and at every bump of the numerics version (``ablate.numerics``: ``config_hash(cf
 for each older ``v``). Such a study's cells would all run again; ``adopt`` re-labels the old runs
 instead: each cell whose current key has no run and one of its older keys has one gets that run
 re-tagged with the current key (the old one kept as ``ablate.legacy_key``) and its checkpoint
-folder renamed and re-keyed, so ``ablate run`` skips or resumes it. Every checkpoint to move is
-unpickled first (its tensors mapped): one that cannot be (refused, damaged, or a read the file
-system failed) stops it before anything is adopted, naming the cell and the file (``AdoptError``).
+folder renamed and re-keyed (a one-process checkpoint's ``checkpoint.pt``, a sharded one's train
+state, and the sidecar), so ``ablate run`` skips or resumes it. Every checkpoint to move is read
+first (a one-process one unpickled, its tensors mapped; a sharded one checked as rank 0 checks it
+before a run loads it): one that cannot be (refused, damaged, or a read the file system failed)
+stops it before anything is adopted, naming the cell and the file (``AdoptError``).
 
 Adopting asserts that those runs trained on the device kind and precision the study now resolves
 to (``env.device`` and ``env.precision`` are recorded with ``env.adopted``). A run of an older
@@ -30,7 +32,15 @@ from ablate.numerics import NUMERICS_VERSION
 from ablate.study.cells import Cell, Study
 from ablate.tracking import vocab
 from ablate.tracking.runs import StudyTracker
-from ablate.train.checkpoint import CHECKPOINT, SINGLE_KEYS, load_file, rekey_checkpoint
+from ablate.train.checkpoint import (
+    CHECKPOINT,
+    SHARDED,
+    SINGLE_KEYS,
+    checkpoint_info,
+    load_file,
+    rekey_checkpoint,
+    sharded_damage,
+)
 from ablate.train.config import RunConfig, config_hash, device_kind, resolved_precision
 
 LEGACY_TRAIN = (
@@ -107,17 +117,15 @@ def adoptable(study: Study, tracker: StudyTracker) -> tuple[list[Adoption], list
 
 def adopt(study: Study, tracker: StudyTracker, found: list[Adoption]) -> None:
     """Re-tag each run with its cell's current key (and its numerics version) and move its
-    checkpoint to the current key's folder, re-keyed. Every checkpoint to move is read first (as
-    ``checkpoint_step`` reads one: its tensors mapped, not read), so that one that cannot be read
-    (refused, damaged, or a read the file system failed: ``OSError``) fails the adoption before
-    anything is adopted; each cell's checkpoint is then re-keyed before its folder moves and its
-    run is re-tagged, so that a cell is adopted whole or not at all. ``AdoptError`` naming the
-    cell and the file."""
+    checkpoint to the current key's folder, re-keyed. Every checkpoint to move is read first
+    (``_read``), so that one that cannot be read (refused, damaged, or a read the file system
+    failed: ``OSError``) fails the adoption before anything is adopted; each cell's checkpoint is
+    then re-keyed before its folder moves and its run is re-tagged, so that a cell is adopted whole
+    or not at all. ``AdoptError`` naming the cell and the file."""
     for a in found:
-        path = study.output_dir / "cells" / a.old_key / CHECKPOINT
         with _adopting(a):
-            if a.checkpoint and path.exists():  # as rekey_checkpoint reads it, tensors mapped
-                load_file(path, keys=SINGLE_KEYS, mmap=True)
+            if a.checkpoint:
+                _read(study.output_dir / "cells" / a.old_key)
     for n, a in enumerate(found):
         old_dir: Path = study.output_dir / "cells" / a.old_key
         if a.checkpoint:  # the checkpoint first, under the old name: then the run
@@ -136,6 +144,22 @@ def adopt(study: Study, tracker: StudyTracker, found: list[Adoption]) -> None:
                 vocab.env_tag("adopted"): "true",
             },
         )
+
+
+def _read(checkpoint_dir: Path) -> None:
+    """Read the checkpoint in ``checkpoint_dir`` as ``rekey_checkpoint`` and then a resumed run read
+    it: its sidecar (a read the file system fails raised); a one-process one's ``checkpoint.pt``
+    unpickled as ``checkpoint_step`` reads it (its tensors mapped, not read); a sharded one as rank 0
+    checks it before its ranks load it (``sharded_damage``: its train state, RNG states and DCP
+    metadata unpickled as untrusted, its shards' sizes; no shard read). Raises what is damaged
+    (``DamagedCheckpointError``), refused (``CheckpointError``) or failed (``OSError``)."""
+    info = checkpoint_info(checkpoint_dir, strict=True)
+    if info is not None and info.get("format") == SHARDED:
+        damaged = sharded_damage(checkpoint_dir / info["path"])
+        if damaged is not None:
+            raise damaged
+    elif (checkpoint_dir / CHECKPOINT).exists():
+        load_file(checkpoint_dir / CHECKPOINT, keys=SINGLE_KEYS, mmap=True)
 
 
 @contextlib.contextmanager

@@ -90,13 +90,16 @@ def load_file(path: Path, *, keys: tuple[str, ...] = (), mmap: bool = False) -> 
     return obj
 
 
-def checkpoint_info(checkpoint_dir: str | Path) -> dict[str, Any] | None:
+def checkpoint_info(checkpoint_dir: str | Path, *, strict: bool = False) -> dict[str, Any] | None:
     """{"step", "status", "config_hash"} of the checkpoint in ``checkpoint_dir`` (a sharded one's
     also "format", "path", "world", "parallel"), or None: no sidecar, or one that is damaged (not
-    JSON, or not such an object: ``_sidecar_ok``), which every reader treats alike."""
+    JSON, or not such an object: ``_sidecar_ok``), which every reader treats alike. With
+    ``strict``, a read the file system fails (``OSError``, no damage: ``is_damage``) is raised."""
     try:
         info = json.loads((Path(checkpoint_dir) / _SIDECAR).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError) as e:
+        if strict and isinstance(e, OSError) and not is_damage(e):
+            raise
         return None
     return info if _sidecar_ok(info) else None
 
@@ -233,7 +236,17 @@ def load_checkpoint(
 
 def rekey_checkpoint(checkpoint_dir: Path, config_hash: str) -> bool:
     """Record a new config hash in the checkpoint in ``checkpoint_dir`` (``ablate adopt``: the same
-    training under a key that now also names its device and precision); False when there is none."""
+    training under a newer key): in a one-process one's ``checkpoint.pt`` and its sidecar, in a
+    sharded one's ``train_state.pt`` (what its ranks check) and then its sidecar, each replaced
+    atomically; False when there is none (a sharded one is found by its sidecar, read ``strict``)."""
+    info = checkpoint_info(checkpoint_dir, strict=True)
+    if info is not None and info.get("format") == SHARDED:
+        path = checkpoint_dir / info["path"] / "train_state.pt"
+        ts = load_file(path, keys=TRAIN_STATE_KEYS) | {"config_hash": config_hash}
+        torch.save(ts, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+        _write_sidecar(checkpoint_dir, info | {"config_hash": config_hash})
+        return True
     path = checkpoint_dir / CHECKPOINT
     if not path.exists():
         return False

@@ -4,11 +4,13 @@ study finds them with ``data: {data_seed: 0}``). This code keys them the same at
 numerics 1, so nothing of the layout moved a key; its own numerics are newer, so the study resumed
 now trains new cells instead of mixing two sets of numbers, and ``ablate adopt`` takes the old runs
 over knowingly, after which every cell is found finished (a checkpoint it cannot read stops it
-first, in one line, nothing adopted; one it reads moves, re-keyed)."""
+first, in one line, nothing adopted; one it reads moves, re-keyed, a sharded one too)."""
 
 from __future__ import annotations
 
 import io
+import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -19,7 +21,7 @@ from ablate.driver.planning import plan
 from ablate.driver.runner import run_study
 from ablate.study import load_study
 from ablate.tracking import StudyTracker
-from ablate.train.checkpoint import CHECKPOINT, load_file
+from ablate.train.checkpoint import CHECKPOINT, checkpoint_info, load_file
 from ablate.train.config import config_hash
 
 QUICKSTART = Path(__file__).parent / "quickstart_numerics1.yaml"
@@ -43,6 +45,27 @@ RECORDED = [
     "fd653921c0c15777",
 ]
 """The quickstart's keys under numerics 1, every seed on batch order 0."""
+
+
+def _sharded(folder: Path) -> Path:
+    """A finished run's sharded checkpoint of one rank in ``folder``, under the key its name is,
+    as ``save_sharded`` writes one (DCP shards, train state, RNG state, the sidecar naming them):
+    its train state's path."""
+    import torch.distributed.checkpoint as dcp
+
+    step = folder / "sharded" / "step-000000008-0"
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.save({"model": {"w": torch.zeros(2)}}, checkpoint_id=str(step), no_dist=True)
+    state = {"step": 8, "status": "finished"}
+    torch.save(
+        {"config_hash": folder.name, "state": state, "sampler": {}, "world": 1, "parallel": "ddp"},
+        step / "train_state.pt",
+    )
+    torch.save({"rng_cpu": torch.get_rng_state(), "rng_cuda": None}, step / "rng-rank0.pt")
+    info = state | {"config_hash": folder.name, "format": "sharded", "path": f"sharded/{step.name}"}
+    (folder / "checkpoint.json").write_text(json.dumps(info | {"world": 1, "parallel": "ddp"}))
+    return step / "train_state.pt"
 
 
 def test_a_quickstart_recorded_under_numerics_1_reruns_unless_adopted(tmp_path, monkeypatch):
@@ -85,12 +108,35 @@ def test_a_quickstart_recorded_under_numerics_1_reruns_unless_adopted(tmp_path, 
         | {"optimizer": {}, "sampler": {}, "rng_cpu": torch.zeros(1), "rng_cuda": None},
         old_dir / CHECKPOINT,
     )
+    # a sharded checkpoint (of a distributed run) alike: its train state, which the ranks check
+    # for the key, unreadable stops it in one line, nothing adopted, the cell before it included
+    cell5 = study.cells[5]
+    old5 = study.output_dir / "cells" / config_hash(cell5.config, numerics=1)
+    state = _sharded(old5)
+    saved = state.read_bytes()
+    state.unlink()
+    state.symlink_to("/proc/self/mem")
+    res = CliRunner().invoke(main, ["adopt", "--yes", str(tmp_path / "quickstart.yaml")])
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert res.output.splitlines()[-1] == (
+        f"Error: {cell5.label}: not adopted: [Errno 5] Input/output error: '{state}'"
+    )
+    assert sorted(tracker.cell_runs()) == RECORDED
+    assert load_file(old_dir / CHECKPOINT)["config_hash"] == old_dir.name  # cell 3: as it was
+    assert not study.checkpoint_dir(cell).exists() and not study.checkpoint_dir(cell5).exists()
+    state.unlink()
+    state.write_bytes(saved)
     # taken over knowingly: every cell is found finished, and nothing trains
     res = CliRunner().invoke(main, ["adopt", "--yes", str(tmp_path / "quickstart.yaml")])
     assert res.exit_code == 0, res.output
     assert f"adopted {len(study.cells)} runs" in res.output and "numerics 1" in res.output
     assert not old_dir.exists()
     assert load_file(study.checkpoint_dir(cell) / CHECKPOINT)["config_hash"] == cell.key
+    # the sharded one re-keyed where a resumed run checks the key: its train state and sidecar
+    new5 = study.checkpoint_dir(cell5)
+    info = checkpoint_info(new5)
+    assert not old5.exists() and info is not None and info["config_hash"] == cell5.key
+    assert load_file(new5 / info["path"] / "train_state.pt")["config_hash"] == cell5.key
     assert [p.action for p in plan(study)] == ["skip"] * len(study.cells)
     res = run_study(study, executor="local", progress=False, stream=io.StringIO())
     assert res.outcomes == {} and not res.failed

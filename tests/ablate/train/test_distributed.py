@@ -26,7 +26,8 @@ import torch.distributed as dist
 from ablate.errors import CheckpointError
 from ablate.train import RunConfig, train
 from ablate.train.branch import Branches, branch_point, family_hash, prefix_hash
-from ablate.train.checkpoint import checkpoint_info
+from ablate.train.checkpoint import checkpoint_info, load_file, rekey_checkpoint
+from ablate.train.config import config_hash
 from ablate.train.damage import checkpoint_damage, load_damage
 from ablate.train.device import resolve_device
 from ablate.train.parallel import process_group
@@ -251,6 +252,28 @@ def test_a_sharded_checkpoint_the_file_system_fails_to_read_is_not_set_aside(
         losses(cfg("ddp", steps=4, checkpoint_dir=ck))
     assert e.value.errno == errno.EIO
     assert not list(tmp_path.glob("ck.*")) and checkpoint_info(ck) == info
+
+
+def test_an_adopted_sharded_checkpoint_resumes_exactly_under_its_new_key(sharded_at_2, tmp_path):
+    """``ablate adopt``'s re-key (``rekey_checkpoint``) of a sharded checkpoint recorded under an
+    older key: its train state, which the ranks check, and its sidecar then name the cell's key,
+    and the run resumes from step 2 as it trains from step 0 (under the old key it is refused)."""
+    src, ref = sharded_at_2
+    ck = tmp_path / "ck"
+    shutil.copytree(src, ck)
+    d = cfg("ddp", steps=4, checkpoint_dir=ck, checkpoint_every=2)
+    key = config_hash(RunConfig.from_dict(d))
+    old = config_hash(RunConfig.from_dict(d), numerics=1)
+    info = checkpoint_info(ck)
+    assert info is not None and info["config_hash"] == key and info["step"] == 2
+    state = ck / info["path"] / "train_state.pt"  # as numerics 1 recorded it: the old key
+    torch.save(load_file(state) | {"config_hash": old}, state)
+    (ck / "checkpoint.json").write_text(json.dumps(info | {"config_hash": old}))
+    with pytest.raises(ValueError, match=rf"written by a different configuration \({old} !="):
+        losses(d)
+    assert rekey_checkpoint(ck, key)
+    assert checkpoint_info(ck) == info and load_file(state)["config_hash"] == key
+    assert losses(d) == ref
 
 
 # --- two processes -------------------------------------------------------------------------------------
