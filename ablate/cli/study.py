@@ -39,8 +39,8 @@ from ablate.study import Study
     "--rerun-stale",
     is_flag=True,
     help="Run again, in new runs, finished cells that other training code produced "
-    "(env.code_hash differs), and interrupted ones whose data now prepare to other tokens "
-    "(data.fingerprint differs); the old runs are kept.",
+    "(env.code_hash differs), and finished or interrupted ones whose data now prepare to other "
+    "tokens (data.fingerprint differs); the old runs are kept.",
 )
 @click.option("--max-concurrent", type=int, default=None, help="At most N cells at once.")
 @click.option("--num-cpus", type=int, default=None, help="CPUs of a local Ray (default: all).")

@@ -7,7 +7,8 @@ the runner follows it.
 - ``run``: no MLflow run has its key yet -> create one and train from step 0 (a checkpoint of
   the cell that no run owns, its run deleted, is set aside: ``runner``);
 - ``skip``: finished or diverged (both are results; one whose data changed since it trained says
-  so: ``preparing.data_changes``);
+  so: ``preparing.data_changes``, and that ``--rerun-stale`` reruns it once they are known to
+  prepare to other tokens);
 - ``resume``: started but not ended (interrupted, worker lost, driver killed) -> continue from its
   checkpoint (or from step 0 when there is none, its sidecar's ``checkpoint.pt`` missing included,
   or when it is damaged: set aside) in the same run;
@@ -19,7 +20,9 @@ the runner follows it.
   only touched give the same): such a cell is planned as it would be otherwise, saying that its
   data changed and that ``run`` prepares them first;
 - ``rerun``: a failed cell with ``--rerun-failed`` (continued like ``resume``), or a finished or
-  diverged cell that other numerics code produced (stale), or a ``stale-data`` one, with
+  diverged cell that other numerics code produced (stale) or that trained on other tokens than
+  its data prepare to now (its ``data.fingerprint`` differs; files only touched, or changed and
+  not prepared yet, are not known to: it stays a result), or a ``stale-data`` one, with
   ``--rerun-stale`` (from step 0 in a new run; the old run and its checkpoint are kept);
 - ``reuse``: a baseline seed with no run here whose key has a result in the store ``baseline_from``
   names -> copied into this store, not trained (``ablate.driver.reuse``; ``run`` copies it before
@@ -96,14 +99,22 @@ def plan_cell(
     change = data_change
     if run.status in ("finished", "diverged"):
         old = stale(run)
-        if old and rerun_stale:
-            why = f"{run.status} by other code ({old}); again from step 0 in a new run"
-            return PlannedCell(cell, "rerun", run, why, fresh=True)
+        other_tokens = change is not None and change.tokens
+        if (old or other_tokens) and rerun_stale:
+            why = f"{run.status} by other code ({old})" if old else run.status
+            if change is not None:
+                why += f"; {change.said()}"
+            why += "; again from step 0 in a new run"
+            return PlannedCell(cell, "rerun", run, why, fresh=True, data_change=change)
         why = run.status
         if old:
             why = f"{run.status}; stale: other training code ({old}); --rerun-stale reruns it"
         if change is not None:
             why += f"; {change.said()}"
+            if not change.tokens:
+                why += ": `run --rerun-stale` prepares them first and reruns it if they did"
+            elif not old:
+                why += "; --rerun-stale reruns it"
         return PlannedCell(cell, "skip", run, why, data_change=change)
     if change is not None and change.tokens:
         if rerun_stale:

@@ -2,8 +2,9 @@
 says its data changed before they are prepared and marks it stale-data once they are, and `run`
 refuses before anything starts, naming the field that changed, with nothing recorded changed, until
 the data are restored or --rerun-stale trains it anew; files only touched resume as before; a
-finished cell whose data changed stays a result, and `plan` says so. Real tiny runs on a local text
-corpus and its validation corpus, real MLflow (SQLite under tmp_path)."""
+finished cell whose data changed stays a result, and `plan` says so, until --rerun-stale trains it
+anew once its data are known to prepare to other tokens (touched files: never). Real tiny runs on
+a local text corpus and its validation corpus, real MLflow (SQLite under tmp_path)."""
 
 from __future__ import annotations
 
@@ -120,6 +121,8 @@ def test_changed_corpus_refuses_before_anything_starts_and_rerun_stale_trains_an
     assert p.action == "skip" and set((tmp_path / "cache").iterdir()) == sets
     assert p.why.startswith("finished; its data changed since it trained (data.path corp/a.txt: ")
     assert "data.val.path" not in p.why, p.why
+    (p,) = plan(s, rerun_stale=True)  # its tokens are not known yet: still a result
+    assert p.action == "skip" and p.why.endswith("prepares them first and reruns it if they did")
     res = CliRunner().invoke(main, ["data", "prepare", "c1.yaml", "-o", "out"])
     assert res.exit_code == 0, res.output
     (p,) = plan(s)
@@ -127,6 +130,20 @@ def test_changed_corpus_refuses_before_anything_starts_and_rerun_stale_trains_an
         f"finished; trained on other data than data.path corp/a.txt prepares to now "
         f"(data.fingerprint {new_fp}, now "
     ), p.why
+    assert p.why.endswith("; --rerun-stale reruns it"), p.why
+    # other tokens now: --rerun-stale trains it anew in a new run, the finished one and its
+    # checkpoint set aside (kept)
+    (p,) = plan(s, rerun_stale=True)
+    assert (p.action, p.fresh) == ("rerun", True) and new_fp in p.why, p
+    third = run_study(s, executor="local", progress=False, rerun_stale=True)
+    assert [p.action for p in third.planned] == ["rerun"]
+    assert {o.status for o in third.outcomes.values()} == {"finished"}
+    assert third.run_ids[cell.key] not in (old_id, new_id)
+    assert client.get_run(new_id).data.params["data.fingerprint"] == new_fp  # kept
+    last_fp = client.get_run(third.run_ids[cell.key]).data.params["data.fingerprint"]
+    assert last_fp not in (old_fp, new_fp)
+    assert (s.checkpoint_dir(cell).parent / f"{cell.key}.stale-{new_id[:12]}").is_dir()
+    assert [(p.action, p.why) for p in plan(s, rerun_stale=True)] == [("skip", "finished")]
 
 
 def test_touched_corpus_resumes_in_the_same_run(tmp_path, monkeypatch):
@@ -137,3 +154,9 @@ def test_touched_corpus_resumes_in_the_same_run(tmp_path, monkeypatch):
     second = run_study(s, executor="local", progress=False)
     assert [p.action for p in second.planned] == ["resume"]
     assert {o.status for o in second.outcomes.values()} == {"finished"}, second.outcomes
+    # touched again once finished: the same tokens, still a result, even with --rerun-stale
+    (run_id,) = second.run_ids.values()
+    os.utime(corpus, (st.st_atime, st.st_mtime + 200))
+    third = run_study(s, executor="local", progress=False, rerun_stale=True)
+    assert [(p.action, p.why) for p in third.planned] == [("skip", "finished")]
+    assert not third.outcomes and [p.run.run_id for p in plan(s) if p.run] == [run_id]
