@@ -41,6 +41,13 @@ from ablate.errors import AblateError
     is_flag=True,
     help="Compare runs of two numerics versions (refused otherwise; the report says so).",
 )
+@click.option(
+    "--mix-data",
+    is_flag=True,
+    help="Compare cells of one data configuration that trained on other tokens (their "
+    "data.fingerprint differs: a corpus changed between their runs; refused otherwise; the "
+    "report says so).",
+)
 def report(
     study_file: str | None,
     out_dir: str | None,
@@ -51,6 +58,7 @@ def report(
     no_attach: bool,
     no_titles: bool,
     mix_numerics: bool,
+    mix_data: bool,
 ) -> None:
     """Tokens to target per configuration, relative cost, projected speedup and convergence plots.
 
@@ -87,7 +95,12 @@ def report(
         raise SpecProblem(str(e)) from None
     try:
         rep = report_study(
-            study, out_dir, attach=not no_attach, titles=not no_titles, mix_numerics=mix_numerics
+            study,
+            out_dir,
+            attach=not no_attach,
+            titles=not no_titles,
+            mix_numerics=mix_numerics,
+            mix_data=mix_data,
         )
     except AblateError as e:
         raise refuse(e) from None

@@ -31,7 +31,8 @@ Modules, by concept:
     plots        convergence curves, late-stage zoom, equal-loss ratio (matplotlib, no pyplot)
     bars         token-cost and projected-speedup bars with their intervals
     markup       number formatting, Markdown and self-contained HTML
-    provenance   which code, commit, device and precision produced the runs (pandas)
+    provenance   which code, commit, device and precision produced the runs, and the tokens they
+                 trained on: two numerics versions or two sets of tokens are not compared (pandas)
     render       build_report: report.md, report.html, summary.csv, PNG + SVG figures
     run_metrics  the report's numbers as MLflow metrics of each child run and the parent run
     recorded     a study's cells and evaluations read from its MLflow store (``study_frames``)

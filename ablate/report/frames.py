@@ -5,6 +5,7 @@ without a tracking store (``ablate.bench.gpu_check``). pandas only."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -27,9 +28,12 @@ def cell_row(
     diverged_at: float,
     tokens_per_s: float,
     env: Mapping[str, str],
+    fingerprint: str = "",
 ) -> dict[str, Any]:
     """One ``cells`` row: the cell's labels and recipe axes, its run's status (an unknown one reads
-    as running), divergence step, throughput and provenance (``PROVENANCE``, "" where unknown)."""
+    as running), divergence step, throughput and provenance (``PROVENANCE``, "" where unknown),
+    its data configuration (``data_config``) and the ``data.fingerprint`` its run recorded ("":
+    none)."""
     c = cell
     return {
         "key": c.key,
@@ -50,8 +54,36 @@ def cell_row(
         "schedule_steps": c.config.train.schedule_end if c.extra_steps else math.nan,
         "tokens_per_s": tokens_per_s,
         **{k: env.get(k, "") for k in PROVENANCE},
+        "data_config": data_config(c.config.data),
+        "data_fingerprint": fingerprint,
         **(_ladder(c) if c.rung else {}),
     }
+
+
+BATCHES = ("data_seed", "val_tokens")
+"""Data fields that take a run's batches from the same prepared tokens: no part of what its
+``data.fingerprint`` measures."""
+
+
+def data_config(data: Any) -> str:
+    """A cell's data configuration as the fields that decide its tokens (those its
+    ``data.fingerprint`` measures): each field set away from its default, and the corpus always
+    (``data.corpus text, data.path corp/a.txt``); cells with the same text are meant to read the
+    same tokens. ``BATCHES`` are left out."""
+    parts: list[str] = []
+
+    def walk(obj: Any, prefix: str) -> None:
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if f.name in BATCHES:
+                continue
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{prefix}{f.name}.")
+            elif f.name == "corpus" or value != f.default:
+                parts.append(f"{prefix}{f.name} {value}")
+
+    walk(data, "data.")
+    return ", ".join(parts)
 
 
 def _ladder(cell: Cell) -> dict[str, Any]:
@@ -84,7 +116,12 @@ def results_frames(
         diverged = float(res.diverged_at) if res.diverged_at is not None else math.nan
         rows.append(
             cell_row(
-                cell, status=status, diverged_at=diverged, tokens_per_s=res.tokens_per_s, env=env
+                cell,
+                status=status,
+                diverged_at=diverged,
+                tokens_per_s=res.tokens_per_s,
+                env=env,
+                fingerprint=res.fingerprint,
             )
         )
         ev += [(cell.key, e.step, float(e.tokens), e.val_loss) for e in res.evals]

@@ -14,7 +14,10 @@ Input contract (the tracking layer builds these from MLflow):
     when it trained past it (a baseline under ``baseline_extend``; NaN or missing: it did not):
     the report reads its tokens to target up to there (``budget_steps``); reused_from str, where a
     baseline seed copied from another store (``baseline_from``) was trained ("" or missing: here),
-    and reused_run str, its run there.
+    and reused_run str, its run there; data_config str, the data fields that decide a cell's
+    tokens (``frames.data_config``: cells meant to read the same tokens; missing: every cell's
+    the same), and data_fingerprint str, the ``data.fingerprint`` its run recorded ("": none;
+    missing: the data are not checked, ``provenance.check_data``).
 
 ``evals``, one row per (cell, evaluation):
     key, step int, tokens float, val_loss float. Duplicate (key, step) rows keep the last one (a resumed

@@ -1,9 +1,13 @@
 """What produced the report's numbers: each run's ``env.*`` provenance (``ablate.train.provenance``,
-read from MLflow by ``ablate.report.study``) gathered per configuration and for the whole study.
+read from MLflow by ``ablate.report.study``) gathered per configuration and for the whole study,
+and the tokens each run trained on (its ``data.fingerprint``): runs of two numerics versions
+(``check_numerics``), or cells of one data configuration that trained on other tokens
+(``check_data``), are not compared unless told to.
 
 The provenance columns are optional in the report's ``cells`` input (``PROVENANCE``): a report built
 from frames without them (synthetic studies, runs recorded before provenance existed) says that the
-provenance is unknown rather than failing. pandas only.
+provenance is unknown rather than failing; so are ``data_config`` and ``data_fingerprint`` (without
+them the data are not checked). pandas only.
 """
 
 from __future__ import annotations
@@ -76,6 +80,86 @@ def check_numerics(cells: Any, *, mixed: bool = False) -> str | None:
     )
 
 
+ENDED = ("finished", "diverged")
+"""The cells the report compares (``ablate.tracking.vocab.ENDED``): those with a result."""
+
+
+def data_tokens(cells: Any) -> dict[str, dict[str, dict[str, list[str]]]]:
+    """The tokens the ended cells trained on: data configuration (``data_config``; "" when the
+    column is absent) -> ``data.fingerprint`` -> configuration -> its seeds, of the runs that
+    recorded one (empty without a ``data_fingerprint`` column)."""
+    if "data_fingerprint" not in cells.columns:
+        return {}
+    ended = cells[cells["status"].isin(ENDED)]
+    fps = ended["data_fingerprint"].fillna("").astype(str)
+    datas = ended["data_config"].fillna("").astype(str) if "data_config" in ended else fps.str[:0]
+    out: dict[str, dict[str, dict[str, list[str]]]] = {}
+    for data, fp, cfg, seed in zip(datas, fps, ended["config"], ended["seed"], strict=True):
+        if fp:
+            out.setdefault(data, {}).setdefault(fp, {}).setdefault(str(cfg), []).append(str(seed))
+    return out
+
+
+def _trained_on(data: str, fps: dict[str, dict[str, list[str]]]) -> str:
+    """``data.corpus text, ...: data.fingerprint X (`cfg` seeds 0, 1, ...) and data.fingerprint
+    Y (...)``."""
+    parts = []
+    for fp, configs in fps.items():
+        named = [
+            f"`{c}` seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}"
+            for c, seeds in configs.items()
+        ]
+        more = f" and {len(named) - 6} more configurations" if len(named) > 6 else ""
+        parts.append(f"data.fingerprint {fp} ({', '.join(named[:6])}{more})")
+    return f"{data or 'the data'}: {' and '.join(parts)}"
+
+
+def check_data(cells: Any, *, mixed: bool = False) -> str | None:
+    """Raise ``ReportError`` when ended cells of one data configuration (the same data fields:
+    meant to read the same tokens) recorded other ``data.fingerprint``s (a corpus changed between
+    their runs), naming the configuration, each fingerprint and the cells that trained on it; with
+    ``mixed`` return the note the report then carries instead. None when they agree. Cells of
+    different data configurations (a study that varies its data) are not compared so, and a run
+    that recorded no fingerprint is left out of it (``data_notes`` says so)."""
+    from ablate.errors import ReportError
+
+    mixes = [(d, fps) for d, fps in data_tokens(cells).items() if len(fps) > 1]
+    if not mixes:
+        return None
+    which = "; ".join(_trained_on(d, fps) for d, fps in mixes)
+    if not mixed:
+        raise ReportError(
+            f"cells of one data configuration trained on other tokens ({which}): a corpus "
+            "changed between their runs, and comparing them measures the change of data, not "
+            "the recipes'. Rerun the cells trained on the older data (`ablate run --rerun-stale` "
+            "trains anew each finished or diverged cell whose data prepare to other tokens now), "
+            "or report them anyway with --mix-data (the report then says so)"
+        )
+    return (
+        f"Cells of one data configuration trained on other tokens ({which}), compared anyway "
+        "(--mix-data): differences between them may be the data's, not the recipes'."
+    )
+
+
+def data_notes(cells: Any) -> list[str]:
+    """A note when ended runs recorded no ``data.fingerprint`` (a frame without the column: none):
+    which tokens they trained on is not known, so ``check_data`` cannot compare them."""
+    if "data_fingerprint" not in cells.columns:
+        return []
+    ended = cells[cells["status"].isin(ENDED)]
+    unknown = ended[ended["data_fingerprint"].fillna("").astype(str) == ""]
+    if unknown.empty:
+        return []
+    labels = ", ".join(f"`{x}`" for x in unknown["label"][:6]) + (
+        " ..." if len(unknown) > 6 else ""
+    )
+    return [
+        f"{len(unknown)} of {len(ended)} ended runs recorded no data fingerprint "
+        f"(`data.fingerprint`: {labels}): which tokens they trained on is not known, and they are "
+        "not checked against the other runs of their data."
+    ]
+
+
 def _distinct(values: Any) -> str:
     return "; ".join(sorted(set(values)))
 
@@ -123,7 +207,8 @@ def table(cells: Any) -> tuple[list[str], list[list[str]]]:
 
 def notes(cells: Any) -> list[str]:
     """Warnings for the top of the report: results produced by different training code, on
-    different devices or precisions, or by runs that recorded no provenance."""
+    different devices or precisions, or by runs that recorded no provenance or no data
+    fingerprint (``data_notes``)."""
     ran = _columns(cells)
     out = []
     known = ran[ran["code_hash"] != UNKNOWN]
@@ -146,7 +231,7 @@ def notes(cells: Any) -> list[str]:
             f"{missing} of {len(ran)} runs recorded no provenance (recorded before `env.*` tags "
             "existed): which code produced them is unknown."
         )
-    return out
+    return [*out, *data_notes(cells)]
 
 
 def reused_note(cells: Any) -> str | None:

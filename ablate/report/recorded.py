@@ -24,7 +24,8 @@ def study_frames(
     study: Study, runs: Mapping[str, CellRun] | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(cells, evals) in the report's input contract (``ablate.report.inputs``), the cells with
-    each run's provenance (``ablate.report.provenance.PROVENANCE``, "" where none was recorded).
+    each run's provenance (``ablate.report.provenance.PROVENANCE``) and ``data.fingerprint`` (""
+    where none was recorded).
     ``runs``: the study's runs by key as the caller read them (default: read from the store)."""
     try:
         statuses = study_status(study) if runs is None else join_runs(study, runs)
@@ -41,6 +42,7 @@ def study_frames(
             diverged_at=run.diverged_at if run else math.nan,
             tokens_per_s=run.tokens_per_s if run else math.nan,
             env=env_of(run.tags) if run else {},
+            fingerprint=run.data.get("data.fingerprint", "") if run else "",
         )
         # a baseline seed copied from another store: where from
         reused = {"reused_from": run.reused_from, "reused_run": run.reused_run} if run else {}

@@ -94,6 +94,7 @@ def build_report(
     probe_settings: Mapping[str, Any] | None = None,
     titles: bool = True,
     mix_numerics: bool = False,
+    mix_data: bool = False,
     figures: Sequence[str] | None = None,
     decisions: tuple[str, list[str]] | None = None,
 ) -> ReportResult:
@@ -105,13 +106,15 @@ def build_report(
     lines: ``report.waves.sequential_lines``) opens the verdict with a sequential study's decision.
     ``probes`` (the contract of ``report.probes``), when it has rows, adds the probe section.
     Runs of two numerics versions are refused (``provenance.check_numerics``) unless
-    ``mix_numerics``, which notes them instead.
+    ``mix_numerics``, and ended cells of one data configuration that trained on other tokens
+    (``provenance.check_data``) unless ``mix_data``; either then notes them instead.
     Raises ``ReportError`` when the inputs break the contract or the target cannot be resolved; a
     baseline that never reaches the target is not an error (its costs are NaN and the report says so).
     """
     check_inputs(cells, evals)
     mixed = provenance.check_numerics(cells, mixed=mix_numerics)
-    notes = [*notes, mixed] if mixed else notes
+    mixed_data = provenance.check_data(cells, mixed=mix_data)
+    notes = [*notes, *(n for n in (mixed, mixed_data) if n)]
     spec = speedup if speedup is not None else SpeedupSection()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -53,11 +53,13 @@ def report_study(
     attach: bool = True,
     titles: bool = True,
     mix_numerics: bool = False,
+    mix_data: bool = False,
 ) -> ReportResult | LadderResult:
     """Write the study's report (default ``reports/<study>/``) and attach it to the parent run;
     ``titles`` False leaves the figures' titles out; ``mix_numerics`` compares runs of two
-    numerics versions (``build_report``). A study with sequential seeds reports the seeds its
-    waves asked for and trained (``asked_part``)."""
+    numerics versions, ``mix_data`` cells of one data configuration that trained on other tokens
+    (``build_report``). A study with sequential seeds reports the seeds its waves asked for and
+    trained (``asked_part``)."""
     out = report_folder(study, out_dir)  # checked before the store is read
     every_seed = study  # a sequential study's waves replay over its every seed
     cells, evals = study_frames(study)
@@ -93,7 +95,8 @@ def report_study(
         except DamagedStoreError as e:  # the results are in MLflow: report them, say why not this
             notes.append(f"No tuning section: {e}.")
     if study.file.ladder is not None:
-        return _report_ladder(study, cells, evals, out, notes, attach, titles, mix_numerics)
+        mix = (mix_numerics, mix_data)
+        return _report_ladder(study, cells, evals, out, notes, attach, titles, *mix)
     probes = probe_frame(study, cells)
     result = build_report(
         cells,
@@ -108,6 +111,7 @@ def report_study(
         probe_settings=study.file.probe.to_dict() if study.file.probe is not None else None,
         titles=titles,
         mix_numerics=mix_numerics,
+        mix_data=mix_data,
         decisions=decisions,
     )
     if attach:
@@ -153,6 +157,7 @@ def _report_ladder(
     attach: bool,
     titles: bool,
     mix_numerics: bool,
+    mix_data: bool,
 ) -> LadderResult:
     """A ladder study's report (``ablate.report.ladder.render``), attached to the parent run with
     the prediction's figures as its metrics."""
@@ -172,6 +177,7 @@ def _report_ladder(
         notes=notes,
         titles=titles,
         mix_numerics=mix_numerics,
+        mix_data=mix_data,
     )
     if attach:
         tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)

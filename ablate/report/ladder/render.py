@@ -114,12 +114,14 @@ def build_ladder_report(
     notes: Sequence[str] = (),
     titles: bool = True,
     mix_numerics: bool = False,
+    mix_data: bool = False,
 ) -> LadderResult:
     """Every rung's report under ``rungs/``, then the ladder's fits, prediction at ``predict``
     (N*, D*), back-test and figure (see the module docstring)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     mixed = provenance.check_numerics(cells, mixed=mix_numerics)
+    mixed_data = provenance.check_data(cells, mixed=mix_data)
     rung_results: dict[str, ReportResult] = {}
     rung_order = (
         cells.assign(_n=cells["params"], _d=cells["budget_tokens"])
@@ -140,11 +142,12 @@ def build_ladder_report(
             study=f"{study} {rung}",
             titles=titles,
             mix_numerics=mix_numerics,
+            mix_data=mix_data,
             figures=RUNG_FIGURES,
         )
     frame, left_out = ladder_frame(cells, evals)
     baseline = str(cells.loc[cells["baseline"], "ladder_config"].iloc[0])
-    all_notes = [*notes, *([mixed] if mixed else []), *left_out]
+    all_notes = [*notes, *(n for n in (mixed, mixed_data) if n), *left_out]
     frame.to_csv(out / POINTS_CSV, index=False)
     fit: LadderFit | None = None
     preds: list[ConfigPrediction] = []

@@ -272,6 +272,35 @@ def test_run_local_then_status_and_plan_say_skip(tmp_path, monkeypatch):
     assert set(summary["device_name"]) == {device_name("cpu")}
     md = (tmp_path / "r" / "report.md").read_text()
     assert "## Provenance" in md and code_hash() in md and "recorded no provenance" not in md
+    # the corpus changed between the cells' runs: the fprop cell trained again on its new tokens
+    # (its new run recorded here as a run records it), the baseline on the old ones
+    from ablate.study import load_study
+    from ablate.tracking import StudyTracker
+    from ablate.tracking.vocab import env_tag
+
+    study = load_study(p, output=out)
+    base, cell = sorted(study.cells, key=lambda c: not c.baseline)
+    tracker = StudyTracker(study.tracking_uri, study.name)
+    old = tracker.cell_runs()[cell.key]
+    new = tracker.create_cell_run(parent.info.run_id, cell)
+    client.log_param(new, "data.fingerprint", "0123456789abcdef")
+    tracker.set_raw_tags(new, {k: v for k, v in old.tags.items() if k.startswith(env_tag(""))})
+    for name in ("val_loss", "tokens"):
+        for m in client.get_metric_history(old.run_id, name):
+            client.log_metric(new, name, m.value, step=m.step)
+    tracker.set_status(new, "finished")
+    base_fp = tracker.cell_runs()[base.key].data["data.fingerprint"]
+    report = ["report", str(p), "--runs", str(out), "--no-attach", "-o"]
+    res = CliRunner().invoke(main, [*report, str(tmp_path / "d")])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert (
+        f"(data.corpus builtin: data.fingerprint {base_fp} (`{base.config_label}` seed 0) and "
+        f"data.fingerprint 0123456789abcdef (`{cell.config_label}` seed 0))" in res.output
+    ), res.output
+    assert "--mix-data" in res.output and not (tmp_path / "d").exists()
+    res = CliRunner().invoke(main, [*report, str(tmp_path / "d"), "--mix-data"])
+    assert res.exit_code == 0, res.output
+    assert "compared anyway (--mix-data)" in (tmp_path / "d" / "report.md").read_text()
 
 
 def test_a_baseline_trained_longer_is_recorded_so_and_read_up_to_the_budget(tmp_path, monkeypatch):

@@ -295,6 +295,42 @@ def test_runs_of_two_numerics_versions_are_compared_only_when_told(tmp_path):
         build_report(cells, evals, {"val_ppl": target}, SpeedupSection(), tmp_path / "c", study="d")
 
 
+def test_cells_of_one_data_configuration_on_other_tokens_are_compared_only_when_told(tmp_path):
+    cells, evals, target = synthetic_study(2, 2, 20)
+    base, other = cells["config"].unique()
+    # seed 1 of each configuration trained after the corpus changed (data.fingerprint bbbb)
+    data = "data.corpus text, data.path corp/a.txt"
+    fps = ["aaaa" if s == 0 else "bbbb" for s in cells["seed"]]
+    cells = cells.assign(data_config=data, data_fingerprint=fps)
+    args = (evals, {"val_ppl": target}, SpeedupSection())
+    with pytest.raises(ReportError, match="cells of one data configuration trained on other") as e:
+        build_report(cells, *args, tmp_path / "a", study="d")
+    said = str(e.value)
+    assert f"({data}: data.fingerprint aaaa (`{base}` seed 0, `{other}` seed 0) and " in said
+    assert f"data.fingerprint bbbb (`{base}` seed 1, `{other}` seed 1))" in said
+    assert "--mix-data" in said and "--rerun-stale" in said
+    assert not (tmp_path / "a" / "report.md").exists()
+    res = build_report(cells, *args, tmp_path / "b", study="d", mix_data=True, figures=())
+    (note,) = [n for n in res.notes if "compared anyway (--mix-data)" in n]
+    assert "data.fingerprint bbbb" in note and "may be the data's" in note
+    for page in (res.report_md, res.report_html):
+        assert "compared anyway (--mix-data)" in page.read_text()
+    # data that differ on purpose (one corpus per configuration), a run that did not end, a run
+    # that recorded no fingerprint: compared as before, the last said so
+    b = "data.corpus text, data.path corp/b.txt"
+    apart = cells.assign(
+        data_config=[data if c == base else b for c in cells["config"]],
+        data_fingerprint=["aaaa" if c == base else "bbbb" for c in cells["config"]],
+    )
+    failed = ["finished", "failed", "finished", "finished"]
+    one = cells.assign(data_fingerprint=["aaaa", "bbbb", "aaaa", "aaaa"], status=failed)
+    for ok in (apart, one, cells.assign(data_fingerprint=["aaaa", "", "aaaa", "aaaa"])):
+        res = build_report(ok, *args, tmp_path / "c", study="d", figures=())
+        assert not any("--mix-data" in n for n in res.notes)
+    (note,) = [n for n in res.notes if "no data fingerprint" in n]
+    assert note.startswith("1 of 4 ended runs recorded no data fingerprint (`data.fingerprint`: `")
+
+
 def test_figures_drop_titles_on_request_draw_censored_costs_hollow_and_label_tokens(report):
     from ablate.report import bars, plots
 
