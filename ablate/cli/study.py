@@ -246,7 +246,7 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         else:
             click.echo(f"{study.name}: nothing recorded yet ({e})")
         return
-    from ablate.driver.planning import stale
+    from ablate.driver.planning import data_changed, stale
     from ablate.driver.setup import driver_running
 
     tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
@@ -254,6 +254,7 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
     # a cell left running or pending by a driver that is gone (killed, machine lost) is abandoned,
     # unless a driver from another output folder runs the study now (its lock in the store)
     gone = driver_running(study.output_dir) is False and not tracker.drivers("run")
+    changed = data_changed(study, statuses)
     rows: list[dict[str, Any]] = []
     for cs in statuses:
         c, r = cs.cell, cs.run
@@ -271,6 +272,8 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
                 "tokens_per_s": m.get("tokens_per_s", (None, None))[1],
                 "run_id": r.run_id if r else None,
                 "stale": stale(r) if r and cs.status in ("finished", "diverged") else "",
+                "data_changed": changed[c.key].said() if c.key in changed else "",
+                "data_tokens_changed": c.key in changed and changed[c.key].tokens,
             }
         )
     if waves is not None:  # sequential seeds: the cells its waves asked for, and their verdicts
@@ -291,6 +294,8 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         ppl = f"{row['val_ppl']:.3f}" if row["val_ppl"] is not None else "-"
         tps = f"{row['tokens_per_s']:,.0f}" if row["tokens_per_s"] is not None else "-"
         mark = "  stale" if row["stale"] else ""
+        if row["data_changed"]:
+            mark += "  data changed" if row["data_tokens_changed"] else "  data files changed"
         click.echo(
             f"{row['label']:{width}s}  {row['status']:11s} step {step:>11s}  val ppl {ppl:>8s}  "
             f"tok/s {tps}{mark}"
@@ -309,6 +314,17 @@ def _print_cells(study: Study, *, as_json: bool) -> None:
         click.echo(
             f"{n_stale} result(s) are stale: other training code produced them (env.code_hash); "
             "`ablate run --rerun-stale` trains them again in new runs"
+        )
+    if n_data := sum(bool(row["data_tokens_changed"]) for row in rows):
+        click.echo(
+            f"{n_data} cell(s) trained on other data than theirs prepare to now (data "
+            "changed): `ablate plan` names the field; `ablate run --rerun-stale` trains them "
+            "again in new runs"
+        )
+    if n_files := sum(bool(row["data_changed"]) and not row["data_tokens_changed"] for row in rows):
+        click.echo(
+            f"{n_files} cell(s)' data files changed since they trained (data files changed): "
+            "whether their tokens did is known once they are prepared (`ablate data prepare`)"
         )
     if counts.get("abandoned"):
         click.echo(

@@ -223,10 +223,7 @@ def plan(
         statuses = study_status(study)
     except TrackingError:  # nothing recorded yet: every cell is new
         statuses = join_runs(study, {})
-    try:  # the keys its files give, the sets prepared already (the others prepare in `run`)
-        data = data_now(study_data(study))
-    except (FileNotFoundError, ValueError, ImportError):  # refused with its field by the checks
-        data = {}
+    data = current_data(study)
     planned = plan_cells(
         study, statuses, rerun_failed=rerun_failed, rerun_stale=rerun_stale, data=data
     )
@@ -241,6 +238,24 @@ def plan(
         else p
         for p in planned
     ]
+
+
+def current_data(study: Study) -> dict[str, DataSet]:
+    """The data each cell reads now, by key (``preparing.data_now``: the keys its files give, the
+    sets prepared already; the others prepare in ``run``), read only; {} where its data are
+    refused (the checks name the field)."""
+    try:
+        return data_now(study_data(study))
+    except (FileNotFoundError, ValueError, ImportError):
+        return {}
+
+
+def data_changed(study: Study, statuses: Iterable[CellStatus]) -> dict[str, DataChange]:
+    """By cell key, how the data of each recorded cell changed since its run trained on them
+    (``preparing.data_changes``: read only, nothing tokenized), for ``ablate status``."""
+    recorded = {cs.cell.key: cs.run.data for cs in statuses if cs.run is not None}
+    data = current_data(study)
+    return data_changes(recorded, data, study.data_cache()) if data else {}
 
 
 def target_headroom(study: Study) -> str | None:

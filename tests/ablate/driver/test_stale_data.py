@@ -121,6 +121,8 @@ def test_changed_corpus_refuses_before_anything_starts_and_rerun_stale_trains_an
     assert p.action == "skip" and set((tmp_path / "cache").iterdir()) == sets
     assert p.why.startswith("finished; its data changed since it trained (data.path corp/a.txt: ")
     assert "data.val.path" not in p.why, p.why
+    mark, said = _status()
+    assert mark == "data files changed" and said.startswith("1 cell(s)' data files changed"), said
     (p,) = plan(s, rerun_stale=True)  # its tokens are not known yet: still a result
     assert p.action == "skip" and p.why.endswith("prepares them first and reruns it if they did")
     res = CliRunner().invoke(main, ["data", "prepare", "c1.yaml", "-o", "out"])
@@ -131,6 +133,8 @@ def test_changed_corpus_refuses_before_anything_starts_and_rerun_stale_trains_an
         f"(data.fingerprint {new_fp}, now "
     ), p.why
     assert p.why.endswith("; --rerun-stale reruns it"), p.why
+    mark, said = _status()
+    assert mark == "data changed" and said.startswith("1 cell(s) trained on other data than"), said
     # other tokens now: --rerun-stale trains it anew in a new run, the finished one and its
     # checkpoint set aside (kept)
     (p,) = plan(s, rerun_stale=True)
@@ -144,6 +148,19 @@ def test_changed_corpus_refuses_before_anything_starts_and_rerun_stale_trains_an
     assert last_fp not in (old_fp, new_fp)
     assert (s.checkpoint_dir(cell).parent / f"{cell.key}.stale-{new_id[:12]}").is_dir()
     assert [(p.action, p.why) for p in plan(s, rerun_stale=True)] == [("skip", "finished")]
+    assert _status() == ("", "")
+
+
+def _status() -> tuple[str, str]:
+    """What `ablate status` (in the study's folder) says of data changed since cells trained: the
+    cell line's mark and the line that sums them up ("" for none)."""
+    res = CliRunner().invoke(main, ["status", "c1.yaml", "-o", "out"])
+    assert res.exit_code == 0, res.output
+    (cell, *rest) = res.output.splitlines()
+    mark = next((m for m in ("data files changed", "data changed") if cell.endswith(m)), "")
+    said = [line for line in rest if "data" in line]
+    assert len(said) <= 1, said
+    return mark, said[0] if said else ""
 
 
 def test_touched_corpus_resumes_in_the_same_run(tmp_path, monkeypatch):
