@@ -21,6 +21,13 @@ from ablate.cli.common import (
 from ablate.errors import AblateError
 from ablate.study.expand import MAX_CELLS
 
+rerun_stale_opt = click.option(
+    "--rerun-stale",
+    is_flag=True,
+    help="As `ablate run --rerun-stale`: run again, in new runs, finished cells that other "
+    "training code produced and interrupted ones whose data now prepare to other tokens.",
+)
+
 
 @click.group()
 def slurm() -> None:
@@ -35,15 +42,15 @@ def slurm() -> None:
 
 def _run_args(
     output: str | None, tracking_uri: str | None, max_cells: int | None, rerun_failed: bool,
-    no_report: bool, quiet: bool, max_concurrent: int | None,
+    rerun_stale: bool, no_report: bool, quiet: bool, max_concurrent: int | None,
 ) -> list[str]:  # fmt: skip
     """The options of ``ablate slurm run`` as words, to run it again elsewhere."""
     args = ["-o", output] if output else []
     args += ["--tracking-uri", tracking_uri] if tracking_uri else []
     args += ["--max-cells", str(max_cells)] if max_cells is not None else []
     args += ["--max-concurrent", str(max_concurrent)] if max_concurrent else []
-    args += [f for f, on in (("--rerun-failed", rerun_failed), ("--no-report", no_report),
-                             ("--quiet", quiet)) if on]  # fmt: skip
+    args += [f for f, on in (("--rerun-failed", rerun_failed), ("--rerun-stale", rerun_stale),
+                             ("--no-report", no_report), ("--quiet", quiet)) if on]  # fmt: skip
     return args
 
 
@@ -57,6 +64,7 @@ def _run_args(
     "http(s) server is used as it is."
 )
 @click.option("--rerun-failed", is_flag=True, help="Run cells that failed before again.")
+@rerun_stale_opt
 @click.option("--max-concurrent", type=int, default=None, help="At most N cells at once.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.option("--no-report", is_flag=True, help="Do not write the report when the study ends.")
@@ -69,8 +77,8 @@ def _run_args(
 )
 def run(
     study_file: str, output: str | None, max_cells: int, tracking_uri: str | None,
-    rerun_failed: bool, max_concurrent: int | None, quiet: bool, no_report: bool,
-    object_store_mb: int,
+    rerun_failed: bool, rerun_stale: bool, max_concurrent: int | None, quiet: bool,
+    no_report: bool, object_store_mb: int,
 ) -> None:  # fmt: skip
     """Run a study on the SLURM allocation this command runs in.
 
@@ -98,7 +106,7 @@ def run(
             alloc,
             ["slurm", "run", str(Path(study_file).resolve()),
              *_run_args(str(Path(output).resolve()) if output else None, tracking_uri, max_cells,
-                        rerun_failed, no_report, quiet, max_concurrent),
+                        rerun_failed, rerun_stale, no_report, quiet, max_concurrent),
              f"--object-store-mb={object_store_mb}"],
         )  # fmt: skip
         click.echo(
@@ -116,6 +124,7 @@ def run(
             study,
             alloc,
             rerun_failed=rerun_failed,
+            rerun_stale=rerun_stale,
             max_concurrent=max_concurrent,
             progress=not quiet,
             report=not no_report,
@@ -184,13 +193,14 @@ def run(
 @max_cells_opt
 @tracking_uri_opt()
 @click.option("--rerun-failed", is_flag=True, help="Run cells that failed before again.")
+@rerun_stale_opt
 @click.option("--no-report", is_flag=True, help="Do not write the report when the study ends.")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch script; submit nothing.")
 def submit(
     study_file: str, nodes: int, gpus_per_node: int, cpus_per_node: int | None,
     time_limit: str, partition: str | None, signal_lead: int, sbatch_args: tuple[str, ...],
     output: str | None, max_cells: int, tracking_uri: str | None, rerun_failed: bool,
-    no_report: bool, dry_run: bool,
+    rerun_stale: bool, no_report: bool, dry_run: bool,
 ) -> None:  # fmt: skip
     """Submit a study as a requeueable SLURM batch job running `ablate slurm run`.
 
@@ -223,6 +233,7 @@ def submit(
             tracking_uri,
             max_cells if max_cells != MAX_CELLS else None,
             rerun_failed,
+            rerun_stale,
             no_report,
             False,
             None,

@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -40,7 +40,7 @@ from ablate.driver.planning import (
     summarize,
 )
 from ablate.driver.preflight import preflight
-from ablate.driver.preparing import data_now, prepare_study
+from ablate.driver.preparing import DataSet, data_now, prepare_study
 from ablate.driver.progress import (
     WAIT_REPEAT_S,
     WAIT_WARN_S,
@@ -100,6 +100,7 @@ def run_study(
     wait_warning_s: float = WAIT_WARN_S,
     branches: bool = True,
     drain: Callable[[], str] | None = None,
+    data: Mapping[str, DataSet] | None = None,
 ) -> StudyResult:
     """Run every cell that needs it (see the module docstring); returns when all have ended, on
     Ctrl-C (``interrupted``), or once the cells in flight have stopped after ``drain`` (asked every
@@ -108,7 +109,8 @@ def run_study(
     ``wait_warning_s`` after it was submitted, and that the study's own running cells do not hold
     up, is reported, again every five times that long (at most every ``WAIT_REPEAT_S``) while it
     waits (0: never; ``progress.WaitWatch``). ``branches=False`` trains every budget of a family
-    of wsd budgets from step 0, none waiting for a trunk (the same numbers: ``driver.branching``)."""
+    of wsd budgets from step 0, none waiting for a trunk (the same numbers: ``driver.branching``).
+    ``data``: what ``prepared_data`` gave the caller for this study (None: prepared here)."""
     if study.sequential is not None:
         kw = {k: v for k, v in locals().items() if k != "study"}  # every argument but the study
         from ablate.driver.waves import run_waves
@@ -122,10 +124,8 @@ def run_study(
         )[0]
     out = stream or sys.stderr
     preflight(study, executor=executor, address=address, num_cpus=num_cpus)  # writes nothing
-    sets = prepare_study(study, out=out)  # tokenizes each data configuration once, records nothing
-    data = data_now(sets)
-    if not rerun_stale:  # a cell interrupted on other data: refused before anything is recorded
-        check_stale_data(study, data)
+    if data is None:
+        data = prepared_data(study, rerun_stale=rerun_stale, out=out)
     with (
         clean_failed_start(study.output_dir) as launched,
         study_lock(study.output_dir),
@@ -175,6 +175,20 @@ def run_study(
             return result
         finally:
             ex.close()
+
+
+def prepared_data(
+    study: Study, *, rerun_stale: bool = False, out: IO[str] | None = None
+) -> dict[str, DataSet]:
+    """The data each cell reads now (``data_now``), every set prepared first (``prepare_study``:
+    each data configuration tokenized once, or verified; nothing recorded). Without
+    ``rerun_stale`` a study with a cell interrupted on data that prepare to other tokens now is
+    refused (``check_stale_data``: ``CannotRunError``), before anything is recorded. ``run_study``
+    starts with it, and ``ablate slurm run`` before the job's Ray starts."""
+    data = data_now(prepare_study(study, out=out or sys.stderr))
+    if not rerun_stale:
+        check_stale_data(study, data)
+    return data
 
 
 @dataclass

@@ -1,13 +1,16 @@
 """``ablate slurm run``: a study on the allocation this process runs in, from the first node.
 
-In order, the first two refusing (``SlurmError``, exit status 2) before anything starts:
+In order, the first three refusing (exit status 2, naming what is wrong) before anything starts:
 
 1. the allocation (``allocation.read_allocation``) must fit the study: a cell's ``resources.cpus``
    and ``resources.gpus`` on some node (its workers on the nodes together), and the study's own
    checks (``driver.preflight``: the ``ABLATE_*`` switches, GPUs, devices, memory, the hub);
 2. the job's ports must be free on this node (another job's Ray or MLflow would collide), and the
    study's SQLite store must not be in use by another job (``StoreLock``);
-3. the study planned against its store: with nothing left to run it starts nothing (the report);
+3. the study's data prepared and the study planned against its store, as ``ablate run`` does
+   before it starts (``runner.prepared_data``: data that do not prepare, and a cell interrupted
+   on data that prepare to other tokens now, refused): with nothing left to run it starts
+   nothing (the report);
 4. ``_start``: on several nodes the study's SQLite store served by the job's own MLflow server on
    this node (``tracking.server``; ``_serve``), Ray's head here and a Ray node on every other node
    (``ray_nodes``) with a token made for the job; the study runs on them (``driver.runner``), and
@@ -27,7 +30,7 @@ import secrets
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -39,6 +42,7 @@ from ablate.slurm.ray_nodes import JobRay, shielded
 from ablate.slurm.signals import Stopped, StopSignals
 
 if TYPE_CHECKING:
+    from ablate.driver.preparing import DataSet
     from ablate.study import Study
     from ablate.tracking.server import TrackingServer
 
@@ -280,6 +284,7 @@ def run_on_allocation(
     *,
     out: IO[str] | None = None,
     rerun_failed: bool = False,
+    rerun_stale: bool = False,
     max_concurrent: int | None = None,
     progress: bool = True,
     report: bool = True,
@@ -306,7 +311,8 @@ def run_on_allocation(
         if db is not None:  # one job at a time on a SQLite store, however many nodes it has
             holder = f"job {alloc.job_id} on {alloc.head} ({socket.gethostname()})"
             stack.enter_context(StoreLock(db, holder))
-        if not _anything_to_run(study, rerun_failed, result, out):
+        data = _to_run(study, rerun_failed, rerun_stale, result, out)
+        if data is None:
             if report:
                 result.report = _report(study, out)
             return result
@@ -325,10 +331,12 @@ def run_on_allocation(
             address=ray.address if multi else None,
             num_cpus=None if multi else alloc.cpus[0],
             rerun_failed=rerun_failed,
+            rerun_stale=rerun_stale,
             max_concurrent=max_concurrent,
             progress=progress,
             stream=out,
             drain=signals.reason,
+            data=data,
         )
         result.stopped_by = signals.reason()
         result.interrupted = res.interrupted
@@ -339,17 +347,24 @@ def run_on_allocation(
     return result
 
 
-def _anything_to_run(study: Study, rerun_failed: bool, result: SlurmRun, out: IO[str]) -> bool:
-    """Whether any cell needs to run (planned against the store, read only: this job holds it);
-    a job with nothing left (a requeued one whose study ended) starts no Ray at all."""
+def _to_run(
+    study: Study, rerun_failed: bool, rerun_stale: bool, result: SlurmRun, out: IO[str]
+) -> Mapping[str, DataSet] | None:
+    """The study's data, prepared and checked as ``ablate run`` does before it starts
+    (``runner.prepared_data``: a cell interrupted on data that prepare to other tokens now is
+    refused, ``CannotRunError``), when a cell needs to run (planned as ``run`` plans it, against
+    the store, read only: this job holds it); None for a job with nothing left (a requeued one
+    whose study ended): no Ray started."""
     from ablate.driver.planning import TO_RUN, plan
+    from ablate.driver.runner import prepared_data
 
-    planned = plan(study, rerun_failed=rerun_failed)
+    data = prepared_data(study, rerun_stale=rerun_stale, out=out)
+    planned = plan(study, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
     if any(p.action in TO_RUN for p in planned):
-        return True
+        return data
     result.left_failed = sum(p.action == "failed" for p in planned)
     _say(out, f"nothing to run: the study's {len(planned)} cells have ended; Ray not started")
-    return False
+    return None
 
 
 def _report(study: Study, out: IO[str]) -> str:

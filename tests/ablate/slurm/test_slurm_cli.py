@@ -1,7 +1,8 @@
 """``ablate slurm``: its help, the batch script ``submit`` writes (``--dry-run``), and every refusal
 that needs no cluster: outside an allocation, a node list that does not parse, a cell larger than
-a node, a bad ``ABLATE_*`` switch, a port of the job's that another process holds, a bad ``--time``;
-each exits 2 in seconds, naming what is wrong, before anything starts (nothing written)."""
+a node, a bad ``ABLATE_*`` switch, a port of the job's that another process holds, a bad ``--time``,
+a cell interrupted on data that prepare to other tokens now (as ``ablate run`` refuses it); each
+exits 2 in seconds, naming what is wrong, before anything starts (nothing written, no Ray)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from test_stale_data import _recorded, _setup
 
 from ablate.cli import main
 from ablate.slurm.ports import JobPorts
@@ -191,3 +193,30 @@ def test_a_submission_sbatch_refuses_leaves_no_folder_behind(study, tmp_path, mo
     )
     assert res.exit_code == 2 and "no `sbatch` on PATH" in res.output, res.output
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+def test_run_refuses_a_cell_interrupted_on_changed_data_as_run_does(
+    prepared, tmp_path, monkeypatch
+):
+    """Planned without preparing the data, a requeued job took such a cell for one to resume and
+    started Ray (the study's run refused it only then); once the data were prepared it took the
+    cell for one that had ended and exited 0 without a word of it."""
+    s = _setup(tmp_path, monkeypatch)  # one cell, interrupted at step 4
+    _clean_env(monkeypatch)
+    for k, v in {**ENV, "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_CPUS_PER_NODE": "2"}.items():
+        monkeypatch.setenv(k, v)
+    with open(tmp_path / "corp" / "v.txt", "a") as f:
+        f.write("more text appended\n")
+    if prepared:
+        assert CliRunner().invoke(main, ["data", "prepare", "c1.yaml", "-o", "out"]).exit_code == 0
+    before = _recorded(s)
+    res = CliRunner().invoke(main, ["slurm", "run", "c1.yaml", "-o", "out", "--quiet"])
+    assert res.exit_code == 2, res.output
+    assert "than data.val.path corp/v.txt prepares to now" in res.output, res.output
+    assert "--rerun-stale" in res.output and "Traceback" not in res.output
+    assert "Ray" not in res.output and "nothing to run" not in res.output
+    assert _recorded(s) == before
+    args = ["slurm", "submit", "c1.yaml", "--nodes", "1", "--time", "30", "--rerun-stale"]
+    res = CliRunner().invoke(main, [*args, "--dry-run"])
+    assert res.exit_code == 0 and " --rerun-stale &" in res.output, res.output
