@@ -24,6 +24,7 @@ checkpoint after their current step and end ``interrupted`` (``signals``); the s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import secrets
@@ -352,15 +353,21 @@ def _to_run(
 ) -> Mapping[str, DataSet] | None:
     """The study's data, prepared and checked as ``ablate run`` does before it starts
     (``runner.prepared_data``: a cell interrupted on data that prepare to other tokens now is
-    refused, ``CannotRunError``), when a cell needs to run (planned as ``run`` plans it, against
-    the store, read only: this job holds it); None for a job with nothing left (a requeued one
-    whose study ended): no Ray started."""
+    refused, ``CannotRunError``), when a cell needs to run, or a baseline seed to be copied from
+    another store (planned as ``run`` plans it, against the store, read only: this job holds
+    it; a study with sequential seeds, the cells its waves have asked for so far); None for a
+    job with nothing left (a requeued one whose study ended): no Ray started."""
     from ablate.driver.planning import TO_RUN, plan
     from ablate.driver.runner import prepared_data
+    from ablate.report.waves import replay
 
     data = prepared_data(study, rerun_stale=rerun_stale, out=out)
-    planned = plan(study, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
-    if any(p.action in TO_RUN for p in planned):
+    asked = study
+    if study.sequential is not None:  # the cells its waves have asked for (driver.waves)
+        with contextlib.suppress(AblateError):  # nothing recorded: every cell planned, new
+            asked = dataclasses.replace(study, cells=replay(study).cells)
+    planned = plan(asked, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
+    if any(p.action in (*TO_RUN, "reuse") for p in planned):
         return data
     result.left_failed = sum(p.action == "failed" for p in planned)
     _say(out, f"nothing to run: the study's {len(planned)} cells have ended; Ray not started")

@@ -1,9 +1,9 @@
 """Baseline seeds reused from another study's store (``baseline_from``; ``ablate.driver.reuse``),
 on real MLflow stores and the in-process executor: ``plan`` shows them, ``run`` copies the seeds
 the other store finished (every metric point, params, provenance) instead of training them, trains
-the others, writes nothing into the other store, and recopies a copy that a kill cut short; the
-report says where each baseline seed came from; a bad ``baseline_from`` is refused before anything
-runs, naming the field."""
+the others, writes nothing into the other store, and recopies a copy that a kill cut short (which a
+SLURM job counts as work left); the report says where each baseline seed came from; a bad
+``baseline_from`` is refused before anything runs, naming the field."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ablate.driver.runner import run_study
 from ablate.errors import CannotRunError, StudyError
 from ablate.report.provenance import reused_note
 from ablate.report.recorded import study_frames
+from ablate.slurm.session import SlurmRun, _to_run
 from ablate.study import load_study, parse_study
 from ablate.tracking import StudyTracker
 from ablate.tracking.runs import read_cells
@@ -121,6 +122,8 @@ def test_a_study_reuses_the_baseline_seeds_another_store_finished(source, tmp_pa
     # a copy that a kill cut short (status still pending) is deleted and copied again
     cut = mine[base[1].key].run_id
     StudyTracker(study.tracking_uri, "new").set_status(cut, "pending")
+    # the only thing left to do: a SLURM job starts its Ray for it too, not "nothing to run"
+    assert _to_run(study, False, False, SlurmRun(), io.StringIO()) is not None
     out = io.StringIO()
     run_study(study, executor="local", progress=False, stream=out)
     assert "1 of 3 baseline seeds to reuse from study ref" in out.getvalue()

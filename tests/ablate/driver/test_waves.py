@@ -2,12 +2,14 @@
 in waves on the local executor into a real MLflow store; a configuration decided after the first
 wave gets no more seeds, an open one gets ``step`` more up to ``max`` with the baseline beside it;
 ``ablate status`` replays the waves from the store and says each comparison's state; a second
-``ablate run`` trains nothing and reaches the same verdicts; the report opens with the waves'
-decisions and reads only the seeds the waves asked for and trained (not another seed of the
-same store). And what a study with ``seeds:`` may not write, refused before anything runs."""
+``ablate run`` trains nothing and reaches the same verdicts, and a requeued SLURM job finds
+nothing to run; the report opens with the waves' decisions and reads only the seeds the waves
+asked for and trained (not another seed of the same store). And what a study with ``seeds:`` may
+not write, refused before anything runs."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -19,7 +21,8 @@ from ablate.cli import main
 from ablate.errors import StudyError
 from ablate.report.sequential import Judgement
 from ablate.report.waves import Comparison, configs_of, grow, wave_cells
-from ablate.study import parse_study
+from ablate.slurm.session import SlurmRun, _to_run
+from ablate.study import load_study, parse_study
 
 BASE = {
     "device": "cpu",
@@ -149,6 +152,10 @@ def test_a_study_with_seeds_trains_in_waves_and_stops_each_configuration_when_de
     assert not any(label.startswith(SLOW) and label.endswith("seed3") for label in trained)
     assert doc["comparisons"][SLOW] == {"state": "slower", "seeds": 3, "pairs": 3}
     assert doc["comparisons"][FP4]["state"] == "open" and doc["comparisons"][FP4]["seeds"] == 4
+    # a requeued SLURM job finds nothing left either (SLOW's seed 3 no wave asked for): no Ray
+    said = io.StringIO()
+    assert _to_run(load_study(path, output=out), False, False, SlurmRun(), said) is None
+    assert "nothing to run: the study's 11 cells have ended" in said.getvalue()
     # run again: the waves replay from the store, nothing trains, the same verdicts
     again = runner.invoke(
         main, ["run", str(path), "-o", str(out), "--executor", "local", "--quiet", "--no-report"]
