@@ -102,12 +102,11 @@ def export_cell(
 
 def _reused_checkpoint(study: Study, cell: Cell, run: CellRun) -> Path:
     """The checkpoint of a baseline seed copied from another study (``baseline_from``): the
-    folder of the same key (the same configuration) beside the SQLite store its run was copied
-    from (``reused_from``: ``BaselineSource.label``; a study's output folder holds its store by
-    default), else in the output folder of the study file ``baseline_from`` names; ``ExportError``
-    saying where the seed came from when neither holds one."""
-    from ablate.errors import StudyError
-    from ablate.study import load_study
+    folder of the same key (the same configuration) beside the SQLite store of the study it
+    trained in (``reused_from``: ``BaselineSource.label``; a study's output folder holds its store
+    by default), else in the output folder of the study file ``baseline_from`` names, or of the
+    one that study's ``baseline_from`` names in turn (``_source_folders``: the study it trained in
+    first); ``ExportError`` saying where the seed came from when none holds one."""
     from ablate.tracking.store import sqlite_path
 
     looked: list[Path] = []
@@ -115,10 +114,7 @@ def _reused_checkpoint(study: Study, cell: Cell, run: CellRun) -> Path:
     with contextlib.suppress(AblateError):
         if (db := sqlite_path(uri)) is not None:
             looked.append(db.parent / "cells" / cell.key)
-    spec = study.file.baseline_from
-    if spec is not None and spec.study is not None:
-        with contextlib.suppress(StudyError):
-            looked.append(load_study(spec.study, check_files=False).checkpoint_dir(cell).resolve())
+    looked += _source_folders(study, cell, run.reused_from)
     for where in looked:
         if where.exists():
             return where
@@ -129,6 +125,34 @@ def _reused_checkpoint(study: Study, cell: Cell, run: CellRun) -> Path:
         "export it from that study, where it trained (ablate export <that study's file> --cell "
         f"{cell.key})"
     )
+
+
+def _source_folders(study: Study, cell: Cell, trained_in: str) -> list[Path]:
+    """The cell's folder in the output folder of the study file ``study``'s ``baseline_from``
+    names and, where that study reused its baseline too, of the one its ``baseline_from`` names,
+    and so on (a seed copied from a study that had copied it trained further up): the study
+    ``trained_in`` names (``BaselineSource.label``) first. For a store that is a server, these
+    study files are all that says where its cells' checkpoints are."""
+    from ablate.errors import StudyError
+    from ablate.study import load_study
+    from ablate.study.baseline_from import BaselineSource
+
+    found: list[Path] = []
+    spec, seen = study.file.baseline_from, set()
+    while spec is not None and spec.study is not None and spec.study not in seen:
+        seen.add(spec.study)
+        try:
+            other = load_study(spec.study, check_files=False)
+        except StudyError:
+            break
+        where = other.checkpoint_dir(cell).resolve()
+        label = BaselineSource(other.tracking_uri, other.name, other.experiment).label
+        if label == trained_in:
+            found.insert(0, where)
+        else:
+            found.append(where)
+        spec = other.file.baseline_from
+    return found
 
 
 def refuse_inside(out_dir: str | Path, places: dict[str, Path]) -> None:

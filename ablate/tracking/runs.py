@@ -384,8 +384,9 @@ class StudyTracker:
         """Copy run ``source_id`` of the store at ``uri`` into ``run_id`` (a cell's run the driver
         created, its tags this study's): the params it lacks, every metric's whole history, the
         other tags (provenance, status details; not another study's axes, family or branches),
-        the artifacts but ``config.json``; ``reused_from`` and the source run as tags, and the
-        source's status last, so that a copy cut short stays ``pending`` (``driver.reuse``)."""
+        the artifacts but ``config.json``; ``reused_from`` and the source run as tags (a source
+        run that is itself a copy keeps its own: the study and run where the seed trained), and
+        the source's status last, so that a copy cut short stays ``pending`` (``driver.reuse``)."""
         from mlflow.entities import Param, RunTag
 
         src = Client(uri, must_exist=True)
@@ -402,7 +403,8 @@ class StudyTracker:
                 vocab.BRANCH_STEP, vocab.STATUS, "mlflow.")  # fmt: skip
         tags = {k: v for k, v in run.data.tags.items() if not k.startswith(skip)}
         tags = {k: v for k, v in tags.items() if k not in have.tags}
-        tags |= {vocab.REUSED_FROM: reused_from, vocab.REUSED_RUN: source_id}
+        if not (run.data.tags.get(vocab.REUSED_FROM) and run.data.tags.get(vocab.REUSED_RUN)):
+            tags |= {vocab.REUSED_FROM: reused_from, vocab.REUSED_RUN: source_id}
         self._client.log_batch(run_id, tags=[RunTag(k, v[:MAX_TAG_LEN]) for k, v in tags.items()])
         with tempfile.TemporaryDirectory() as tmp:
             for f in src.list_artifacts(source_id):  # the top level: files and folders

@@ -1,6 +1,7 @@
 """A study tracked by a real ``mlflow server`` (its own SQLite store, ``--artifacts-destination``)
 on a free loopback port: the artifacts go through the server into its destination, not into a
-folder on the driver."""
+folder on the driver; a baseline seed reused in turn from a study that had reused it names, and
+exports from, the study it trained in."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from mlflow.tracking import MlflowClient
 from test_runner import tiny_study
 
 from ablate.driver.runner import run_study
+from ablate.export import export_cell
+from ablate.study import load_study
 from ablate.tracking.server import server_command
 from ablate.tracking.store import prepare_served_store
 
@@ -152,3 +155,48 @@ def test_a_tracking_server_on_an_ipv6_address_is_reached_in_brackets(tmp_path):
         assert cmd[cmd.index("--host") + 1] == host  # listens at the address as given
         allowed = cmd[cmd.index("--allowed-hosts") + 1].split(",")
         assert netloc in allowed, allowed  # the Host a client of url sends (MLflow: equal to one)
+
+
+REUSED = """name: {name}
+base:
+  model: {{preset: tiny}}
+  data: {{val_tokens: 4096}}
+  train: {{steps: 2, batch_size: 4, seq_len: 32, eval_every: 2, warmup_steps: 1}}
+grid: {{fp4_gemms: [[]]}}
+baseline: {{fp4_gemms: []}}
+tracking: {{uri: '{uri}'}}
+output: {name}
+"""
+
+
+@pytest.mark.slow
+def test_a_seed_reused_from_a_study_that_reused_it_names_and_exports_where_it_trained(
+    server, tmp_path, monkeypatch
+):
+    """``mid`` reuses ``src``'s baseline seed and ``end`` reuses ``mid``'s copy, all on the server.
+    The copy in ``end`` was tagged as reused from ``mid``, which never trained it: its export
+    looked for a checkpoint in ``mid``'s folder only (a server's URI names no folder) and was
+    refused, naming ``mid`` as where it trained."""
+    uri, _ = server
+    monkeypatch.chdir(tmp_path)  # baseline_from's paths are relative to it
+    studies = {}
+    for name, source in (("src", None), ("mid", "src"), ("end", "mid")):
+        text = REUSED.format(name=name, uri=uri) + (
+            f"baseline_from: {source}.yaml\n" if source else ""
+        )
+        (tmp_path / f"{name}.yaml").write_text(text)
+        studies[name] = load_study(tmp_path / f"{name}.yaml")
+        res = run_study(studies[name], executor="local", progress=False)
+        assert [o.status for o in res.outcomes.values()] == (["finished"] if not source else [])
+    (cell,) = studies["src"].cells
+    trained = MlflowClient(tracking_uri=uri)
+    runs = {n: {r.data.tags["ablate.key"]: r for r in trained.search_runs(
+        [trained.get_experiment_by_name(n).experiment_id], "tags.`ablate.role` = 'cell'")}[cell.key]
+        for n in studies}  # fmt: skip
+    for name in ("mid", "end"):
+        tags = runs[name].data.tags
+        assert tags["ablate.reused_from"] == f"study src in {uri}", name
+        assert tags["ablate.reused_run"] == runs["src"].info.run_id, name
+    got = export_cell(studies["end"], cell.label, tmp_path / "exported")
+    want = export_cell(studies["src"], cell.label, tmp_path / "theirs")
+    assert (got / "model.safetensors").read_bytes() == (want / "model.safetensors").read_bytes()
