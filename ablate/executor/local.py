@@ -29,7 +29,10 @@ class Executor(Protocol):
         """The outcomes of tasks that ended within ``timeout`` seconds (maybe none)."""
         ...
 
-    def cancel(self, key: str) -> None: ...
+    def cancel(self, key: str) -> None:
+        """Drop the task, or end it if it runs, and return once it has ended (a bounded wait):
+        nothing it writes comes after."""
+        ...
 
     def stop_running(self) -> None:
         """Hand out nothing more; ask the tasks in flight to checkpoint after their current step

@@ -22,6 +22,9 @@ from ablate.executor.cluster import cluster_address, connect
 from ablate.executor.task import Outcome, Task
 from ablate.executor.worker import error_line, run_distributed, run_one_on_ray
 
+CANCEL_WAIT_S = 30.0
+"""How long ``cancel`` waits for a cancelled task's worker to end (it takes tens of ms)."""
+
 
 def _slots(resources: dict[str, float], cpus: float, gpus: float) -> int:
     """How many workers of ``cpus`` CPUs and ``gpus`` GPUs one node's resources hold."""
@@ -189,12 +192,21 @@ class RayExecutor:
         return dict(self._ray.available_resources()), dict(self._ray.cluster_resources())
 
     def cancel(self, key: str) -> None:
+        """Drop the task if it waits here; if in flight, kill its worker (``ray.cancel(force=
+        True)``, which returns at once) and wait until it has ended (``CANCEL_WAIT_S`` at most):
+        a worker being killed may still be writing its checkpoint, which the caller may remove
+        next."""
         self._queue = deque(t for t in self._queue if t.key != key)
+        cancelled = []
         for ref, t in list(self._inflight.items()):
             if t.key == key:
                 with contextlib.suppress(Exception):
                     self._ray.cancel(ref, force=True)
+                    cancelled.append(ref)
                 del self._inflight[ref]
+        if cancelled:
+            with contextlib.suppress(Exception):
+                self._ray.wait(cancelled, num_returns=len(cancelled), timeout=CANCEL_WAIT_S)
 
     def stop_running(self) -> None:
         """Hand out nothing more, and ask the tasks in flight to checkpoint after their current

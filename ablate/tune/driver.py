@@ -14,8 +14,10 @@ child run under the study's parent run (role ``trial``, labelled ``<search>/tria
 search, trial number and parameters as tags: ``ablate.tracking.vocab``; ``ablate run`` plans only
 ``cell`` runs, so it never sees them) and hands a ``Task`` to the executor, ``parallelism`` trials per search at a time (ask-and-tell). Each
 trial checkpoints in ``<output>/tune/<search>/trial<N>/`` (so a Ray retry after a lost worker
-resumes it); the checkpoint file is deleted when the trial ends, as nothing resumes a trial later,
-and when it is interrupted (by Ctrl-C; a killed driver's trials when ``ablate tune`` runs again).
+resumes it); the folder is removed when the trial ends, as nothing resumes a trial later, and when
+it is interrupted by Ctrl-C, each time once its worker has ended (a cancelled Ray worker is
+waited for: killed while it wrote its checkpoint, it would leave ``checkpoint.tmp`` behind);
+``ablate tune`` removes at its start any trial folder left (a killed driver's).
 When a trial ends, Optuna is told its state and the run gets ``ablate.tune_state`` (COMPLETE,
 PRUNED, FAIL), ``ablate.value`` and ``ablate.reason``, so both stores agree. The parent run gets
 ``ablate.tune_status`` and ``ablate.tune_trials``: the trials that count in all its searches.
@@ -93,7 +95,6 @@ from ablate.study.tune import Search, plan_searches, trial_config
 from ablate.targets import Curve, target_ppl_of, tokens_to_target
 from ablate.tracking import StudyTracker, baseline_curves, read_histories
 from ablate.tracking.vocab import recipe_tags, trial_tags
-from ablate.train.checkpoint import remove_checkpoint
 from ablate.train.config import config_hash
 from ablate.tune.storage import (
     STORAGE,
@@ -195,12 +196,12 @@ class _Driver:
             ostudy.set_user_attr("start_cell", search.cell.label)
             for params in self.tune.enqueue:
                 ostudy.enqueue_trial(params, skip_if_exists=True)
-        for ft in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            reason = "interrupted: the driver stopped before the trial ended"
-            self._fail_interrupted(ostudy, Trial(ostudy, ft._trial_id), reason)
-        for ft in ostudy.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-            if ft.user_attrs.get("interrupted"):  # nothing resumes it: its checkpoint goes
-                self._remove_checkpoint(self.trial_dir(search, ft.number))
+        reason = "interrupted: the driver stopped before the trial ended"
+        self._fail_running(ostudy, reason)
+        # every trial has ended: nothing resumes one, so no folder of theirs stays (one that a
+        # killed driver, or a worker killed while it wrote, left behind)
+        for folder in (self.study.output_dir / "tune" / search.slug).glob("trial*"):
+            self._remove_trial_dir(folder)
         done = sum(count_trials(ostudy.get_trials(deepcopy=False)).values())
         return _Search(search, ostudy, todo=max(0, self.tune.trials - done))
 
@@ -209,10 +210,16 @@ class _Driver:
         return self.study.output_dir / "tune" / search.slug / f"trial{number}"
 
     @staticmethod
-    def _remove_checkpoint(folder: str | Path) -> None:
+    def _remove_trial_dir(folder: str | Path) -> None:
+        """A trial's folder and all in it: its checkpoint, and any file a killed write left
+        (``checkpoint.tmp``)."""
         if Path(folder).is_dir():
-            with contextlib.suppress(OSError):
-                remove_checkpoint(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _fail_running(self, ostudy: optuna.Study, reason: str) -> None:
+        """Mark every trial of the search that Optuna has RUNNING failed as interrupted."""
+        for ft in ostudy.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self._fail_interrupted(ostudy, Trial(ostudy, ft._trial_id), reason)
 
     def _fail_interrupted(self, ostudy: optuna.Study, trial: Trial, reason: str) -> None:
         trial.set_user_attr("interrupted", True)
@@ -304,7 +311,7 @@ class _Driver:
             state, status = TrialState.FAIL, "failed" if o.status == "failed" else "interrupted"
             reason = o.reason or o.status
         self._tell(s, trial, value, state, reason, rid, status, info)
-        self._remove_checkpoint(live.task.config["checkpoint_dir"])
+        self._remove_trial_dir(live.task.config["checkpoint_dir"])
 
     def _tell(
         self,
@@ -371,13 +378,19 @@ class _Driver:
                 del self.live[key]
                 lv.s.live -= 1
 
-    def interrupt(self) -> None:
+    def interrupt(self, searches: list[_Search]) -> None:
+        """Ctrl-C: cancel the trials in flight (``cancel`` returns once each has ended) and fail
+        them as interrupted, with their folders; and any other trial left RUNNING (Ctrl-C came
+        while it was being started): none stays RUNNING for ``status`` and the report to count."""
         for key, lv in self.live.items():
             self.pool.cancel(key)
             with contextlib.suppress(Exception):
                 self._fail_interrupted(lv.s.study, lv.trial, "interrupted: Ctrl-C")
-            self._remove_checkpoint(lv.task.config["checkpoint_dir"])  # or the next open() does
+            self._remove_trial_dir(lv.task.config["checkpoint_dir"])  # or the next open() does
         self.live.clear()
+        for s in searches:
+            with contextlib.suppress(Exception):
+                self._fail_running(s.study, "interrupted: Ctrl-C")
 
 
 def run_tune(
@@ -430,7 +443,7 @@ def run_tune(
                 driver.run(states, limit, poll_s)
             except KeyboardInterrupt:
                 interrupted = True
-                driver.interrupt()
+                driver.interrupt(states)
                 print("\ninterrupted: run `ablate tune` again to continue the searches", file=out)
             # the study's own status (set by `ablate run`) stays as it is; tune_trials: the
             # searches' trials that count (all invocations), not this invocation's

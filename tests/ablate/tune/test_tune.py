@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 import math
 import os
@@ -214,6 +215,12 @@ def searched(store, tmp_path_factory) -> dict[str, Any]:
     ckpt = study.output_dir / "tune" / "bf16" / f"trial{killed.number}" / "checkpoint.pt"
     ckpt.parent.mkdir(parents=True)
     ckpt.write_bytes(b"a killed trial's checkpoint")
+    (ckpt.parent / "checkpoint.tmp").write_bytes(b"a write cut short by the kill")
+    # and a finished trial's checkpoint written after the driver had removed its folder (a
+    # cancelled worker's last write)
+    late = study.output_dir / "tune" / "bf16" / "trial0" / "checkpoint.pt"
+    late.parent.mkdir(parents=True, exist_ok=True)
+    late.write_bytes(b"written as the worker died")
     second = run_tune(study, executor="local", trials=4)
     return {
         "study": study,
@@ -222,6 +229,7 @@ def searched(store, tmp_path_factory) -> dict[str, Any]:
         "before": before,
         "killed": killed.number,
         "killed_checkpoint": ckpt,
+        "late_checkpoint": late,
     }
 
 
@@ -266,7 +274,10 @@ def test_a_second_invocation_continues_the_searches(searched):
     bf16 = {t.number: t for t in studies["bf16"].get_trials()}
     killed = bf16[searched["killed"]]
     assert killed.state == TrialState.FAIL and killed.user_attrs["reason"].startswith("interrupted")
-    assert not searched["killed_checkpoint"].exists()  # nothing resumes it
+    # nothing resumes a trial: no folder of an ended one stays, nor a file a killed write left
+    assert not searched["killed_checkpoint"].parent.exists()
+    assert not searched["late_checkpoint"].parent.exists()
+    assert not list((study.output_dir / "tune").glob("*/trial*"))
     assert sorted(bf16) == [0, 1, 2, 3, 4]  # numbers go on; the killed trial does not count
     assert [t.number for t in studies["mxfp4[fprop,dgrad,wgrad]/bf16"].get_trials()] == [0, 1, 2, 3]
     assert second.ran == 2
@@ -402,6 +413,8 @@ def test_ctrl_c_fails_the_trial_in_flight_and_deletes_its_checkpoint(store, tmp_
         while not stop.is_set() and not ckpt.exists():
             time.sleep(0.01)
         if not stop.is_set():
+            # as if Ctrl-C came while the driver started the next trial: Optuna has it RUNNING
+            optuna_studies(study)["all"].ask()
             os.kill(os.getpid(), signal.SIGINT)
 
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
@@ -414,9 +427,10 @@ def test_ctrl_c_fails_the_trial_in_flight_and_deletes_its_checkpoint(store, tmp_
         watcher.join()
         signal.signal(signal.SIGINT, before)
     assert res.interrupted and res.ran == 0
-    (t,) = optuna_studies(study)["all"].get_trials()
-    assert t.state == TrialState.FAIL and t.user_attrs["reason"] == "interrupted: Ctrl-C"
-    assert not ckpt.exists()  # nothing resumes an interrupted trial
+    for t in optuna_studies(study)["all"].get_trials():  # none left RUNNING
+        assert t.state == TrialState.FAIL and t.user_attrs["reason"] == "interrupted: Ctrl-C"
+    assert not ckpt.parent.exists()  # nothing resumes an interrupted trial
+    assert [r["n_trials"] for r in res.summary] == [2] and res.summary[0]["failed"] == 0
     assert parent_tags(study)["ablate.tune_status"] == "interrupted"
 
 
@@ -504,22 +518,56 @@ def test_tokens_to_target_from_a_baseline_without_results_is_refused_before_writ
 # --- Ray ------------------------------------------------------------------------------------------------
 
 
+def _cancel_returns_once_the_worker_ended(study: Study, trial: Any, folder: Path) -> bool:
+    """Whether ``RayExecutor.cancel`` of a task that trains (the study's cell, a checkpoint every
+    step) returns once the task's worker process has ended (gone, or a zombie)."""
+    from ablate.executor import RayExecutor
+    from ablate.executor.task import Task
+    from ablate.tracking import StudyTracker
+
+    cfg = dataclasses.replace(
+        study.cells[0].config, checkpoint_dir=str(folder), data_cache=str(study.data_cache())
+    ).to_dict()
+    parent = trial.data.tags["mlflow.parentRunId"]
+    rid = StudyTracker(study.tracking_uri, study.name).create_run(parent, "late", "late", {}, cfg)
+    ex = RayExecutor()
+    try:
+        ex.submit(Task("late", "late", cfg, study.tracking_uri, rid, os.getcwd()))
+        deadline = time.monotonic() + 120
+        while not (folder / "checkpoint.pt").exists():
+            assert time.monotonic() < deadline, "the task did not checkpoint in 120 s"
+            time.sleep(0.02)
+        pid = int(MlflowClient(study.tracking_uri).get_run(rid).data.tags["ablate.pid"])
+        ex.cancel("late")
+        try:
+            return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
+        except FileNotFoundError:
+            return True
+    finally:
+        ex.close()
+
+
 @pytest.mark.slow
 def test_ray_cancels_a_trial_the_pruner_stops(store, tmp_path):
     import ray
 
     raw = raw_study("ray", per=[], trials=1, pruner={"kind": "threshold", "max_val_loss": 1.0})
     raw["grid"] = {"fp4_gemms": [[]]}
-    raw["base"]["train"].update(steps=2000, eval_every=50)
+    # a checkpoint every step: the worker is most likely writing one when it is cancelled
+    raw["base"]["train"].update(steps=2000, eval_every=50, checkpoint_every=1)
     study = e2e_study(raw, store, tmp_path / "out")
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20)
     try:
         res = run_tune(study, executor="ray", poll_s=0.5)
+        run = trial_runs(study)[("all", 0)]
+        ended = _cancel_returns_once_the_worker_ended(study, run, tmp_path / "late")
     finally:
         ray.shutdown()
+    # it returned at once, the worker alive and writing for tens of ms more: a checkpoint (or the
+    # checkpoint.tmp of a write cut short) could appear after the driver removed the trial's
+    assert ended
     (t,) = optuna_studies(study)["all"].get_trials()
     assert t.state == TrialState.PRUNED and "at step 0" in t.user_attrs["reason"]
-    run = trial_runs(study)[("all", 0)]
     assert run.data.tags["ablate.status"] == "interrupted"
     assert run.data.tags["ablate.tune_state"] == "PRUNED"
     steps = MlflowClient(tracking_uri=study.tracking_uri).get_metric_history(
@@ -527,6 +575,8 @@ def test_ray_cancels_a_trial_the_pruner_stops(store, tmp_path):
     )
     assert max((m.step for m in steps), default=0) < 2000  # stopped, not run to its end
     assert res.ran == 1
+    # the cancelled worker was gone before its trial's folder was removed: nothing written after
+    assert not (study.output_dir / "tune" / "all" / "trial0").exists()
 
 
 def test_the_study_file_tune_lr_is_valid():
