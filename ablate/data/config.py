@@ -152,5 +152,10 @@ class DataConfig:
             )
 
 
+BATCH_FIELDS = ("data_seed", "val_tokens")
+"""``DataConfig`` fields that take a run's batches from the same tokens (they split and order them):
+no part of a prepared set's key (``prepared.data_identity``) nor of its ``data.fingerprint``."""
+
+
 def is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)

@@ -10,6 +10,8 @@ naming the field that changed, for ``planning``.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from ablate.data import (
     data_key,
     prepare,
 )
+from ablate.data.config import BATCH_FIELDS
 from ablate.data.manifest import changed_parts
 from ablate.data.prepared import identity_changes, prepared_set
 from ablate.errors import CannotRunError, StudyError
@@ -44,10 +47,20 @@ class DataSet:
 
 def study_data(study: Study, cells: Iterable[Cell] | None = None) -> list[DataSet]:
     """The study's distinct data configurations (by prepared-set key), in order of first use, with
-    the sets already in the cache (sizes checked, not checksums)."""
+    the sets already in the cache (sizes checked, not checksums). Each key is computed once for the
+    cells whose data differ only in what splits and orders their tokens (``BATCH_FIELDS``: each seed
+    has its own ``data_seed``): a key stats every corpus file and hashes a tokenizer file."""
     sets: dict[str, DataSet] = {}
+    keys: dict[str, str] = {}
     for c in study.cells if cells is None else cells:
-        key = data_key(c.config.data)
+        same = json.dumps(
+            {k: v for k, v in dataclasses.asdict(c.config.data).items() if k not in BATCH_FIELDS},
+            sort_keys=True,
+            default=str,
+        )
+        if same not in keys:
+            keys[same] = data_key(c.config.data)
+        key = keys[same]
         sets.setdefault(key, DataSet(key, c.config.data)).cells.append(c)
     for s in sets.values():
         s.prepared = already_prepared(s.config, study.data_cache())

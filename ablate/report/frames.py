@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from ablate.data.config import BATCH_FIELDS
 from ablate.report.provenance import PROVENANCE
 
 if TYPE_CHECKING:
@@ -60,22 +61,17 @@ def cell_row(
     }
 
 
-BATCHES = ("data_seed", "val_tokens")
-"""Data fields that take a run's batches from the same prepared tokens: no part of what its
-``data.fingerprint`` measures."""
-
-
 def data_config(data: Any) -> str:
     """A cell's data configuration as the fields that decide its tokens (those its
     ``data.fingerprint`` measures): each field set away from its default, and the corpus always
     (``data.corpus text, data.path corp/a.txt``); cells with the same text are meant to read the
-    same tokens. ``BATCHES`` are left out."""
+    same tokens. ``BATCH_FIELDS`` are left out."""
     parts: list[str] = []
 
     def walk(obj: Any, prefix: str) -> None:
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            if f.name in BATCHES:
+            if f.name in BATCH_FIELDS:
                 continue
             if dataclasses.is_dataclass(value):
                 walk(value, f"{prefix}{f.name}.")

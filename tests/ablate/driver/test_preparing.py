@@ -77,6 +77,30 @@ def test_prepare_writes_one_set_per_data_configuration_and_run_tokenizes_nothing
     }
 
 
+def test_each_data_configuration_is_keyed_once_however_many_seeds_read_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A key stats every corpus file and hashes a tokenizer file; each seed has its own
+    data_seed, which splits and orders the tokens only. `status`, `plan` and `run` key a study's
+    data: keyed once per cell, 2000 cells of a 200-file corpus took 14 s."""
+    import ablate.driver.preparing as preparing
+    from ablate.study import load_study
+
+    monkeypatch.chdir(tmp_path)
+    _corpus(tmp_path / "a.jsonl", "alpha")
+    _corpus(tmp_path / "b.jsonl", "beta")
+    seeds = TWO_CORPORA.replace("fp4_gemms: [[], [wgrad]]", "seed: [0, 1, 2, 3]")
+    (tmp_path / "s.yaml").write_text(seeds)
+    study = load_study(tmp_path / "s.yaml", check_files=False)
+    keyed: list[str | None] = []
+    real = preparing.data_key
+    monkeypatch.setattr(preparing, "data_key", lambda cfg: keyed.append(cfg.path) or real(cfg))
+    sets = preparing.study_data(study)
+    assert sorted(keyed) == ["a.jsonl", "b.jsonl"]
+    assert [len(s.cells) for s in sets] == [4, 4]
+    assert len({c.config.data.data_seed for c in sets[0].cells}) == 4  # each seed its own order
+
+
 def test_too_few_tokens_is_refused_before_anything_is_recorded(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     _corpus(tmp_path / "a.jsonl", "alpha")
