@@ -7,9 +7,10 @@ In order, the first three refusing (exit status 2, naming what is wrong) before 
    checks (``driver.preflight``: the ``ABLATE_*`` switches, GPUs, devices, memory, the hub);
 2. the job's ports must be free on this node (another job's Ray or MLflow would collide), and the
    study's SQLite store must not be in use by another job (``StoreLock``);
-3. the study's data prepared and the study planned against its store, as ``ablate run`` does
-   before it starts (``runner.prepared_data``: data that do not prepare, and a cell interrupted
-   on data that prepare to other tokens now, refused): with nothing left to run it starts
+3. the study planned against its store and, when a cell is left to run (or its data changed
+   since it trained), its data prepared as ``ablate run`` does before it starts
+   (``runner.prepared_data``: data that do not prepare, and a cell interrupted on data that
+   prepare to other tokens now, refused): with nothing left to run it prepares and starts
    nothing (the report);
 4. ``_start``: on several nodes the study's SQLite store served by the job's own MLflow server on
    this node (``tracking.server``; ``_serve``), Ray's head here and a Ray node on every other node
@@ -356,18 +357,27 @@ def _to_run(
     refused, ``CannotRunError``), when a cell needs to run, or a baseline seed to be copied from
     another store (planned as ``run`` plans it, against the store, read only: this job holds
     it; a study with sequential seeds, the cells its waves have asked for so far); None for a
-    job with nothing left (a requeued one whose study ended): no Ray started."""
+    job with nothing left (a requeued one whose study ended): no Ray started. Planned first on
+    the data as they are: such a job prepares nothing (which could checksum, or tokenize, a whole
+    corpus) unless a cell's data changed since it trained and only their tokens tell what it
+    does (``stale-data``; a finished one with ``--rerun-stale``)."""
     from ablate.driver.planning import TO_RUN, plan
     from ablate.driver.runner import prepared_data
     from ablate.report.waves import replay
 
-    data = prepared_data(study, rerun_stale=rerun_stale, out=out)
     asked = study
     if study.sequential is not None:  # the cells its waves have asked for (driver.waves)
         with contextlib.suppress(AblateError):  # nothing recorded: every cell planned, new
             asked = dataclasses.replace(study, cells=replay(study).cells)
     planned = plan(asked, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
-    if any(p.action in (*TO_RUN, "reuse") for p in planned):
+    data = None
+    if any(
+        p.action in (*TO_RUN, "reuse", "stale-data") or (rerun_stale and p.data_change)
+        for p in planned
+    ):
+        data = prepared_data(study, rerun_stale=rerun_stale, out=out)
+        planned = plan(asked, rerun_failed=rerun_failed, rerun_stale=rerun_stale)
+    if data is not None and any(p.action in (*TO_RUN, "reuse") for p in planned):
         return data
     result.left_failed = sum(p.action == "failed" for p in planned)
     _say(out, f"nothing to run: the study's {len(planned)} cells have ended; Ray not started")

@@ -8,6 +8,7 @@ a local text corpus and its validation corpus, real MLflow (SQLite under tmp_pat
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from mlflow.tracking import MlflowClient
 from ablate.cli import main
 from ablate.driver.planning import plan
 from ablate.driver.runner import run_study
+from ablate.slurm.session import SlurmRun, _to_run
 from ablate.study import Study, load_study
 
 STUDY = """
@@ -174,6 +176,15 @@ def test_touched_corpus_resumes_in_the_same_run(tmp_path, monkeypatch):
     # touched again once finished: the same tokens, still a result, even with --rerun-stale
     (run_id,) = second.run_ids.values()
     os.utime(corpus, (st.st_atime, st.st_mtime + 200))
+    # a requeued SLURM job of the ended study prepares nothing (it could tokenize a corpus) but
+    # with --rerun-stale, which needs the tokens to tell: the same, nothing to run either way
+    cache = tmp_path / "cache"
+    sets = {p for p in cache.iterdir() if p.is_dir()}
+    for rerun_stale, prepared in ((False, 0), (True, 1)):
+        said = io.StringIO()
+        assert _to_run(s, False, rerun_stale, SlurmRun(), said) is None
+        assert len({p for p in cache.iterdir() if p.is_dir()} - sets) == prepared
+        assert "nothing to run: the study's 1 cells have ended" in said.getvalue()
     third = run_study(s, executor="local", progress=False, rerun_stale=True)
     assert [(p.action, p.why) for p in third.planned] == [("skip", "finished")]
     assert not third.outcomes and [p.run.run_id for p in plan(s) if p.run] == [run_id]
