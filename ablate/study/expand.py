@@ -107,8 +107,12 @@ def parse_study(
                 study.baseline_source = baseline_source(spec.baseline_from)
             except StudyError as e:
                 errors.extend(e.errors)
+        # once per data and val_tokens, not per seed (each has its own data_seed, which only
+        # orders the tokens): a check stats every corpus file and hashes a tokenizer file
         for cfg in {
-            json.dumps(dataclasses.asdict(c.config.data), sort_keys=True): c.config.data
+            json.dumps(dataclasses.asdict(c.config.data) | {"data_seed": None}, sort_keys=True): (
+                c.config.data
+            )
             for c in study.cells
         }.values():
             try:

@@ -82,7 +82,8 @@ def test_each_data_configuration_is_keyed_once_however_many_seeds_read_it(
 ) -> None:
     """A key stats every corpus file and hashes a tokenizer file; each seed has its own
     data_seed, which splits and orders the tokens only. `status`, `plan` and `run` key a study's
-    data: keyed once per cell, 2000 cells of a 200-file corpus took 14 s."""
+    data, and every command checks it first: each once per cell, 2000 cells of a 200-file corpus
+    took 14 s to key and 11 s to check."""
     import ablate.driver.preparing as preparing
     from ablate.study import load_study
 
@@ -91,7 +92,13 @@ def test_each_data_configuration_is_keyed_once_however_many_seeds_read_it(
     _corpus(tmp_path / "b.jsonl", "beta")
     seeds = TWO_CORPORA.replace("fp4_gemms: [[], [wgrad]]", "seed: [0, 1, 2, 3]")
     (tmp_path / "s.yaml").write_text(seeds)
-    study = load_study(tmp_path / "s.yaml", check_files=False)
+    import ablate.study.expand as expand
+
+    checked: list[str | None] = []  # and the study's checks, every command's first step
+    real_check = expand.check_sources
+    monkeypatch.setattr(expand, "check_sources", lambda c: checked.append(c.path) or real_check(c))
+    study = load_study(tmp_path / "s.yaml")
+    assert sorted(checked) == ["a.jsonl", "b.jsonl"]
     keyed: list[str | None] = []
     real = preparing.data_key
     monkeypatch.setattr(preparing, "data_key", lambda cfg: keyed.append(cfg.path) or real(cfg))
