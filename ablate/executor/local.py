@@ -29,9 +29,9 @@ class Executor(Protocol):
         """The outcomes of tasks that ended within ``timeout`` seconds (maybe none)."""
         ...
 
-    def cancel(self, key: str) -> None:
-        """Drop the task, or end it if it runs, and return once it has ended (a bounded wait):
-        nothing it writes comes after."""
+    def cancel(self, *keys: str) -> None:
+        """Drop the tasks ``keys``, or end those that run, and return once they have ended (one
+        bounded wait for all of them): nothing they write comes after."""
         ...
 
     def stop_running(self) -> None:
@@ -83,8 +83,8 @@ class LocalExecutor:
         with _driver_state_kept():
             return [run_one(self._queue.popleft())]
 
-    def cancel(self, key: str) -> None:
-        self._queue = deque(t for t in self._queue if t.key != key)
+    def cancel(self, *keys: str) -> None:
+        self._queue = deque(t for t in self._queue if t.key not in keys)
 
     def stop_running(self) -> None:
         self._queue.clear()  # a task runs only inside ``wait``: none is in flight between calls

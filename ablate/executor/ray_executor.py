@@ -191,15 +191,15 @@ class RayExecutor:
         them."""
         return dict(self._ray.available_resources()), dict(self._ray.cluster_resources())
 
-    def cancel(self, key: str) -> None:
-        """Drop the task if it waits here; if in flight, kill its worker (``ray.cancel(force=
-        True)``, which returns at once) and wait until it has ended (``CANCEL_WAIT_S`` at most):
-        a worker being killed may still be writing its checkpoint, which the caller may remove
-        next."""
-        self._queue = deque(t for t in self._queue if t.key != key)
+    def cancel(self, *keys: str) -> None:
+        """Drop the tasks ``keys`` that wait here; kill the workers of those in flight
+        (``ray.cancel(force=True)``, which returns at once), all of them first, then wait until
+        they have ended (``CANCEL_WAIT_S`` at most, once for all): a worker being killed may still
+        be writing its checkpoint, which the caller may remove next."""
+        self._queue = deque(t for t in self._queue if t.key not in keys)
         cancelled = []
         for ref, t in list(self._inflight.items()):
-            if t.key == key:
+            if t.key in keys:
                 with contextlib.suppress(Exception):
                     self._ray.cancel(ref, force=True)
                     cancelled.append(ref)

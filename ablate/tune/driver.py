@@ -379,11 +379,12 @@ class _Driver:
                 lv.s.live -= 1
 
     def interrupt(self, searches: list[_Search]) -> None:
-        """Ctrl-C: cancel the trials in flight (``cancel`` returns once each has ended) and fail
-        them as interrupted, with their folders; and any other trial left RUNNING (Ctrl-C came
-        while it was being started): none stays RUNNING for ``status`` and the report to count."""
-        for key, lv in self.live.items():
-            self.pool.cancel(key)
+        """Ctrl-C: cancel the trials in flight (all at once: ``cancel`` returns once they have
+        ended, one wait for all) and fail them as interrupted, with their folders; and any other
+        trial left RUNNING (Ctrl-C came while it was being started): none stays RUNNING for
+        ``status`` and the report to count."""
+        self.pool.cancel(*self.live)
+        for lv in self.live.values():
             with contextlib.suppress(Exception):
                 self._fail_interrupted(lv.s.study, lv.trial, "interrupted: Ctrl-C")
             self._remove_trial_dir(lv.task.config["checkpoint_dir"])  # or the next open() does

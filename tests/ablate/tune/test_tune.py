@@ -520,25 +520,35 @@ def test_tokens_to_target_from_a_baseline_without_results_is_refused_before_writ
 
 def _cancel_returns_once_the_worker_ended(study: Study, trial: Any, folder: Path) -> bool:
     """Whether ``RayExecutor.cancel`` of a task that trains (the study's cell, a checkpoint every
-    step) returns once the task's worker process has ended (gone, or a zombie)."""
+    step) and of one queued behind it, at once (as Ctrl-C cancels a search's trials), returns once
+    the first task's worker process has ended (gone, or a zombie), the other never started."""
     from ablate.executor import RayExecutor
     from ablate.executor.task import Task
     from ablate.tracking import StudyTracker
 
-    cfg = dataclasses.replace(
-        study.cells[0].config, checkpoint_dir=str(folder), data_cache=str(study.data_cache())
-    ).to_dict()
     parent = trial.data.tags["mlflow.parentRunId"]
-    rid = StudyTracker(study.tracking_uri, study.name).create_run(parent, "late", "late", {}, cfg)
-    ex = RayExecutor()
+    tracker = StudyTracker(study.tracking_uri, study.name)
+    folder.mkdir()  # as a study's cells/ is: each task's folder is made in it
+    ex = RayExecutor(max_concurrent=1)
     try:
-        ex.submit(Task("late", "late", cfg, study.tracking_uri, rid, os.getcwd()))
+        rid = ""
+        for key in ("late", "queued"):
+            cfg = dataclasses.replace(
+                study.cells[0].config,
+                checkpoint_dir=str(folder / key),
+                data_cache=str(study.data_cache()),
+            ).to_dict()
+            rid = rid or tracker.create_run(parent, key, key, {}, cfg)
+            ex.submit(Task(key, key, cfg, study.tracking_uri, rid, os.getcwd()))
         deadline = time.monotonic() + 120
-        while not (folder / "checkpoint.pt").exists():
+        while not (folder / "late" / "checkpoint.pt").exists():
             assert time.monotonic() < deadline, "the task did not checkpoint in 120 s"
-            time.sleep(0.02)
+            ended = ex.wait(0.02)
+            assert not ended, ended
         pid = int(MlflowClient(study.tracking_uri).get_run(rid).data.tags["ablate.pid"])
-        ex.cancel("late")
+        ex.cancel("late", "queued")
+        assert len(ex) == 0 and not ex.wait(0.1)  # nothing left, nothing dispatched
+        assert not (folder / "queued").exists()
         try:
             return "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text()
         except FileNotFoundError:
