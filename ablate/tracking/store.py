@@ -335,6 +335,23 @@ class Client:
             f"MLflow's {name} on {self.uri}", method, *args, **kwargs
         )
 
+    def download_artifacts(self, run_id: str, path: str, dst_path: str) -> str:
+        """MLflow's, without the progress bar MLflow draws on stderr for every download (a file
+        of a few hundred bytes among ablate's one-line messages): off unless the user set
+        ``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR``."""
+        mine = PROGRESS_BAR not in os.environ
+        if mine:
+            os.environ[PROGRESS_BAR] = "false"
+        try:
+            what = f"MLflow's download_artifacts on {self.uri}"
+            return self._call(what, self.mlflow.download_artifacts, run_id, path, dst_path)
+        finally:
+            if mine:
+                os.environ.pop(PROGRESS_BAR, None)
+
+
+PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
 
 def _empty(path: Path) -> bool:
     try:

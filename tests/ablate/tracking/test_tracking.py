@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import socket
 import sqlite3
@@ -120,7 +121,7 @@ def test_artifacts_go_to_the_output_dir_and_nothing_to_the_cwd(out, uri, tmp_pat
     assert list(cwd.iterdir()) == []
 
 
-def test_a_second_tracker_finds_the_parent_run_and_overwrites_the_study_text(out, uri):
+def test_a_second_tracker_finds_the_parent_run_and_overwrites_the_study_text(out, uri, capfd):
     first = StudyTracker(uri, "s").parent_run("v: 1\n")
     tracker = StudyTracker(uri, "s")
     tracker.set_status(first, "finished", {"cells": 2})
@@ -128,7 +129,11 @@ def test_a_second_tracker_finds_the_parent_run_and_overwrites_the_study_text(out
     run = MlflowClient(tracking_uri=uri).get_run(first)
     assert run.info.status == "FINISHED" and run.data.tags["ablate.cells"] == "2"
     assert (out / "artifacts" / first / "artifacts" / "study.yaml").read_text() == "v: 2\n"
+    capfd.readouterr()
     assert tracking.read_study_text(uri, "s") == "v: 2\n"
+    # without MLflow's progress bar on stderr, and the environment left as it was
+    assert "Downloading artifacts" not in capfd.readouterr().err
+    assert "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR" not in os.environ
 
 
 def test_cell_runs_and_status_transitions(uri):
