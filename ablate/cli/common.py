@@ -52,16 +52,32 @@ def load(
     max_cells: int = MAX_CELLS,
     tracking_uri: str | None = None,
 ) -> Study:
-    """The study at ``path``; ``tracking_uri`` (``--tracking-uri``) overrides its tracking.uri."""
+    """The study at ``path``; ``tracking_uri`` (``--tracking-uri``) overrides its tracking.uri,
+    checked first (``check_tracking_uri``)."""
     try:
         study = load_study(path, output=output, max_cells=max_cells)
     except StudyError as e:
         raise SpecProblem(str(e)) from None
     if tracking_uri:
+        check_tracking_uri(tracking_uri)
         study.file.tracking.uri = tracking_uri
     for note in study.notes:
         click.echo(f"note: {note}", err=True)
     return study
+
+
+def check_tracking_uri(uri: str) -> None:
+    """Refuse (exit 2) a ``--tracking-uri`` that no command could use, as a study's tracking.uri
+    is refused (``check_store``, reading only): an unsupported scheme, a SQLite URI that names no
+    file or names a damaged one, a server that does not answer one request in 5 s (MLflow's own
+    client would retry it for minutes)."""
+    from ablate.errors import TrackingError
+    from ablate.tracking.store import check_store
+
+    try:
+        check_store(uri, create=False)
+    except TrackingError as e:
+        raise SpecProblem(f"--tracking-uri: {e}") from None
 
 
 study_arg = click.argument("study_file", metavar="STUDY.yaml", type=click.Path(dir_okay=False))

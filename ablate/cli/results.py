@@ -10,6 +10,7 @@ import click
 from ablate.cli.common import (
     SpecProblem,
     address_opt,
+    check_tracking_uri,
     executor_opt,
     load,
     max_cells_opt,
@@ -79,6 +80,7 @@ def report(
     if study_file is not None:
         study = load(study_file, runs, max_cells, tracking_uri)
     elif tracking_uri and study_name:
+        check_tracking_uri(tracking_uri)
         try:
             text = read_study_text(tracking_uri, study_name)
             study = parse_study(

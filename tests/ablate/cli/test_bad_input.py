@@ -380,3 +380,39 @@ def test_reading_commands_leave_an_empty_store_file_empty(tmp_path):
         assert db.stat().st_size == 0, (cmd, res.output)
     res = CliRunner().invoke(main, ["status", str(p), "-o", str(out)])
     assert "no MLflow store at" in res.output and "(an empty file)" in res.output
+
+
+def test_a_tracking_uri_no_store_answers_at_is_refused_in_seconds_by_every_reader(
+    tmp_path, monkeypatch
+):
+    """--tracking-uri replaces the study's tracking.uri: checked as that is, before anything is
+    read (an unreachable server was once retried for minutes; another scheme got MLflow's text)."""
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    p = tmp_path / "s.yaml"
+    p.write_text(GOOD)
+    with socket.socket() as s:  # a port nothing listens on once it is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out, exported = tmp_path / "out", tmp_path / "exported"
+    for uri, says in [
+        ("bogus://x", "unsupported tracking URI 'bogus://x'"),
+        ("sqlite:///", "the tracking URI sqlite:/// names no database file"),
+        (
+            f"http://127.0.0.1:{port}",
+            f"no MLflow tracking server answers at http://127.0.0.1:{port}",
+        ),
+    ]:
+        for args in (
+            ["status", str(p), "-o", str(out)],
+            ["report", str(p), "--runs", str(out)],
+            ["report", "--study", "ok"],
+            ["export", str(p), "--cell", "bf16/seed0", "-o", str(exported), "--output", str(out)],
+        ):
+            t0 = time.perf_counter()
+            res = CliRunner().invoke(main, [*args, "--tracking-uri", uri])
+            assert res.exit_code == 2, (args, uri, res.output, res.exception)
+            assert f"--tracking-uri: {says}" in res.output, (args, res.output)
+            assert "Traceback" not in res.output and time.perf_counter() - t0 < HANG_GUARD_S
+    assert not out.exists() and not exported.exists() and not (tmp_path / "reports").exists()
