@@ -70,25 +70,49 @@ def report(
         ablate report studies/quickstart.yaml            # -> reports/quickstart/
         ablate report --tracking-uri http://mlflow:5000 --study mxfp4_wgrad -o out/
     """
+    from ablate.errors import TrackingError
     from ablate.report.ladder.render import LadderResult
     from ablate.report.study import report_folder, report_study
     from ablate.report.verdict import cost_and_speedup, verdict
     from ablate.study import parse_study
     from ablate.study.loader import parse_yaml
     from ablate.tracking import read_study_text
+    from ablate.tracking.runs import check_study
+    from ablate.tracking.store import sqlite_path
 
+    if study_file is not None and study_name is not None:
+        raise click.UsageError("--study goes with --tracking-uri and no STUDY.yaml")
+    if study_file is None and runs is not None:
+        raise click.UsageError("--runs goes with a STUDY.yaml (it is that study's output folder)")
     if study_file is not None:
         study = load(study_file, runs, max_cells, tracking_uri)
     elif tracking_uri and study_name:
         check_tracking_uri(tracking_uri)
         try:
+            check_study(tracking_uri, study_name)
+        except TrackingError as e:  # not in the store: refused before anything is written
+            raise SpecProblem(f"--study: {e}") from None
+        kept = f"the study.yaml kept for study {study_name} in {tracking_uri}"
+        try:
             text = read_study_text(tracking_uri, study_name)
             study = parse_study(
-                parse_yaml(text, study_name), text=text, check_files=False, max_cells=max_cells
+                parse_yaml(text, kept),
+                text=text,
+                source=kept,
+                check_files=False,
+                max_cells=max_cells,
             )
         except AblateError as e:
             raise refuse(e) from None
+        if study.experiment != study_name:
+            raise SpecProblem(
+                f"--study: {kept} is study {study.name!r} (MLflow experiment "
+                f"{study.experiment!r}), not this one; nothing was written: report it with its "
+                "study file"
+            )
         study.file.tracking.uri = tracking_uri
+        if (db := sqlite_path(tracking_uri)) is not None:  # its folder: where -o may not go
+            study.output_dir = db.parent
     else:
         raise click.UsageError("give a STUDY.yaml, or --tracking-uri and --study")
     try:

@@ -416,3 +416,35 @@ def test_a_tracking_uri_no_store_answers_at_is_refused_in_seconds_by_every_reade
             assert f"--tracking-uri: {says}" in res.output, (args, res.output)
             assert "Traceback" not in res.output and time.perf_counter() - t0 < HANG_GUARD_S
     assert not out.exists() and not exported.exists() and not (tmp_path / "reports").exists()
+
+
+def test_report_refuses_options_that_do_not_go_together_or_a_study_not_there_with_exit_2(
+    tmp_path, monkeypatch
+):
+    """--study goes with --tracking-uri alone, --runs with a study file (each was once ignored);
+    a study the store lacks, or whose kept study.yaml is another study's, is refused naming
+    --study; with no study file the store's own folder is its output folder (-o may not be it)."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    p, out = _recorded(tmp_path, "finished")
+    uri = f"sqlite:///{out}/mlflow.db"
+    stored = sorted(x.relative_to(out) for x in out.rglob("*"))
+    at = ["--tracking-uri", uri, "--study"]
+    for args, says in [
+        ([str(p), "--study", "ok", "--runs", str(out)], "--study goes with --tracking-uri and no"),
+        ([*at, "ok", "--runs", str(out)], "--runs goes with a STUDY.yaml"),
+        ([*at, "nosuch"], f"--study: study 'nosuch' has no MLflow experiment 'nosuch' in {uri}"),
+        ([*at, "ok", "-o", str(out)], "is the study's output folder"),
+        ([*at, "ok", "-o", str(out / "cells")], "where the study's records are"),
+    ]:
+        res = CliRunner().invoke(main, ["report", *args])
+        assert res.exit_code == 2 and says in res.output, (args, res.output, res.exception)
+        assert "Traceback" not in res.output, (args, res.output)
+    assert sorted(x.relative_to(out) for x in out.rglob("*")) == stored
+    parent = StudyTracker(uri, "ok").parent_run(GOOD)
+    MlflowClient(uri).log_text(parent, GOOD.replace("name: ok", "name: other"), "study.yaml")
+    res = CliRunner().invoke(main, ["report", *at, "ok"])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert f"--study: the study.yaml kept for study ok in {uri} is study 'other'" in res.output
+    assert not (tmp_path / "reports").exists()
