@@ -7,7 +7,10 @@ recipe), their state and validation curves from MLflow (read by ``ablate.trackin
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,8 +131,10 @@ def report_study(
 def report_folder(study: Study, out_dir: str | Path | None) -> Path:
     """The report's folder (default ``reports/<study>/``); ``ReportError`` naming ``-o/--out``
     when it is a file, the study's output folder itself, or one of the folders of its records or
-    inside one (``record_folders``: a report there would sit among them). A folder of its own in
-    the output folder is fine (``make quickstart``: ``runs/quickstart/report/``)."""
+    inside one (``record_folders``: a report there would sit among them), or a folder this process
+    cannot make or write (under a file, ``/proc``, a read-only mount; tried with a folder made and
+    removed in the nearest part of it that is there). A folder of its own in the output folder is
+    fine (``make quickstart``: ``runs/quickstart/report/``)."""
     out = Path(out_dir) if out_dir is not None else Path("reports") / study.name
     if out.exists() and not out.is_dir():
         raise ReportError(f"-o/--out: {out} is a file; give a folder for the report")
@@ -144,6 +149,22 @@ def report_folder(study: Study, out_dir: str | Path | None) -> Path:
         raise ReportError(
             f"-o/--out: {out} is in {held[0]}, {held[1]}, where the study's records are; "
             f"nothing was written: {own}"
+        )
+    # the nearest part of it that is there: a folder this process can make a folder in
+    here = next(p for p in (out.absolute(), *out.absolute().parents) if os.path.lexists(p))
+    try:
+        if not here.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{here} is not a folder")
+        os.rmdir(tempfile.mkdtemp(prefix=".ablate-report-", dir=here))
+        why = None
+    except NotADirectoryError as e:
+        why = e.strerror
+    except OSError as e:
+        why = f"{e.strerror or e} in {here}"
+    if why is not None:
+        raise ReportError(
+            f"-o/--out: {out} cannot be made or written ({why}); nothing was written: give a "
+            "folder this user can write"
         )
     return out
 

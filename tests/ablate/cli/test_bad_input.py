@@ -448,3 +448,16 @@ def test_report_refuses_options_that_do_not_go_together_or_a_study_not_there_wit
     assert res.exit_code == 2, (res.output, res.exception)
     assert f"--study: the study.yaml kept for study ok in {uri} is study 'other'" in res.output
     assert not (tmp_path / "reports").exists()
+
+
+def test_report_refuses_an_out_folder_it_cannot_make_before_reading_the_store(tmp_path):
+    """-o under a file, or where no folder can be made (/proc), once tracebacked after the store
+    was read; refused first, naming -o/--out."""
+    p, out = _recorded(tmp_path, "finished")
+    for bad, says in [
+        (p / "x", f"-o/--out: {p / 'x'} cannot be made or written ({p} is not a folder)"),
+        (Path("/proc/ablate-report"), "-o/--out: /proc/ablate-report cannot be made or written"),
+    ]:
+        res = CliRunner().invoke(main, ["report", str(p), "--runs", str(out), "-o", str(bad)])
+        assert res.exit_code == 2 and says in res.output, (bad, res.output, res.exception)
+        assert "Traceback" not in res.output, res.output
