@@ -21,7 +21,8 @@ def tokens_to_target(
 ) -> float | None:
     """Tokens at the first crossing of ``target_ppl``, or None if the curve never reaches it.
 
-    ``tokens`` and ``ppl`` are one run's evaluations in order; non-finite perplexities are skipped.
+    ``tokens`` and ``ppl`` are one run's evaluations in order; non-finite perplexities are skipped,
+    and so are those of 0 or less (no loss gives one; a damaged store can).
     An evaluation at or below the target is a crossing (an exact hit returns its tokens); if the first
     evaluation is already there its tokens are returned. Between the last evaluation above (t0, p0) and
     the first at or below (t1, p1), the crossing is linear in log-perplexity:
@@ -30,7 +31,7 @@ def tokens_to_target(
     """
     t = np.asarray(tokens, dtype=float)
     p = np.asarray(ppl, dtype=float)
-    ok = np.isfinite(p) & np.isfinite(t)
+    ok = np.isfinite(p) & np.isfinite(t) & (p > 0)
     t, p = t[ok], p[ok]
     hits = np.flatnonzero(p <= target_ppl)
     if hits.size == 0:

@@ -22,7 +22,9 @@ Input contract (the tracking layer builds these from MLflow):
 ``evals``, one row per (cell, evaluation):
     key, step int, tokens float, val_loss float. Duplicate (key, step) rows keep the last one (a resumed
     run re-logs its evaluations); missing tokens become step * tokens_per_step; a NaN/inf loss marks
-    divergence at that step (the curve ends before it); cells may have no rows at all.
+    divergence at that step (the curve ends before it), and so does a negative one (a
+    cross-entropy never is; MLflow stores -inf as the most negative float); cells may have no rows
+    at all.
 
 ``check_inputs`` raises ``ReportError`` naming what breaks the contract; ``clean_evals`` returns the
 evaluations de-duplicated, sorted and with perplexity, which every later step expects.
@@ -78,7 +80,8 @@ def check_inputs(cells: Any, evals: Any) -> None:
 
 def clean_evals(cells: Any, evals: Any) -> Any:
     """Evaluations de-duplicated (last row per key and step wins), with tokens filled, sorted by
-    (key, step), restricted to known cells, with ``ppl`` = exp(val_loss) (inf when not finite)."""
+    (key, step), restricted to known cells, with ``ppl`` = exp(val_loss) (inf when not finite or
+    negative)."""
     ev = evals.reindex(columns=list(EVAL_COLUMNS))
     ev = ev[ev["key"].isin(cells["key"])]
     ev = ev.drop_duplicates(["key", "step"], keep="last")
@@ -89,7 +92,7 @@ def clean_evals(cells: Any, evals: Any) -> Any:
         tokens = tokens.fillna(ev["step"].astype(float) * per_step)
     loss = ev["val_loss"].astype(float).to_numpy()
     with np.errstate(over="ignore", invalid="ignore"):
-        ppl = np.where(np.isfinite(loss), np.exp(loss), np.inf)
+        ppl = np.where(np.isfinite(loss) & (loss >= 0), np.exp(loss), np.inf)
     ev = ev.assign(tokens=tokens, val_loss=loss, ppl=ppl)
     ev.attrs[CLEAN] = True
     return ev

@@ -6,6 +6,7 @@ and mutated studies, and the exit statuses of `run` and `status`."""
 from __future__ import annotations
 
 import fcntl
+import math
 import time
 from pathlib import Path
 
@@ -461,3 +462,35 @@ def test_report_refuses_an_out_folder_it_cannot_make_before_reading_the_store(tm
         res = CliRunner().invoke(main, ["report", str(p), "--runs", str(out), "-o", str(bad)])
         assert res.exit_code == 2 and says in res.output, (bad, res.output, res.exception)
         assert "Traceback" not in res.output, res.output
+
+
+def _curves(tmp_path: Path, odd: dict[int, float]) -> tuple[Path, Path]:
+    """A store of GOOD's two cells finished, their loss falling over steps 0, 2, 4, the fprop
+    cell's points at the steps of ``odd`` set to those losses (as a damaged store could hold)."""
+    p, out = _recorded(tmp_path, "finished")
+    study = load_study(p, output=out)
+    tracker = StudyTracker(study.tracking_uri, study.name)
+    runs = {c.key: tracker.cell_runs()[c.key].run_id for c in study.cells[:1]}
+    c = study.cells[1]
+    runs[c.key] = tracker.create_run(tracker.parent_run(GOOD), c.key, c.label, {}, {})
+    for (key, rid), slower in zip(runs.items(), (0.0, 0.1), strict=True):
+        points = {s: 5.0 - 0.5 * s + slower for s in (0, 2, 4)}
+        if key == c.key:
+            points |= odd
+        for step, loss in points.items():
+            tracker.log_metrics(rid, {"val_loss": loss, "tokens": 4 * 32 * max(step, 0)}, step)
+        tracker.set_status(rid, "finished")
+    return p, out
+
+
+def test_report_takes_a_negative_or_minus_infinite_loss_in_the_store_for_divergence(tmp_path):
+    """MLflow stores -inf as the most negative float: its exp, a perplexity of 0, once broke the
+    report with a math domain error; no cross-entropy is negative, so the curve ends there."""
+    for i, loss in enumerate((-math.inf, -1.0)):
+        (tmp_path / str(i)).mkdir()
+        p, out = _curves(tmp_path / str(i), {2: loss})
+        res = CliRunner().invoke(
+            main, ["report", str(p), "--runs", str(out), "--no-attach", "-o", str(tmp_path / "r")]
+        )
+        assert res.exit_code == 0, (loss, res.output, res.exception)
+        assert "mxfp4[fprop]/bf16" in res.output and "0/1 reached" in res.output, res.output

@@ -51,6 +51,8 @@ def test_non_finite_perplexities_are_skipped():
     assert tokens_to_target([100, 200, 300], [4, math.nan, 2], 2 * math.sqrt(2)) == pytest.approx(
         200
     )
+    # a perplexity of 0 (a loss of -inf, as a damaged store can hold) has no log: skipped too
+    assert tokens_to_target([100, 200, 300], [4, 0.0, 2], 2 * math.sqrt(2)) == pytest.approx(200)
 
 
 # --- per_cell ---------------------------------------------------------------------------------
