@@ -26,7 +26,8 @@ def study_frames(
     """(cells, evals) in the report's input contract (``ablate.report.inputs``), the cells with
     each run's provenance (``ablate.report.provenance.PROVENANCE``) and ``data.fingerprint`` (""
     where none was recorded).
-    ``runs``: the study's runs by key as the caller read them (default: read from the store)."""
+    ``runs``: the study's runs by key as the caller read them (default: read from the store).
+    ``ReportError`` for an evaluation at a negative step or token count (``_check_points``)."""
     try:
         statuses = study_status(study) if runs is None else join_runs(study, runs)
     except (DamagedStoreError, MissingStoreError):  # refusals of their own (exit 2)
@@ -57,5 +58,23 @@ def study_frames(
     for rid, h in hist.items():
         tokens = dict(h.get("tokens", []))
         ev.extend((key_of[rid], s, tokens.get(s, math.nan), v) for s, v in h.get("val_loss", []))
+        _check_points(study, rid, key_of[rid], h)
     evals = pd.DataFrame(ev, columns=["key", "step", "tokens", "val_loss"])
     return cells.drop(columns=["run_id"]), evals
+
+
+def _check_points(study: Study, run_id: str, key: str, hist: Mapping[str, Any]) -> None:
+    """``ReportError`` naming the cell, its run and the point when its evaluations hold a negative
+    step or a negative token count (a run counts both from 0: the store was written by something
+    else, and the point would pass for the target reached before training started)."""
+    for name in ("val_loss", "tokens"):
+        for step, value in hist.get(name, []):
+            if step >= 0 and not (name == "tokens" and value < 0):
+                continue
+            label = next((c.label for c in study.cells if c.key == key), key)
+            what = f"step {step}" if step < 0 else f"step {step} with tokens {value:g}"
+            raise ReportError(
+                f"cell {label}: its run {run_id} in {study.tracking_uri} has {name} at {what}; a "
+                "run counts steps and tokens from 0, so this one was not logged by ablate: delete "
+                "the run (or the point) and report again"
+            )

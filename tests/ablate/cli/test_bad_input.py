@@ -494,3 +494,15 @@ def test_report_takes_a_negative_or_minus_infinite_loss_in_the_store_for_diverge
         )
         assert res.exit_code == 0, (loss, res.output, res.exception)
         assert "mxfp4[fprop]/bf16" in res.output and "0/1 reached" in res.output, res.output
+
+
+def test_report_refuses_a_point_at_a_negative_step_naming_the_cell_and_run(tmp_path):
+    """A loss at step -5 once passed for the target reached before training (-74% tokens), or
+    got the target blamed; a run counts steps from 0, so the store was written by something else."""
+    p, out = _curves(tmp_path, {-5: 0.1})
+    res = CliRunner().invoke(
+        main, ["report", str(p), "--runs", str(out), "--no-attach", "-o", str(tmp_path / "r")]
+    )
+    assert res.exit_code == 1 and "Traceback" not in res.output, (res.output, res.exception)
+    assert "cell mxfp4[fprop]/bf16: its run " in res.output and "val_loss at step -5" in res.output
+    assert not (tmp_path / "r").exists()
