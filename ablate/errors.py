@@ -41,8 +41,9 @@ class DamagedStoreError(TrackingError):
 
 
 class MissingStoreError(TrackingError):
-    """A SQLite store that a reading command needs and that is not there (or is an empty file):
-    refused before anything starts, never made."""
+    """A SQLite store that a reading command needs and that is not there (or is an empty file),
+    or a record in a store that it needs and the store lacks (a study's kept study.yaml): refused
+    before anything starts, never made."""
 
 
 class RunnerError(AblateError, RuntimeError):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ablate.errors import AblateError, TrackingError
+from ablate.errors import AblateError, MissingStoreError, TrackingError
 from ablate.tracking import vocab
 from ablate.tracking.lock import Holder, StoreLock, holders
 from ablate.tracking.store import (
@@ -452,10 +452,19 @@ def check_study(uri: str, study: str, *, experiment: str | None = None) -> None:
 
 
 def read_study_text(uri: str, study: str, *, experiment: str | None = None) -> str:
-    """The ``study.yaml`` kept with the study's parent run (to report without the file at hand)."""
+    """The ``study.yaml`` kept with the study's parent run (to report without the file at hand);
+    ``MissingStoreError`` when the study has no parent run there, or the run keeps no
+    study.yaml."""
     client = Client(uri, must_exist=True)
     run_id = _parent_id(client, _study_experiment(client, study, experiment), study)
     if run_id is None:
-        raise TrackingError(f"study {study!r} has no parent run in {uri}: it was never run there")
+        raise MissingStoreError(
+            f"study {study!r} has no parent run in {uri}: it was never run there"
+        )
+    if "study.yaml" not in {a.path for a in client.list_artifacts(run_id)}:
+        raise MissingStoreError(
+            f"study {study!r}: its parent run {run_id} in {uri} keeps no study.yaml (its "
+            "artifacts were removed or never written); report it with its study file"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         return Path(client.download_artifacts(run_id, "study.yaml", tmp)).read_text()

@@ -506,3 +506,14 @@ def test_report_refuses_a_point_at_a_negative_step_naming_the_cell_and_run(tmp_p
     assert res.exit_code == 1 and "Traceback" not in res.output, (res.output, res.exception)
     assert "cell mxfp4[fprop]/bf16: its run " in res.output and "val_loss at step -5" in res.output
     assert not (tmp_path / "r").exists()
+
+
+def test_report_of_a_study_whose_parent_run_keeps_no_study_yaml_says_so_with_exit_2(tmp_path):
+    p, out = _recorded(tmp_path, "finished")
+    (kept,) = out.rglob("study.yaml")  # its artifacts removed by hand
+    kept.unlink()
+    uri = f"sqlite:///{out}/mlflow.db"
+    res = CliRunner().invoke(main, ["report", "--tracking-uri", uri, "--study", "ok"])
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "study 'ok': its parent run " in res.output and "keeps no study.yaml" in res.output
+    assert "download_artifacts" not in res.output and "Traceback" not in res.output
