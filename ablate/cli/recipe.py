@@ -184,12 +184,19 @@ def _named_or_variant(name: str, changes: tuple[str, ...], base: str) -> Recipe:
 
 
 def _yaml(where: str, text: str) -> Any:
-    """``text`` parsed as YAML (safe: plain values only); ValueError naming ``where``."""
+    """``text`` parsed as YAML (safe: plain values only), within a study's limits (nesting,
+    aliases: ``check_yaml_limits``); ValueError naming ``where``."""
+    from ablate.study.loader import check_yaml_limits
+
+    shown = repr(text if len(text) <= 80 else text[:77] + "...")
     try:
+        check_yaml_limits(text)
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         what = str(getattr(e, "problem", None) or e).splitlines()[0]
-        raise ValueError(f"{where}: {text!r} is not valid YAML ({what})") from None
+        raise ValueError(f"{where}: {shown} is not valid YAML ({what})") from None
+    except ValueError as e:  # a limit: nested too deeply, too many aliases
+        raise ValueError(f"{where}: {shown} is refused: {e}") from None
 
 
 def _prescale_text(p: bool | float) -> str:

@@ -107,8 +107,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             seen[key] = key_node
 
 
-def _check_events(text: str) -> None:
-    """Depth, alias and expanded-size limits, from the event stream (nothing composed yet)."""
+def check_yaml_limits(text: str) -> None:
+    """Depth, alias and expanded-size limits, from the event stream (nothing composed yet);
+    ValueError saying which. Any YAML the project reads from a user goes through it (a study, a
+    recipe variant on the command line)."""
     depth = aliases = 0
     # expanded size of each anchored node, and of the collections being read (a stack)
     sizes: dict[str, int] = {}
@@ -179,7 +181,7 @@ def read_study_text(path: str | Path) -> str:
 def parse_yaml(text: str, source: str | None = None) -> Any:
     """The YAML document in ``text`` as plain data; ``StudyError`` naming what is wrong."""
     try:
-        _check_events(text)
+        check_yaml_limits(text)
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except ValueError as e:  # the limits above
         raise StudyError([str(e)], source) from None

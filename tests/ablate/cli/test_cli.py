@@ -130,6 +130,17 @@ def test_recipe_bad_gemm_is_a_usage_error_naming_allowed_values():
     assert res.exit_code == 2 and "fprop listed twice" in res.output, res.output
 
 
+def test_recipe_yaml_nested_too_deeply_is_a_usage_error_not_a_recursion_error():
+    deep = "[" * 20000 + "]" * 20000  # once a RecursionError traceback from the YAML parser
+    for args, where in [
+        (["nvidia_nvfp4", "--set", f"wgrad.hadamard={deep}"], "--set wgrad.hadamard"),
+        ([f"{{name: nvidia_nvfp4, wgrad: {deep}}}"], "NAME"),
+    ]:
+        res = CliRunner().invoke(main, ["recipe", *args])
+        assert res.exit_code == 2 and f"{where}: '" in res.output, res.output
+        assert "nested more than 64 levels deep" in res.output and len(res.output) < 1000
+
+
 # --- study commands ---------------------------------------------------------------------------------
 
 STUDY = """
