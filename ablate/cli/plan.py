@@ -60,7 +60,7 @@ def _device_memory(ctx: click.Context, param: click.Parameter, value: str | None
 )
 @click.option(
     "--gpu-tflops",
-    type=FiniteRange(min=0, min_open=True),
+    type=FiniteRange(min=1e-3, max=1e6),  # 1 GFLOP/s to 1 EFLOP/s: beyond, the hours are noise
     default=None,
     metavar="TFLOPS",
     help="Sustained TFLOP/s per GPU for the GPU-hours estimate (default 400: an H100's dense "

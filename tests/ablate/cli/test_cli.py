@@ -196,7 +196,9 @@ def test_validate_plan_and_schema(tmp_path):
     res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out), "--stall-rate", "0.1"])
     assert res.exit_code == 2 and "--stall-rate goes with --noise" in res.output
     # numbers that pass a range's bounds but mean nothing are usage errors, no traceback
+    # (--gpu-tflops 1e-300 once printed 300-digit GPU-hours, 1e-320 "gpu_hours": Infinity in JSON)
     for opt, value in [("--noise", "nan"), ("--gpu-tflops", "nan"), ("--gpu-tflops", "inf"),
+                       ("--gpu-tflops", "1e-300"), ("--gpu-tflops", "1e308"),
                        ("--margin", "1"), ("--stall-rate", "nan")]:  # fmt: skip
         res = CliRunner().invoke(main, ["plan", str(p), "-o", str(out), opt, value])
         assert res.exit_code == 2 and opt in res.output and "Traceback" not in res.output, res
