@@ -7,8 +7,9 @@ unless asked otherwise), the tokenizer when the run's is a Hugging Face one (``t
 a minimal ``tokenizer_config.json``) and ``ablate_export.json``: where the weights come from (study,
 cell, run, step, recipe, code), the token ids of a byte tokenizer, and where the model departs from
 the architecture it is exported as. An existing folder that is not empty is refused unless
-``force``, which replaces only the files an export writes. A folder inside what a study records
-(``tracking.places.recorded_places``: its output folder, with the MLflow store and the cells' checkpoints, and a
+``force``, which replaces only the files an export writes, and only those of a previous export
+(a folder that holds such files without ``ablate_export.json`` is refused). A folder inside what
+a study records (``tracking.places.recorded_places``: its output folder, with the MLflow store and the cells' checkpoints, and a
 SQLite store's artifacts elsewhere) is refused, whatever ``force``: no place in there is meant
 for other files, and an export there would sit among, or replace, what the study recorded.
 
@@ -283,13 +284,20 @@ def _write(
 def _staged(out: Path, force: bool) -> Iterator[Path]:
     """A hidden folder beside ``out`` to write the export into; on success its files replace
     ``out``'s (only the files an export writes), on failure it goes and ``out`` stays as it was.
-    Refused when ``out`` is a file, or holds anything and not ``force``."""
+    Refused when ``out`` is a file, or holds anything and not ``force``, or holds files an
+    export writes without its ``METADATA`` (another model's: ``force`` never replaces those)."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"-o: {out} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ExportError(
             f"-o: {out} is not empty; nothing was written (pass --force to replace an export "
             "there, or give another folder)"
+        )
+    theirs = [n for n in FILES if os.path.lexists(out / n)] if out.is_dir() else []
+    if theirs and not (out / METADATA).is_file():  # another model's files: --force keeps them
+        raise ExportError(
+            f"-o: {out} holds {', '.join(theirs)} but no {METADATA}: not an export of ablate, "
+            "whose files --force would replace; nothing was written: give another folder"
         )
     made = [p for p in (out.absolute().parent, *out.absolute().parent.parents) if not p.exists()]
     try:

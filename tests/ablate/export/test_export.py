@@ -171,6 +171,16 @@ def test_export_refuses_an_unknown_cell_a_cell_without_checkpoint_and_a_folder_i
     res = CliRunner().invoke(main, [*args, "--force"])
     assert res.exit_code == 0, res.output
     assert (used / "notes.txt").read_text() == "mine" and (used / "config.json").is_file()
+    # another model's folder: --force replaces only a previous export's files, never its
+    other = tmp_path / "other-model"
+    other.mkdir()
+    (other / "config.json").write_text('{"model_type": "theirs"}')
+    (other / "model.safetensors").write_bytes(b"their weights")
+    before = {f.name: f.read_bytes() for f in other.iterdir()}
+    res = CliRunner().invoke(main, [*args[:-1], str(other), "--force"])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "holds config.json, model.safetensors but no ablate_export.json" in res.output
+    assert {f.name: f.read_bytes() for f in other.iterdir()} == before
 
 
 def test_a_checkpoint_the_file_system_cannot_read_fails_the_export_in_one_line(study, tmp_path):
