@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,6 +82,7 @@ def export_cell(
     else:
         s = load_study(study, output=Path(output) if output else None)
     refuse_inside(out_dir, recorded_places(s))
+    check_out(Path(out_dir), force)  # before the checkpoint is read (seconds for a large model)
     cell = find_cell(s, label)
     ckpt = s.checkpoint_dir(cell)
     run = _run(s, cell)
@@ -280,12 +282,12 @@ def _write(
     _write_json(out / METADATA, record)
 
 
-@contextlib.contextmanager
-def _staged(out: Path, force: bool) -> Iterator[Path]:
-    """A hidden folder beside ``out`` to write the export into; on success its files replace
-    ``out``'s (only the files an export writes), on failure it goes and ``out`` stays as it was.
-    Refused when ``out`` is a file, or holds anything and not ``force``, or holds files an
-    export writes without its ``METADATA`` (another model's: ``force`` never replaces those)."""
+def check_out(out: Path, force: bool) -> None:
+    """``ExportError`` naming ``-o`` unless an export can be written to ``out``: refused when it is
+    a file, or holds anything and not ``force``, or holds files an export writes without its
+    ``METADATA`` (another model's: ``force`` never replaces those), or cannot be made or written
+    (under a file, ``/proc``, a read-only mount: tried with a folder made and removed in the
+    nearest part of it that is there)."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"-o: {out} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
@@ -299,6 +301,23 @@ def _staged(out: Path, force: bool) -> Iterator[Path]:
             f"-o: {out} holds {', '.join(theirs)} but no {METADATA}: not an export of ablate, "
             "whose files --force would replace; nothing was written: give another folder"
         )
+    here = next(p for p in (out.absolute(), *out.absolute().parents) if os.path.lexists(p))
+    if not here.is_dir():
+        raise ExportError(f"-o: cannot write {out} ({here} is not a folder); nothing was written")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".ablate-export-", dir=here))
+    except OSError as e:
+        raise ExportError(
+            f"-o: cannot write {out} ({e.strerror or e} in {here}); nothing was written"
+        ) from None
+
+
+@contextlib.contextmanager
+def _staged(out: Path, force: bool) -> Iterator[Path]:
+    """A hidden folder beside ``out`` to write the export into; on success its files replace
+    ``out``'s (only the files an export writes), on failure it goes and ``out`` stays as it was.
+    Refused as ``check_out`` refuses."""
+    check_out(out, force)
     made = [p for p in (out.absolute().parent, *out.absolute().parent.parents) if not p.exists()]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -160,6 +160,10 @@ def test_export_refuses_an_unknown_cell_a_cell_without_checkpoint_and_a_folder_i
     fresh = load_study(p, output=tmp_path / "fresh")
     with pytest.raises(ExportError, match="no checkpoint .* run the study first"):
         export_cell(fresh, s.cells[0].label, tmp_path / "y")
+    # a -o that cannot be made is refused before the checkpoint is read (said the "File exists"
+    # of mkdir's, after reading it, once)
+    with pytest.raises(ExportError, match=r"-o: cannot write .* \(.*s\.yaml is not a folder\)"):
+        export_cell(fresh, s.cells[0].label, p / "x")
     # a folder that holds something is left as it is, unless --force
     used = tmp_path / "used"
     used.mkdir()
