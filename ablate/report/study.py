@@ -130,11 +130,17 @@ def report_study(
 
 def report_folder(study: Study, out_dir: str | Path | None) -> Path:
     """The report's folder (default ``reports/<study>/``); ``ReportError`` naming ``-o/--out``
-    when it is a file, the study's output folder itself, or one of the folders of its records or
-    inside one (``record_folders``: a report there would sit among them), or a folder this process
-    cannot make or write (under a file, ``/proc``, a read-only mount; tried with a folder made and
-    removed in the nearest part of it that is there). A folder of its own in the output folder is
+    when it is empty (not the current folder), a file, the study's output folder itself, or one
+    of the folders of its records or inside one (``record_folders``: a report there would sit
+    among them), or a folder this process cannot make or write (under a file, ``/proc``, a
+    read-only mount; tried with a folder made and removed in the nearest part of it that is
+    there). A folder of its own in the output folder is
     fine (``make quickstart``: ``runs/quickstart/report/``)."""
+    if out_dir is not None and not str(out_dir).strip():  # Path("") is the current folder
+        raise ReportError(
+            f"-o/--out: an empty path; give a folder for the report, or leave -o out (default "
+            f"reports/{study.name}/)"
+        )
     out = Path(out_dir) if out_dir is not None else Path("reports") / study.name
     if out.exists() and not out.is_dir():
         raise ReportError(f"-o/--out: {out} is a file; give a folder for the report")

@@ -517,3 +517,15 @@ def test_report_of_a_study_whose_parent_run_keeps_no_study_yaml_says_so_with_exi
     assert res.exit_code == 2, (res.output, res.exception)
     assert "study 'ok': its parent run " in res.output and "keeps no study.yaml" in res.output
     assert "download_artifacts" not in res.output and "Traceback" not in res.output
+
+
+def test_report_refuses_an_empty_out_path_which_would_be_the_current_folder(tmp_path, monkeypatch):
+    """-o "" (an unset variable) once scattered report.md, summary.csv and the figures among the
+    files of the current folder, replacing any of those names."""
+    monkeypatch.chdir(tmp_path)
+    p, out = _curves(tmp_path, {})
+    (tmp_path / "summary.csv").write_text("mine")
+    res = CliRunner().invoke(main, ["report", str(p), "--runs", str(out), "-o", ""])
+    assert res.exit_code == 2 and "-o/--out: an empty path" in res.output, res.output
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["out", "s.yaml", "summary.csv"]
+    assert (tmp_path / "summary.csv").read_text() == "mine"
