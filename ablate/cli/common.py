@@ -53,7 +53,13 @@ def load(
     tracking_uri: str | None = None,
 ) -> Study:
     """The study at ``path``; ``tracking_uri`` (``--tracking-uri``) overrides its tracking.uri,
-    checked first (``check_tracking_uri``)."""
+    checked first (``check_tracking_uri``); an empty ``output`` is refused (``Path("")`` is the
+    current folder: the store and checkpoints would be made among its files)."""
+    if output is not None and not output.strip():
+        raise click.UsageError(
+            f"{_option_of(output)}: an empty path; give the study's output folder, or leave the "
+            "option out (default: the study's output, runs/<name>)"
+        )
     try:
         study = load_study(path, output=output, max_cells=max_cells)
     except StudyError as e:
@@ -64,6 +70,16 @@ def load(
     for note in study.notes:
         click.echo(f"note: {note}", err=True)
     return study
+
+
+def _option_of(value: str) -> str:
+    """The option of the running command that was given ``value`` (``-o/--output``, ``--runs``,
+    ``--noise-output``...), to name it in an error."""
+    ctx = click.get_current_context(silent=True)
+    for p in ctx.command.params if ctx is not None else []:
+        if isinstance(p, click.Option) and ctx is not None and ctx.params.get(p.name) == value:
+            return "/".join(p.opts)
+    return "--output"
 
 
 def check_tracking_uri(uri: str) -> None:

@@ -529,3 +529,22 @@ def test_report_refuses_an_empty_out_path_which_would_be_the_current_folder(tmp_
     assert res.exit_code == 2 and "-o/--out: an empty path" in res.output, res.output
     assert sorted(f.name for f in tmp_path.iterdir()) == ["out", "s.yaml", "summary.csv"]
     assert (tmp_path / "summary.csv").read_text() == "mine"
+
+
+def test_an_empty_output_folder_option_is_refused_not_taken_for_the_current_folder(
+    tmp_path, monkeypatch
+):
+    """-o "" was Path(""): `run` made its store and checkpoints among the current folder's files."""
+    monkeypatch.chdir(tmp_path)
+    p = tmp_path / "s.yaml"
+    p.write_text(GOOD)
+    for args, opt in [
+        (["run", str(p), "--executor", "local", "--quiet", "-o", ""], "-o/--output"),
+        (["status", str(p), "-o", " "], "-o/--output"),
+        (["report", str(p), "--runs", ""], "--runs"),
+        (["export", str(p), "--cell", "bf16", "-o", "x", "--output", ""], "--output"),
+    ]:
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2, (args, res.output, res.exception)
+        assert f"{opt}: an empty path; give the study's output folder" in res.output, res.output
+    assert [f.name for f in tmp_path.iterdir()] == ["s.yaml"]
