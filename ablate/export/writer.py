@@ -81,6 +81,8 @@ def export_cell(
         s = study
     else:
         s = load_study(study, output=Path(output) if output else None)
+    if not str(out_dir).strip():  # Path("") is the current folder
+        raise ExportError("-o: an empty path; give the folder to write (e.g. exported/<cell>)")
     refuse_inside(out_dir, recorded_places(s))
     check_out(Path(out_dir), force)  # before the checkpoint is read (seconds for a large model)
     cell = find_cell(s, label)

@@ -164,6 +164,8 @@ def test_export_refuses_an_unknown_cell_a_cell_without_checkpoint_and_a_folder_i
     # of mkdir's, after reading it, once)
     with pytest.raises(ExportError, match=r"-o: cannot write .* \(.*s\.yaml is not a folder\)"):
         export_cell(fresh, s.cells[0].label, p / "x")
+    with pytest.raises(ExportError, match="-o: an empty path"):  # not the current folder
+        export_cell(fresh, s.cells[0].label, "")
     # a folder that holds something is left as it is, unless --force
     used = tmp_path / "used"
     used.mkdir()
