@@ -31,7 +31,7 @@ class Executor(Protocol):
 
     def cancel(self, *keys: str) -> None:
         """Drop the tasks ``keys``, or end those that run, and return once they have ended (one
-        bounded wait for all of them): nothing they write comes after."""
+        bounded wait for all of them; a killed process may take moments more to exit)."""
         ...
 
     def stop_running(self) -> None:

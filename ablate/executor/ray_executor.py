@@ -194,8 +194,10 @@ class RayExecutor:
     def cancel(self, *keys: str) -> None:
         """Drop the tasks ``keys`` that wait here; kill the workers of those in flight
         (``ray.cancel(force=True)``, which returns at once), all of them first, then wait until
-        they have ended (``CANCEL_WAIT_S`` at most, once for all): a worker being killed may still
-        be writing its checkpoint, which the caller may remove next."""
+        Ray reports them ended (``CANCEL_WAIT_S`` at most, once for all): their workers have been
+        told to exit then, and do within moments. A worker being killed may still be writing its
+        checkpoint, which the caller may remove next (``ablate tune`` removes what such a write
+        leaves when it starts again)."""
         self._queue = deque(t for t in self._queue if t.key not in keys)
         cancelled = []
         for ref, t in list(self._inflight.items()):
