@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import os
 import random
 import shutil
@@ -377,10 +378,12 @@ def _retry(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     deadline = time.monotonic() + _RETRY_S
     delay = 0.05
     while True:
+        interrupted = False
         try:
             return fn(*args, **kwargs)
         except Exception as e:
-            transient = _is_transient(e)
+            interrupted = _interrupted(e)
+            transient = _is_transient(e) and not interrupted
             if transient and time.monotonic() + delay < deadline:
                 time.sleep(delay * random.uniform(0.5, 1.5))  # jitter: writers do not re-collide
                 delay = min(2 * delay, 5.0)
@@ -390,9 +393,30 @@ def _retry(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
                     f"{what} still fails after {_RETRY_S:.0f} s of retries ({e}); the tracking "
                     "store is overloaded or unreachable"
                 ) from e
-            if isinstance(e, MlflowException):
+            if isinstance(e, MlflowException) and not interrupted:
                 raise TrackingError(f"{what} failed: {e.message}") from e
-            raise
+            if not interrupted:
+                raise
+        # Ctrl-C came inside the store's write, and the rollback that followed failed ("database
+        # is locked"), which took its place: the interrupted connection, kept alive by the
+        # exception's frames, holds SQLite's write lock until it is collected. Give the Ctrl-C
+        # back, once those frames are gone, so that what the caller writes on its way out
+        # (interrupted cells, a released lock) is not locked out for the retries' 120 s.
+        gc.collect()
+        raise KeyboardInterrupt
+
+
+def _interrupted(e: BaseException) -> bool:
+    """Whether a ``KeyboardInterrupt`` is in ``e``'s chain (its cause or the context it was raised
+    in): SQLAlchemy and MLflow may turn a Ctrl-C inside a statement into another error."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 def read_only(path: Path, timeout: float = 60) -> sqlite3.Connection:

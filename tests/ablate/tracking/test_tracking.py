@@ -488,3 +488,24 @@ def test_run_names_are_short_lead_with_what_differs_and_tell_every_cell_apart(mo
         assert len(set(names)) == len(names), path.name
         # a variant of a named recipe says what changed (nvidia_nvfp4~wgrad.hadamard=none)
         assert max(map(len, names)) <= 48, path.name
+
+
+def test_a_ctrl_c_inside_a_store_write_is_given_back_at_once_not_retried():
+    """CI caught `ablate tune` interrupted inside MLflow's metrics INSERT: SQLAlchemy's rollback
+    then failed with "database is locked" (the interrupted connection held the lock), that error
+    took the Ctrl-C's place, and the store's retries spent 120 s on it, the lock held all along,
+    before the interrupt handler's own writes failed the same way."""
+    from ablate.tracking.store import _retry
+
+    calls = []
+
+    def write() -> None:
+        calls.append(time.monotonic())
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise sqlite3.OperationalError("database is locked") from None
+
+    with pytest.raises(KeyboardInterrupt):
+        _retry("MLflow's log_batch", write)
+    assert len(calls) == 1  # given back, not retried
