@@ -164,8 +164,7 @@ def plan_cells(
     """Each cell's plan; ``data``: the data each cell reads now, by key (``preparing.data_now``;
     None: not compared with what its run trained on)."""
     statuses = list(statuses)
-    recorded = {cs.cell.key: cs.run.data for cs in statuses if cs.run is not None}
-    changes = data_changes(recorded, data, study.data_cache()) if data else {}
+    changes = _changes(study, statuses, data or {})
     return [
         plan_cell(
             cs.cell,
@@ -253,8 +252,14 @@ def current_data(study: Study) -> dict[str, DataSet]:
 def data_changed(study: Study, statuses: Iterable[CellStatus]) -> dict[str, DataChange]:
     """By cell key, how the data of each recorded cell changed since its run trained on them
     (``preparing.data_changes``: read only, nothing tokenized), for ``ablate status``."""
+    return _changes(study, statuses, current_data(study))
+
+
+def _changes(
+    study: Study, statuses: Iterable[CellStatus], data: Mapping[str, DataSet]
+) -> dict[str, DataChange]:
+    """``preparing.data_changes`` of the recorded cells of ``statuses`` against ``data``."""
     recorded = {cs.cell.key: cs.run.data for cs in statuses if cs.run is not None}
-    data = current_data(study)
     return data_changes(recorded, data, study.data_cache()) if data else {}
 
 
