@@ -41,6 +41,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import faulthandler
+import importlib.util
 import json
 import os
 import re
@@ -62,19 +64,22 @@ STAGES = ("environment", "native", "tests", "bench", "parallel", "study")
 LIMITS = {
     "environment": 30,
     "native": 60,
-    "tests": 300,
-    "parallel": 120,
+    "tests": 420,
+    "parallel": 300,
     "bench": 480,
     "study": 300,
 }
 """Each stage's own time limit in seconds (within what the budget leaves it). Cold caches: on an
 H200 (2026-11-26) ``parallel`` took 94 s; on H100s (2026-11-27) ``native`` 32-40 s, ``tests`` over
 238 s (its second rehearsal compiling), ``bench`` 421 s, the study over 280 s (four of eight
-cells; a native FP8 cell 159 s)."""
+cells; a native FP8 cell 159 s); on an H200 (2026-11-29) ``parallel``'s ddp run 70 s with a warm
+Inductor cache and its fsdp run unfinished 125 s later (both 23-63 s on 2026-11-26, before the
+quantizer was traced into the compiled graphs), ``tests`` with 8 workers 352 s for all 26 GPU tests."""
 REHEARSALS = ("fp8_native-none-cuda", "mxfp4_rht16-ddp-cuda", "nvidia_nvfp4-fsdp-cuda")
-"""The compile rehearsal's CUDA cases the ``tests`` stage runs (native FP8, MXFP4 + RHT16 under DDP,
-NVIDIA's NVFP4 recipe under FSDP2): each compiles a model cold, 30-100 s on an H200, and all ten
-took the stage past its limit. ``pytest -m gpu`` runs them all."""
+"""The compile rehearsal's CUDA cases the ``tests`` stage runs in one process (native FP8, MXFP4 +
+RHT16 under DDP, NVIDIA's NVFP4 recipe under FSDP2): each compiles a model cold, 30-100 s on an
+H200, and all ten took the stage past its limit. With pytest-xdist (``gpu_test_workers``) it runs all
+ten, as ``pytest -m gpu`` does."""
 GRACE = 20.0
 """A stage past its limit gets SIGTERM (the study then reports what it trained), and this much
 later (at most a quarter of its limit) SIGKILL for its whole process session."""
@@ -327,15 +332,7 @@ def stage_tests(args: argparse.Namespace, out: Path) -> None:
     """The tests marked ``gpu``; on the CPU only collected (they would skip, or compile for the
     CPU for minutes: the suite runs them there)."""
     cpu = args.device == "cpu"
-    # on a GPU one line per test as it ends (-v): a stage cut off at its limit still says which
-    # passed; on the CPU the collected names (-q)
-    cmd = [sys.executable, "-m", "pytest", "-q" if cpu else "-v", "-m", "gpu", "-p"]
-    cmd += ["no:cacheprovider", "-rs"]
-    # a test module that needs a package this machine lacks must not hide the GPU tests
-    cmd.append("--continue-on-collection-errors")
-    cmd += ["--junitxml", str(out / "tests.xml"), *gpu_test_files()]
-    cmd += ["-k", " or ".join(["not compiles_once_and_trains", *REHEARSALS])]
-    cmd.append("--collect-only" if cpu else "--durations=10")
+    cmd = tests_command(out, cpu=cpu, workers=0 if cpu else gpu_test_workers())
     print(shlex.join(cmd), flush=True)
     rc = subprocess.run(cmd, cwd=ROOT).returncode
     if rc == 5:  # nothing selected
@@ -344,6 +341,34 @@ def stage_tests(args: argparse.Namespace, out: Path) -> None:
     what = "collected only, on the CPU" if cpu else _junit_counts(out / "tests.xml")
     print(f"RESULT: pytest exit status {rc} ({what})")
     sys.exit(0 if rc == 0 else 1)
+
+
+def tests_command(out: Path, *, cpu: bool, workers: int) -> list[str]:
+    """The tests stage's pytest: every GPU test in ``workers`` processes (pytest-xdist), or, in
+    one process, all but the compile rehearsals outside ``REHEARSALS``."""
+    # on a GPU one line per test as it ends (-v): a stage cut off at its limit still says which
+    # passed; on the CPU the collected names (-q)
+    cmd = [sys.executable, "-m", "pytest", "-q" if cpu else "-v", "-m", "gpu", "-p"]
+    cmd += ["no:cacheprovider", "-rs"]
+    # a test module that needs a package this machine lacks must not hide the GPU tests
+    cmd.append("--continue-on-collection-errors")
+    cmd += ["--junitxml", str(out / "tests.xml"), *gpu_test_files()]
+    if workers:
+        cmd += ["-n", str(workers)]
+    else:
+        cmd += ["-k", " or ".join(["not compiles_once_and_trains", *REHEARSALS])]
+    cmd.append("--collect-only" if cpu else "--durations=10")
+    return cmd
+
+
+def gpu_test_workers() -> int:
+    """Processes for the GPU tests: half the CPUs, at most 8, where pytest-xdist is installed
+    (the rehearsals compile on the CPU: on an H200's 16 cores, 2026-11-29, 8 workers ran all 26
+    GPU tests in 352 s, beside the parallel stage); 0 (one process) without it."""
+    if importlib.util.find_spec("xdist") is None:
+        return 0
+    n = min(8, (os.cpu_count() or 1) // 2)
+    return n if n >= 2 else 0
 
 
 def gpu_test_files() -> list[str]:
@@ -397,6 +422,9 @@ def stage_parallel(args: argparse.Namespace, out: Path) -> None:
         )
         device = resolve_device(cfg.device)
         t0 = time.perf_counter()
+        # said before it starts: a run cut off at the stage's limit (compiling, or waiting on a
+        # collective) is named, and its threads' stacks follow
+        print(f"{mode}: training {cfg.train.steps} steps of {cfg.model.preset}", flush=True)
         with process_group(cfg, device):
             res = train(cfg)
         results[mode] = {
@@ -466,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--budget must be positive")
     if args.stage:
         out = Path(args.out)
+        # a stage stopped at its limit prints where each thread was into its log (then ends as
+        # SIGTERM would end it, or runs the handler a stage sets itself: the study's report)
+        faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
         _STAGE_FUNCS[args.stage](args, out)
         return 0
     import torch

@@ -19,6 +19,13 @@ def _fmt(v: float | None, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _device(result: dict[str, Any]) -> str:
+    """The device with its arch, once: a GPU's description holds it already (``NVIDIA H200
+    (sm_90)``), a CPU's model name does not."""
+    device, arch = result["device"], result["arch"]
+    return device if f"({arch})" in device else f"{device} ({arch})"
+
+
 def report_lines(result: dict[str, Any]) -> list[str]:
     """The printed report: the ``ablate.bench.numerics`` tables, the step times, ratios, goals, profile."""
     lines = bench.report_lines(result)
@@ -86,7 +93,7 @@ def markdown(result: dict[str, Any]) -> str:
             if partial
             else []
         ),
-        f"- device: {result['device']} ({result['arch']}); native formats: "
+        f"- device: {_device(result)}; native formats: "
         f"{', '.join(result['native_formats']) or 'none'}",
         f"- torch {result['torch']}, CUDA {result['cuda'] or '-'}"
         + (f", HIP {result['hip']}" if result.get("hip") else "")

@@ -152,3 +152,12 @@ def test_a_bench_stopped_at_its_limit_keeps_what_it_measured(tmp_path):
     md = (tmp_path / "bench.md").read_text()
     assert "(partial)" in md and "**Partial**" in md and "| bf16 |" in md
     assert not list(tmp_path.glob("*.tmp"))  # a line comes after its write, never during it
+
+
+def test_the_header_names_a_gpus_arch_once():
+    """The H200 run of 2026-11-29 read "device: NVIDIA H200 (sm_90) (sm_90)": a GPU's description
+    carries its arch already; a CPU's model name does not."""
+    from ablate.bench.gpu_render import _device
+
+    assert _device({"device": "NVIDIA H200 (sm_90)", "arch": "sm_90"}) == "NVIDIA H200 (sm_90)"
+    assert _device({"device": "Intel Xeon", "arch": "cpu"}) == "Intel Xeon (cpu)"

@@ -220,3 +220,37 @@ def test_a_stage_past_its_limit_gets_sigterm_and_time_to_report(tmp_path, monkey
     stages = gpu_check.run_stages(_ns(100), tmp_path)
     assert (stages[0].status, stages[0].detail) == ("timed out", "reported what it had")
     assert 2 <= stages[0].seconds < 2 + 0.5 + 1  # the limit, within its grace of a quarter
+
+
+def test_the_tests_stage_runs_every_gpu_test_where_it_has_workers(tmp_path):
+    """One process runs the three rehearsals of ``REHEARSALS``; pytest-xdist's workers run all
+    ten (an H200's 8 workers ran the 26 GPU tests in 352 s, 2026-11-29)."""
+    one = gpu_check.tests_command(tmp_path, cpu=False, workers=0)
+    assert "-n" not in one and any(g in one[one.index("-k") + 1] for g in gpu_check.REHEARSALS)
+    many = gpu_check.tests_command(tmp_path, cpu=False, workers=8)
+    assert many[many.index("-n") + 1] == "8" and "-k" not in many
+    assert "tests/ablate/train/test_compile_rehearsal.py" in many and "-v" in many
+
+
+def test_a_stage_stopped_at_its_limit_says_where_it_was(tmp_path):
+    """The H200's parallel stage of 2026-11-29 ended at its limit with no word of where fsdp was
+    (compiling or waiting): a stage's SIGTERM dumps its threads' stacks into its log first."""
+    root = Path(__file__).resolve().parents[3]
+    code = (
+        "import sys, time\n"
+        "from ablate.bench import gpu_check\n"
+        "def hang(args, out):\n"
+        "    print('hanging', flush=True); time.sleep(60)\n"
+        "gpu_check._STAGE_FUNCS['environment'] = hang\n"
+        f"gpu_check.main(['--stage', 'environment', '--device', 'cpu', '--out', {str(tmp_path)!r}])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=root, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline() == "hanging\n"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM  # then ends as SIGTERM ends it
+    assert "in hang" in err and "Current thread" in err, err
