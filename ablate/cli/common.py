@@ -4,6 +4,7 @@ error becomes an exit status (a refusal before anything started: 2; anything els
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -59,6 +60,16 @@ def load(
         raise click.UsageError(
             f"{_option_of(output)}: an empty path; give the study's output folder, or leave the "
             "option out (default: the study's output, runs/<name>)"
+        )
+    if output is not None and os.path.lexists(output) and not os.path.isdir(output):
+        raise click.UsageError(
+            f"{_option_of(output)}: {output} is not a folder; give the study's output folder, or "
+            "leave the option out (default: the study's output, runs/<name>)"
+        )
+    if tracking_uri is not None and not tracking_uri.strip():  # not "unset": the user gave it
+        raise click.UsageError(
+            "--tracking-uri: an empty URI; give the store's (sqlite:///<file> or "
+            "http://<host>:<port>), or leave the option out (default: the study's tracking.uri)"
         )
     try:
         study = load_study(path, output=output, max_cells=max_cells)

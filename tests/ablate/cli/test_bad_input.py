@@ -548,3 +548,35 @@ def test_an_empty_output_folder_option_is_refused_not_taken_for_the_current_fold
         assert res.exit_code == 2, (args, res.output, res.exception)
         assert f"{opt}: an empty path; give the study's output folder" in res.output, res.output
     assert [f.name for f in tmp_path.iterdir()] == ["s.yaml"]
+
+
+def test_an_output_folder_option_that_names_a_file_is_refused_as_no_folder(tmp_path, monkeypatch):
+    """`report --runs <a file>` said "no MLflow store at <file>/mlflow.db"; `run -o <a file>`
+    failed later, making the folders: a file given for the output folder is named as such."""
+    monkeypatch.chdir(tmp_path)
+    p = tmp_path / "s.yaml"
+    p.write_text(GOOD)
+    (tmp_path / "afile").write_text("mine")
+    for args, opt in [
+        (["run", str(p), "--executor", "local", "--quiet", "-o", "afile"], "-o/--output"),
+        (["status", str(p), "-o", "afile"], "-o/--output"),
+        (["report", str(p), "--runs", "afile"], "--runs"),
+    ]:
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2, (args, res.output, res.exception)
+        assert f"{opt}: afile is not a folder; give the study's output folder" in res.output
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["afile", "s.yaml"]
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_an_empty_tracking_uri_is_refused_not_taken_for_the_studys(tmp_path, monkeypatch):
+    """`--tracking-uri ''` beside a study file was taken as unset: the study's own store was read
+    (or written, by `run`) where the user had named another."""
+    monkeypatch.chdir(tmp_path)
+    p = tmp_path / "s.yaml"
+    p.write_text(GOOD)
+    for cmd in (["status"], ["report"], ["plan"], ["run", "--executor", "local", "--quiet"]):
+        res = CliRunner().invoke(main, [cmd[0], str(p), *cmd[1:], "--tracking-uri", ""])
+        assert res.exit_code == 2, (cmd, res.output, res.exception)
+        assert "--tracking-uri: an empty URI" in res.output, res.output
+    assert [f.name for f in tmp_path.iterdir()] == ["s.yaml"]
