@@ -11,6 +11,7 @@ import click
 
 from ablate.cli.common import (
     SpecProblem,
+    environment_or_exit,
     load,
     max_cells_opt,
     output_opt,
@@ -217,6 +218,8 @@ def submit(
     """
     from ablate.slurm.sbatch import Submission, sbatch_script, submit
 
+    # the job inherits this environment: a bad switch would fail it only once it left the queue
+    environment_or_exit()
     study = load(study_file, output, max_cells, tracking_uri)
     sub = Submission(
         study_file=Path(study_file).resolve(),

@@ -167,6 +167,19 @@ def test_run_refuses_a_bad_switch_before_anything_starts(study, tmp_path, monkey
     assert not out.exists()
 
 
+def test_submit_refuses_a_bad_switch_before_the_job_is_submitted(study, tmp_path, monkeypatch):
+    """The job inherits the submitter's environment: a bad ABLATE_* switch failed it only once it
+    left the queue (its `slurm run` refuses it); `submit` refuses it first, script unwritten."""
+    _clean_env(monkeypatch)
+    monkeypatch.setenv("ABLATE_COMPILE", "maybe")
+    out = tmp_path / "out"
+    args = ["slurm", "submit", str(study), "--nodes", "1", "--time", "5", "-o", str(out)]
+    res = CliRunner().invoke(main, [*args, "--dry-run"])
+    assert res.exit_code == 2, res.output
+    assert "environment variable ABLATE_COMPILE: unknown 'maybe'" in res.output, res.output
+    assert "#SBATCH" not in res.output and not out.exists()
+
+
 def test_run_refuses_when_a_port_of_the_job_is_taken_on_its_node(study, tmp_path, monkeypatch):
     _clean_env(monkeypatch)
     for k, v in ENV.items():
