@@ -21,6 +21,7 @@ from ablate.cli.common import (
 )
 from ablate.errors import AblateError
 from ablate.study.expand import MAX_CELLS
+from backends.env import SWITCHES
 
 rerun_stale_opt = click.option(
     "--rerun-stale",
@@ -219,7 +220,9 @@ def submit(
     from ablate.slurm.sbatch import Submission, sbatch_script, submit
 
     # the job inherits this environment: a bad switch would fail it only once it left the queue
-    environment_or_exit()
+    # (checked where one is set: the readers import torch, seconds a start)
+    if any(os.environ.get(name) for name in SWITCHES):
+        environment_or_exit()
     study = load(study_file, output, max_cells, tracking_uri)
     sub = Submission(
         study_file=Path(study_file).resolve(),

@@ -180,6 +180,31 @@ def test_submit_refuses_a_bad_switch_before_the_job_is_submitted(study, tmp_path
     assert "#SBATCH" not in res.output and not out.exists()
 
 
+def test_the_switches_submit_looks_for_are_those_the_readers_check(monkeypatch):
+    """``slurm submit`` checks the switches (importing torch) only where one of ``SWITCHES`` is
+    set: a switch a reader checks but the list lacks would go unchecked there."""
+    import re
+    from pathlib import Path
+
+    from ablate.driver.preflight import check_environment
+    from ablate.errors import CannotRunError
+    from backends.env import SWITCHES
+
+    root = Path(__file__).resolve().parents[3] / "backends"
+    read = {
+        m
+        for f in root.rglob("*.py")
+        for m in re.findall(r"""(?:flag|choice|text)\(\s*["'](ABLATE_[A-Z_]+)["']""", f.read_text())
+    }
+    assert read == set(SWITCHES)
+    for name in SWITCHES:
+        for other in SWITCHES:
+            monkeypatch.delenv(other, raising=False)
+        monkeypatch.setenv(name, "maybe")
+        with pytest.raises(CannotRunError, match=name):
+            check_environment()
+
+
 def test_run_refuses_when_a_port_of_the_job_is_taken_on_its_node(study, tmp_path, monkeypatch):
     _clean_env(monkeypatch)
     for k, v in ENV.items():
