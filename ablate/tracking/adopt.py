@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ablate.errors import AdoptError, CheckpointError
+from ablate.errors import AdoptError, CheckpointError, TrackingError
 from ablate.key import digest
 from ablate.numerics import NUMERICS_VERSION
 from ablate.study.cells import Cell, Study
@@ -121,7 +121,9 @@ def adopt(study: Study, tracker: StudyTracker, found: list[Adoption]) -> None:
     (``_read``), so that one that cannot be read (refused, damaged, or a read the file system
     failed: ``OSError``) fails the adoption before anything is adopted; each cell's checkpoint is
     then re-keyed before its folder moves and its run is re-tagged, so that a cell is adopted whole
-    or not at all. ``AdoptError`` naming the cell and the file."""
+    or not at all. ``AdoptError`` naming the cell and the file; or, where the store refuses to
+    re-tag a run (deleted meanwhile), the cell, the run, where its checkpoint now is and how many
+    runs were adopted before it (``_untagged``)."""
     for a in found:
         with _adopting(a):
             if a.checkpoint:
@@ -133,17 +135,29 @@ def adopt(study: Study, tracker: StudyTracker, found: list[Adoption]) -> None:
                 rekey_checkpoint(old_dir, a.cell.key)
                 old_dir.rename(study.checkpoint_dir(a.cell))
         kind = device_kind(a.cell.config.device)
-        tracker.set_raw_tags(
-            a.run_id,
-            {
-                vocab.KEY: a.cell.key,
-                vocab.tag("legacy_key"): a.old_key,
-                vocab.env_tag("device"): kind,
-                vocab.env_tag("precision"): resolved_precision(a.cell.config.train.precision, kind),
-                vocab.env_tag("numerics"): str(a.numerics),
-                vocab.env_tag("adopted"): "true",
-            },
-        )
+        tags = {
+            vocab.KEY: a.cell.key,
+            vocab.tag("legacy_key"): a.old_key,
+            vocab.env_tag("device"): kind,
+            vocab.env_tag("precision"): resolved_precision(a.cell.config.train.precision, kind),
+            vocab.env_tag("numerics"): str(a.numerics),
+            vocab.env_tag("adopted"): "true",
+        }
+        try:
+            tracker.set_raw_tags(a.run_id, tags)
+        except TrackingError as e:  # the store's refusal (a run deleted meanwhile, a store gone)
+            raise AdoptError(_untagged(study, a, e, adopted=n)) from None
+
+
+def _untagged(study: Study, a: Adoption, e: Exception, *, adopted: int) -> str:
+    """What a failure to re-tag ``a``'s run says: the cell, the run, where its checkpoint is now
+    (already moved and re-keyed), how many runs were adopted before it, and what to do."""
+    where = f"; its checkpoint is under the new key already ({study.checkpoint_dir(a.cell)})"
+    before = f"; {adopted} runs adopted before it" if adopted else ""
+    return (
+        f"{a.cell.label}: not adopted: its run {a.run_id} could not be re-tagged ({e})"
+        f"{where if a.checkpoint else ''}{before}; adopt again for the rest"
+    )
 
 
 def _read(checkpoint_dir: Path) -> None:

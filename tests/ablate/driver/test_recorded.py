@@ -68,8 +68,10 @@ def _sharded(folder: Path) -> Path:
     return step / "train_state.pt"
 
 
-def test_a_quickstart_recorded_under_numerics_1_reruns_unless_adopted(tmp_path, monkeypatch):
-    # the study as a user has it: its file, its output folder, its store
+def _recorded_quickstart(tmp_path: Path, monkeypatch) -> tuple:
+    """The study as a user has it (its file, its output folder, its store) and what the earlier code
+    recorded: a finished run per cell, under the key it computed; (study, tracker, {old key:
+    label})."""
     text = QUICKSTART.read_text()
     order0 = "data: {corpus: builtin, val_tokens: 8192, data_seed: 0}"
     (tmp_path / "quickstart.yaml").write_text(
@@ -78,13 +80,51 @@ def test_a_quickstart_recorded_under_numerics_1_reruns_unless_adopted(tmp_path, 
     monkeypatch.chdir(tmp_path)
     study = load_study(tmp_path / "quickstart.yaml")
     old = {config_hash(c.config, numerics=1): c.label for c in study.cells}
-    assert sorted(old) == RECORDED  # the layout moved no key
-    # what the earlier code recorded: a finished run per cell, under the key it computed
     tracker = StudyTracker(study.tracking_uri, study.name, experiment=study.experiment)
     parent = tracker.parent_run(study.text)
-    for key in RECORDED:
-        run_id = tracker.create_run(parent, key, old[key], {}, {})
-        tracker.set_status(run_id, "finished")
+    for key in sorted(old):
+        tracker.set_status(tracker.create_run(parent, key, old[key], {}, {}), "finished")
+    return study, tracker, old
+
+
+def test_a_run_that_cannot_be_re_tagged_is_named_with_its_cell_and_what_was_adopted(
+    tmp_path, monkeypatch
+):
+    """A run deleted from the store between `adopt`'s listing and its re-tagging (another client,
+    a real race) failed with MLflow's bare error, after its checkpoint had moved: the error names
+    the cell, the run, where its checkpoint is now and how many runs were adopted before it."""
+    import pytest
+    from mlflow.tracking import MlflowClient
+
+    from ablate.errors import AdoptError
+    from ablate.tracking.adopt import adopt, adoptable
+
+    study, tracker, _ = _recorded_quickstart(tmp_path, monkeypatch)
+    found, _ = adoptable(study, tracker)
+    third = found[2]
+    old_dir = study.output_dir / "cells" / third.old_key
+    old_dir.mkdir(parents=True)
+    torch.save(
+        {"config_hash": old_dir.name, "state": {"step": 8, "status": "finished"}, "model": {}}
+        | {"optimizer": {}, "sampler": {}, "rng_cpu": torch.zeros(1), "rng_cuda": None},
+        old_dir / CHECKPOINT,
+    )
+    found, _ = adoptable(study, tracker)  # now with its checkpoint
+    MlflowClient(study.tracking_uri).delete_run(third.run_id)
+    with pytest.raises(AdoptError) as e:
+        adopt(study, tracker, found)
+    msg = str(e.value)
+    assert msg.startswith(f"{third.cell.label}: not adopted: its run {third.run_id} could not be ")
+    assert str(study.checkpoint_dir(third.cell)) in msg and "2 runs adopted before it" in msg
+    assert load_file(study.checkpoint_dir(third.cell) / CHECKPOINT)["config_hash"] == (
+        third.cell.key
+    )
+    assert sum(1 for k in tracker.cell_runs() if k not in RECORDED) == 2  # the two before it
+
+
+def test_a_quickstart_recorded_under_numerics_1_reruns_unless_adopted(tmp_path, monkeypatch):
+    study, tracker, old = _recorded_quickstart(tmp_path, monkeypatch)
+    assert sorted(old) == RECORDED  # the layout moved no key
     # resumed across the numerics change: every cell is new
     assert [p.action for p in plan(study)] == ["run"] * len(study.cells)
     # a checkpoint of an old run that the file system cannot read (an I/O error: /proc/self/mem
