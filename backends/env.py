@@ -26,18 +26,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = [
-    "CACHE_DIR", "FLAG", "OFF", "ON", "SWITCHES", "cache_dir", "choice", "flag", "text", "truthy",
-]  # fmt: skip
+__all__ = ["CACHE_DIR", "FLAG", "OFF", "ON", "cache_dir", "choice", "flag", "text", "truthy"]
 
 CACHE_DIR = "ABLATE_CACHE_DIR"
-
-SWITCHES = (
-    "ABLATE_EMULATED_GEMM", "ABLATE_COMPILE", "ABLATE_COMPILE_BACKEND", "ABLATE_QUANT_OPS",
-    "ABLATE_NO_KERNEL", "ABLATE_NATIVE_CHECK",
-)  # fmt: skip
-"""The switches the readers' ``check_env`` check (their modules import torch): a command that needs
-no torch asks them only where one of these is set (``slurm submit``)."""
 
 ON = ("1", "true", "yes", "on")
 """What turns an on/off switch on (in any case)."""

@@ -148,6 +148,15 @@ def executor_opt(each: str) -> Callable[[F], F]:
     )
 
 
+SWITCHES = (
+    "ABLATE_EMULATED_GEMM", "ABLATE_COMPILE", "ABLATE_COMPILE_BACKEND", "ABLATE_QUANT_OPS",
+    "ABLATE_NO_KERNEL", "ABLATE_NATIVE_CHECK",
+)  # fmt: skip
+"""The ``ABLATE_*`` switches the readers' ``check_env`` check (``backends.env``; their modules
+import torch): a command that needs no torch asks them only where one of these is set (``slurm
+submit``). Kept here, not beside the readers, so that naming them changes no code hash."""
+
+
 def environment_or_exit() -> None:
     """``preflight.check_environment`` (the ``ABLATE_*`` switches hold values they allow), its
     refusal as exit 2: first thing in a command that reads them outside ``preflight`` (``probe``,

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ablate.cli.common import (
+    SWITCHES,
     SpecProblem,
     environment_or_exit,
     load,
@@ -21,7 +22,6 @@ from ablate.cli.common import (
 )
 from ablate.errors import AblateError
 from ablate.study.expand import MAX_CELLS
-from backends.env import SWITCHES
 
 rerun_stale_opt = click.option(
     "--rerun-stale",

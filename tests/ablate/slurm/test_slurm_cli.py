@@ -186,9 +186,9 @@ def test_the_switches_submit_looks_for_are_those_the_readers_check(monkeypatch):
     import re
     from pathlib import Path
 
+    from ablate.cli.common import SWITCHES
     from ablate.driver.preflight import check_environment
     from ablate.errors import CannotRunError
-    from backends.env import SWITCHES
 
     root = Path(__file__).resolve().parents[3] / "backends"
     read = {
