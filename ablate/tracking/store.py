@@ -378,12 +378,12 @@ def _retry(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     deadline = time.monotonic() + _RETRY_S
     delay = 0.05
     while True:
-        interrupted = False
         try:
             return fn(*args, **kwargs)
         except Exception as e:
-            interrupted = _interrupted(e)
-            transient = _is_transient(e) and not interrupted
+            if _interrupted(e):
+                break  # given back below, once the except clause has let go of ``e``
+            transient = _is_transient(e)
             if transient and time.monotonic() + delay < deadline:
                 time.sleep(delay * random.uniform(0.5, 1.5))  # jitter: writers do not re-collide
                 delay = min(2 * delay, 5.0)
@@ -393,17 +393,16 @@ def _retry(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
                     f"{what} still fails after {_RETRY_S:.0f} s of retries ({e}); the tracking "
                     "store is overloaded or unreachable"
                 ) from e
-            if isinstance(e, MlflowException) and not interrupted:
+            if isinstance(e, MlflowException):
                 raise TrackingError(f"{what} failed: {e.message}") from e
-            if not interrupted:
-                raise
-        # Ctrl-C came inside the store's write, and the rollback that followed failed ("database
-        # is locked"), which took its place: the interrupted connection, kept alive by the
-        # exception's frames, holds SQLite's write lock until it is collected. Give the Ctrl-C
-        # back, once those frames are gone, so that what the caller writes on its way out
-        # (interrupted cells, a released lock) is not locked out for the retries' 120 s.
-        gc.collect()
-        raise KeyboardInterrupt
+            raise
+    # Ctrl-C came inside the store's write, and the rollback that followed failed ("database is
+    # locked"), which took its place: the interrupted connection, kept alive by the exception's
+    # frames, holds SQLite's write lock until it is collected. Give the Ctrl-C back, once those
+    # frames are gone, so that what the caller writes on its way out (interrupted cells, a
+    # released lock) is not locked out for the retries' 120 s.
+    gc.collect()
+    raise KeyboardInterrupt
 
 
 def _interrupted(e: BaseException) -> bool:
