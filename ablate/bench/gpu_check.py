@@ -74,12 +74,13 @@ H200 (2026-11-26) ``parallel`` took 94 s; on H100s (2026-11-27) ``native`` 32-40
 238 s (its second rehearsal compiling), ``bench`` 421 s, the study over 280 s (four of eight
 cells; a native FP8 cell 159 s); on an H200 (2026-11-29) ``parallel``'s ddp run 70 s with a warm
 Inductor cache and its fsdp run unfinished 125 s later (both 23-63 s on 2026-11-26, before the
-quantizer was traced into the compiled graphs), ``tests`` with 8 workers 352 s for all 26 GPU tests."""
+quantizer was traced into the compiled graphs), ``tests`` with 8 workers 352 s for all 26 GPU
+tests."""
 REHEARSALS = ("fp8_native-none-cuda", "mxfp4_rht16-ddp-cuda", "nvidia_nvfp4-fsdp-cuda")
 """The compile rehearsal's CUDA cases the ``tests`` stage runs in one process (native FP8, MXFP4 +
 RHT16 under DDP, NVIDIA's NVFP4 recipe under FSDP2): each compiles a model cold, 30-100 s on an
-H200, and all ten took the stage past its limit. With pytest-xdist (``gpu_test_workers``) it runs all
-ten, as ``pytest -m gpu`` does."""
+H200, and all ten took the stage past its limit. With pytest-xdist (``gpu_test_workers``) it runs
+all ten, as ``pytest -m gpu`` does."""
 GRACE = 20.0
 """A stage past its limit gets SIGTERM (the study then reports what it trained), and this much
 later (at most a quarter of its limit) SIGKILL for its whole process session."""

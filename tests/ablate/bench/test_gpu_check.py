@@ -242,7 +242,8 @@ def test_a_stage_stopped_at_its_limit_says_where_it_was(tmp_path):
         "def hang(args, out):\n"
         "    print('hanging', flush=True); time.sleep(60)\n"
         "gpu_check._STAGE_FUNCS['environment'] = hang\n"
-        f"gpu_check.main(['--stage', 'environment', '--device', 'cpu', '--out', {str(tmp_path)!r}])\n"
+        "gpu_check.main(['--stage', 'environment', '--device', 'cpu', '--out', "
+        f"{str(tmp_path)!r}])\n"
     )
     env = {**os.environ, "PYTHONPATH": str(root)}
     proc = subprocess.Popen(
